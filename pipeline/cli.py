@@ -1,0 +1,234 @@
+"""The `kernelpro` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from pipeline import config as config_mod
+from pipeline.types import Status, to_dict
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Write, verify, time and profile CUDA kernels.")
+out = Console()
+err = Console(stderr=True)
+
+TaskOpt = Annotated[Path, typer.Option("--task", "-t", help="KernelBench-format task file")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON on stdout instead of tables")]
+HomeOpt = Annotated[Path | None, typer.Option("--home", help="cache folder (default .kernelpro)")]
+
+
+def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Errors a user can act on become one line on stderr and exit code 2: no traceback spew."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pipeline.candidates import CandidateError
+        from pipeline.compile import ToolchainError
+        from pipeline.loop import NoGPUError
+        from pipeline.tasks import TaskError
+
+        try:
+            return fn(*args, **kwargs)
+        except (TaskError, CandidateError, ToolchainError, NoGPUError, ValueError, RuntimeError) as e:
+            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None, None
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=err, transient=True)  # fmt: skip
+    ids: dict[str, Any] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in ids:
+            ids[stage] = bar.add_task(stage, total=total)
+        bar.update(ids[stage], completed=done, total=total)
+
+    return bar, update
+
+
+@app.command("eval")
+@_user_errors
+def eval_cmd(
+    task: TaskOpt,
+    candidate: Annotated[list[Path], typer.Option("--candidate", "-c", help="candidate folder (kernel.cu + launcher.py); repeatable")],
+    json_out: JsonOpt = False,
+    energy: Annotated[bool, typer.Option("--energy/--no-energy", help="measure energy per call (NVML)")] = True,
+    baselines: Annotated[str, typer.Option(help="comma-separated: eager, compile, max-autotune-no-cudagraphs, or none")] = "eager,compile,max-autotune-no-cudagraphs",
+    trials: Annotated[int | None, typer.Option(help="verification trials")] = None,
+    device: Annotated[str | None, typer.Option(help="cuda, or cpu for Python stand-ins")] = None,
+    home: HomeOpt = None,
+) -> None:  # fmt: skip
+    """Verify and time candidates against a task and its eager / torch.compile baselines."""
+    from pipeline.loop import evaluate_candidates
+
+    cfg = config_mod.load(home=home, energy=energy, trials=trials, device=device, baselines=_modes(baselines))
+    bar, update = _progress(not json_out and sys.stderr.isatty())
+    if bar:
+        with bar:
+            results = evaluate_candidates(task, candidate, cfg, progress=update)
+    else:
+        results = evaluate_candidates(task, candidate, cfg)
+    if json_out:
+        print(json.dumps([_result_json(r) for r in results], indent=2))
+    else:
+        _print_results(results)
+    if any(r.verdict.status != Status.OK for r in results):
+        raise typer.Exit(1)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip() and m.strip() != "none")
+    unknown = set(modes) - {"eager", "compile", "max-autotune-no-cudagraphs"}
+    if unknown:
+        raise ValueError(f"unknown baseline mode(s): {', '.join(sorted(unknown))}")
+    return modes
+
+
+def _result_json(r) -> dict[str, Any]:
+    m = r.measurement
+    return {
+        "candidate": r.candidate.key,
+        "build": to_dict(r.build) if r.build else None,
+        "verdict": to_dict(r.verdict),
+        "measurement": to_dict(m) if m else None,
+        "speedup_eager": m.speedup_eager if m else None,
+        "speedup_compile": m.speedup_compile if m else None,
+        "fraction_of_floor": m.fraction_of_floor if m else None,
+    }
+
+
+def _print_results(results) -> None:
+    table = Table(title="kernelpro eval")
+    for col in ("candidate", "status", "kind", "ms (median)", "vs eager", "vs compile", "of floor", "J/call"):
+        table.add_column(col)
+    for r in results:
+        m = r.measurement
+        t = m.timing if m else None
+        table.add_row(
+            r.candidate.key, r.verdict.status.value, r.verdict.kind.value if r.verdict.kind else "-",
+            f"{t.median_ms:.4f} ±{100 * t.spread:.1f}%" if t else "-",
+            _x(m.speedup_eager if m else None), _x(m.speedup_compile if m else None),
+            f"{100 * m.fraction_of_floor:.0f}%" if m and m.fraction_of_floor else "-",
+            f"{m.energy.joules_per_call:.4g}" if m and m.energy else "-",
+        )  # fmt: skip
+    out.print(table)
+    for r in results:
+        for reason in r.verdict.reasons:
+            out.print(f"  {r.candidate.key}: {reason}", highlight=False, soft_wrap=True)
+        if r.verdict.library_ops:
+            out.print(f"  {r.candidate.key}: hybrid, left to libraries: {', '.join(r.verdict.library_ops)}")
+
+
+def _x(v: float | None) -> str:
+    return f"{v:.2f}x" if v else "-"
+
+
+@app.command()
+@_user_errors
+def baseline(
+    task: TaskOpt,
+    json_out: JsonOpt = False,
+    modes: Annotated[str, typer.Option(help="comma-separated baseline modes")] = "eager,compile,max-autotune-no-cudagraphs",
+    energy: Annotated[bool, typer.Option("--energy/--no-energy")] = True,
+    home: HomeOpt = None,
+) -> None:  # fmt: skip
+    """Time the task's eager and torch.compile baselines (compile time reported apart)."""
+    from pipeline.loop import run_baselines
+
+    cfg = config_mod.load(home=home, baselines=_modes(modes), energy=energy)
+    task_info, data = run_baselines(task, cfg)
+    record = {"task": task_info.id, "flops": task_info.flops, "min_bytes": task_info.min_bytes,
+              "floor_ms": data.get("floor_ms"), "timings": {k: to_dict(v) for k, v in data["timings"].items()},
+              "compile_s": data.get("compile_s"), "energy_eager": data.get("energy_eager"),
+              "notes": data.get("notes"), "environment": data.get("environment")}  # fmt: skip
+    path = cfg.home / "baselines" / f"{task_info.id}-{task_info.source_hash[:10]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    if json_out:
+        print(json.dumps(record, indent=2))
+        return
+    table = Table(title=f"baselines: {task_info.id}")
+    for col in ("mode", "ms (median)", "spread", "compile s", "of floor"):
+        table.add_column(col)
+    floor = data.get("floor_ms")
+    for mode, t in data["timings"].items():
+        table.add_row(mode, f"{t.median_ms:.4f}", f"{100 * t.spread:.1f}%", f"{data['compile_s'].get(mode, 0):.1f}",
+                      f"{100 * floor / t.median_ms:.0f}%" if floor else "-")  # fmt: skip
+    out.print(table)
+    for note in data.get("notes") or []:
+        out.print(f"  note: {note}", highlight=False)
+
+
+@app.command()
+@_user_errors
+def calibrate(
+    json_out: JsonOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="measure again even if cached")] = False,
+    home: HomeOpt = None,
+) -> None:
+    """Measure this GPU's ceilings (copy bandwidth; fp32, tf32, bf16 matmul rates) once and cache them."""
+    from pipeline.loop import ceilings, open_pool
+
+    cfg = config_mod.load(home=home)
+    with open_pool(cfg) as pool:
+        c = ceilings(pool, cfg, force=force)
+    assert c is not None
+    if json_out:
+        print(json.dumps(c.__dict__, indent=2))
+        return
+    table = Table(title=f"ceilings: {c.gpu}")
+    table.add_column("ceiling")
+    table.add_column("value")
+    table.add_row("copy bandwidth (read + write)", f"{c.copy_bytes_per_s / 1e12:.2f} TB/s")
+    table.add_row("fp32 matmul (TF32 off)", f"{c.fp32_flops / 1e12:.1f} TFLOP/s")
+    table.add_row("tf32 matmul", f"{c.tf32_flops / 1e12:.1f} TFLOP/s")
+    table.add_row("bf16 matmul", f"{c.bf16_flops / 1e12:.1f} TFLOP/s")
+    out.print(table)
+
+
+@app.command()
+@_user_errors
+def export(
+    task: TaskOpt,
+    candidate: Annotated[Path, typer.Option("--candidate", "-c", help="candidate folder")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the standalone .py file to write")],
+    home: HomeOpt = None,
+) -> None:
+    """Compile a candidate and write it as one standalone file (needs only torch, numpy and cupy)."""
+    from pipeline.candidates import export_standalone, load_candidate
+    from pipeline.compile import compile_candidates
+
+    if not task.is_file():
+        raise ValueError(f"task file not found: {task}")
+    cfg = config_mod.load(home=home)
+    cand = load_candidate(candidate, task.stem)
+    (build,) = compile_candidates([cand], cfg)
+    if build.status != Status.OK:
+        raise RuntimeError(f"compile failed ({build.status.value}):\n{build.log}")
+    path = export_standalone(cand, build, output)
+    out.print(f"wrote {path} ({path.stat().st_size} bytes, {build.arch})")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""One frozen configuration. The only module that reads environment variables; the CLI overrides fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_PREFIX = "KERNELPRO_"
+
+
+@dataclass(frozen=True)
+class Config:
+    home: Path = Path(".kernelpro")  # caches, calibration, baselines
+    nvcc: str | None = None  # None: PATH, then /usr/local/cuda, then the nvidia-cuda-nvcc wheel
+    arch: str = "auto"  # "auto": from the GPU (nvidia-smi), sm_90a when there is none
+    nvcc_flags: tuple[str, ...] = ("-O3", "-std=c++17", "-lineinfo")
+    compile_timeout_s: float = 180.0
+    compile_jobs: int = max(1, os.cpu_count() or 1)
+    # isolated GPU worker
+    device: str = "cuda"  # "cpu" runs the protocol on the CPU (tests with Python stand-ins)
+    job_timeout_s: float = 300.0  # wall time for one job in the worker
+    job_cpu_s: float = 600.0  # CPU seconds (all threads) for one job
+    worker_memory_mb: int = 32 * 1024  # resident host memory of the worker
+    # verification
+    trials: int = 3  # fresh random inputs each; trial 1 uses a second weight initialisation
+    seed: int = 0
+    # timing
+    timing_trials: int = 100
+    timing_budget_s: float = 2.0
+    warmup: int = 5
+    energy: bool = True
+    energy_window_s: float = 1.5
+    energy_repeats: int = 3
+    baselines: tuple[str, ...] = ("eager", "compile", "max-autotune-no-cudagraphs")
+    suspicious_speedup: float = 10.0
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.home / "cache"
+
+    def replace(self, **changes) -> Config:
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def load(**overrides) -> Config:
+    """Defaults, then KERNELPRO_* environment variables, then explicit overrides (the CLI's options)."""
+    values: dict = {}
+    for f in dataclasses.fields(Config):
+        raw = os.environ.get(ENV_PREFIX + f.name.upper())
+        if raw is None:
+            continue
+        values[f.name] = _parse(f.name, f.type, raw)
+    cfg = Config(**values)
+    return cfg.replace(**overrides)
+
+
+def _parse(name: str, type_: str, raw: str):
+    try:
+        if type_ == "Path":
+            return Path(raw)
+        if type_ == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("1", "true", "yes")
+        if type_ == "int":
+            return int(raw)
+        if type_ == "float":
+            return float(raw)
+        if type_.startswith("tuple"):
+            return tuple(s for s in raw.replace(",", " ").split() if s)
+        return raw
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_}") from None
+
+
+def secret_free_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for processes that run candidate code: anything that looks like a secret removed."""
+    env = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in env.items() if not any(s in k.upper() for s in _SECRET_WORDS)}
+
+
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")

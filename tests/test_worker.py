@@ -1,0 +1,118 @@
+"""The isolated worker, with Python stand-ins that crash, hang, eat memory or spin the CPU."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pipeline.config import load
+from pipeline.types import Status
+from pipeline.worker import Worker, WorkerPool
+
+pytestmark = pytest.mark.slow
+
+# A job that runs arbitrary code through the worker's real task probe: the "task" is the stand-in.
+STANDINS = {
+    "segfault": "import ctypes\nctypes.string_at(0)\n",
+    "abort": "import os\nos.abort()\n",
+    "hang": "while True:\n    pass\n",
+    "sleep": "import time\ntime.sleep(600)\n",
+    "memory": "import time\nblob = bytearray(1500 * 2**20)\nblob[::4096] = b'x' * len(blob[::4096])\ntime.sleep(60)\n",
+    "threads": (
+        "import threading\n"
+        "def spin():\n    while True:\n        pass\n"
+        "for _ in range(2):\n    threading.Thread(target=spin, daemon=True).start()\n"
+        "import time\ntime.sleep(600)\n"
+    ),
+    "secrets": (
+        "import os, json\n"
+        "open('env.json', 'w').write(json.dumps({k: v for k, v in os.environ.items()}))\n"
+        "raise SystemExit('stop here')\n"
+    ),
+}
+
+
+def probe_job(tmp_path, name: str) -> dict:
+    path = tmp_path / f"{name}.py"
+    path.write_text(STANDINS[name])
+    return {"kind": "probe", "path": str(path)}
+
+
+@pytest.fixture
+def worker(tmp_path):
+    w = Worker(load(home=tmp_path / "home", device="cpu", job_timeout_s=20, job_cpu_s=8, worker_memory_mb=800))
+    yield w
+    w.close()
+
+
+@pytest.mark.parametrize("name", ["segfault", "abort"])
+def test_crash_kills_only_the_worker_and_it_restarts(worker, tmp_path, name):
+    assert worker.request({"kind": "ping"}).ok
+    first_pid = worker.proc.pid
+    r = worker.request(probe_job(tmp_path, name))
+    assert not r.ok and r.status == Status.CRASH
+    assert "SIGSEGV" in r.reason or "SIGABRT" in r.reason
+    assert not worker.alive()
+    again = worker.request({"kind": "ping"})
+    assert again.ok and again.data == {"pong": True}
+    assert worker.proc.pid != first_pid and worker.restarts == 1
+
+
+def test_hang_times_out_and_the_process_is_gone(worker, tmp_path):
+    worker.request({"kind": "ping"})
+    r = worker.request({**probe_job(tmp_path, "sleep")}, timeout_s=3)
+    assert r.status == Status.TIMEOUT and "no answer within 3 s" in r.reason
+    assert r.seconds < 10
+    assert worker.request({"kind": "ping"}).ok
+
+
+def test_cpu_time_limit(worker, tmp_path):
+    # two spinning threads burn CPU faster than wall time passes: the CPU budget (8 s) trips first
+    r = worker.request(probe_job(tmp_path, "threads"), timeout_s=30)
+    assert r.status == Status.TIMEOUT and "CPU time" in r.reason
+
+
+def test_memory_limit(worker, tmp_path):
+    r = worker.request(probe_job(tmp_path, "memory"), timeout_s=30)
+    assert r.status == Status.CRASH and "resident memory" in r.reason
+    assert worker.request({"kind": "ping"}).ok
+
+
+def test_environment_is_scrubbed_and_cwd_is_scratch(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-do-not-leak")
+    monkeypatch.setenv("HF_TOKEN", "hf-do-not-leak")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2")
+    monkeypatch.setenv("HARMLESS_SETTING", "kept")
+    w = Worker(load(home=tmp_path / "home", device="cpu", job_timeout_s=60))
+    try:
+        r = w.request(probe_job(tmp_path, "secrets"))
+        assert not r.ok  # the stand-in stops itself with SystemExit
+        env = __import__("json").loads((w.scratch / "env.json").read_text())
+    finally:
+        w.close()
+    assert env.get("HARMLESS_SETTING") == "kept"
+    assert not [k for k in env if "KEY" in k or "TOKEN" in k or "PASSWORD" in k]
+    assert str(tmp_path / "home" / "scratch") in str(w.scratch)
+
+
+def test_pool_keeps_order_and_survives_a_crash(tmp_path):
+    cfg = load(home=tmp_path / "home", device="cpu", job_timeout_s=30)
+    jobs = [{"kind": "ping"}, probe_job(tmp_path, "abort"), {"kind": "ping"}, {"kind": "nonsense"}]
+    with WorkerPool(cfg, [None, None]) as pool:
+        t0 = time.monotonic()
+        results = pool.map(jobs)
+        assert time.monotonic() - t0 < 60
+    assert [r.ok for r in results] == [True, False, True, False]
+    assert results[1].status == Status.CRASH
+    assert "unknown job kind" in results[3].reason
+
+
+def test_closing_leaves_no_process(tmp_path):
+    w = Worker(load(home=tmp_path / "home", device="cpu"))
+    w.request({"kind": "ping"})
+    pid = w.proc.pid
+    w.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
