@@ -73,13 +73,16 @@ def measure_ceilings(environment: dict[str, str]) -> Ceilings:
     n = 2**29  # 2 GiB of fp32
     src = torch.rand(n, device=dev)
     dst = torch.empty_like(src)
-    t = time_cuda(lambda: dst.copy_(src), [()], trials=30, budget_s=2.0, warmup=3)
+    t = time_cuda(lambda d=dst, s=src: d.copy_(s), [()], trials=30, budget_s=2.0, warmup=3)
     copy_bps = 2 * src.numel() * src.element_size() / (t.median_ms * 1e-3)
     del src, dst
     size = 8192
     rates = {}
-    for name, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True),
-                              ("bf16", torch.bfloat16, False)):  # fmt: skip
+    for name, dtype, tf32 in (
+        ("fp32", torch.float32, False),
+        ("tf32", torch.float32, True),
+        ("bf16", torch.bfloat16, False),
+    ):
         a = torch.randn(size, size, device=dev, dtype=dtype)
         b = torch.randn(size, size, device=dev, dtype=dtype)
         prev = torch.backends.cuda.matmul.allow_tf32

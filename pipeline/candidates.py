@@ -27,7 +27,9 @@ def candidate_key(source: str, launcher: str, flags: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
-def make_candidate(task_id: str, source: str, launcher: str, flags: tuple[str, ...] = (), **extra) -> Candidate:
+def make_candidate(
+    task_id: str, source: str, launcher: str, flags: tuple[str, ...] = (), **extra
+) -> Candidate:
     return Candidate(
         key=candidate_key(source, launcher, flags),
         task_id=task_id,
@@ -44,7 +46,9 @@ def load_candidate(folder: str | Path, task_id: str) -> Candidate:
         raise CandidateError(f"candidate folder not found: {folder}")
     missing = [f for f in (SOURCE_FILE, LAUNCHER_FILE) if not (folder / f).is_file()]
     if missing:
-        raise CandidateError(f"{folder}: missing {', '.join(missing)} (a candidate is kernel.cu + launcher.py)")
+        raise CandidateError(
+            f"{folder}: missing {', '.join(missing)} (a candidate is kernel.cu + launcher.py)"
+        )
     flags_file = folder / FLAGS_FILE
     flags = tuple(flags_file.read_text().split()) if flags_file.is_file() else ()
     return make_candidate(

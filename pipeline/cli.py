@@ -17,7 +17,9 @@ from rich.table import Table
 from pipeline import config as config_mod
 from pipeline.types import Status, to_dict
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Write, verify, time and profile CUDA kernels.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Write, verify, time and profile CUDA kernels."
+)
 out = Console()
 err = Console(stderr=True)
 
@@ -38,6 +40,8 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
         try:
             return fn(*args, **kwargs)
+        except typer.Exit:
+            raise  # click's Exit is a RuntimeError: let it through untouched
         except (TaskError, CandidateError, ToolchainError, NoGPUError, ValueError, RuntimeError) as e:
             err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
@@ -51,8 +55,14 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _progress(enabled: bool):
     if not enabled:
         return None, None
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=err, transient=True)  # fmt: skip
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
     ids: dict[str, Any] = {}
 
     def update(stage: str, done: int, total: int) -> None:
@@ -67,14 +77,21 @@ def _progress(enabled: bool):
 @_user_errors
 def eval_cmd(
     task: TaskOpt,
-    candidate: Annotated[list[Path], typer.Option("--candidate", "-c", help="candidate folder (kernel.cu + launcher.py); repeatable")],
+    candidate: Annotated[
+        list[Path],
+        typer.Option("--candidate", "-c", help="candidate folder (kernel.cu + launcher.py); repeatable"),
+    ],
     json_out: JsonOpt = False,
-    energy: Annotated[bool, typer.Option("--energy/--no-energy", help="measure energy per call (NVML)")] = True,
-    baselines: Annotated[str, typer.Option(help="comma-separated: eager, compile, max-autotune-no-cudagraphs, or none")] = "eager,compile,max-autotune-no-cudagraphs",
+    energy: Annotated[
+        bool, typer.Option("--energy/--no-energy", help="measure energy per call (NVML)")
+    ] = True,
+    baselines: Annotated[
+        str, typer.Option(help="comma-separated: eager, compile, max-autotune-no-cudagraphs, or none")
+    ] = "eager,compile,max-autotune-no-cudagraphs",
     trials: Annotated[int | None, typer.Option(help="verification trials")] = None,
     device: Annotated[str | None, typer.Option(help="cuda, or cpu for Python stand-ins")] = None,
     home: HomeOpt = None,
-) -> None:  # fmt: skip
+) -> None:
     """Verify and time candidates against a task and its eager / torch.compile baselines."""
     from pipeline.loop import evaluate_candidates
 
@@ -122,12 +139,15 @@ def _print_results(results) -> None:
         m = r.measurement
         t = m.timing if m else None
         table.add_row(
-            r.candidate.key, r.verdict.status.value, r.verdict.kind.value if r.verdict.kind else "-",
+            r.candidate.key,
+            r.verdict.status.value,
+            r.verdict.kind.value if r.verdict.kind else "-",
             f"{t.median_ms:.4f} ±{100 * t.spread:.1f}%" if t else "-",
-            _x(m.speedup_eager if m else None), _x(m.speedup_compile if m else None),
+            _x(m.speedup_eager if m else None),
+            _x(m.speedup_compile if m else None),
             f"{100 * m.fraction_of_floor:.0f}%" if m and m.fraction_of_floor else "-",
             f"{m.energy.joules_per_call:.4g}" if m and m.energy else "-",
-        )  # fmt: skip
+        )
     out.print(table)
     for r in results:
         for reason in r.verdict.reasons:
@@ -145,19 +165,28 @@ def _x(v: float | None) -> str:
 def baseline(
     task: TaskOpt,
     json_out: JsonOpt = False,
-    modes: Annotated[str, typer.Option(help="comma-separated baseline modes")] = "eager,compile,max-autotune-no-cudagraphs",
+    modes: Annotated[
+        str, typer.Option(help="comma-separated baseline modes")
+    ] = "eager,compile,max-autotune-no-cudagraphs",
     energy: Annotated[bool, typer.Option("--energy/--no-energy")] = True,
     home: HomeOpt = None,
-) -> None:  # fmt: skip
+) -> None:
     """Time the task's eager and torch.compile baselines (compile time reported apart)."""
     from pipeline.loop import run_baselines
 
     cfg = config_mod.load(home=home, baselines=_modes(modes), energy=energy)
     task_info, data = run_baselines(task, cfg)
-    record = {"task": task_info.id, "flops": task_info.flops, "min_bytes": task_info.min_bytes,
-              "floor_ms": data.get("floor_ms"), "timings": {k: to_dict(v) for k, v in data["timings"].items()},
-              "compile_s": data.get("compile_s"), "energy_eager": data.get("energy_eager"),
-              "notes": data.get("notes"), "environment": data.get("environment")}  # fmt: skip
+    record = {
+        "task": task_info.id,
+        "flops": task_info.flops,
+        "min_bytes": task_info.min_bytes,
+        "floor_ms": data.get("floor_ms"),
+        "timings": {k: to_dict(v) for k, v in data["timings"].items()},
+        "compile_s": data.get("compile_s"),
+        "energy_eager": data.get("energy_eager"),
+        "notes": data.get("notes"),
+        "environment": data.get("environment"),
+    }
     path = cfg.home / "baselines" / f"{task_info.id}-{task_info.source_hash[:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2))
@@ -169,8 +198,13 @@ def baseline(
         table.add_column(col)
     floor = data.get("floor_ms")
     for mode, t in data["timings"].items():
-        table.add_row(mode, f"{t.median_ms:.4f}", f"{100 * t.spread:.1f}%", f"{data['compile_s'].get(mode, 0):.1f}",
-                      f"{100 * floor / t.median_ms:.0f}%" if floor else "-")  # fmt: skip
+        table.add_row(
+            mode,
+            f"{t.median_ms:.4f}",
+            f"{100 * t.spread:.1f}%",
+            f"{data['compile_s'].get(mode, 0):.1f}",
+            f"{100 * floor / t.median_ms:.0f}%" if floor else "-",
+        )
     out.print(table)
     for note in data.get("notes") or []:
         out.print(f"  note: {note}", highlight=False)

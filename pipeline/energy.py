@@ -32,8 +32,9 @@ def nvml_handle(device: torch.device):
         raise EnergyUnavailable(f"NVML: {e}") from None
 
 
-def measure_energy(fn: Callable[..., object], inputs: Sequence, *, call_ms: float, window_s: float,
-                   repeats: int) -> Energy:  # fmt: skip
+def measure_energy(
+    fn: Callable[..., object], inputs: Sequence, *, call_ms: float, window_s: float, repeats: int
+) -> Energy:
     import pynvml
 
     device = torch.device("cuda", torch.cuda.current_device())

@@ -45,11 +45,19 @@ def open_pool(cfg: Config) -> WorkerPool:
 
 def settings(cfg: Config, **extra: Any) -> dict[str, Any]:
     s = {
-        "device": cfg.device, "trials": cfg.trials, "seed": cfg.seed, "timing_trials": cfg.timing_trials,
-        "timing_budget_s": cfg.timing_budget_s, "warmup": cfg.warmup, "energy": cfg.energy,
-        "energy_window_s": cfg.energy_window_s, "energy_repeats": cfg.energy_repeats,
-        "baselines": list(cfg.baselines), "suspicious_speedup": cfg.suspicious_speedup, "time": True,
-    }  # fmt: skip
+        "device": cfg.device,
+        "trials": cfg.trials,
+        "seed": cfg.seed,
+        "timing_trials": cfg.timing_trials,
+        "timing_budget_s": cfg.timing_budget_s,
+        "warmup": cfg.warmup,
+        "energy": cfg.energy,
+        "energy_window_s": cfg.energy_window_s,
+        "energy_repeats": cfg.energy_repeats,
+        "baselines": list(cfg.baselines),
+        "suspicious_speedup": cfg.suspicious_speedup,
+        "time": True,
+    }
     s.update(extra)
     return s
 
@@ -60,7 +68,9 @@ def probe_task(pool: WorkerPool, path: str | Path) -> Task:
         raise TaskError(f"task file not found: {path}")
     r = pool.first.request({"kind": "probe", "path": str(path.resolve())}, timeout_s=120)
     if not r.ok:
-        raise TaskError(r.reason if r.data.get("task_error") else f"{path.name}: probing the task failed: {r.reason}")
+        raise TaskError(
+            r.reason if r.data.get("task_error") else f"{path.name}: probing the task failed: {r.reason}"
+        )
     return from_dict(Task, r.data["task"])
 
 
@@ -82,8 +92,15 @@ def ceilings(pool: WorkerPool, cfg: Config, force: bool = False) -> calibrate.Ce
     return c
 
 
-def evaluate_job(task: Task, candidate: Candidate, build: Build | None, report: LauncherReport,
-                 cfg: Config, ceil: calibrate.Ceilings | None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+def evaluate_job(
+    task: Task,
+    candidate: Candidate,
+    build: Build | None,
+    report: LauncherReport,
+    cfg: Config,
+    ceil: calibrate.Ceilings | None,
+    **extra: Any,
+) -> dict[str, Any]:
     names = tuple(r.name for r in build.resources) if build else ()
     return {
         "kind": "evaluate",
@@ -112,8 +129,13 @@ def result_from_job(candidate: Candidate, build: Build | None, r: JobResult) -> 
     return EvalResult(candidate, build, Verdict(candidate.key, status, reasons=(f"{code}: {reason}",)), None)
 
 
-def evaluate_candidates(task_path: str | Path, candidates: Sequence[Candidate | str | Path], cfg: Config,
-                        progress: Progress | None = None, pool: WorkerPool | None = None) -> list[EvalResult]:  # fmt: skip
+def evaluate_candidates(
+    task_path: str | Path,
+    candidates: Sequence[Candidate | str | Path],
+    cfg: Config,
+    progress: Progress | None = None,
+    pool: WorkerPool | None = None,
+) -> list[EvalResult]:
     """Every candidate through static check, compile and the worker; one result per candidate, in order."""
     own_pool = pool is None
     pool = pool or open_pool(cfg)
@@ -123,8 +145,11 @@ def evaluate_candidates(task_path: str | Path, candidates: Sequence[Candidate | 
         reports = [check_launcher(c.launcher) for c in cands]
         to_build = [i for i, rep in enumerate(reports) if rep.ok]
         builds: list[Build | None] = [None] * len(cands)
-        built = compile_candidates([cands[i] for i in to_build], cfg,
-                                   progress=(lambda d, t: progress("compile", d, t)) if progress else None)  # fmt: skip
+        built = compile_candidates(
+            [cands[i] for i in to_build],
+            cfg,
+            progress=(lambda d, t: progress("compile", d, t)) if progress else None,
+        )
         for i, b in zip(to_build, built, strict=True):
             builds[i] = b
         ceil = ceilings(pool, cfg)
@@ -133,10 +158,14 @@ def evaluate_candidates(task_path: str | Path, candidates: Sequence[Candidate | 
         for i, (c, rep, b) in enumerate(zip(cands, reports, builds, strict=True)):
             if not rep.ok:
                 reasons = tuple(f"static:{v}" for v in rep.violations)
-                results[i] = EvalResult(c, None, Verdict(c.key, Status.REJECTED, kind=rep.kind, reasons=reasons), None)
+                results[i] = EvalResult(
+                    c, None, Verdict(c.key, Status.REJECTED, kind=rep.kind, reasons=reasons), None
+                )
             elif b is None or b.status != Status.OK:
                 status = b.status if b else Status.COMPILE_ERROR
-                results[i] = EvalResult(c, b, Verdict(c.key, status, reasons=(f"{status.value}: {b.log if b else ''}",)), None)
+                results[i] = EvalResult(
+                    c, b, Verdict(c.key, status, reasons=(f"{status.value}: {b.log if b else ''}",)), None
+                )
             else:
                 jobs.append(evaluate_job(task, c, b, rep, cfg, ceil))
                 where.append(i)
@@ -155,14 +184,18 @@ def evaluate_candidates(task_path: str | Path, candidates: Sequence[Candidate | 
             pool.close()
 
 
-def run_baselines(task_path: str | Path, cfg: Config, pool: WorkerPool | None = None) -> tuple[Task, dict[str, Any]]:
+def run_baselines(
+    task_path: str | Path, cfg: Config, pool: WorkerPool | None = None
+) -> tuple[Task, dict[str, Any]]:
     """Eager and torch.compile baselines of a task, measured in one worker run; compile time reported apart."""
     own_pool = pool is None
     pool = pool or open_pool(cfg)
     try:
         task = probe_task(pool, task_path)
-        r = pool.first.request({"kind": "baseline", "task": to_dict(task), "settings": settings(cfg)},
-                               timeout_s=max(cfg.job_timeout_s, 900))  # fmt: skip
+        r = pool.first.request(
+            {"kind": "baseline", "task": to_dict(task), "settings": settings(cfg)},
+            timeout_s=max(cfg.job_timeout_s, 900),
+        )
         if not r.ok:
             raise RuntimeError(f"baseline run failed: {r.reason}")
         data = dict(r.data)

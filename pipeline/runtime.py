@@ -15,10 +15,19 @@ import numpy
 import torch
 
 _SCALARS = (
-    numpy.int8, numpy.int16, numpy.int32, numpy.int64,
-    numpy.uint8, numpy.uint16, numpy.uint32, numpy.uint64,
-    numpy.float16, numpy.float32, numpy.float64, numpy.bool_,
-)  # fmt: skip
+    numpy.int8,
+    numpy.int16,
+    numpy.int32,
+    numpy.int64,
+    numpy.uint8,
+    numpy.uint16,
+    numpy.uint32,
+    numpy.uint64,
+    numpy.float16,
+    numpy.float32,
+    numpy.float64,
+    numpy.bool_,
+)
 
 
 class KernelArgumentError(TypeError):
@@ -42,8 +51,7 @@ class Kernel:
             # Above 48 KB a kernel must opt in to a larger dynamic shared-memory carve-out.
             self._function.max_dynamic_shared_size_bytes = int(shared_mem)
             self._dynamic_smem_limit = int(shared_mem)
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        self._function(grid, block, converted, shared_mem=int(shared_mem), stream=stream)
+        self._function(grid, block, converted, shared_mem=int(shared_mem), stream=_current_stream(cupy))
 
 
 class Kernels:
@@ -73,9 +81,23 @@ class Kernels:
                 kernel = Kernel(self._module.get_function(name), name)
             except Exception as e:  # CUDA_ERROR_NOT_FOUND from the driver
                 known = f"; the cubin has: {', '.join(self._names)}" if self._names else ""
-                raise AttributeError(f"no kernel named {name!r} in the cubin (is it extern \"C\"?){known}") from e
+                raise AttributeError(
+                    f'no kernel named {name!r} in the cubin (is it extern "C"?){known}'
+                ) from e
             self._kernels[name] = kernel
         return kernel
+
+
+_streams: dict[int, object] = {}
+
+
+def _current_stream(cupy):
+    """torch's current stream as a CuPy stream object, built once per stream (it costs microseconds)."""
+    handle = torch.cuda.current_stream().cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = cupy.cuda.ExternalStream(handle)
+    return stream
 
 
 def _dims(value, what: str) -> tuple[int, int, int]:

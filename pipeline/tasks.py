@@ -53,10 +53,14 @@ def load_module(path: str | Path) -> ModuleType:
         exec(code, module.__dict__)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise TaskError(f"{path.name}: importing the task raised {type(e).__name__}: {_first_line(e)}") from None
+        raise TaskError(
+            f"{path.name}: importing the task raised {type(e).__name__}: {_first_line(e)}"
+        ) from None
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, attr):
-            raise TaskError(f"{path.name}: missing `{attr}` (a task defines Model, get_inputs, get_init_inputs)")
+            raise TaskError(
+                f"{path.name}: missing `{attr}` (a task defines Model, get_inputs, get_init_inputs)"
+            )
     return module
 
 
@@ -74,7 +78,9 @@ def probe(path: str | Path) -> Task:
             inputs = list(module.get_inputs())
             model = module.Model(*init_args)
     except Exception as e:
-        raise TaskError(f"{path.name}: building the model or inputs raised {type(e).__name__}: {_first_line(e)}") from None
+        raise TaskError(
+            f"{path.name}: building the model or inputs raised {type(e).__name__}: {_first_line(e)}"
+        ) from None
     if not inputs:
         raise TaskError(f"{path.name}: get_inputs() returned no inputs")
     in_specs = tuple(_spec(x) for x in inputs if isinstance(x, torch.Tensor))
@@ -92,7 +98,9 @@ def probe(path: str | Path) -> Task:
         with counter, torch.no_grad():
             out = model(*inputs)
     except Exception as e:
-        raise TaskError(f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}") from None
+        raise TaskError(
+            f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
+        ) from None
     outs = out if isinstance(out, list | tuple) else (out,)
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         raise TaskError(f"{path.name}: forward must return a tensor or a tuple of tensors")

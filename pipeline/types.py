@@ -106,7 +106,9 @@ class Verdict:
     worst_rel_error: float | None = None  # ||out - ref|| / ||ref||, worst trial
     worst_abs_error: float | None = None
     kind: Kind | None = None
-    library_ops: tuple[str, ...] = ()  # for hybrid candidates: the torch calls and kernels it leaves to libraries
+    library_ops: tuple[
+        str, ...
+    ] = ()  # for hybrid candidates: the torch calls and kernels it leaves to libraries
     reasons: tuple[str, ...] = ()
 
 
@@ -118,7 +120,8 @@ class Timing:
     min_ms: float
     max_ms: float
     trials: int
-    host_median_ms: float | None = None
+    host_median_ms: float | None = None  # host wall time of a synchronised call, launch overhead included
+    synced_median_ms: float | None = None  # events around that same synchronised call
 
     @property
     def spread(self) -> float:
@@ -139,7 +142,9 @@ class Measurement:
     candidate_key: str
     status: Status
     timing: Timing | None = None
-    baselines: dict[str, Timing] = field(default_factory=dict)  # "eager", "compile", "max-autotune-no-cudagraphs"
+    baselines: dict[str, Timing] = field(
+        default_factory=dict
+    )  # "eager", "compile", "max-autotune-no-cudagraphs"
     energy: Energy | None = None
     floor_ms: float | None = None  # roofline floor from the task's FLOPs and minimal bytes
     counters: dict[str, float] = field(default_factory=dict)

@@ -67,8 +67,9 @@ def make_inputs(task_module: ModuleType, seed: int, device: torch.device, getter
     return inputs
 
 
-def build_reference(task_module: ModuleType, init_args: list, seed: int, device: torch.device,
-                    redraw_constant: bool) -> torch.nn.Module:  # fmt: skip
+def build_reference(
+    task_module: ModuleType, init_args: list, seed: int, device: torch.device, redraw_constant: bool
+) -> torch.nn.Module:
     """The reference model; with `redraw_constant`, parameters initialised to one value (LayerNorm's ones and
     zeros) are drawn at random, so a candidate that ignores a weight or bias cannot pass."""
     seed_all(seed)
@@ -85,8 +86,13 @@ def build_reference(task_module: ModuleType, init_args: list, seed: int, device:
     return model
 
 
-def build_candidate(factory: Callable[..., torch.nn.Module], init_args: list, seed: int, device: torch.device,
-                    reference: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:  # fmt: skip
+def build_candidate(
+    factory: Callable[..., torch.nn.Module],
+    init_args: list,
+    seed: int,
+    device: torch.device,
+    reference: torch.nn.Module,
+) -> tuple[torch.nn.Module, list[str]]:
     """ModelNew with the reference's weights copied in by name (seeded construction covers the rest)."""
     notes: list[str] = []
     seed_all(seed)
@@ -95,7 +101,9 @@ def build_candidate(factory: Callable[..., torch.nn.Module], init_args: list, se
             model = factory(*init_args)
         model = model.to(device).eval()
     except Exception as e:
-        raise CandidateFailure(Status.LAUNCH_ERROR, f"launch_error: ModelNew(...) raised {_describe(e)}") from None
+        raise CandidateFailure(
+            Status.LAUNCH_ERROR, f"launch_error: ModelNew(...) raised {_describe(e)}"
+        ) from None
     ref_state = reference.state_dict()
     if ref_state:
         cand_state = model.state_dict()
@@ -104,7 +112,9 @@ def build_candidate(factory: Callable[..., torch.nn.Module], init_args: list, se
             model.load_state_dict(matched, strict=False)
         if len(matched) < len(ref_state):
             missing = sorted(set(ref_state) - set(matched))
-            notes.append(f"parameters not matched by name and shape, relying on seeded initialisation: {missing}")
+            notes.append(
+                f"parameters not matched by name and shape, relying on seeded initialisation: {missing}"
+            )
     return model, notes
 
 
@@ -132,14 +142,18 @@ def run_candidate(model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
         if inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].is_cuda:
             torch.cuda.synchronize()
     except torch.OutOfMemoryError as e:
-        raise CandidateFailure(Status.LAUNCH_ERROR, f"launch_error: out of GPU memory: {_describe(e)}") from None
+        raise CandidateFailure(
+            Status.LAUNCH_ERROR, f"launch_error: out of GPU memory: {_describe(e)}"
+        ) from None
     except Exception as e:
         status = Status.LAUNCH_ERROR if cuda_alive() else Status.CRASH
         code = "launch_error" if status == Status.LAUNCH_ERROR else "crash"
         raise CandidateFailure(status, f"{code}: forward raised {_describe(e)}") from None
     new_threads = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.is_alive()]
     if new_threads:
-        raise CandidateFailure(Status.REJECTED, f"background_thread: forward left threads running: {new_threads}")
+        raise CandidateFailure(
+            Status.REJECTED, f"background_thread: forward left threads running: {new_threads}"
+        )
     return _as_list(out)
 
 
@@ -183,7 +197,9 @@ def storage_span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def check_aliasing(outputs: list, inputs: list) -> list[str]:
-    spans = [(i, storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.numel() > 0]
+    spans = [
+        (i, storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.numel() > 0
+    ]
     reasons = []
     for j, o in enumerate(outputs):
         if not isinstance(o, torch.Tensor) or o.numel() == 0:
@@ -204,18 +220,23 @@ def check_inputs_unchanged(inputs: list, originals: list) -> list[str]:
     return reasons
 
 
-def compare(outputs: list, expected_native: list, expected64: list, atol: float, rtol: float,
-            norm_tol: float) -> TrialReport:  # fmt: skip
+def compare(
+    outputs: list, expected_native: list, expected64: list, atol: float, rtol: float, norm_tol: float
+) -> TrialReport:
     """Candidate outputs against the float64 reference: structure, poison, elementwise and norm bounds."""
     report = TrialReport(passed=True)
     if len(outputs) != len(expected64):
-        report.reasons.append(f"shape_mismatch: {len(outputs)} outputs, the reference returns {len(expected64)}")
+        report.reasons.append(
+            f"shape_mismatch: {len(outputs)} outputs, the reference returns {len(expected64)}"
+        )
     for j, (o, native, r) in enumerate(zip(outputs, expected_native, expected64, strict=False)):
         if not isinstance(o, torch.Tensor):
             report.reasons.append(f"shape_mismatch: output {j} is a {type(o).__name__}, not a tensor")
             continue
         if o.shape != native.shape:
-            report.reasons.append(f"shape_mismatch: output {j} has shape {tuple(o.shape)}, expected {tuple(native.shape)}")
+            report.reasons.append(
+                f"shape_mismatch: output {j} has shape {tuple(o.shape)}, expected {tuple(native.shape)}"
+            )
             continue
         if o.dtype != native.dtype:
             report.reasons.append(f"dtype_mismatch: output {j} is {o.dtype}, expected {native.dtype}")
@@ -229,8 +250,9 @@ def compare(outputs: list, expected_native: list, expected64: list, atol: float,
     return report
 
 
-def _compare_values(j: int, o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, norm_tol: float,
-                    report: TrialReport) -> list[str]:  # fmt: skip
+def _compare_values(
+    j: int, o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float, norm_tol: float, report: TrialReport
+) -> list[str]:
     reasons = []
     if not o.is_floating_point():
         wrong = int((o != r.to(o.dtype)).sum())
@@ -241,7 +263,9 @@ def _compare_values(j: int, o: torch.Tensor, r: torch.Tensor, atol: float, rtol:
     ref_finite = torch.isfinite(rd)
     unwritten = int((torch.isnan(od) & ref_finite).sum())
     if unwritten:
-        reasons.append(f"unwritten_output: output {j} has {unwritten} of {o.numel()} elements never written (NaN poison)")
+        reasons.append(
+            f"unwritten_output: output {j} has {unwritten} of {o.numel()} elements never written (NaN poison)"
+        )
         return reasons
     bad_special = int((torch.isfinite(od) != ref_finite).sum())
     diff = (od - rd).abs().nan_to_num(0.0)
@@ -249,17 +273,25 @@ def _compare_values(j: int, o: torch.Tensor, r: torch.Tensor, atol: float, rtol:
     over = int((diff > allowed).sum()) + bad_special
     abs_err = float(diff.max()) if diff.numel() else 0.0
     ref_norm = float(torch.linalg.vector_norm(rd.nan_to_num(0.0)))
-    rel = float(torch.linalg.vector_norm(diff)) / ref_norm if ref_norm > 0 else (0.0 if abs_err == 0 else math.inf)
+    rel = (
+        float(torch.linalg.vector_norm(diff)) / ref_norm
+        if ref_norm > 0
+        else (0.0 if abs_err == 0 else math.inf)
+    )
     report.rel_error = max(report.rel_error, rel)
     report.abs_error = max(report.abs_error, abs_err)
     if o.numel() > 16:
         ref_spread = float(rd[ref_finite].std()) if int(ref_finite.sum()) > 1 else 0.0
         out_spread = float(od[torch.isfinite(od)].std()) if int(torch.isfinite(od).sum()) > 1 else 0.0
         if ref_spread > 0 and out_spread < NEAR_CONSTANT * ref_spread:
-            reasons.append(f"near_constant: output {j} spread {out_spread:.3g} against the reference's {ref_spread:.3g}")
+            reasons.append(
+                f"near_constant: output {j} spread {out_spread:.3g} against the reference's {ref_spread:.3g}"
+            )
     if over:
-        reasons.append(f"mismatch: output {j}: {over} of {o.numel()} elements outside atol={atol:g} rtol={rtol:g} "
-                       f"(max abs error {abs_err:.3g})")  # fmt: skip
+        reasons.append(
+            f"mismatch: output {j}: {over} of {o.numel()} elements outside atol={atol:g} rtol={rtol:g} "
+            f"(max abs error {abs_err:.3g})"
+        )
     if rel > norm_tol:
         reasons.append(f"mismatch: output {j}: relative error norm {rel:.3g} above {norm_tol:g}")
     return reasons
@@ -270,9 +302,20 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def run_protocol(task_module: ModuleType, init_args: list, factory: Callable[..., torch.nn.Module],
-                 device: torch.device, *, trials: int, seed: int, atol: float, rtol: float, norm_tol: float,
-                 out_bytes: int, getter: str = "get_inputs") -> ProtocolResult:  # fmt: skip
+def run_protocol(
+    task_module: ModuleType,
+    init_args: list,
+    factory: Callable[..., torch.nn.Module],
+    device: torch.device,
+    *,
+    trials: int,
+    seed: int,
+    atol: float,
+    rtol: float,
+    norm_tol: float,
+    out_bytes: int,
+    getter: str = "get_inputs",
+) -> ProtocolResult:
     """Several trials, each: fresh inputs, poison, candidate, reference, candidate again, all checks."""
     reasons: list[str] = []
     worst_rel = worst_abs = 0.0
@@ -285,7 +328,9 @@ def run_protocol(task_module: ModuleType, init_args: list, factory: Callable[...
         init = 1 if t == 1 else 0
         try:
             if init not in models:
-                reference = build_reference(task_module, init_args, seed + 1000 * init, device, redraw_constant=init == 1)
+                reference = build_reference(
+                    task_module, init_args, seed + 1000 * init, device, redraw_constant=init == 1
+                )
             inputs = make_inputs(task_module, seed + 17 * (t + 1), device, getter)
         except ValueError as e:
             return ProtocolResult(Status.REJECTED, t, passed, None, None, [f"bad_task: {e}"])
@@ -317,7 +362,9 @@ def run_protocol(task_module: ModuleType, init_args: list, factory: Callable[...
             if not report.passed:
                 trial_ok = False
                 status = Status.MISMATCH
-                reasons += [f"{r} (trial {t}, {label})" for r in report.reasons if f"{r} (trial" not in reasons]
+                reasons += [
+                    f"{r} (trial {t}, {label})" for r in report.reasons if f"{r} (trial" not in reasons
+                ]
         if trial_ok:
             passed += 1
         del first, second, native, expected64, inputs, originals

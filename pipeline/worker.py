@@ -9,6 +9,7 @@ pair (never pickle: the worker is untrusted, and its stdout is the candidate's t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -98,32 +99,24 @@ class Worker:
     def kill(self) -> None:
         if self.proc is not None:
             if self.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.proc.wait()
         for fd in (self._to_child, self._from_child):
             if fd is not None:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:
-                    pass
         self._to_child = self._from_child = None
         self.proc = None
 
     def close(self) -> None:
         """Ask the worker to exit (EOF on its pipe), then make sure it did."""
         if self.proc is not None and self._to_child is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self._to_child)
-            except OSError:
-                pass
             self._to_child = None
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()
 
     def log_tail(self, lines: int = 20) -> str:
@@ -133,7 +126,9 @@ class Worker:
         return "\n".join(text[-lines:])
 
     # -- one job -----------------------------------------------------------------------------------------
-    def request(self, job: dict[str, Any], timeout_s: float | None = None, cpu_s: float | None = None) -> JobResult:
+    def request(
+        self, job: dict[str, Any], timeout_s: float | None = None, cpu_s: float | None = None
+    ) -> JobResult:
         with self._lock:
             return self._request(job, timeout_s or self.cfg.job_timeout_s, cpu_s or self.cfg.job_cpu_s)
 
@@ -170,18 +165,31 @@ class Worker:
                 return self._died(t0, "while running the job")
             if elapsed > timeout_s:
                 self.kill()
-                return JobResult(False, status=Status.TIMEOUT, reason=f"no answer within {timeout_s:.0f} s; worker killed",
-                                 seconds=elapsed)  # fmt: skip
+                return JobResult(
+                    False,
+                    status=Status.TIMEOUT,
+                    reason=f"no answer within {timeout_s:.0f} s; worker killed",
+                    seconds=elapsed,
+                )
             cpu = _cpu_seconds(self.proc.pid) - cpu0
             if cpu > cpu_s:
                 self.kill()
-                return JobResult(False, status=Status.TIMEOUT, reason=f"used {cpu:.0f} s of CPU time (limit {cpu_s:.0f} s); "
-                                 "worker killed", seconds=elapsed)  # fmt: skip
+                return JobResult(
+                    False,
+                    status=Status.TIMEOUT,
+                    reason=f"used {cpu:.0f} s of CPU time (limit {cpu_s:.0f} s); worker killed",
+                    seconds=elapsed,
+                )
             rss = _rss_mb(self.proc.pid)
             if rss > self.cfg.worker_memory_mb:
                 self.kill()
-                return JobResult(False, status=Status.CRASH, reason=f"resident memory {rss:.0f} MB over the limit of "
-                                 f"{self.cfg.worker_memory_mb} MB; worker killed", seconds=elapsed)  # fmt: skip
+                return JobResult(
+                    False,
+                    status=Status.CRASH,
+                    reason=f"resident memory {rss:.0f} MB over the limit of "
+                    f"{self.cfg.worker_memory_mb} MB; worker killed",
+                    seconds=elapsed,
+                )
 
     def _answer(self, raw: bytes, t0: float) -> JobResult:
         seconds = time.monotonic() - t0
@@ -189,7 +197,9 @@ class Worker:
             data = json.loads(raw)
         except ValueError:
             self.kill()
-            return JobResult(False, status=Status.CRASH, reason="worker sent a malformed answer", seconds=seconds)
+            return JobResult(
+                False, status=Status.CRASH, reason="worker sent a malformed answer", seconds=seconds
+            )
         if data.get("exit"):
             # The handler saw a sticky CUDA error or an out-of-memory: this process is spent, start afresh.
             self.kill()

@@ -6,14 +6,13 @@ that leaves the CUDA context unusable asks to be restarted (`"exit": true`).
 from __future__ import annotations
 
 import platform
-import sys
 import types
 from typing import Any
 
 import torch
 
 from pipeline import tasks, verify
-from pipeline.types import Energy, Kind, Measurement, Status, Task, Timing, Verdict, from_dict, to_dict
+from pipeline.types import Kind, Measurement, Status, Task, Timing, Verdict, from_dict, to_dict
 
 SUSPICIOUS_FLOOR_MARGIN = 0.8  # faster than 80% of the roofline floor is physically doubtful
 NO_WORK_FRACTION = 0.05  # our kernels' GPU time under 5% of the memory floor: they did not do the work
@@ -71,7 +70,11 @@ def environment(device: str) -> dict[str, str]:
     if device == "cuda" and torch.cuda.is_available():
         dev = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(dev)
-        env.update(gpu=props.name, sm_count=str(props.multi_processor_count), capability=f"{props.major}.{props.minor}")
+        env.update(
+            gpu=props.name,
+            sm_count=str(props.multi_processor_count),
+            capability=f"{props.major}.{props.minor}",
+        )
         try:
             import pynvml
 
@@ -94,7 +97,9 @@ def load_launcher(source: str, kernels: Any, key: str) -> type:
     exec(compile(source, f"<candidate {key} launcher.py>", "exec"), module.__dict__)
     model_new = module.__dict__.get("ModelNew")
     if not isinstance(model_new, type):
-        raise verify.CandidateFailure(Status.REJECTED, "static:no_model_new: the launcher defines no class ModelNew")
+        raise verify.CandidateFailure(
+            Status.REJECTED, "static:no_model_new: the launcher defines no class ModelNew"
+        )
     return model_new
 
 
@@ -114,12 +119,16 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
 
     def verdict(status: Status, reasons: list[str], proto: verify.ProtocolResult | None = None) -> Verdict:
         return Verdict(
-            candidate_key=key, status=status, trials=proto.trials if proto else 0,
+            candidate_key=key,
+            status=status,
+            trials=proto.trials if proto else 0,
             trials_passed=proto.trials_passed if proto else 0,
             worst_rel_error=proto.worst_rel_error if proto else None,
             worst_abs_error=proto.worst_abs_error if proto else None,
-            kind=kind, library_ops=tuple(library_ops), reasons=tuple(reasons),
-        )  # fmt: skip
+            kind=kind,
+            library_ops=tuple(library_ops),
+            reasons=tuple(reasons),
+        )
 
     def answer(v: Verdict, m: Measurement | None = None) -> dict[str, Any]:
         spent = v.status == Status.CRASH or any("out of GPU memory" in r for r in v.reasons)
@@ -135,13 +144,25 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     except verify.CandidateFailure as f:
         return answer(verdict(f.status, [f.reason]))
     except Exception as e:
-        return answer(verdict(Status.LAUNCH_ERROR, [f"launch_error: loading the candidate raised {verify._describe(e)}"]))
+        return answer(
+            verdict(
+                Status.LAUNCH_ERROR, [f"launch_error: loading the candidate raised {verify._describe(e)}"]
+            )
+        )
 
     out_bytes = sum(o.numel * _itemsize(o.dtype) for o in task.outputs)
     proto = verify.run_protocol(
-        module, init_args, factory, device, trials=s["trials"], seed=s["seed"],
-        atol=task.atol, rtol=task.rtol, norm_tol=task.norm_tol, out_bytes=out_bytes,
-    )  # fmt: skip
+        module,
+        init_args,
+        factory,
+        device,
+        trials=s["trials"],
+        seed=s["seed"],
+        atol=task.atol,
+        rtol=task.rtol,
+        norm_tol=task.norm_tol,
+        out_bytes=out_bytes,
+    )
     reasons = list(proto.reasons)
     if proto.status != Status.OK or device.type != "cuda" or not s.get("time", True):
         return answer(verdict(proto.status, reasons, proto))
@@ -171,7 +192,9 @@ def _measure(job, task: Task, module, init_args, factory, device, kind: Kind, li
     candidate, _ = verify.build_candidate(factory, init_args, s["seed"], device, reference)
     input_sets = [verify.make_inputs(module, s["seed"] + 101 + i, device) for i in range(TIMING_INPUT_SETS)]
     flusher = timing.L2Flusher(device)
-    kwargs = dict(trials=s["timing_trials"], budget_s=s["timing_budget_s"], warmup=s["warmup"], flusher=flusher)
+    kwargs = dict(
+        trials=s["timing_trials"], budget_s=s["timing_budget_s"], warmup=s["warmup"], flusher=flusher
+    )
     try:
         ours = timing.time_cuda(candidate, input_sets, **kwargs)
     except Exception as e:
@@ -179,8 +202,11 @@ def _measure(job, task: Task, module, init_args, factory, device, kind: Kind, li
         raise verify.CandidateFailure(st, f"{st.value}: timing runs raised {verify._describe(e)}") from None
     hidden = timing.hidden_work(ours)
     if hidden:
-        return Measurement(candidate_key=job["candidate"]["key"], status=Status.REJECTED, timing=ours), \
-            Status.REJECTED, [hidden]  # fmt: skip
+        return (
+            Measurement(candidate_key=job["candidate"]["key"], status=Status.REJECTED, timing=ours),
+            Status.REJECTED,
+            [hidden],
+        )
 
     baselines: dict[str, Timing] = {}
     for mode in s.get("baselines", []):
@@ -196,7 +222,8 @@ def _measure(job, task: Task, module, init_args, factory, device, kind: Kind, li
         floor = floor_ms(task, Ceilings(**ceilings))
     bandwidth = ceilings["copy_bytes_per_s"] if ceilings else 3e12
     profile_status, profile_reasons, runtime_library = _profile_check(
-        candidate, input_sets[0], tuple(job["candidate"].get("kernel_names", ())), task, bandwidth, kind)
+        candidate, input_sets[0], tuple(job["candidate"].get("kernel_names", ())), task, bandwidth, kind
+    )
     reasons += profile_reasons
     library_ops += [k for k in runtime_library if k not in library_ops]
     if profile_status != Status.OK:
@@ -206,22 +233,35 @@ def _measure(job, task: Task, module, init_args, factory, device, kind: Kind, li
         reasons.append(f"too_fast: {ours.median_ms:.4f} ms is below the roofline floor of {floor:.4f} ms")
     elif "eager" in baselines and baselines["eager"].median_ms / ours.median_ms > s["suspicious_speedup"]:
         status = Status.SUSPICIOUS
-        reasons.append(f"too_fast: {baselines['eager'].median_ms / ours.median_ms:.1f}x over eager "
-                       f"(above {s['suspicious_speedup']:g}x)")  # fmt: skip
+        reasons.append(
+            f"too_fast: {baselines['eager'].median_ms / ours.median_ms:.1f}x over eager "
+            f"(above {s['suspicious_speedup']:g}x)"
+        )
 
     energy = None
     if s.get("energy") and status in (Status.OK, Status.SUSPICIOUS):
         from pipeline.energy import EnergyUnavailable, measure_energy
 
         try:
-            energy = measure_energy(candidate, input_sets[0], call_ms=ours.median_ms,
-                                    window_s=s["energy_window_s"], repeats=s["energy_repeats"])  # fmt: skip
+            energy = measure_energy(
+                candidate,
+                input_sets[0],
+                call_ms=ours.median_ms,
+                window_s=s["energy_window_s"],
+                repeats=s["energy_repeats"],
+            )
         except EnergyUnavailable as e:
             reasons.append(f"note: energy not measured: {e}")
     m = Measurement(
-        candidate_key=job["candidate"]["key"], status=status, timing=ours, baselines=baselines,
-        energy=energy, floor_ms=floor, environment=environment("cuda"), reasons=tuple(reasons),
-    )  # fmt: skip
+        candidate_key=job["candidate"]["key"],
+        status=status,
+        timing=ours,
+        baselines=baselines,
+        energy=energy,
+        floor_ms=floor,
+        environment=environment("cuda"),
+        reasons=tuple(reasons),
+    )
     return m, status, reasons
 
 
@@ -246,7 +286,9 @@ def _compile(task: Task, reference, mode: str, reasons: list[str]):
     return _compiled[key][0]
 
 
-def _profile_check(candidate, inputs, kernel_names: tuple[str, ...], task: Task, bandwidth: float, kind: Kind):
+def _profile_check(
+    candidate, inputs, kernel_names: tuple[str, ...], task: Task, bandwidth: float, kind: Kind
+):
     """Confirm with the profiler that our kernels ran and did a real share of the work."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -269,15 +311,33 @@ def _profile_check(candidate, inputs, kernel_names: tuple[str, ...], task: Task,
     others_us = sum(others.values())
     library = [f"kernel {n[:80]}" for n, _ in sorted(others.items(), key=lambda kv: -kv[1])[:5]]
     if ours_count == 0:
-        return Status.REJECTED, [f"kernels_not_run: the profiler saw none of {list(kernel_names)} "
-                                 f"(saw {len(others)} other kernels)"], library  # fmt: skip
+        return (
+            Status.REJECTED,
+            [
+                f"kernels_not_run: the profiler saw none of {list(kernel_names)} "
+                f"(saw {len(others)} other kernels)"
+            ],
+            library,
+        )
     floor_us = task.min_bytes / bandwidth * 1e6
     if ours_us < NO_WORK_FRACTION * floor_us:
-        return Status.REJECTED, [f"kernels_no_work: our kernels ran {ours_us:.1f} us against a memory floor of "
-                                 f"{floor_us:.1f} us; the work was done elsewhere"], library  # fmt: skip
+        return (
+            Status.REJECTED,
+            [
+                f"kernels_no_work: our kernels ran {ours_us:.1f} us against a memory floor of "
+                f"{floor_us:.1f} us; the work was done elsewhere"
+            ],
+            library,
+        )
     if kind == Kind.CUSTOM and others_us > ours_us:
-        return Status.REJECTED, [f"undeclared_library_work: library kernels ran {others_us:.1f} us against "
-                                 f"{ours_us:.1f} us in ours: {library}"], library  # fmt: skip
+        return (
+            Status.REJECTED,
+            [
+                f"undeclared_library_work: library kernels ran {others_us:.1f} us against "
+                f"{ours_us:.1f} us in ours: {library}"
+            ],
+            library,
+        )
     return Status.OK, [], library if kind == Kind.HYBRID else []
 
 
@@ -292,13 +352,25 @@ def _alt_verifies(module, init_args, factory, device, s, task: Task, reasons: li
     for i in range(count):
         shim = types.SimpleNamespace(Model=module.Model, get_inputs=lambda i=i: module.get_alt_inputs()[i])
         proto = verify.run_protocol(
-            shim, init_args, factory, device, trials=1, seed=s["seed"] + 500 + i,
-            atol=task.atol, rtol=task.rtol, norm_tol=task.norm_tol, out_bytes=1 << 28,
-        )  # fmt: skip
+            shim,
+            init_args,
+            factory,
+            device,
+            trials=1,
+            seed=s["seed"] + 500 + i,
+            atol=task.atol,
+            rtol=task.rtol,
+            norm_tol=task.norm_tol,
+            out_bytes=1 << 28,
+        )
         if proto.status != Status.OK:
-            reasons.append(f"too_fast: re-verification on alt shape {i} failed: {'; '.join(proto.reasons[:2])}")
+            reasons.append(
+                f"too_fast: re-verification on alt shape {i} failed: {'; '.join(proto.reasons[:2])}"
+            )
             return False
-    reasons.append(f"note: faster than {s['suspicious_speedup']:g}x over eager; re-verified on {count} other shapes")
+    reasons.append(
+        f"note: faster than {s['suspicious_speedup']:g}x over eager; re-verified on {count} other shapes"
+    )
     return True
 
 
@@ -321,8 +393,14 @@ def _baseline(job: dict[str, Any]) -> dict[str, Any]:
         model = reference if mode == "eager" else _compile(task, reference, mode, out["notes"])
         if model is None:
             continue
-        t = timing.time_cuda(model, input_sets, trials=s["timing_trials"], budget_s=s["timing_budget_s"],
-                             warmup=s["warmup"], flusher=flusher)  # fmt: skip
+        t = timing.time_cuda(
+            model,
+            input_sets,
+            trials=s["timing_trials"],
+            budget_s=s["timing_budget_s"],
+            warmup=s["warmup"],
+            flusher=flusher,
+        )
         out["timings"][mode] = to_dict(t)
         if mode != "eager":
             out["compile_s"][mode] = _compiled[(task.source_hash, mode)][1]
@@ -330,13 +408,15 @@ def _baseline(job: dict[str, Any]) -> dict[str, Any]:
         from pipeline.energy import EnergyUnavailable, measure_energy
 
         try:
-            e = measure_energy(reference, input_sets[0], call_ms=out["timings"]["eager"]["median_ms"],
-                               window_s=s["energy_window_s"], repeats=s["energy_repeats"])  # fmt: skip
+            e = measure_energy(
+                reference,
+                input_sets[0],
+                call_ms=out["timings"]["eager"]["median_ms"],
+                window_s=s["energy_window_s"],
+                repeats=s["energy_repeats"],
+            )
             out["energy_eager"] = to_dict(e)
         except (EnergyUnavailable, KeyError) as e:
             out["notes"].append(f"energy not measured: {e}")
     out["environment"] = environment("cuda")
     return out
-
-
-__all__ = ["Energy", "handle", "sys"]

@@ -15,8 +15,13 @@ L2 = 60 * 2**20
 
 def test_there_are_six_builtin_tasks():
     assert {p.stem for p in BUILTIN} >= {
-        "elementwise_chain", "softmax", "layernorm", "matmul_bias_gelu", "conv_bias_relu_scale", "reduce_mean",
-    }  # fmt: skip
+        "elementwise_chain",
+        "softmax",
+        "layernorm",
+        "matmul_bias_gelu",
+        "conv_bias_relu_scale",
+        "reduce_mean",
+    }
 
 
 @pytest.mark.parametrize("path", BUILTIN, ids=[p.stem for p in BUILTIN])
@@ -44,31 +49,38 @@ def test_conv_flops_counted():
 
 BAD = {
     "syntax": ("def broken(:\n", "syntax error at line 1"),
-    "missing_inputs": ("import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_init_inputs():\n    return []\n",
-                       "missing `get_inputs`"),
+    "missing_inputs": (
+        "import torch\nclass Model(torch.nn.Module):\n    pass\ndef get_init_inputs():\n    return []\n",
+        "missing `get_inputs`",
+    ),
     "import_raises": ("raise ImportError('no such thing')\n", "importing the task raised ImportError"),
     "forward_raises": (
         "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        raise ValueError('boom')\n"
         "def get_inputs():\n    return [torch.randn(4, 4)]\ndef get_init_inputs():\n    return []\n",
-        "the reference forward raised ValueError: boom"),
+        "the reference forward raised ValueError: boom",
+    ),
     "absurd": (
         "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
         "def get_inputs():\n    return [torch.randn(10**6, 10**6)]\ndef get_init_inputs():\n    return []\n",
-        "GiB, more than the"),
+        "GiB, more than the",
+    ),
     "no_tensors": (
         "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
         "def get_inputs():\n    return [3]\ndef get_init_inputs():\n    return []\n",
-        "returned no tensors"),
+        "returned no tensors",
+    ),
     "returns_int": (
         "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return 3\n"
         "def get_inputs():\n    return [torch.randn(2)]\ndef get_init_inputs():\n    return []\n",
-        "forward must return a tensor"),
+        "forward must return a tensor",
+    ),
     "ctor_raises": (
         "import torch\nclass Model(torch.nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
         "    def forward(self, x):\n        return x\n"
         "def get_inputs():\n    return [torch.randn(2)]\ndef get_init_inputs():\n    return []\n",
-        "building the model or inputs raised TypeError"),
-}  # fmt: skip
+        "building the model or inputs raised TypeError",
+    ),
+}
 
 
 @pytest.mark.parametrize("name", list(BAD))

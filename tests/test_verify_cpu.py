@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.types import Kind, Status, Task, Verdict, from_dict, to_dict
-
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,17 +28,25 @@ def evaluate(worker, task: Task, launcher: str) -> Verdict:
     job = {
         "kind": "evaluate",
         "task": to_dict(task),
-        "candidate": {"key": "standin", "launcher": launcher, "cubin_path": None, "kernel_names": [],
-                      "kind": "custom", "library_ops": []},
+        "candidate": {
+            "key": "standin",
+            "launcher": launcher,
+            "cubin_path": None,
+            "kernel_names": [],
+            "kind": "custom",
+            "library_ops": [],
+        },
         "settings": {"device": "cpu", "trials": 3, "seed": 0},
-    }  # fmt: skip
+    }
     r = worker.request(job)
     assert r.ok, r.reason
     return from_dict(Verdict, r.data["verdict"])
 
 
 HEADER = "import torch\nimport torch.nn as nn\n\n"
-CHAIN_HONEST = HEADER + """
+CHAIN_HONEST = (
+    HEADER
+    + """
 class ModelNew(nn.Module):
     def __init__(self, scale):
         super().__init__()
@@ -49,10 +57,13 @@ class ModelNew(nn.Module):
         torch.tanh(x * self.scale, out=out)
         return out.add_(x, alpha=0.5)
 """
+)
 
 
 def chain(body: str, init: str = "self.scale = scale") -> str:
-    return HEADER + f"""
+    return (
+        HEADER
+        + f"""
 class ModelNew(nn.Module):
     def __init__(self, scale):
         super().__init__()
@@ -61,35 +72,82 @@ class ModelNew(nn.Module):
     def forward(self, x):
 {body}
 """
+    )
 
 
 CASES = {
     "honest": (CHAIN_HONEST, Status.OK, None),
-    "in_place": (chain("        x.mul_(1.0)\n        return x.copy_(torch.tanh(x * self.scale) + 0.5 * x)"),
-                 Status.REJECTED, "output_aliases_input"),
-    "mutates_input": (chain("        y = torch.tanh(x * self.scale) + 0.5 * x\n        x.add_(1)\n        return y"),
-                      Status.REJECTED, "input_mutated"),
-    "view_of_input": (chain("        return x.view(-1).view(x.shape)"), Status.REJECTED, "output_aliases_input"),
-    "wrong_dtype": (chain("        return (torch.tanh(x * self.scale) + 0.5 * x).half()"), Status.MISMATCH,
-                    "dtype_mismatch"),
-    "wrong_shape": (chain("        return (torch.tanh(x * self.scale) + 0.5 * x)[:-1]"), Status.MISMATCH,
-                    "shape_mismatch"),
-    "low_precision": (chain("        return (torch.tanh(x.bfloat16() * self.scale) + 0.5 * x.bfloat16()).float()"),
-                      Status.MISMATCH, "mismatch"),
-    "memoised": (chain("        if self.cache is None:\n            self.cache = torch.tanh(x * self.scale) + 0.5 * x\n"
-                       "        return self.cache.clone()", init="self.scale = scale\n        self.cache = None"),
-                 Status.MISMATCH, "mismatch"),
-    "forgets_scale": (chain("        return torch.tanh(x * 1.3) + 0.5 * x"), Status.OK, None),  # scale is fixed
-    "raises": (chain("        raise RuntimeError('kernel launch failed: too many resources requested')"),
-               Status.LAUNCH_ERROR, "launch_error"),
-    "thread": (chain("        import threading, time\n        threading.Thread(target=time.sleep, args=(5,)).start()\n"
-                     "        return torch.tanh(x * self.scale) + 0.5 * x"), Status.REJECTED, "background_thread"),
-    "nan_out": (chain("        y = torch.tanh(x * self.scale) + 0.5 * x\n        y[0, 0] = float('nan')\n        return y"),
-                Status.MISMATCH, "unwritten_output"),
+    "in_place": (
+        chain("        x.mul_(1.0)\n        return x.copy_(torch.tanh(x * self.scale) + 0.5 * x)"),
+        Status.REJECTED,
+        "output_aliases_input",
+    ),
+    "mutates_input": (
+        chain("        y = torch.tanh(x * self.scale) + 0.5 * x\n        x.add_(1)\n        return y"),
+        Status.REJECTED,
+        "input_mutated",
+    ),
+    "view_of_input": (
+        chain("        return x.view(-1).view(x.shape)"),
+        Status.REJECTED,
+        "output_aliases_input",
+    ),
+    "wrong_dtype": (
+        chain("        return (torch.tanh(x * self.scale) + 0.5 * x).half()"),
+        Status.MISMATCH,
+        "dtype_mismatch",
+    ),
+    "wrong_shape": (
+        chain("        return (torch.tanh(x * self.scale) + 0.5 * x)[:-1]"),
+        Status.MISMATCH,
+        "shape_mismatch",
+    ),
+    "low_precision": (
+        chain("        return (torch.tanh(x.bfloat16() * self.scale) + 0.5 * x.bfloat16()).float()"),
+        Status.MISMATCH,
+        "mismatch",
+    ),
+    "memoised": (
+        chain(
+            "        if self.cache is None:\n            self.cache = torch.tanh(x * self.scale) + 0.5 * x\n"
+            "        return self.cache.clone()",
+            init="self.scale = scale\n        self.cache = None",
+        ),
+        Status.MISMATCH,
+        "mismatch",
+    ),
+    "forgets_scale": (
+        chain("        return torch.tanh(x * 1.3) + 0.5 * x"),
+        Status.OK,
+        None,
+    ),  # scale is fixed
+    "raises": (
+        chain("        raise RuntimeError('kernel launch failed: too many resources requested')"),
+        Status.LAUNCH_ERROR,
+        "launch_error",
+    ),
+    "thread": (
+        chain(
+            "        import threading, time\n        threading.Thread(target=time.sleep, args=(5,)).start()\n"
+            "        return torch.tanh(x * self.scale) + 0.5 * x"
+        ),
+        Status.REJECTED,
+        "background_thread",
+    ),
+    "nan_out": (
+        chain(
+            "        y = torch.tanh(x * self.scale) + 0.5 * x\n        y[0, 0] = float('nan')\n        return y"
+        ),
+        Status.MISMATCH,
+        "unwritten_output",
+    ),
     "no_model_new": (HEADER + "class Model2(nn.Module):\n    pass\n", Status.REJECTED, "static:no_model_new"),
-    "bad_ctor": (HEADER + "class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n",
-                 Status.LAUNCH_ERROR, "launch_error"),
-}  # fmt: skip
+    "bad_ctor": (
+        HEADER + "class ModelNew(nn.Module):\n    def __init__(self):\n        super().__init__()\n",
+        Status.LAUNCH_ERROR,
+        "launch_error",
+    ),
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -105,7 +163,9 @@ def test_chain_candidates(cpu_worker, probed, name):
         assert v.kind == Kind.CUSTOM
 
 
-NORM_HONEST = HEADER + """
+NORM_HONEST = (
+    HEADER
+    + """
 class ModelNew(nn.Module):
     def __init__(self, width):
         super().__init__()
@@ -116,6 +176,7 @@ class ModelNew(nn.Module):
         var = x.var(-1, unbiased=False, keepdim=True)
         return (x - mean) / torch.sqrt(var + self.norm.eps) * self.norm.weight + self.norm.bias
 """
+)
 NORM_IGNORES_AFFINE = NORM_HONEST.replace(" * self.norm.weight + self.norm.bias", "")
 
 
@@ -132,7 +193,10 @@ def test_norm_ignoring_weight_and_bias_fails_on_the_redrawn_init(cpu_worker, pro
 
 
 def test_constant_softmax_is_caught_by_norm_and_spread(cpu_worker, probed):
-    const = HEADER + "class ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.full_like(x, 1 / x.shape[-1])\n"
+    const = (
+        HEADER
+        + "class ModelNew(nn.Module):\n    def forward(self, x):\n        return torch.full_like(x, 1 / x.shape[-1])\n"
+    )
     v = evaluate(cpu_worker, probed["small_softmax"], const)
     assert v.status == Status.MISMATCH
     assert any(r.startswith("near_constant") for r in v.reasons), v.reasons

@@ -42,7 +42,9 @@ def probe_job(tmp_path, name: str) -> dict:
 
 @pytest.fixture
 def worker(tmp_path):
-    w = Worker(load(home=tmp_path / "home", device="cpu", job_timeout_s=20, job_cpu_s=8, worker_memory_mb=800))
+    w = Worker(
+        load(home=tmp_path / "home", device="cpu", job_timeout_s=20, job_cpu_s=8, worker_memory_mb=800)
+    )
     yield w
     w.close()
 
