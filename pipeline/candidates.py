@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import inspect
 from pathlib import Path
 
-from pipeline import runtime
 from pipeline.types import Build, Candidate, Status
 
 SOURCE_FILE = "kernel.cu"
 LAUNCHER_FILE = "launcher.py"
+RUNTIME_SOURCE = Path(__file__).with_name("runtime.py")  # read, not imported: it would pull in torch
 FLAGS_FILE = "flags.txt"  # optional: extra nvcc flags, whitespace separated
 
 
@@ -72,7 +71,7 @@ def export_standalone(candidate: Candidate, build: Build, out_path: str | Path) 
         raise CandidateError(f"candidate {candidate.key} has no successful build to export")
     cubin = Path(build.cubin_path).read_bytes()
     names = tuple(r.name for r in build.resources)
-    runtime_src = _strip_future(inspect.getsource(runtime))
+    runtime_src = _strip_future(RUNTIME_SOURCE.read_text())
     launcher_src = _strip_future(candidate.launcher)
     encoded = base64.b64encode(cubin).decode()
     wrapped = "\n".join(encoded[i : i + 100] for i in range(0, len(encoded), 100))

@@ -137,11 +137,15 @@ def evaluate_candidates(
     pool: WorkerPool | None = None,
 ) -> list[EvalResult]:
     """Every candidate through static check, compile and the worker; one result per candidate, in order."""
+    task_path = Path(task_path)
+    if not task_path.is_file():
+        raise TaskError(f"task file not found: {task_path}")
+    # Bad input is reported before any worker or GPU is touched.
+    cands = [c if isinstance(c, Candidate) else load_candidate(c, task_path.stem) for c in candidates]
     own_pool = pool is None
     pool = pool or open_pool(cfg)
     try:
         task = probe_task(pool, task_path)
-        cands = [c if isinstance(c, Candidate) else load_candidate(c, task.id) for c in candidates]
         reports = [check_launcher(c.launcher) for c in cands]
         to_build = [i for i, rep in enumerate(reports) if rep.ok]
         builds: list[Build | None] = [None] * len(cands)
@@ -188,6 +192,8 @@ def run_baselines(
     task_path: str | Path, cfg: Config, pool: WorkerPool | None = None
 ) -> tuple[Task, dict[str, Any]]:
     """Eager and torch.compile baselines of a task, measured in one worker run; compile time reported apart."""
+    if not Path(task_path).is_file():
+        raise TaskError(f"task file not found: {task_path}")
     own_pool = pool is None
     pool = pool or open_pool(cfg)
     try:

@@ -26,7 +26,9 @@ def test_hidden_work_rule():
     assert reason is not None and reason.startswith("hidden_work")
 
 
-CEIL = Ceilings("gpu", copy_bytes_per_s=4e12, fp32_flops=50e12, tf32_flops=400e12, bf16_flops=780e12, environment={})
+CEIL = Ceilings(
+    "gpu", copy_bytes_per_s=4e12, fp32_flops=50e12, tf32_flops=400e12, bf16_flops=780e12, environment={}
+)
 
 
 def task(dtype: str, flops: float, nbytes: int) -> Task:
