@@ -38,6 +38,8 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
         return _evaluate(job)
     if kind == "baseline":
         return _baseline(job)
+    if kind == "system_profile":
+        return _system_profile(job)
     return {"error": f"unknown job kind {kind!r}"}
 
 
@@ -420,3 +422,29 @@ def _baseline(job: dict[str, Any]) -> dict[str, Any]:
             out["notes"].append(f"energy not measured: {e}")
     out["environment"] = environment("cuda")
     return out
+
+
+def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
+    """Kernels per call, GPU busy time and launch gaps of a (verified) candidate, or of the reference."""
+    from pipeline.profile.system import system_profile
+
+    _precise()
+    task = from_dict(Task, job["task"])
+    module = tasks.load_module(task.path)
+    init_args = list(module.get_init_inputs())
+    device = torch.device("cuda")
+    seed = job["settings"]["seed"]
+    model = verify.build_reference(module, init_args, seed, device, redraw_constant=False)
+    cand = job.get("candidate")
+    if cand:
+        from pipeline.runtime import Kernels
+
+        kernels = (
+            Kernels.from_file(cand["cubin_path"], tuple(cand.get("kernel_names", ())))
+            if cand.get("cubin_path")
+            else None
+        )
+        factory = load_launcher(cand["launcher"], kernels, cand["key"])
+        model, _ = verify.build_candidate(factory, init_args, seed, device, model)
+    inputs = verify.make_inputs(module, seed + 101, device)
+    return {"system": system_profile(model, inputs)}

@@ -1,0 +1,159 @@
+"""Record the profiling fixtures on a GPU: for each case under tests/fixtures/profiling/kernels/, the harness
+verdict and timing, the curated ncu counters, ncu's own guided-analysis rules, SASS and a system profile.
+
+    python benchmarks/record_profiling_fixtures.py --out DIR [--only a,b] [--no-rules]
+
+Writes DIR/<case>/{eval.json, task.json, ncu.csv, ncu.json, sass.txt, system.json, rules.txt} and
+DIR/{ceilings.json, metrics_known.txt}. The CPU tests read these files from tests/fixtures/profiling/recorded/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import loop  # noqa: E402
+from pipeline.config import load, secret_free_environ  # noqa: E402
+from pipeline.profile import collect  # noqa: E402
+from pipeline.static_check import check_launcher  # noqa: E402
+from pipeline.types import to_dict  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "profiling"
+NCU_LAUNCH_COUNT = 16  # enough launches of a many-small-kernels case; each costs a full replay
+
+
+def rules_text(ncu: str, job_path: Path, timeout_s: float) -> str:
+    """ncu's own analysis (--set full, rules on) as a person would read it: the baseline we compare to."""
+    cmd = [
+        ncu,
+        "--clock-control",
+        "none",
+        "--profile-from-start",
+        "off",
+        "-c",
+        "4",
+        "--set",
+        "full",
+        "--page",
+        "details",
+        "--print-details",
+        "all",
+        sys.executable,
+        "-m",
+        "pipeline.profile.target",
+        str(job_path),
+    ]
+    env = secret_free_environ()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=job_path.parent
+        )
+    except subprocess.TimeoutExpired:
+        return f"(ncu --set full did not finish in {timeout_s:.0f} s)"
+    return out.stdout + ("\n" + out.stderr[-2000:] if out.returncode else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--no-rules", action="store_true")
+    args = ap.parse_args()
+    out_root: Path = args.out
+    out_root.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="kp-record-"))
+    cfg = load(home=home, baselines=("eager",), energy=True, energy_window_s=1.0, energy_repeats=3)
+    ncu = collect.find_ncu()
+    assert ncu, "ncu not found"
+    known = collect.query_metrics(ncu)
+    (out_root / "metrics_known.txt").write_text("\n".join(sorted(known)) + "\n")
+    metrics = tuple(m for m in collect.curated_metrics() if collect.metric_known(m, known))
+    print(f"{len(metrics)} of {len(collect.curated_metrics())} curated metrics known to ncu", flush=True)
+    cases = sorted(p for p in (FIXTURES / "kernels").iterdir() if (p / "expect.toml").is_file())
+    if args.only:
+        wanted = set(args.only.split(","))
+        cases = [c for c in cases if c.name in wanted]
+    with loop.open_pool(cfg) as pool:
+        ceil = loop.ceilings(pool, cfg)
+        (out_root / "ceilings.json").write_text(json.dumps(ceil.__dict__, indent=2))
+        for case in cases:
+            t0 = time.time()
+            expect = tomllib.loads((case / "expect.toml").read_text())
+            task_path = FIXTURES / "tasks" / f"{expect['task']}.py"
+            dest = out_root / case.name
+            dest.mkdir(exist_ok=True)
+            (r,) = loop.evaluate_candidates(task_path, [case], cfg, pool=pool)
+            task = loop.probe_task(pool, task_path)
+            (dest / "task.json").write_text(
+                json.dumps({k: v for k, v in to_dict(task).items() if k != "source"}, indent=2)
+            )
+            (dest / "eval.json").write_text(
+                json.dumps(
+                    {
+                        "build": to_dict(r.build) if r.build else None,
+                        "verdict": to_dict(r.verdict),
+                        "measurement": to_dict(r.measurement) if r.measurement else None,
+                    },
+                    indent=2,
+                )
+            )
+            print(f"{case.name}: {r.verdict.status.value} {list(r.verdict.reasons)[:2]}", flush=True)
+            if r.build is None or r.build.cubin_path is None:
+                continue
+            sass = collect.dump_sass(r.build.cubin_path)
+            if sass:
+                (dest / "sass.txt").write_text(sass)
+            report = check_launcher(r.candidate.launcher)
+            names = sorted({k.name for k in r.build.resources} | set(report.kernels_used))
+            cand = {
+                "key": r.candidate.key,
+                "launcher": r.candidate.launcher,
+                "cubin_path": r.build.cubin_path,
+                "kernel_names": names,
+            }
+            sysjob = {
+                "kind": "system_profile",
+                "task": to_dict(task),
+                "candidate": cand,
+                "settings": {"seed": 0},
+            }
+            s = pool.first.request(sysjob, timeout_s=120)
+            (dest / "system.json").write_text(json.dumps(s.data if s.ok else {"error": s.reason}, indent=2))
+            job = {"task_path": str(task_path), "seed": 0, **cand}
+            res = collect.run_ncu(job, cfg, metrics=metrics, timeout_s=150, launch_count=NCU_LAUNCH_COUNT)
+            (dest / "ncu.csv").write_text(res.raw)
+            (dest / "ncu.json").write_text(
+                json.dumps(
+                    {
+                        "status": res.status.value,
+                        "seconds": res.seconds,
+                        "kernels": len(res.kernels),
+                        "missing": res.missing_metrics,
+                        "log": res.log if res.status.value != "ok" else "",
+                    },
+                    indent=2,
+                )
+            )
+            if not args.no_rules:
+                job_path = home / f"rules-{case.name}.json"
+                job_path.write_text(json.dumps(job))
+                (dest / "rules.txt").write_text(rules_text(ncu, job_path, timeout_s=120))
+            print(
+                f"  ncu {res.status.value} {len(res.kernels)} kernels in {res.seconds:.1f} s; case {time.time() - t0:.1f} s",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

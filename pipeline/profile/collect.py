@@ -1,0 +1,307 @@
+"""Evidence collection for the micro-profiling tools: Nsight Compute counters (one ncu run per candidate,
+a curated metric set, clocks left alone), SASS statistics from cuobjdump, and parsers for both.
+
+Counters only: timings come from the harness (CUDA events), never from ncu, whose durations are
+cold-cache replays. ncu silently drops metric names it does not know, so the curated set is validated
+against `ncu --query-metrics` where ncu is installed, and the parser reports which names came back.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.config import Config, secret_free_environ
+from pipeline.types import Status
+
+METRICS_FILE = Path(__file__).with_name("metrics.txt")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def curated_metrics() -> tuple[str, ...]:
+    return tuple(line.strip() for line in METRICS_FILE.read_text().splitlines() if line.strip())
+
+
+@dataclass(frozen=True)
+class KernelCounters:
+    """One profiled kernel launch: its name, launch geometry and metric values in base units."""
+
+    name: str
+    metrics: dict[str, float]
+    grid: str = ""
+    block: str = ""
+
+    def get(self, metric: str, default: float = 0.0) -> float:
+        return self.metrics.get(metric, default)
+
+
+@dataclass(frozen=True)
+class NcuResult:
+    status: Status
+    kernels: tuple[KernelCounters, ...] = ()
+    missing_metrics: tuple[str, ...] = ()  # asked for, but not in ncu's output (unknown names are dropped)
+    log: str = ""
+    seconds: float = 0.0
+    raw: str = ""  # ncu's CSV output as written
+
+
+@dataclass(frozen=True)
+class SassStats:
+    """What a kernel's SASS says without running it."""
+
+    kernel: str
+    instructions: int
+    opcodes: dict[str, int] = field(default_factory=dict)  # full mnemonic with modifiers -> count
+
+    def count(self, prefix: str) -> int:
+        return sum(n for op, n in self.opcodes.items() if op == prefix or op.startswith(prefix + "."))
+
+    @property
+    def global_loads(self) -> dict[int, int]:
+        """LDG count by access width in bits (32 when the mnemonic carries no width)."""
+        return _by_width(self.opcodes, "LDG")
+
+    @property
+    def global_stores(self) -> dict[int, int]:
+        return _by_width(self.opcodes, "STG")
+
+
+_WIDTHS = {"128": 128, "64": 64, "U8": 8, "S8": 8, "U16": 16, "S16": 16}
+
+
+def _by_width(opcodes: dict[str, int], base: str) -> dict[int, int]:
+    widths: Counter[int] = Counter()
+    for op, n in opcodes.items():
+        parts = op.split(".")
+        if parts[0] != base:
+            continue
+        width = next((_WIDTHS[p] for p in parts[1:] if p in _WIDTHS), 32)
+        widths[width] += n
+    return dict(widths)
+
+
+# -- Nsight Compute --------------------------------------------------------------------------------------
+def find_ncu() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/*/ncu"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def query_metrics(ncu: str, chip: str = "gh100") -> set[str]:
+    """The base metric names ncu knows for a chip (runs without a GPU)."""
+    out = subprocess.run(
+        [ncu, "--query-metrics", "--chip", chip], capture_output=True, text=True, timeout=120
+    )
+    names = set()
+    for line in out.stdout.splitlines():
+        token = line.split(" ", 1)[0].strip()
+        if "__" in token:
+            names.add(token)
+    return names
+
+
+def metric_known(metric: str, base_names: set[str]) -> bool:
+    """`dram__bytes_read.sum` is known when its base `dram__bytes_read` is (suffixes are roll-ups)."""
+    base = metric.split(".", 1)[0]
+    return base in base_names or metric in base_names
+
+
+def ncu_command(
+    ncu: str, job_path: Path, metrics: tuple[str, ...], log_path: Path, launch_count: int = 0
+) -> list[str]:
+    limit = ["--launch-count", str(launch_count)] if launch_count else []
+    return [
+        ncu,
+        *limit,
+        "--clock-control",
+        "none",  # leave the clocks as we find them; timings come from the harness
+        "--cache-control",
+        "all",
+        "--target-processes",
+        "all",
+        "--profile-from-start",
+        "off",  # only the call between cudaProfilerStart/Stop in target.py
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        "--log-file",
+        str(log_path),
+        "--metrics",
+        ",".join(metrics),
+        sys.executable,
+        "-m",
+        "pipeline.profile.target",
+        str(job_path),
+    ]
+
+
+def run_ncu(
+    job: dict,
+    cfg: Config,
+    metrics: tuple[str, ...] | None = None,
+    timeout_s: float = 300.0,
+    launch_count: int = 0,
+) -> NcuResult:
+    """Profile one candidate (or the reference, with job["reference"]) under ncu in an isolated process."""
+    ncu = find_ncu()
+    if ncu is None:
+        return NcuResult(Status.LAUNCH_ERROR, log="ncu (Nsight Compute) not found on this machine")
+    metrics = metrics or curated_metrics()
+    scratch_root = cfg.home / "scratch"
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=scratch_root)).resolve()
+    job_path = scratch / "job.json"
+    job_path.write_text(json.dumps(job))
+    log_path = scratch / "ncu.csv"
+    env = secret_free_environ()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        ncu_command(ncu, job_path, metrics, log_path, launch_count),
+        cwd=scratch,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return NcuResult(
+            Status.TIMEOUT, log=f"ncu did not finish within {timeout_s:.0f} s", seconds=timeout_s
+        )
+    seconds = time.monotonic() - t0
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    if proc.returncode != 0:
+        tail = "\n".join((output + "\n" + text).strip().splitlines()[-15:])
+        return NcuResult(
+            Status.CRASH, log=f"ncu exited with {proc.returncode}:\n{tail}", seconds=seconds, raw=text
+        )
+    kernels = parse_ncu_csv(text)
+    if not kernels:
+        tail = "\n".join((output + "\n" + text).strip().splitlines()[-15:])
+        return NcuResult(
+            Status.LAUNCH_ERROR, log=f"ncu profiled no kernel:\n{tail}", seconds=seconds, raw=text
+        )
+    present = set().union(*(k.metrics for k in kernels))
+    missing = tuple(m for m in metrics if m not in present)
+    return NcuResult(Status.OK, kernels, missing, seconds=seconds, raw=text)
+
+
+_NUMBER = re.compile(r"^-?[\d,]*\.?\d+(e[-+]?\d+)?$", re.IGNORECASE)
+
+
+def parse_ncu_csv(text: str) -> tuple[KernelCounters, ...]:
+    """ncu `--csv --page raw --print-units base`: a header row, a units row, then a row per launch.
+    Numbers may carry thousands separators; ==PROF== lines and the program's output are skipped."""
+    import csv
+
+    rows = [r for r in csv.reader(line for line in text.splitlines() if line.startswith('"'))]
+    if not rows:
+        return ()
+    header = rows[0]
+    try:
+        name_col = header.index("Kernel Name")
+    except ValueError:
+        return ()
+    grid_col = header.index("Grid Size") if "Grid Size" in header else None
+    block_col = header.index("Block Size") if "Block Size" in header else None
+    first_metric = name_col + 1
+    for fixed in ("Context", "Stream", "Block Size", "Grid Size", "Device", "CC"):
+        if fixed in header:
+            first_metric = max(first_metric, header.index(fixed) + 1)
+    out = []
+    for row in rows[1:]:
+        if len(row) != len(header) or row[0] == "" or not row[0].isdigit():
+            continue  # the units row and anything malformed
+        metrics = {}
+        for col in range(first_metric, len(header)):
+            value = _number(row[col])
+            if value is not None:
+                metrics[header[col]] = value
+        out.append(
+            KernelCounters(
+                name=row[name_col],
+                metrics=metrics,
+                grid=row[grid_col] if grid_col is not None else "",
+                block=row[block_col] if block_col is not None else "",
+            )
+        )
+    return tuple(out)
+
+
+def _number(cell: str) -> float | None:
+    cell = cell.strip()
+    if not cell or not _NUMBER.match(cell):
+        return None
+    return float(cell.replace(",", ""))
+
+
+# -- SASS ------------------------------------------------------------------------------------------------
+def find_cuobjdump() -> str | None:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    if Path("/usr/local/cuda/bin/cuobjdump").exists():
+        return "/usr/local/cuda/bin/cuobjdump"
+    try:
+        import nvidia  # the nvidia-cuda-cuobjdump wheel installs under the `nvidia` namespace
+
+        for root in nvidia.__path__:
+            hits = sorted(glob.glob(os.path.join(root, "**", "bin", "cuobjdump"), recursive=True))
+            if hits:
+                return hits[-1]
+    except ImportError:
+        pass
+    return None
+
+
+def dump_sass(cubin_path: str) -> str | None:
+    tool = find_cuobjdump()
+    if tool is None:
+        return None
+    out = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, timeout=120)
+    return out.stdout if out.returncode == 0 else None
+
+
+_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
+_INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", re.IGNORECASE)
+
+
+def parse_sass(text: str) -> dict[str, SassStats]:
+    """Per-kernel opcode counts from `cuobjdump -sass` (predicates stripped, modifiers kept)."""
+    stats: dict[str, Counter[str]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        m = _FUNCTION.match(line)
+        if m:
+            current = m.group(1)
+            stats.setdefault(current, Counter())
+            continue
+        if current is None:
+            continue
+        m = _INSTR.search(line)
+        if m:
+            stats[current][m.group(1)] += 1
+    return {k: SassStats(k, sum(c.values()), dict(c)) for k, c in stats.items()}
