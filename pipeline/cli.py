@@ -260,6 +260,45 @@ def export(
     out.print(f"wrote {path} ({path.stat().st_size} bytes, {build.arch})")
 
 
+@app.command()
+@_user_errors
+def profile(
+    task: TaskOpt,
+    candidate: Annotated[Path, typer.Option("--candidate", "-c", help="candidate folder")],
+    feedback: Annotated[
+        str, typer.Option(help="advice (for prompts), json, raw (metrics only) or none")
+    ] = "advice",
+    all_tools: Annotated[
+        bool, typer.Option("--all-tools", help="run every tool, not only those for the class")
+    ] = False,
+    home: HomeOpt = None,
+) -> None:
+    """Verify a candidate, collect counters (ncu), SASS and a system profile, and print the tools' advice."""
+    from pipeline.loop import profile_candidate
+    from pipeline.profile.advice import Feedback, advice_block, analyze, as_json, raw_block
+
+    mode = Feedback(feedback) if feedback in {f.value for f in Feedback} else None
+    if mode is None:
+        raise ValueError(f"unknown feedback {feedback!r}: use advice, json, raw or none")
+    cfg = config_mod.load(home=home, baselines=("eager",))
+    pr = profile_candidate(task, candidate, cfg)
+    for note in pr.notes:
+        err.print(f"note: {note}", highlight=False)
+    if pr.evidence is None:
+        _print_results([pr.result])
+        raise typer.Exit(1)
+    if mode == Feedback.NONE:
+        return
+    if mode == Feedback.RAW:
+        print(raw_block(pr.evidence))
+        return
+    cls, findings = analyze(pr.evidence, every_class=all_tools)
+    if mode == Feedback.JSON:
+        print(json.dumps(as_json(cls, findings), indent=2))
+    else:
+        out.print(advice_block(cls, findings), highlight=False, soft_wrap=True)
+
+
 def main() -> None:
     app()
 

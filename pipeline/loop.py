@@ -213,3 +213,72 @@ def run_baselines(
     finally:
         if own_pool:
             pool.close()
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    result: EvalResult
+    evidence: Any | None  # pipeline.profile.evidence.Evidence, once the candidate is verified
+    notes: tuple[str, ...] = ()
+
+
+def profile_candidate(
+    task_path: str | Path, candidate: Candidate | str | Path, cfg: Config, pool: WorkerPool | None = None
+) -> ProfileResult:
+    """Evaluate, then gather the evidence the profiling tools read: SASS, ncu counters, a system profile.
+    Only a verified candidate is profiled: advice on a wrong kernel is wasted."""
+    from pipeline.profile import collect
+    from pipeline.profile.evidence import Evidence
+
+    own_pool = pool is None
+    pool = pool or open_pool(cfg)
+    try:
+        (res,) = evaluate_candidates(task_path, [candidate], cfg, pool=pool)
+        if res.verdict.status != Status.OK or res.build is None or res.build.cubin_path is None:
+            return ProfileResult(res, None, ("not profiled: the candidate did not pass verification",))
+        task = probe_task(pool, task_path)
+        notes: list[str] = []
+        names = tuple(
+            sorted(
+                {k.name for k in res.build.resources}
+                | set(check_launcher(res.candidate.launcher).kernels_used)
+            )
+        )
+        cand = {
+            "key": res.candidate.key,
+            "launcher": res.candidate.launcher,
+            "cubin_path": str(Path(res.build.cubin_path).resolve()),
+            "kernel_names": list(names),
+        }
+        sass_text = collect.dump_sass(cand["cubin_path"])
+        if sass_text is None:
+            notes.append("no SASS: cuobjdump not found")
+        system = pool.first.request(
+            {"kind": "system_profile", "task": to_dict(task), "candidate": cand, "settings": settings(cfg)},
+            timeout_s=300,
+        )
+        if not system.ok:
+            notes.append(f"no system profile: {system.reason}")
+        ncu = collect.run_ncu(
+            {"task_path": str(Path(task_path).resolve()), "seed": cfg.seed, **cand}, cfg, launch_count=16
+        )
+        if ncu.status != Status.OK:
+            notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")
+        m = res.measurement
+        env = m.environment if m else {}
+        evidence = Evidence(
+            task=task,
+            ours=names,
+            timing=m.timing if m else None,
+            energy=m.energy if m else None,
+            ceilings=ceilings(pool, cfg),
+            kernels=ncu.kernels,
+            resources=res.build.resources,
+            sass=collect.parse_sass(sass_text) if sass_text else {},
+            system=system.data.get("system") if system.ok else None,
+            power_limit_w=float(env["power_limit_w"]) if env.get("power_limit_w") else None,
+        )
+        return ProfileResult(res, evidence, tuple(notes))
+    finally:
+        if own_pool:
+            pool.close()

@@ -1,0 +1,64 @@
+"""Energy per call and power against the board limit (NVML, measured by the harness over >= 1 s windows).
+
+Near the 700 W limit the GPU lowers its clocks to stay under it (a long bf16 GEMM loop ran at 1.6 GHz
+instead of 1.98), so a power-bound kernel gets faster only by doing less work per result: fewer bytes moved
+(over-fetch, re-reads), fewer redundant instructions, lower precision. Far from the limit energy is
+reported for the record only, at severity 0, so it never crowds the advice.
+"""
+
+from __future__ import annotations
+
+from pipeline.profile.evidence import Evidence
+from pipeline.profile.roofline import Bound, Classification
+from pipeline.profile.tools.base import finding, register
+from pipeline.types import Finding
+
+DEFAULT_LIMIT_W = 700.0  # H200 SXM board limit
+NEAR_LIMIT = 0.9  # average power at 90% of the limit: clocks are being held back
+
+
+class EnergyTool:
+    name = "energy"
+    applies_to = frozenset(Bound)
+    needs = frozenset({"energy"})
+
+    def analyze(self, ev: Evidence, cls: Classification) -> list[Finding]:
+        e = ev.energy
+        if e is None:
+            return []
+        limit = ev.power_limit_w or DEFAULT_LIMIT_W
+        share = e.avg_power_w / limit
+        evidence = {
+            "joules_per_call": e.joules_per_call,
+            "avg_power_w": round(e.avg_power_w, 1),
+            "power_limit_w": limit,
+        }
+        if share >= NEAR_LIMIT:
+            diagnosis = (
+                f"The GPU draws {e.avg_power_w:.0f} W of its {limit:.0f} W limit running this kernel "
+                f"({1e3 * e.joules_per_call:.2f} mJ per call): it is power-bound and its clocks are "
+                "throttled, so wasted work costs time as well as energy."
+            )
+            advice = (
+                "Cut work per result: remove over-fetch and re-reads, redundant instructions, and use the "
+                "lowest precision the tolerance allows (bf16/fp8 tensor cores)."
+            )
+            return [
+                finding(
+                    self.name,
+                    0.2 + 0.3 * (share - NEAR_LIMIT) / (1 - NEAR_LIMIT),
+                    evidence,
+                    diagnosis,
+                    advice,
+                    ("lower_power",),
+                    0.05,
+                )
+            ]
+        diagnosis = (
+            f"{1e3 * e.joules_per_call:.3f} mJ per call at {e.avg_power_w:.0f} W "
+            f"({100 * share:.0f}% of the {limit:.0f} W limit): not power-bound."
+        )
+        return [finding(self.name, 0.0, evidence, diagnosis, "Nothing to change for energy.", (), 0.0)]
+
+
+register(EnergyTool())

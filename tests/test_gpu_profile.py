@@ -1,0 +1,52 @@
+"""Profiling on the GPU: ncu counters, SASS and the system profile gathered for a verified candidate, then
+stage 1 and the tools. Status and content assertions only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import loop
+from pipeline.config import load
+from pipeline.profile.advice import advice_block, analyze
+from pipeline.profile.roofline import Bound
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cfg = load(home=tmp_path_factory.mktemp("prof-home"), baselines=("eager",), energy=False)
+    with loop.open_pool(cfg) as p:
+        yield cfg, p
+
+
+def test_profile_softmax_example(pool):
+    cfg, p = pool
+    pr = loop.profile_candidate(ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax", cfg, pool=p)
+    assert pr.evidence is not None, pr.notes
+    ev = pr.evidence
+    assert ev.our_counters, "ncu saw our kernel"
+    assert ev.dominant().get("dram__bytes_read.sum") >= 0.9 * 16384 * 4096 * 4
+    assert ev.sass and any(s.count("LDG") for s in ev.sass.values())
+    assert ev.system and ev.system["kernels_per_call"] >= 1
+    cls, findings = analyze(ev)
+    assert cls.bound == Bound.MEMORY
+    assert all(f.severity < 0.5 for f in findings), findings  # a kernel at ~94% of its floor: no alarms
+    assert advice_block(cls, findings).startswith("Bottleneck: memory-bound")
+
+
+def test_profile_refuses_an_unverified_candidate(pool, tmp_path):
+    cfg, p = pool
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    src = ROOT / "tests" / "adversarial" / "partial_write"
+    for f in ("kernel.cu", "launcher.py"):
+        (bad / f).write_text((src / f).read_text())
+    pr = loop.profile_candidate(ROOT / "tasks" / "elementwise_chain.py", bad, cfg, pool=p)
+    assert pr.evidence is None and "not profiled" in pr.notes[0]
