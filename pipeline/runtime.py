@@ -49,7 +49,10 @@ class Kernel:
         converted = tuple(_argument(a, i, self.name) for i, a in enumerate(args))
         if shared_mem > self._dynamic_smem_limit:
             # Above 48 KB a kernel must opt in to a larger dynamic shared-memory carve-out.
-            self._function.max_dynamic_shared_size_bytes = int(shared_mem)
+            driver = cupy.cuda.driver
+            driver.funcSetAttribute(
+                self._function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem)
+            )
             self._dynamic_smem_limit = int(shared_mem)
         self._function(grid, block, converted, shared_mem=int(shared_mem), stream=_current_stream(cupy))
 

@@ -73,7 +73,10 @@ def raw_block(ev: Evidence, limit: int = 60) -> str:
     k = ev.dominant()
     if k is None:
         return "no counters"
-    items = sorted(k.metrics.items())[:limit]
+    from pipeline.profile.collect import curated_metrics
+
+    wanted = curated_metrics()
+    items = [(m, k.metrics[m]) for m in wanted if m in k.metrics][:limit]
     return "\n".join([f"kernel {k.name}"] + [f"{name} = {value:g}" for name, value in items])
 
 
