@@ -15,7 +15,8 @@ from pipeline.calibrate import floor_ms
 from pipeline.profile.evidence import Evidence
 
 BUSY_PCT = 60.0  # below this on both DRAM and SM, the unit is waiting, not working (ncu's own split)
-LAUNCH_IDLE = 0.5  # GPU busy under half of a call's wall time
+LAUNCH_IDLE = 0.5  # GPU busy under half of a call's device time, calls queued back to back
+LAUNCH_MIN_KERNELS = 4  # ... over at least this many launches per call
 
 
 class Bound(enum.StrEnum):
@@ -36,7 +37,7 @@ class Classification:
     sm_pct: float
     achieved_bytes_per_s: float | None
     achieved_flops: float | None
-    busy_fraction: float | None  # GPU busy / wall per call
+    busy_fraction: float | None  # GPU busy / device time per call (harness timing; else profiler wall)
     summary: str
 
     @property
@@ -81,11 +82,19 @@ def classify(ev: Evidence) -> Classification:
     flops = achieved_flops_count(ev)
     achieved_flops = flops / (time_ms * 1e-3) if time_ms and flops else None
     busy = None
-    if ev.system and ev.system.get("wall_us_per_call"):
-        busy = ev.system["gpu_busy_us_per_call"] / ev.system["wall_us_per_call"]
-    if busy is not None and busy < LAUNCH_IDLE:
+    if ev.system and ev.system.get("gpu_busy_us_per_call") is not None:
+        # Over the harness's device time (calls queued back to back, so only launches the host cannot issue
+        # fast enough leave the GPU idle), not the profiler's wall time: that carries the profiler's own
+        # overhead and a synchronised call's fixed cost (0.1-0.6 ms on the H200), which made every single
+        # ~70 us kernel look launch-bound.
+        per_call_us = time_ms * 1e3 if time_ms else ev.system.get("wall_us_per_call")
+        if per_call_us:
+            busy = min(1.0, ev.system["gpu_busy_us_per_call"] / per_call_us)
+    # Many launches and an idle GPU: launch-bound. One slow launch is the launch_overhead tool's business,
+    # not a class: fusing has nothing to fuse there.
+    if busy is not None and busy < LAUNCH_IDLE and ev.system.get("kernels_per_call", 0) >= LAUNCH_MIN_KERNELS:
         bound = Bound.LAUNCH
-        why = (f"the GPU is busy {100 * busy:.0f}% of each call's wall time across "
+        why = (f"the GPU is busy {100 * busy:.0f}% of each call's time across "
                f"{ev.system['kernels_per_call']:.0f} kernel launches")  # fmt: skip
     elif max(dram, l2, sm) < BUSY_PCT:
         bound = Bound.LATENCY
