@@ -99,13 +99,16 @@ def main() -> None:
             dest.mkdir(exist_ok=True)
             (r,) = loop.evaluate_candidates(task_path, [case], cfg, pool=pool)
             task = loop.probe_task(pool, task_path)
-            (dest / "task.json").write_text(
-                json.dumps({k: v for k, v in to_dict(task).items() if k != "source"}, indent=2)
-            )
+            # Paths are stored relative to the repository (cubins by name): recordings travel between machines.
+            task_record = {k: v for k, v in to_dict(task).items() if k != "source"}
+            task_record["path"] = str(task_path.relative_to(ROOT))
+            (dest / "task.json").write_text(json.dumps(task_record, indent=2))
             (dest / "eval.json").write_text(
                 json.dumps(
                     {
-                        "build": to_dict(r.build) if r.build else None,
+                        "build": {**to_dict(r.build), "cubin_path": Path(r.build.cubin_path or "").name}
+                        if r.build
+                        else None,
                         "verdict": to_dict(r.verdict),
                         "measurement": to_dict(r.measurement) if r.measurement else None,
                     },
