@@ -28,7 +28,9 @@ def pool(tmp_path_factory):
 
 def test_profile_softmax_example(pool):
     cfg, p = pool
-    pr = loop.profile_candidate(ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax", cfg, pool=p)
+    pr = loop.profile_candidate(
+        ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax", cfg, pool=p
+    )
     assert pr.evidence is not None, pr.notes
     ev = pr.evidence
     assert ev.our_counters, "ncu saw our kernel"

@@ -116,10 +116,14 @@ def query_metrics(ncu: str, chip: str = "gh100") -> set[str]:
     return names
 
 
+_ATTRIBUTE_PREFIXES = ("launch__", "device__", "profiler__", "sm__maximum_warps_per_active_cycle_pct")
+
+
 def metric_known(metric: str, base_names: set[str]) -> bool:
     """`dram__bytes_read.sum` is known when its base `dram__bytes_read` is (suffixes are roll-ups)."""
     base = metric.split(".", 1)[0]
-    return base in base_names or metric in base_names
+    # Launch and device attributes are not listed by --query-metrics, yet the raw page reports them.
+    return base in base_names or metric in base_names or metric.startswith(_ATTRIBUTE_PREFIXES)
 
 
 def ncu_command(

@@ -53,7 +53,7 @@ class BankConflicts:
         share, ways, op = worst
         overall = conflicts_total / wavefronts_total
         diagnosis = (
-            f"Shared-memory {OPS[op]} are {ways:.1f}-way bank-conflicted ({100 * share:.0f}% of their "
+            f"Shared-memory {OPS[op]} are {ways:.0f}-way bank-conflicted ({100 * share:.0f}% of their "
             f"wavefronts are replays): the lanes of a warp hit addresses a multiple of 128 bytes apart, "
             f"the same bank — typically a column of a tile whose row is 32 floats wide, read across threadIdx.x."
         )

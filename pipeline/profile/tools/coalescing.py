@@ -78,27 +78,21 @@ class Coalescing:
             evidence[f"ideal_sectors_per_request_{o}"] = s["ideal"]
             if "useful" in s:
                 evidence[f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{o}.ratio"] = s["useful"]
-        access = int(worst["ideal"])  # bytes per thread: ideal sectors per request equals access bytes
+        bad = [o for o, st in stats.items() if st["efficiency"] < 0.7]
+        which = " and ".join(OPS[o] for o in bad) if bad else OPS[op]
         over = 1 / max(worst["efficiency"], 1 / 32)
         if worst["per_request"] >= 24:
-            pattern = (
-                f"each thread's {access}-byte access lands in a 32-byte sector of its own "
-                f"({worst['per_request']:.0f} sectors per request against {worst['ideal']:.0f}): "
-                "neighbouring threads are a row apart, i.e. threadIdx.x walks the strided dimension"
-            )
+            pattern = "neighbouring threads are a row apart: threadIdx.x walks the strided dimension"
         else:
-            pattern = (
-                f"requests touch {worst['per_request']:.1f} sectors against {worst['ideal']:.0f} "
-                "for a contiguous warp: addresses are strided or misaligned across the warp"
-            )
+            pattern = "addresses are strided or misaligned across the warp"
         diagnosis = (
-            f"Global {OPS[op]} use {32 * worst['efficiency']:.1f} of 32 bytes per sector "
-            f"({over:.0f}x over-fetch; {100 * wasted:.0f}% of all sectors wasted): {pattern}."
+            f"Global {which} use {32 * worst['efficiency']:.1f} of 32 bytes per sector "
+            f"({worst['per_request']:.0f} sectors per request, {worst['ideal']:.0f} ideal; {over:.0f}x "
+            f"over-fetch, {100 * wasted:.0f}% of sectors wasted): {pattern}."
         )
         advice = (
-            "Map threadIdx.x to the contiguous (last) dimension so a warp covers consecutive addresses; "
-            "if the access is a transpose, stage a 32x33 tile through shared memory (+1 padding) and "
-            "read and write both sides coalesced; then move 16 bytes per thread (float4)."
+            "Map threadIdx.x to the contiguous (last) dimension; for a transpose, stage 32x33 tiles (+1 "
+            "padding) through shared memory so both sides are coalesced; then use 16-byte (float4) accesses."
         )
         severity = capped(0.15 + wasted, cls)
         return [

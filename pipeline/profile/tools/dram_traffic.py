@@ -41,20 +41,32 @@ class DramTraffic:
             "task.min_bytes": float(minimum),
             "ratio": round(ratio, 2),
         }
-        ours = ev.our_counters or ev.kernels
-        launches = len(ours)
+        launches = len(ev.kernels)
         evidence["profiled_launches"] = float(launches)
+        local = sum(
+            k.get(f"l1tex__t_bytes_pipe_lsu_mem_local_op_{op}.sum") for k in ev.kernels for op in ("ld", "st")
+        )
         excess = 1 - 1 / ratio
-        if launches > 1:
+        symptom = 1.0  # 1 when the excess is itself the cause; less when another tool names the cause
+        if local >= 0.25 * (read + written):
+            evidence["l1tex_local_bytes"] = local
+            cause = "per-thread local memory (register spills or a local array) overflows L1 and L2 into DRAM"
+            advice = "Keep per-thread data in registers or shared memory (see the local-memory finding)."
+            edits: tuple[str, ...] = ("reduce_registers", "avoid_local_arrays")
+            symptom = 0.7
+        elif ev.library_counters and ev.our_counters:
+            cause = (
+                "our kernel makes a second pass over the library kernel's output instead of fusing into it"
+            )
+            advice = "Fuse the elementwise work into the GEMM's epilogue (CUTLASS epilogue visitor tree)."
+            edits = ("fuse_epilogue", "fuse_kernels")
+        elif launches > 1:
             cause = (
                 f"the call runs {launches} kernels, so intermediates make a round trip through memory: "
                 "written by one kernel and read back by the next"
             )
-            advice = (
-                "Fuse the kernels into one pass: keep intermediates in registers or shared memory and "
-                "write only the final output."
-            )
-            edits: tuple[str, ...] = ("fuse_kernels",)
+            advice = "Fuse the kernels into one pass: keep intermediates in registers or shared memory."
+            edits = ("fuse_kernels",)
         elif written > 1.5 * _output_bytes(ev) and written > 0.5 * read:
             cause = "the kernel writes far more than its outputs: partial results or scratch round-trip DRAM"
             advice = "Accumulate partial results in registers or shared memory and write each output once."
@@ -65,8 +77,8 @@ class DramTraffic:
                 " and the working set outgrows the 60 MB L2" if big else ""
             )
             advice = (
-                "Stage each input tile in shared memory once per block and reuse it for every output "
-                "it feeds (larger tiles, or a block-swizzled launch order so neighbours share L2)."
+                "Stage each input tile in shared memory once per block and reuse it for every output it "
+                "feeds (larger tiles, or a block-swizzled launch order so neighbours share L2)."
             )
             edits = ("tile_shared_memory",)
         diagnosis = (
@@ -78,7 +90,7 @@ class DramTraffic:
         weight = 0.75 if cls.bound == Bound.MEMORY else 0.55
         if cls.ridge and cls.task_intensity > cls.ridge:
             weight *= 0.5  # the task's floor is compute: extra bytes are mostly hidden behind the math
-        severity = capped(weight * excess + 0.1, cls)
+        severity = capped((weight * excess + 0.1) * symptom, cls)
         return [
             finding(
                 self.name, severity, evidence, diagnosis, advice, edits, round(min(excess, headroom(cls)), 2)

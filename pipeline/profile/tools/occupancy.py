@@ -8,6 +8,7 @@ at low occupancy is normal, so this tool does not run there.
 
 from __future__ import annotations
 
+from pipeline.profile.collect import KernelCounters
 from pipeline.profile.evidence import Evidence
 from pipeline.profile.roofline import Bound, Classification
 from pipeline.profile.tools.base import capped, finding, headroom, register
@@ -19,38 +20,31 @@ GAP_FIRES = 20.0  # achieved this many points under theoretical: warps leave ear
 LIMITS = ("registers", "shared_mem", "warps", "blocks")
 
 
-def _why(limiter: str, k, blocks: float) -> tuple[str, str, tuple[str, ...]]:
-    regs = k.get("launch__registers_per_thread")
-    threads = k.get("launch__block_size")
+# limiter -> (cause, fix, edits), formatted with the kernel's launch figures
+# fmt: off
+WHY: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "registers": ("{regs:.0f} registers per thread x {threads:.0f} threads allow only {blocks:.0f} block(s) in 65,536 "
+                  "registers", "Cap registers with __launch_bounds__({threads:.0f}, minBlocksPerSM) or shrink per-thread "
+                  "state (fewer accumulators, less unrolling, recompute cheap indices)",
+                  ("reduce_registers", "increase_occupancy")),
+    "shared_mem": ("{smem_kb:.1f} KB of shared memory per block (+1 KB reserved) allow only {blocks:.0f} block(s) in "
+                   "228 KB", "Use smaller tiles or fewer pipeline stages, or reuse one buffer across phases, so that "
+                   "more blocks fit", ("increase_occupancy", "resize_grid")),
+    "blocks": ("blocks of only {threads:.0f} threads: the 32-blocks-per-SM limit leaves {threads:.0f} warps' worth",
+               "Launch at least 128-256 threads per block (give each block more rows or elements)",
+               ("resize_grid", "increase_occupancy")),
+    "warps": ("{threads:.0f}-thread blocks do not divide 2,048 threads per SM evenly",
+              "Use a block size that divides 2,048 (128, 256, 512)", ("resize_grid",)),
+}
+# fmt: on
+
+
+def _why(limiter: str, k: KernelCounters, blocks: float) -> tuple[str, str, tuple[str, ...]]:
     smem = k.get("launch__shared_mem_per_block_static") + k.get("launch__shared_mem_per_block_dynamic")
-    if limiter == "registers":
-        return (
-            f"{regs:.0f} registers per thread x {threads:.0f} threads allow only {blocks:.0f} block(s) "
-            "in 65,536 registers",
-            f"Cap registers with __launch_bounds__({threads:.0f}, minBlocksPerSM) or shrink per-thread "
-            "state (fewer accumulators, less unrolling, recompute cheap indices)",
-            ("reduce_registers", "increase_occupancy"),
-        )
-    if limiter == "shared_mem":
-        return (
-            f"{smem / 1024:.1f} KB of shared memory per block (+1 KB reserved) allow only "
-            f"{blocks:.0f} block(s) in 228 KB",
-            "Use smaller tiles or fewer pipeline stages, or reuse one buffer across phases, so that "
-            "more blocks fit",
-            ("increase_occupancy", "resize_grid"),
-        )
-    if limiter == "blocks":
-        return (
-            f"blocks of only {threads:.0f} threads: the 32-blocks-per-SM limit leaves "
-            f"{32 * threads / 32:.0f} warps",
-            "Launch at least 128-256 threads per block (give each block more rows or elements)",
-            ("resize_grid", "increase_occupancy"),
-        )
-    return (
-        f"{threads:.0f}-thread blocks do not divide 2,048 threads per SM evenly",
-        "Use a block size that divides 2,048 (128, 256, 512)",
-        ("resize_grid",),
-    )
+    figures = {"regs": k.get("launch__registers_per_thread"), "threads": k.get("launch__block_size"),
+               "smem_kb": smem / 1024, "blocks": blocks}  # fmt: skip
+    cause, fix, edits = WHY.get(limiter, WHY["warps"])
+    return cause.format(**figures), fix.format(**figures), edits
 
 
 class Occupancy:
@@ -78,6 +72,8 @@ class Occupancy:
             **{f"launch__occupancy_limit_{n}": v for n, v in limits.items()},
         }
         weight = 1.0 if cls.bound == Bound.LATENCY else 0.7  # memory-bound kernels need bytes in flight too
+        if k.get("sm__inst_executed_pipe_tensor_op_hmma.sum") > 0:
+            weight *= 0.5  # MMA kernels hide latency with large tiles, ILP and async copies, not with warps
         if theoretical < THEORETICAL_FIRES and limits:
             limiter = min(limits, key=lambda n: limits[n])
             cause, fix, edits = _why(limiter, k, limits[limiter])

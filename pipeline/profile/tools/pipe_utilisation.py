@@ -11,6 +11,7 @@ from __future__ import annotations
 from pipeline.profile.evidence import Evidence
 from pipeline.profile.roofline import Bound, Classification
 from pipeline.profile.tools.base import capped, finding, headroom, register
+from pipeline.profile.tools.tensor_cores import is_contraction
 from pipeline.types import Finding
 
 PIPES = {
@@ -72,16 +73,22 @@ class PipeUtilisation:
             )
             advice = "Keep the arithmetic in FP32 unless the task needs double precision."
             edits = ()
-        else:
+        elif is_contraction(ev, cls):
             diagnosis = (
-                f"The FMA pipe is busy {busy['fma']:.0f}% of cycles: the kernel is limited by FP32 "
-                "arithmetic itself."
+                f"The FMA pipe is busy {busy['fma']:.0f}% of cycles on a matmul-like task: FP32 FFMA is the "
+                "limit, at a seventh of the tensor cores' TF32 rate."
             )
-            advice = (
-                "Do less FP32 work per output (reuse partial products, algebraic simplification) or "
-                "move contractions onto tensor cores."
-            )
+            advice = "Move the contraction onto tensor cores (3xTF32 for fp32 accuracy, WGMMA for bf16)."
             edits = ("use_tensor_cores",)
+        else:
+            # FMA-bound on work tensor cores cannot do (a polynomial, a stencil): this is the FP32 roofline.
+            diagnosis = (
+                f"The FMA pipe is busy {busy['fma']:.0f}% of active cycles: while SMs are busy they run at the "
+                "FP32 arithmetic limit; only fewer FLOPs per result make that part faster."
+            )
+            advice = "Cut FP32 work per output (algebraic simplification, reuse of shared subexpressions)."
+            edits = ()
+            room = min(room, 0.2)  # at a real roofline, whatever the task's tensor-core floor says
         severity = capped(0.15 + 0.3 * room, cls)
         return [finding(self.name, severity, evidence, diagnosis, advice, edits, round(room * 0.3, 2))]
 

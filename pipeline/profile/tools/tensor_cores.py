@@ -19,7 +19,6 @@ MIN_FLOPS = 1e8  # smaller contractions finish in microseconds whatever units th
 # Below the ridge, FFMA-heavy code is a contraction only if its FMAs consume loaded operands: a naive GEMM
 # loads ~2 values per FMA, a register-tiled one ~1 per 4-16; a Horner polynomial loads 1 per 127.
 OPERANDS_PER_FFMA = 0.05
-HALF_PRECISION = ("bfloat16", "float16")
 
 
 def _counts(ev: Evidence) -> dict[str, float]:
@@ -39,6 +38,18 @@ def _counts(ev: Evidence) -> dict[str, float]:
     return c
 
 
+def _contraction(c: dict[str, float], cls: Classification, flops: float) -> bool:
+    above_ridge = cls.ridge is not None and cls.task_intensity > cls.ridge
+    ffma_share = 2 * c["ffma"] / flops if flops else 0.0
+    fed = ffma_share >= FFMA_SHARE and c["operands_per_ffma"] >= OPERANDS_PER_FFMA
+    return flops >= MIN_FLOPS and (above_ridge or fed)
+
+
+def is_contraction(ev: Evidence, cls: Classification) -> bool:
+    """A matmul-like task: above the ridge, or FFMA-heavy with the FMAs fed by loaded operands."""
+    return _contraction(_counts(ev), cls, ev.task.flops)
+
+
 class TensorCores:
     name = "tensor_cores"
     applies_to = frozenset({Bound.COMPUTE, Bound.LATENCY, Bound.MEMORY})  # a naive GEMM is often L1-bound
@@ -49,7 +60,6 @@ class TensorCores:
         if flops < MIN_FLOPS:
             return []
         c = _counts(ev)
-        above_ridge = cls.ridge is not None and cls.task_intensity > cls.ridge
         ffma_share = 2 * c["ffma"] / flops
         legacy = max(c["hmma"] - c["gmma"], 0.0) or (c["sass.HMMA"] if not c["sass.HGMMA"] else 0.0)
         tensor = c["hmma"] + c["gmma"] + c["sass.HMMA"] + c["sass.HGMMA"]
@@ -65,17 +75,18 @@ class TensorCores:
             "fraction_of_floor": round(1 - headroom(cls), 4),
         }
         room = headroom(cls)
-        contraction = above_ridge or (
-            ffma_share >= FFMA_SHARE and c["operands_per_ffma"] >= OPERANDS_PER_FFMA
-        )
+        contraction = _contraction(c, cls, flops)
         evidence["operands_per_ffma"] = round(c["operands_per_ffma"], 3)
         if not tensor and contraction and ffma_share >= 0.25:
             fp32 = ev.task.dtype == "float32"
+            c_ = ev.ceilings  # measured on this GPU (cuBLAS); else the datasheet's 67 / 495 / 989
+            tc = (c_.tf32_flops if fp32 else c_.bf16_flops) / 1e12 if c_ else (495.0 if fp32 else 989.0)
+            rates = (c_.fp32_flops / 1e12 if c_ else 67.0, tc)
             diagnosis = (
                 f"The task is a matmul-like contraction ({cls.task_intensity:.0f} FLOP/byte against a "
                 f"ridge of {cls.ridge or 0:.0f}) but {100 * min(ffma_share, 1):.0f}% of its FLOPs run as "
-                "FP32 FFMA with no tensor-core instruction: the FMA pipe peaks near 67 TFLOP/s against "
-                f"~{'495 (TF32)' if fp32 else '989 (BF16)'} on tensor cores."
+                f"FP32 FFMA with no tensor-core instruction: FP32 math tops out near {rates[0]:.0f} TFLOP/s "
+                f"against ~{rates[1]:.0f} ({'TF32' if fp32 else 'BF16'}) on tensor cores."
             )
             advice = (
                 "Tile the product through shared memory and compute the tiles on tensor cores: WGMMA "
@@ -86,7 +97,7 @@ class TensorCores:
             severity = capped(0.55 + 0.4 * room, cls)
         elif legacy and not c["gmma"] and not c["sass.HGMMA"]:
             diagnosis = (
-                f"The tensor-core work runs as Ampere-style mma.sync (HMMA: {legacy:.0f} warp "
+                f"The tensor-core work runs as Ampere-style mma.sync (HMMA: {legacy / 1e6:.1f} M warp "
                 "instructions, no HGMMA): on Hopper a single warp feeding the tensor core "
                 "synchronously from registers reaches well under the warpgroup MMA rate "
                 f"({100 * (1 - room):.0f}% of the floor)."

@@ -13,12 +13,27 @@ from __future__ import annotations
 from pipeline.profile.evidence import Evidence
 from pipeline.profile.roofline import Bound, Classification
 from pipeline.profile.tools.base import capped, finding, headroom, register, sass_for
+from pipeline.profile.tools.register_spills import local_share
 from pipeline.types import Finding
 
 NARROW_BYTES = 12.0  # executed bytes per thread per request below this: not 16-byte accesses
 MIN_HEADROOM = 0.15  # a kernel within 15% of its floor gains little from wider accesses
 COALESCED = 0.8  # useful bytes per sector at least 80% of 32: the accesses are contiguous
 MIN_REQUESTS = 1_000
+STALL = "smsp__average_warps_issue_stalled_"
+
+
+def global_wait_share(ev: Evidence) -> float:
+    """Share of warp stalls spent waiting on global memory (long scoreboard, LSU queue), less local memory."""
+    k = ev.dominant()
+    if k is None:
+        return 0.0
+    stalls = {m: v for m, v in k.metrics.items() if m.startswith(STALL) and "_selected_" not in m}
+    total = sum(stalls.values())
+    if not total:
+        return 1.0  # no stall counters: do not discount
+    waiting = sum(k.get(f"{STALL}{r}_per_issue_active.ratio") for r in ("long_scoreboard", "lg_throttle"))
+    return waiting / total * (1 - (local_share(ev) or 0.0))
 
 
 def _executed_width(ev: Evidence) -> tuple[float, float, dict[str, float]] | None:
@@ -34,7 +49,7 @@ def _executed_width(ev: Evidence) -> tuple[float, float, dict[str, float]] | Non
             continue
         sectors = k.get(f"l1tex__t_sectors_pipe_lsu_mem_global_op_{op}.sum")
         useful = k.get(f"smsp__sass_average_data_bytes_per_sector_mem_global_op_{op}.ratio", 32.0)
-        width += requests * sectors * useful / 32
+        width += sectors * useful / 32  # = requests x (bytes per thread per request)
         eff += requests * useful / 32
         weight += requests
         evidence[f"sectors_per_request_{op}"] = round(sectors / requests, 2)
@@ -73,12 +88,17 @@ class VectorWidth:
             f"issues {factor}x more memory instructions than needed and keeps too few bytes in flight to "
             f"saturate DRAM ({100 * (1 - headroom(cls)):.0f}% of the floor)."
         )
+        vector = "float4" if element == 4 else f"uint4 ({factor} elements)"
         advice = (
-            "Load and store 16 bytes per thread along the contiguous dimension: reinterpret the pointers as "
-            f"float4 (uint4 for narrower types: {factor} elements per access), keep the base 16-byte aligned "
-            "with a scalar tail for the remainder, and mark inputs const __restrict__."
+            f"Load and store 16 bytes per thread along the contiguous dimension ({vector} per access), keep "
+            "the base 16-byte aligned with a scalar tail for the remainder, and put several loads in flight "
+            "before first use."
         )
-        severity = capped(0.3 + 0.6 * headroom(cls), cls)
+        # Only the time spent waiting on global memory is the width's to claim: weigh by the share of stalls
+        # on global loads (local-memory loads stall the same way, so their share of L1 traffic is taken out).
+        waiting = global_wait_share(ev)
+        evidence["global_wait_share"] = round(waiting, 2)
+        severity = capped((0.3 + 0.6 * headroom(cls)) * waiting, cls)
         gain = round(min(0.5, headroom(cls)) * 0.6, 2)
         return [finding(self.name, severity, evidence, diagnosis, advice, ("vectorize_loads",), gain)]
 

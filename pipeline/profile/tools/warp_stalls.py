@@ -12,6 +12,7 @@ from __future__ import annotations
 from pipeline.profile.evidence import Evidence
 from pipeline.profile.roofline import Bound, Classification
 from pipeline.profile.tools.base import capped, finding, headroom, register
+from pipeline.profile.tools.register_spills import local_share
 from pipeline.types import Finding
 
 PREFIX = "smsp__average_warps_issue_stalled_"
@@ -19,6 +20,7 @@ SUFFIX = "_per_issue_active.ratio"
 SHARE_FIRES = 0.3
 ISSUE_BUSY = 0.8  # issue slots used on 80% of cycles: the scheduler is fed, stalls are hidden
 CAP = 0.4  # a symptom ranks below the tools that name a cause
+LOCAL = 0.3  # local bytes share of L1 traffic above which load stalls are local-memory stalls
 HEALTHY = {"not_selected", "selected", "sleeping", "misc"}  # eligible-but-waiting is not a problem
 
 # reason -> (what it means in source terms, the fix, edits)
@@ -78,6 +80,14 @@ class WarpStalls:
             return []
         share = stalls[top] / total
         meaning, fix, edits = REASONS[top]
+        local = local_share(ev) or 0.0
+        if top in ("long_scoreboard", "lg_throttle") and local >= LOCAL:
+            # Local-memory loads stall on the same scoreboard: the waits are on spills or a local array.
+            meaning = f"warps wait on local-memory loads ({100 * local:.0f}% of L1 traffic is local: spills or a local array)"
+            fix, edits = (
+                "keep per-thread data in registers or shared memory",
+                ("reduce_registers", "avoid_local_arrays"),
+            )
         evidence = {
             f"{PREFIX}{top}{SUFFIX}": stalls[top],
             "stall_share": round(share, 2),
