@@ -5,6 +5,7 @@ outputs, the registry and the parsers behave. CPU only; the recordings are real 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import tomllib
@@ -292,6 +293,18 @@ def test_stage1_single_kernels_are_not_launch_bound():
     for case in CASES:
         if expect(case)["launches"] == 1:
             assert classify(recorded(case)).bound != Bound.LAUNCH, case
+
+
+def test_stage1_many_tiny_launches_are_launch_bound_even_with_a_busy_gpu():
+    """256 kernels of under 1 us each cannot be fed by the host, whatever the busy ratio of one recording."""
+    ev = recorded("many_small_launches")
+    busier = dataclasses.replace(
+        ev, timing=dataclasses.replace(ev.timing, median_ms=ev.system["gpu_busy_us_per_call"] * 1.2e-3)
+    )
+    assert classify(busier).busy_fraction > 0.8
+    assert classify(busier).bound == Bound.LAUNCH
+    few = dataclasses.replace(ev, system={**ev.system, "kernels_per_call": 2.0, "gpu_busy_us_per_call": 1.0})
+    assert classify(few).bound != Bound.LAUNCH  # two short launches are not a launch problem
 
 
 def test_stage1_naive_matmul_is_far_from_the_tensor_core_roofline():

@@ -17,6 +17,7 @@ from pipeline.profile.evidence import Evidence
 BUSY_PCT = 60.0  # below this on both DRAM and SM, the unit is waiting, not working (ncu's own split)
 LAUNCH_IDLE = 0.5  # GPU busy under half of a call's device time, calls queued back to back
 LAUNCH_MIN_KERNELS = 4  # ... over at least this many launches per call
+TINY_KERNEL_US = 5.0  # a kernel shorter than a launch's host cost (a few us) cannot keep the GPU fed
 
 
 class Bound(enum.StrEnum):
@@ -90,12 +91,17 @@ def classify(ev: Evidence) -> Classification:
         per_call_us = time_ms * 1e3 if time_ms else ev.system.get("wall_us_per_call")
         if per_call_us:
             busy = min(1.0, ev.system["gpu_busy_us_per_call"] / per_call_us)
-    # Many launches and an idle GPU: launch-bound. One slow launch is the launch_overhead tool's business,
-    # not a class: fusing has nothing to fuse there.
-    if busy is not None and busy < LAUNCH_IDLE and ev.system.get("kernels_per_call", 0) >= LAUNCH_MIN_KERNELS:
+    # Many launches and an idle GPU, or many launches each shorter than it takes the host to issue one:
+    # launch-bound. One slow launch is the launch_overhead tool's business, not a class: nothing to fuse.
+    launches = ev.system.get("kernels_per_call", 0) if ev.system else 0
+    per_kernel_us = ev.system["gpu_busy_us_per_call"] / launches if launches else None
+    idle = busy is not None and busy < LAUNCH_IDLE
+    tiny = per_kernel_us is not None and per_kernel_us < TINY_KERNEL_US
+    if launches >= LAUNCH_MIN_KERNELS and (idle or tiny):
         bound = Bound.LAUNCH
-        why = (f"the GPU is busy {100 * busy:.0f}% of each call's time across "
-               f"{ev.system['kernels_per_call']:.0f} kernel launches")  # fmt: skip
+        why = f"{launches:.0f} kernel launches per call, {per_kernel_us:.1f} us of GPU work each" + (
+            f", the GPU busy {100 * busy:.0f}% of the call" if busy is not None else ""
+        )
     elif max(dram, l2, sm) < BUSY_PCT:
         bound = Bound.LATENCY
         why = f"DRAM at {dram:.0f}%, L2 at {l2:.0f}% and SM at {sm:.0f}% of peak: the units wait more than they work"
