@@ -35,6 +35,11 @@ class Config:
     energy_repeats: int = 3
     baselines: tuple[str, ...] = ("eager", "compile", "max-autotune-no-cudagraphs")
     suspicious_speedup: float = 10.0
+    # Chroma index: embedded in a folder, or a server when chroma_host is set
+    chroma_path: Path = Path(".kernelpro/chroma")
+    chroma_host: str | None = None
+    chroma_port: int = 8000
+    embed_model: str | None = None  # None: the packaged all-MiniLM-L6-v2; else a local folder or cached name
 
     @property
     def cache_dir(self) -> Path:

@@ -24,7 +24,9 @@ def _output_bytes(ev: Evidence) -> float:
 
 class DramTraffic:
     name = "dram_traffic"
-    applies_to = frozenset({Bound.MEMORY, Bound.LATENCY, Bound.COMPUTE})  # an unfused epilogue costs a compute-bound hybrid too
+    applies_to = frozenset(
+        {Bound.MEMORY, Bound.LATENCY, Bound.COMPUTE}
+    )  # an unfused epilogue costs a compute-bound hybrid too
     needs = frozenset({"ncu"})
 
     def analyze(self, ev: Evidence, cls: Classification) -> list[Finding]:
