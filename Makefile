@@ -6,7 +6,7 @@ PYTHON  ?= $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo 
 TASK    ?=
 CANDIDATE ?=
 
-.PHONY: install test test-gpu lint format eval clean
+.PHONY: install test test-gpu lint format eval clean index
 
 install:
 	$(PY) -m venv $(VENV)
@@ -35,3 +35,6 @@ eval:
 
 clean:
 	rm -rf .kernelpro .pytest_cache .ruff_cache
+
+index:
+	$(PYTHON) -m pipeline.cli index build --corpus $(or $(CORPUS),cutlass)

@@ -33,6 +33,8 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from corpora import CorpusError
+        from index.store import StoreError
         from pipeline.candidates import CandidateError
         from pipeline.compile import ToolchainError
         from pipeline.loop import NoGPUError
@@ -42,7 +44,16 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except typer.Exit:
             raise  # click's Exit is a RuntimeError: let it through untouched
-        except (TaskError, CandidateError, ToolchainError, NoGPUError, ValueError, RuntimeError) as e:
+        except (
+            TaskError,
+            CandidateError,
+            ToolchainError,
+            NoGPUError,
+            CorpusError,
+            StoreError,
+            ValueError,
+            RuntimeError,
+        ) as e:
             err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
@@ -297,6 +308,189 @@ def profile(
         print(json.dumps(as_json(cls, findings), indent=2))
     else:
         out.print(advice_block(cls, findings), highlight=False, soft_wrap=True)
+
+
+# --- index: build, status, query, drop --------------------------------------------------------------
+
+index_app = typer.Typer(
+    no_args_is_help=True, help="Build and query the Chroma index of CUDA building blocks."
+)
+app.add_typer(index_app, name="index")
+CorpusOpt = Annotated[str, typer.Option("--corpus", help="corpus name (corpora/*.toml) or a TOML path")]
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@index_app.command("build")
+@_user_errors
+def index_build(
+    corpus: CorpusOpt = "cutlass",
+    folder: Annotated[
+        Path | None, typer.Option("--folder", help="the folder of a folder corpus (e.g. local)")
+    ] = None,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Index a corpus incrementally: unchanged files are skipped, changed ones replaced atomically."""
+    from index.build import build_index
+
+    cfg = config_mod.load(home=home)
+    bar, update = _progress(not json_out and sys.stderr.isatty())
+    if bar:
+        with bar:
+            r = build_index(corpus, cfg, progress=update, folder=folder)
+    else:
+        r = build_index(corpus, cfg, folder=folder)
+    if json_out:
+        print(json.dumps(r.__dict__, indent=2))
+        return
+    table = Table(title=f"index {r.collection}")
+    for col in ("files", "changed", "unchanged", "removed", "chunks", "added", "deleted", "seconds", "size"):
+        table.add_column(col)
+    table.add_row(
+        str(r.files_total),
+        str(r.files_changed),
+        str(r.files_unchanged),
+        str(r.files_removed),
+        str(r.chunks_total),
+        str(r.chunks_added),
+        str(r.chunks_deleted),
+        f"{r.seconds:.1f}",
+        _size(r.index_bytes),
+    )
+    out.print(table)
+
+
+@index_app.command("status")
+@_user_errors
+def index_status_cmd(json_out: JsonOpt = False, home: HomeOpt = None) -> None:
+    """List the indexed corpora: chunks, files, model, size."""
+    from index.build import index_status
+
+    rows = index_status(config_mod.load(home=home))
+    if json_out:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        out.print("no index yet; build one with `kernelpro index build`")
+        return
+    table = Table(title="kernelpro index")
+    for col in ("collection", "corpus", "version", "chunks", "files", "model", "built", "sidecars", "chroma"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["collection"],
+            str(r["corpus"]),
+            str(r["version"]),
+            str(r["chunks"] if r["chunks"] is not None else "?"),
+            str(r["files"] if r["files"] is not None else "?"),
+            str(r["model"]),
+            str(r["built_at"] or "-"),
+            _size(r["bytes"]),
+            _size(r["chroma_bytes"]),
+        )
+    out.print(table)
+
+
+@index_app.command("drop")
+@_user_errors
+def index_drop(corpus: CorpusOpt, home: HomeOpt = None) -> None:
+    """Delete a corpus's collection and its sidecar files."""
+    from index.build import drop_index
+
+    name = drop_index(corpus, config_mod.load(home=home))
+    out.print(f"dropped {name}")
+
+
+@index_app.command("query")
+@_user_errors
+def index_query(
+    text: Annotated[str, typer.Argument(help="what to look for: a symbol, or words")],
+    corpus: CorpusOpt = "cutlass",
+    k: Annotated[int, typer.Option("-k", help="how many building blocks")] = 5,
+    arch: Annotated[str | None, typer.Option("--arch", help="only blocks for this arch, e.g. sm90")] = None,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Hunt the index for building blocks (exact symbol + BM25 + dense, fused)."""
+    if not text.strip():
+        raise ValueError("the query is empty; give a symbol or some words")
+    if k < 1:
+        raise ValueError(f"-k must be at least 1, got {k}")
+    try:
+        from index import hunt as hunt_mod
+    except ImportError as e:
+        raise RuntimeError(f"index query is not available yet (index.hunt: {e})") from None
+    cfg = config_mod.load(home=home)
+    blocks = hunt_mod.hunt(text, cfg=cfg, corpus=corpus, k=k, arch=arch)
+    rows = [_block_json(b) for b in blocks]
+    if json_out:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        out.print("no building blocks found")
+        return
+    for i, b in enumerate(rows, 1):
+        where = b.get("path", "?")
+        if b.get("start_line"):
+            where += f":{b['start_line']}-{b.get('end_line', '')}"
+        score = b.get("score")
+        head = f"[bold]{i}. {b.get('symbol', '')}[/]  {where}"
+        out.print(head + (f"  (score {score:.3f})" if isinstance(score, float) else ""), highlight=False)
+
+
+def _block_json(b: Any) -> dict[str, Any]:
+    """A hunt result as a plain dict, whatever its type (dataclass, dict, object with attributes)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(b) and not isinstance(b, type):
+        return dataclasses.asdict(b)
+    if isinstance(b, dict):
+        return b
+    return dict(vars(b))
+
+
+@index_app.command("eval")
+@_user_errors
+def index_eval(
+    cases: Annotated[
+        Path | None, typer.Option("--cases", help="evaluation TOML (default tests/fixtures/hunt_eval.toml)")
+    ] = None,
+    corpus: CorpusOpt = "cutlass",
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Score the source hunter on an evaluation set: recall@5, MRR, query p50."""
+    from index.hunt import evaluate, get_hunter, load_cases
+
+    path = cases or Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hunt_eval.toml"
+    if not path.is_file():
+        raise ValueError(f"evaluation cases not found: {path}; pass --cases FILE")
+    report = evaluate(get_hunter(config_mod.load(home=home), corpus), load_cases(path))
+    misses = [r for r in report.per_case if r.rank is None or r.rank > 5]
+    if json_out:
+        summary = {"recall_at_5": report.recall_at_5, "mrr": report.mrr, "p50_ms": report.p50_ms}
+        summary["cases"] = [
+            {"query": r.case.query, "rank": r.rank, "top": list(r.top_paths[:5])} for r in report.per_case
+        ]
+        print(json.dumps(summary, indent=2))
+        return
+    table = Table(title=f"hunt eval: {len(misses)} of {len(report.per_case)} missed in the top 5")
+    for col in ("query", "rank", "first result"):
+        table.add_column(col)
+    for r in misses:
+        table.add_row(r.case.query, str(r.rank or "-"), r.top_paths[0] if r.top_paths else "-")
+    if misses:
+        out.print(table)
+    out.print(f"recall@5 {report.recall_at_5:.3f}  MRR {report.mrr:.3f}  p50 {report.p50_ms:.1f} ms")
 
 
 def main() -> None:

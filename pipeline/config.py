@@ -57,8 +57,11 @@ def load(**overrides) -> Config:
         if raw is None:
             continue
         values[f.name] = _parse(f.name, f.type, raw)
-    cfg = Config(**values)
-    return cfg.replace(**overrides)
+    cfg = Config(**values).replace(**overrides)
+    if "chroma_path" not in values and overrides.get("chroma_path") is None:
+        # The index lives with the rest of a home unless placed elsewhere on purpose.
+        cfg = cfg.replace(chroma_path=cfg.home / "chroma")
+    return cfg
 
 
 def _parse(name: str, type_: str, raw: str):

@@ -1,0 +1,185 @@
+"""The source hunter on real CUTLASS 4.2.0.0 sources: a small index of a few headers (fast), and the whole
+corpus against the evaluation set (slow: builds the full index, minutes on two cores)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from corpora import load_corpus
+from index.build import build_index
+from index.hunt import Block, Hunter, evaluate, hunt, include_line, load_cases
+from index.store import StoreError
+from pipeline.config import Config, load
+
+SRC = Path(str(md.distribution("nvidia-cutlass").locate_file("cutlass_library"))) / "source"
+EVAL = Path(__file__).parent / "fixtures" / "hunt_eval.toml"
+MINI_FILES = (
+    "include/cute/swizzle.hpp",
+    "include/cute/arch/util.hpp",
+    "include/cute/arch/copy.hpp",
+    "include/cute/arch/copy_sm80.hpp",
+    "include/cute/arch/copy_sm90.hpp",
+    "include/cute/arch/copy_sm90_tma.hpp",
+    "examples/cute/tutorial/sgemm_sm80.cu",
+)
+MINI_TOML = """
+name = "mini"
+[source]
+kind = "folder"
+path = "{root}"
+version = "t1"
+[files]
+include = ["**/*.hpp", "**/*.cu"]
+[kinds]
+default = "header"
+"examples/" = "example"
+"""
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory: pytest.TempPathFactory) -> tuple[Config, Hunter]:
+    """A few real headers (an sm80 file, sm90 TMA files and what they include) as a folder corpus."""
+    base = tmp_path_factory.mktemp("hunt")
+    root = base / "src"
+    for rel in MINI_FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(SRC / rel, root / rel)
+    toml = base / "mini.toml"
+    toml.write_text(MINI_TOML.format(root=root.as_posix()))
+    cfg = load(home=base / "home", chroma_path=base / "home" / "chroma")
+    corpus = load_corpus(toml)
+    build_index(corpus, cfg)
+    return cfg, Hunter(cfg, corpus)
+
+
+def test_exact_symbol_first(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    for sym, path in (
+        ("SM90_TMA_LOAD_2D", "include/cute/arch/copy_sm90_tma.hpp"),
+        ("SM80_CP_ASYNC_CACHEALWAYS", "include/cute/arch/copy_sm80.hpp"),
+        ("cast_smem_ptr_to_uint", "include/cute/arch/util.hpp"),
+    ):
+        [top, *_] = h.hunt(sym, k=5)
+        assert (top.path, top.symbol) == (path, sym), (sym, top)
+        assert "exact" in top.sources and top.snippet and sym in top.snippet
+
+
+def test_nl_query_finds_file(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    paths = [b.path for b in h.hunt("xor swizzle functor for shared memory bank conflicts", k=5)]
+    assert "include/cute/swizzle.hpp" in paths[:3], paths
+    paths = [b.path for b in h.hunt("bulk tensor copy from global to shared memory with TMA", k=5)]
+    assert "include/cute/arch/copy_sm90_tma.hpp" in paths, paths
+
+
+def test_arch_filter(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    unfiltered = h.hunt("SM80_CP_ASYNC_CACHEALWAYS", k=10)
+    assert any("sm80" in b.arch for b in unfiltered)
+    for arch in ("sm90", "sm_90a", "90"):
+        got = h.hunt("SM80_CP_ASYNC_CACHEALWAYS", k=10, arch=arch)
+        assert got, arch
+        # Only chunks tagged sm90, or untagged ones, pass.
+        assert all(not b.arch or "sm90" in b.arch for b in got), [(b.path, b.arch) for b in got]
+    with pytest.raises(ValueError, match="unknown arch"):
+        h.hunt("copy", arch="hopper!")
+
+
+def test_kinds_filter(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    got = h.hunt("gemm with cp.async tiled copy", k=5, kinds=["example"])
+    assert got and all(b.kind == "example" and b.include_line is None for b in got)
+
+
+def test_include_line() -> None:
+    assert include_line("include/cute/atom/mma_traits_sm90_gmma.hpp", "header") == (
+        "#include <cute/atom/mma_traits_sm90_gmma.hpp>"
+    )
+    assert include_line("include/cutlass/arch/barrier.h", "header") == "#include <cutlass/arch/barrier.h>"
+    assert include_line("tools/util/include/cutlass/util/packed_stride.hpp", "tool") == (
+        "#include <cutlass/util/packed_stride.hpp>"
+    )
+    assert include_line("examples/48_hopper_warp_specialized_gemm/x.cu", "example") is None
+    assert include_line("mykernels/common.cuh", "header") == '#include "mykernels/common.cuh"'
+
+
+def test_block_include_line(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    [b, *_] = h.hunt("Swizzle", k=3)
+    assert isinstance(b, Block) and b.path == "include/cute/swizzle.hpp"
+    assert b.include_line == "#include <cute/swizzle.hpp>"
+    assert b.corpus == "mini" and b.kind == "header" and b.score > 0
+
+
+def test_follow_includes(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    [b, *_] = h.hunt("SM90_TMA_LOAD_2D", k=1)
+    deps = h.follow_includes(b, budget_tokens=1500)
+    # copy_sm90_tma.hpp -> cute/arch/copy.hpp -> cute/arch/util.hpp defines cast_smem_ptr_to_uint.
+    assert any(
+        d.symbol == "cast_smem_ptr_to_uint" and d.path == "include/cute/arch/util.hpp" for d in deps
+    ), [(d.path, d.symbol) for d in deps]
+    assert sum(-(-len(d.snippet) // 4) for d in deps) <= 1500
+    assert all(d.sources == ("include",) and d.id != b.id for d in deps)
+    assert h.follow_includes(b, budget_tokens=0) == []
+    small = h.follow_includes(b, budget_tokens=60)
+    assert sum(-(-len(d.snippet) // 4) for d in small) <= 60
+
+
+def test_empty_query(mini: tuple[Config, Hunter]) -> None:
+    cfg, h = mini
+    for q in ("", "   \n"):
+        with pytest.raises(ValueError, match="empty query"):
+            h.hunt(q)
+        with pytest.raises(ValueError, match="empty query"):
+            hunt(q, cfg, corpus="cutlass")
+
+
+def test_missing_index(tmp_path: Path) -> None:
+    cfg = load(home=tmp_path / "home", chroma_path=tmp_path / "home" / "chroma")
+    with pytest.raises(StoreError, match=r"no index for corpus cutlass: run `make index`"):
+        Hunter(cfg, "cutlass")
+    with pytest.raises(StoreError, match="no index for corpus cutlass"):
+        hunt("make_tma_copy", cfg)
+
+
+def test_query_latency(mini: tuple[Config, Hunter]) -> None:
+    _, h = mini
+    queries = ["SM90_TMA_LOAD_2D", "swizzle layout", "cp.async copy", "cast_smem_ptr_to_uint", "TMA prefetch"]
+    for q in queries:  # warm-up
+        h.hunt(q)
+    times = []
+    for i in range(20):
+        t0 = time.perf_counter()
+        h.hunt(queries[i % len(queries)], k=5)
+        times.append((time.perf_counter() - t0) * 1000)
+    print(f"\nhunt p50 over 20 warm queries (small index): {statistics.median(times):.1f} ms")
+
+
+def test_eval_set_is_sound() -> None:
+    cases = load_cases(EVAL)
+    assert len(cases) >= 40
+    styles = [c.style for c in cases]
+    assert styles.count("nl") >= 20 and styles.count("symbol") >= 20
+    for c in cases:
+        for e in c.expected:
+            p = SRC / e
+            assert p.is_dir() if e.endswith("/") else p.is_file(), e
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_full_cutlass_eval(full_cutlass) -> None:
+    cfg, _, _ = full_cutlass
+    report = evaluate(Hunter(cfg, "cutlass"), load_cases(EVAL))
+    misses = [(r.case.query, r.top_paths[:5]) for r in report.per_case if r.rank is None or r.rank > 5]
+    print(f"\nrecall@5 {report.recall_at_5:.3f}  MRR {report.mrr:.3f}  p50 {report.p50_ms:.1f} ms")
+    for q, top in misses:
+        print("miss:", q, top)
+    assert report.recall_at_5 >= 0.8
