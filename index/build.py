@@ -362,6 +362,12 @@ def _write_all_sidecars(
     for lo in range(0, len(ids), _PAGE):
         records.extend(coll.get(ids[lo : lo + _PAGE]))
         note("read index", min(lo + _PAGE, len(ids)), len(ids))
+    # A process killed mid-upsert can leave ids whose vector landed but whose document and metadata did not
+    # (seen with kill -9): remove them here, so the sidecars and the collection agree again.
+    orphans = [r.id for r in records if r.document is None and not r.metadata]
+    if orphans:
+        coll.delete(orphans)
+        records = [r for r in records if r.document is not None or r.metadata]
     records.sort(key=lambda r: (str(r.metadata.get("path", "")), int(r.metadata.get("start_line", 0)), r.id))
     symbols: dict[str, list[str]] = {}
     for r in records:

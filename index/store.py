@@ -53,6 +53,9 @@ _PAGE = 5000  # rows per get() page when scanning a whole collection
 _opened: set[Path] = set()
 
 
+_ORPHAN_MARGIN = 8  # extra neighbours asked for, so that skipped orphans still leave n results
+
+
 class StoreError(RuntimeError):
     """A store problem the user can fix; the message is one line and says how."""
 
@@ -281,18 +284,22 @@ class Collection:
         try:
             res = self._raw.query(
                 query_embeddings=[list(map(float, embedding))],
-                n_results=n,
+                n_results=n + _ORPHAN_MARGIN,
                 where=dict(where) if where else None,
                 include=["documents", "metadatas", "distances"],
             )
         except (ChromaError, ValueError) as e:
             raise StoreError(f"query on {self.name!r} failed: {_short(e)}") from None
-        return [
+        hits = [
             Hit(i, d, dict(m or {}), float(dist))
             for i, d, m, dist in zip(
                 res["ids"][0], res["documents"][0], res["metadatas"][0], res["distances"][0], strict=True
             )
+            # A vector without its document and metadata is a write cut short by a killed process; the next
+            # build deletes it. Until then it is not a result.
+            if d is not None or m
         ]
+        return hits[:n]
 
     def count(self) -> int:
         return int(self._raw.count())

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,6 +217,52 @@ def test_interrupted_build_leaves_index_usable(
     assert r.files_changed >= 1
     _assert_complete(src, coll)
     assert load_sidecars(kcfg, "kp-local-local").manifest["chunks"] == coll.count()
+    assert not (kcfg.home / "index" / "kp-local-local.pending.json").exists()
+
+
+def test_build_killed_midway_leaves_index_usable(
+    src: Path, kcfg: Config, embedder: Embedder, tmp_path: Path
+) -> None:
+    """kill -9 of a real build process after its first batch: the old index stays whole, the next build ends it."""
+    build_index("local", kcfg, folder=src)
+    coll = _coll(kcfg, embedder)
+    count = coll.count()
+    old_manifest = load_sidecars(kcfg, "kp-local-local").manifest
+    for p in src.rglob("*"):
+        if p.is_file():
+            p.write_text("// edited again\n" + p.read_text())
+    marker = tmp_path / "first-batch-written"
+    script = f"""
+import time
+from pathlib import Path
+import index.build as b
+from pipeline.config import load
+b.BATCH_CHUNKS = 5
+cfg = load(home=Path({str(kcfg.home)!r}), chroma_path=Path({str(kcfg.chroma_path)!r}))
+def progress(stage, done, total):
+    if stage == "ingest files" and done > 0:
+        Path({str(marker)!r}).write_text("x")
+        time.sleep(120)  # held here until killed
+b.build_index("local", cfg, progress=progress, folder=Path({str(src)!r}))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent)
+    try:
+        deadline = time.monotonic() + 180
+        while not marker.exists():
+            assert proc.poll() is None, "the build process ended before its first batch"
+            assert time.monotonic() < deadline, "no batch written within 180 s"
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    coll = _coll(kcfg, embedder)  # reopened, as a new process would
+    assert coll.count() >= count
+    hits = coll.query(embedder.embed(["shared memory tile loader"])[0], 3)
+    assert len(hits) == 3 and all(h.document for h in hits)
+    assert load_sidecars(kcfg, "kp-local-local").manifest == old_manifest
+    r = build_index("local", kcfg, folder=src)
+    assert r.files_changed >= 1
+    _assert_complete(src, coll)
     assert not (kcfg.home / "index" / "kp-local-local.pending.json").exists()
 
 
