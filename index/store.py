@@ -10,14 +10,15 @@ primitives):
 
 1. ``coll.file_hashes()`` maps each indexed path to the content hash stored in its chunks' metadata
    (``META_PATH``, ``META_HASH``); a file whose hash is unchanged is skipped.
-2. For a changed file, chunk ids are content-derived (a hash of path + chunk text), so the new chunks'
-   ids differ from the stale ones where the text differs. ``coll.upsert(new ids, ...)`` runs first;
-   only after it has returned, ``coll.delete(set(coll.ids_where({META_PATH: path})) - set(new ids))``
-   removes the stale ones.
+2. For a changed file, chunk ids are a hash of corpus, path, symbol and start line (``index/chunk.py``),
+   so a chunk that keeps its place keeps its id and is overwritten in place by the upsert.
+   ``coll.upsert(new ids, ...)`` runs first; only after it has returned,
+   ``coll.delete(set(coll.ids_where({META_PATH: path})) - set(new ids))`` removes the stale ones.
 3. A crash between the two leaves old + new chunks for that file, never nothing: the previous index
    stays usable. ``file_hashes()`` reports such a file's hash as ``None`` (its chunks disagree), so the
    next build re-ingests it and step 2 removes the leftovers. Files gone from the corpus are deleted the
-   same way, by ``ids_where``.
+   same way, by ``ids_where``. A process killed inside Chroma's own write can leave a vector without its
+   document and metadata; queries skip such orphans and the next build deletes them.
 
 Collections record the embedding model's name and dimension in their metadata; reopening one with
 another model is an error (vectors from two models are not comparable).
