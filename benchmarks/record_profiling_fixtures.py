@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline import loop  # noqa: E402
-from pipeline.config import load, secret_free_environ  # noqa: E402
+from pipeline.config import candidate_environ, load  # noqa: E402
 from pipeline.profile import collect  # noqa: E402
 from pipeline.static_check import check_launcher  # noqa: E402
 from pipeline.types import to_dict  # noqa: E402
@@ -53,8 +52,7 @@ def rules_text(ncu: str, job_path: Path, timeout_s: float) -> str:
         "pipeline.profile.target",
         str(job_path),
     ]
-    env = secret_free_environ()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env = candidate_environ()
     try:
         out = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=job_path.parent

@@ -83,6 +83,16 @@ def _parse(name: str, type_: str, raw: str):
         raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_}") from None
 
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def candidate_environ() -> dict[str, str]:
+    """The environment of a process that runs candidate code: no secrets, and this project importable."""
+    env = secret_free_environ()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
 def secret_free_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for processes that run candidate code: anything that looks like a secret removed."""
     env = dict(os.environ if environ is None else environ)

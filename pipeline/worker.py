@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config, secret_free_environ
+from pipeline.config import Config, candidate_environ
 from pipeline.types import Status
 
 _HEADER = struct.Struct("<Q")
 _MAX_FRAME = 256 * 2**20
 _POLL_S = 0.05
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,7 @@ class Worker:
         self.scratch = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=scratch_root)).resolve()
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        env = secret_free_environ()
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        env = candidate_environ()
         env["PYTHONUNBUFFERED"] = "1"
         env["TORCHINDUCTOR_CACHE_DIR"] = str((self.cfg.cache_dir / "inductor").resolve())
         env["TRITON_CACHE_DIR"] = str((self.cfg.cache_dir / "triton").resolve())

@@ -32,7 +32,7 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
     if kind == "calibrate":
         from pipeline.calibrate import measure_ceilings
 
-        _precise()
+        reference_precision()
         return {"ceilings": measure_ceilings(environment("cuda")).__dict__}
     if kind == "evaluate":
         return _evaluate(job)
@@ -50,7 +50,7 @@ def _probe(job: dict[str, Any]) -> dict[str, Any]:
         return {"error": str(e), "task_error": True}
 
 
-def _precise() -> None:
+def reference_precision() -> None:
     """The reference contract: no TF32 anywhere, for the reference, the baselines and hybrid candidates."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -105,6 +105,24 @@ def load_launcher(source: str, kernels: Any, key: str) -> type:
     return model_new
 
 
+def candidate_factory(cand: dict[str, Any]) -> type:
+    """ModelNew of a candidate record (launcher, key, cubin_path, kernel_names): cubin loaded, launcher run."""
+    kernels = None
+    if cand.get("cubin_path"):
+        from pipeline.runtime import Kernels
+
+        kernels = Kernels.from_file(cand["cubin_path"], tuple(cand.get("kernel_names", ())))
+    return load_launcher(cand["launcher"], kernels, cand["key"])
+
+
+def timing_inputs(module, seed: int, device: torch.device) -> tuple[list, Any]:
+    """The rotated input sets and the L2 flusher that candidate and baselines are timed with."""
+    from pipeline import timing
+
+    sets = [verify.make_inputs(module, seed + 101 + i, device) for i in range(TIMING_INPUT_SETS)]
+    return sets, timing.L2Flusher(device)
+
+
 def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     s = job["settings"]
     task = from_dict(Task, job["task"])
@@ -113,7 +131,7 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(s["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         return {"error": "no CUDA device visible to the worker"}
-    _precise()
+    reference_precision()
     module = tasks.load_module(task.path)
     init_args = list(module.get_init_inputs())
     kind = Kind(cand.get("kind", "custom"))
@@ -137,12 +155,7 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
         return {"verdict": to_dict(v), "measurement": to_dict(m) if m else None, "exit": spent}
 
     try:
-        kernels = None
-        if cand.get("cubin_path"):
-            from pipeline.runtime import Kernels
-
-            kernels = Kernels.from_file(cand["cubin_path"], tuple(cand.get("kernel_names", ())))
-        factory = load_launcher(cand["launcher"], kernels, key)
+        factory = candidate_factory(cand)
     except verify.CandidateFailure as f:
         return answer(verdict(f.status, [f.reason]))
     except Exception as e:
@@ -192,8 +205,7 @@ def _measure(job, task: Task, module, init_args, factory, device, kind: Kind, li
     status = Status.OK
     reference = verify.build_reference(module, init_args, s["seed"], device, redraw_constant=False)
     candidate, _ = verify.build_candidate(factory, init_args, s["seed"], device, reference)
-    input_sets = [verify.make_inputs(module, s["seed"] + 101 + i, device) for i in range(TIMING_INPUT_SETS)]
-    flusher = timing.L2Flusher(device)
+    input_sets, flusher = timing_inputs(module, s["seed"], device)
     kwargs = dict(
         trials=s["timing_trials"], budget_s=s["timing_budget_s"], warmup=s["warmup"], flusher=flusher
     )
@@ -382,14 +394,13 @@ def _baseline(job: dict[str, Any]) -> dict[str, Any]:
     s = job["settings"]
     if not torch.cuda.is_available():
         return {"error": "no CUDA device visible to the worker"}
-    _precise()
+    reference_precision()
     task = from_dict(Task, job["task"])
     module = tasks.load_module(task.path)
     init_args = list(module.get_init_inputs())
     device = torch.device("cuda")
     reference = verify.build_reference(module, init_args, s["seed"], device, redraw_constant=False)
-    input_sets = [verify.make_inputs(module, s["seed"] + 101 + i, device) for i in range(TIMING_INPUT_SETS)]
-    flusher = timing.L2Flusher(device)
+    input_sets, flusher = timing_inputs(module, s["seed"], device)
     out: dict[str, Any] = {"timings": {}, "compile_s": {}, "notes": []}
     for mode in s["baselines"]:
         model = reference if mode == "eager" else _compile(task, reference, mode, out["notes"])
@@ -428,7 +439,7 @@ def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
     """Kernels per call, GPU busy time and launch gaps of a (verified) candidate, or of the reference."""
     from pipeline.profile.system import system_profile
 
-    _precise()
+    reference_precision()
     task = from_dict(Task, job["task"])
     module = tasks.load_module(task.path)
     init_args = list(module.get_init_inputs())
@@ -437,14 +448,6 @@ def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
     model = verify.build_reference(module, init_args, seed, device, redraw_constant=False)
     cand = job.get("candidate")
     if cand:
-        from pipeline.runtime import Kernels
-
-        kernels = (
-            Kernels.from_file(cand["cubin_path"], tuple(cand.get("kernel_names", ())))
-            if cand.get("cubin_path")
-            else None
-        )
-        factory = load_launcher(cand["launcher"], kernels, cand["key"])
-        model, _ = verify.build_candidate(factory, init_args, seed, device, model)
+        model, _ = verify.build_candidate(candidate_factory(cand), init_args, seed, device, model)
     inputs = verify.make_inputs(module, seed + 101, device)
     return {"system": system_profile(model, inputs)}

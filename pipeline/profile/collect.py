@@ -22,11 +22,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import Config, secret_free_environ
+from pipeline.config import Config, candidate_environ
 from pipeline.types import Status
 
 METRICS_FILE = Path(__file__).with_name("metrics.txt")
-PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def curated_metrics() -> tuple[str, ...]:
@@ -175,8 +174,7 @@ def run_ncu(
     job_path = scratch / "job.json"
     job_path.write_text(json.dumps(job))
     log_path = scratch / "ncu.csv"
-    env = secret_free_environ()
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+    env = candidate_environ()
     t0 = time.monotonic()
     proc = subprocess.Popen(
         ncu_command(ncu, job_path, metrics, log_path, launch_count),

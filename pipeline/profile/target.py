@@ -18,24 +18,17 @@ def main(job_path: str) -> int:
     import torch
 
     from pipeline import tasks, verify
-    from pipeline.runtime import Kernels
-    from pipeline.worker_jobs import load_launcher
+    from pipeline.worker_jobs import candidate_factory, reference_precision
 
     job = json.loads(Path(job_path).read_text())
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    reference_precision()
     device = torch.device("cuda")
     module = tasks.load_module(job["task_path"])
     init_args = list(module.get_init_inputs())
     if job.get("reference"):
         model = verify.build_reference(module, init_args, job["seed"], device, redraw_constant=False)
     else:
-        kernels = (
-            Kernels.from_file(job["cubin_path"], tuple(job.get("kernel_names", ())))
-            if job.get("cubin_path")
-            else None
-        )
-        factory = load_launcher(job["launcher"], kernels, job["key"])
+        factory = candidate_factory(job)
         reference = verify.build_reference(module, init_args, job["seed"], device, redraw_constant=False)
         model, _ = verify.build_candidate(factory, init_args, job["seed"], device, reference)
     inputs = verify.make_inputs(module, job["seed"] + 101, device)
