@@ -28,7 +28,7 @@ from pipeline.static_check import check_launcher  # noqa: E402
 from pipeline.types import to_dict  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "profiling"
-NCU_LAUNCH_COUNT = 16  # enough launches of a many-small-kernels case; each costs a full replay
+NCU_LAUNCH_COUNT = collect.PER_CONFIG  # one launch per distinct kernel configuration, as the loop does
 
 
 def rules_text(ncu: str, job_path: Path, timeout_s: float) -> str:

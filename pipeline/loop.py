@@ -260,7 +260,7 @@ def profile_candidate(
         if not system.ok:
             notes.append(f"no system profile: {system.reason}")
         ncu = collect.run_ncu(
-            {"task_path": str(Path(task_path).resolve()), "seed": cfg.seed, **cand}, cfg, launch_count=16
+            {"task_path": str(Path(task_path).resolve()), "seed": cfg.seed, **cand}, cfg
         )
         if ncu.status != Status.OK:
             notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")

@@ -247,8 +247,14 @@ def test_parse_ncu_csv_on_recordings():
         assert all(k.get("gpu__time_duration.sum") > 0 and len(k.metrics) >= 66 for k in kernels), case
         assert all(k.grid.startswith("(") and k.block.startswith("(") for k in kernels), case
     launches = parse_ncu_csv((RECORDED / "many_small_launches" / "ncu.csv").read_text())
-    assert len(launches) == 16 and {k.name for k in launches} == {"add_row"}  # the recorder's launch cap
-    assert all(k.get("launch__grid_size") == 1 and k.get("launch__block_size") == 64 for k in launches)
+    # 256 identical launches per call: ncu profiles one per distinct configuration ...
+    assert len(launches) == 1 and launches[0].name == "add_row"
+    assert launches[0].get("launch__grid_size") == 1 and launches[0].get("launch__block_size") == 64
+    # ... and the system profile's launch count weights it back to the whole call.
+    ev = load_recorded(RECORDED / "many_small_launches")
+    assert ev.launches_per_call == 256 and ev.weight(launches[0]) == 256
+    one = launches[0].get("dram__bytes_read.sum")
+    assert ev.total("dram__bytes_read.sum") == 256 * one
     hybrid = parse_ncu_csv((RECORDED / "good_cublas_matmul" / "ncu.csv").read_text())
     assert len(hybrid) == 2 and hybrid[1].name == "relu_bf16_inplace"
     assert hybrid[0].get("sm__inst_executed_pipe_tensor_op_gmma.sum") > 0  # cuBLAS takes the WGMMA path

@@ -125,10 +125,16 @@ def metric_known(metric: str, base_names: set[str]) -> bool:
     return base in base_names or metric in base_names or metric.startswith(_ATTRIBUTE_PREFIXES)
 
 
+PER_CONFIG = 1  # launches profiled per distinct kernel and launch configuration
+
+
 def ncu_command(
-    ncu: str, job_path: Path, metrics: tuple[str, ...], log_path: Path, launch_count: int = 0
+    ncu: str, job_path: Path, metrics: tuple[str, ...], log_path: Path, launch_count: int = PER_CONFIG
 ) -> list[str]:
-    limit = ["--launch-count", str(launch_count)] if launch_count else []
+    # Each replay costs one pass per metric group, so a call of 256 identical launches profiled in full takes
+    # minutes; a launch per distinct (kernel, grid, block, shared memory) says the same, and the system
+    # profile's launch counts weight it back up (Evidence.weight).
+    limit = ["--filter-mode", "per-launch-config", "--launch-count", str(launch_count)] if launch_count else []
     return [
         ncu,
         *limit,
@@ -161,7 +167,7 @@ def run_ncu(
     cfg: Config,
     metrics: tuple[str, ...] | None = None,
     timeout_s: float = 300.0,
-    launch_count: int = 0,
+    launch_count: int = PER_CONFIG,
 ) -> NcuResult:
     """Profile one candidate (or the reference, with job["reference"]) under ncu in an isolated process."""
     ncu = find_ncu()

@@ -45,8 +45,24 @@ class Evidence:
     def resources_of(self, name: str) -> KernelResources | None:
         return next((r for r in self.resources if r.name == name), None)
 
+    def weight(self, k: KernelCounters) -> float:
+        """Launches per call that this profiled launch stands for: ncu profiles one launch per distinct
+        configuration, the system profile counts them all. 1 when either is missing or names differ."""
+        per_call = (self.system or {}).get("kernels", {}).get(k.name, {}).get("count_per_call")
+        if not per_call:
+            return 1.0
+        profiled = sum(1 for other in self.kernels if other.name == k.name)
+        return max(1.0, per_call / profiled)
+
     def total(self, metric: str, kernels: tuple[KernelCounters, ...] | None = None) -> float:
-        return sum(k.get(metric) for k in (self.kernels if kernels is None else kernels))
+        """A metric summed over one call: each profiled launch times the launches it stands for."""
+        return sum(k.get(metric) * self.weight(k) for k in (self.kernels if kernels is None else kernels))
+
+    @property
+    def launches_per_call(self) -> float:
+        if self.system and self.system.get("kernels_per_call"):
+            return float(self.system["kernels_per_call"])
+        return float(len(self.kernels))
 
 
 def load_recorded(folder: str | Path, ceilings: Ceilings | None = None) -> Evidence:

@@ -52,22 +52,23 @@ def _weighted(ev: Evidence, metric: str) -> float:
     # Over every kernel of the call, library ones included: a hybrid whose cuBLAS GEMM takes 85% of the
     # time is where the GEMM is, not where its small epilogue is.
     kernels = ev.kernels
-    total = sum(k.get("gpu__time_duration.sum") for k in kernels)
+    total = ev.total("gpu__time_duration.sum")
     if total <= 0:
         return max((k.get(metric) for k in kernels), default=0.0)
-    return sum(k.get(metric) * k.get("gpu__time_duration.sum") for k in kernels) / total
+    return sum(k.get(metric) * k.get("gpu__time_duration.sum") * ev.weight(k) for k in kernels) / total
 
 
 def achieved_flops_count(ev: Evidence) -> float:
     """FLOPs the hardware executed: add + mul + 2 x fma per thread instruction, plus tensor-core FLOPs."""
     total = 0.0
     for k in ev.kernels:
+        w = ev.weight(k)
         for prec in ("f", "d", "h"):
-            total += k.get(f"sm__sass_thread_inst_executed_op_{prec}add_pred_on.sum")
-            total += k.get(f"sm__sass_thread_inst_executed_op_{prec}mul_pred_on.sum")
-            total += 2 * k.get(f"sm__sass_thread_inst_executed_op_{prec}fma_pred_on.sum")
+            total += w * k.get(f"sm__sass_thread_inst_executed_op_{prec}add_pred_on.sum")
+            total += w * k.get(f"sm__sass_thread_inst_executed_op_{prec}mul_pred_on.sum")
+            total += 2 * w * k.get(f"sm__sass_thread_inst_executed_op_{prec}fma_pred_on.sum")
         for src in ("bf16_dst_fp32", "fp16", "fp8", "tf32_dst_fp32"):
-            total += k.get(f"sm__ops_path_tensor_src_{src}.sum")  # counts 2 per FMA already
+            total += w * k.get(f"sm__ops_path_tensor_src_{src}.sum")  # counts 2 per FMA already
     return total
 
 

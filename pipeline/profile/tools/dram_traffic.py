@@ -43,11 +43,9 @@ class DramTraffic:
             "task.min_bytes": float(minimum),
             "ratio": round(ratio, 2),
         }
-        launches = len(ev.kernels)
-        evidence["profiled_launches"] = float(launches)
-        local = sum(
-            k.get(f"l1tex__t_bytes_pipe_lsu_mem_local_op_{op}.sum") for k in ev.kernels for op in ("ld", "st")
-        )
+        launches = round(ev.launches_per_call)
+        evidence["launches_per_call"] = float(launches)
+        local = sum(ev.total(f"l1tex__t_bytes_pipe_lsu_mem_local_op_{op}.sum") for op in ("ld", "st"))
         excess = 1 - 1 / ratio
         symptom = 1.0  # 1 when the excess is itself the cause; less when another tool names the cause
         if local >= 0.25 * (read + written):
