@@ -40,10 +40,47 @@ class Config:
     chroma_host: str | None = None
     chroma_port: int = 8000
     embed_model: str | None = None  # None: the packaged all-MiniLM-L6-v2; else a local folder or cached name
+    # search (kernelpro optimize)
+    runs_dir: Path = Path("runs")
+    policy: str = "auto"  # auto (llm when an endpoint is configured, else expert) | llm | expert
+    search: str = "mcts"  # mcts | greedy
+    objective: str = "time"  # time | energy (joules per call) | edp (energy-delay product)
+    max_evals: int = 40  # candidates evaluated on the GPU
+    max_wall_s: float = 3600.0
+    max_tokens: int = 2_000_000  # LLM tokens, prompt + completion
+    max_cost_usd: float = 20.0
+    children_per_expand: int = 4  # candidates proposed per expansion, evaluated in parallel
+    widen_c: float = 2.0  # progressive widening: at most widen_c * visits**widen_alpha children
+    widen_alpha: float = 0.5
+    prune_after: int = 3  # a subtree whose last k expansions all failed or did not improve is closed
+    repair_rounds: int = 2  # per failed child: compile errors and mismatches handed back with the errors
+    feedback: str = "advice"  # advice | json | raw | none: what the policy sees of the profile (ablations)
+    memory: bool = True  # lessons across runs, in Chroma
+    # LLM endpoint (any OpenAI-compatible server); the key never reaches a worker or a log
+    llm_base_url: str | None = None
+    llm_api_key: str | None = None
+    llm_model: str = "gpt-4.1"
+    llm_temperature: float = 0.7
+    llm_max_output_tokens: int = 8192
+    llm_timeout_s: float = 120.0
+    llm_retries: int = 4
+    llm_concurrency: int = 4
+    llm_tool_calls: int = 6  # tool calls the model may make per proposal (source hunt, profiling tools)
+    llm_usd_per_mtok_in: float = 0.0  # prices for cost accounting; 0 when unknown (local servers)
+    llm_usd_per_mtok_out: float = 0.0
 
     @property
     def cache_dir(self) -> Path:
         return self.home / "cache"
+
+    def public(self) -> dict[str, str]:
+        """Every field as text, secrets masked: what a run log or report may record."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            secret = any(w in f.name.upper() for w in _SECRET_WORDS)
+            out[f.name] = ("***" if value else "") if secret else str(value)
+        return out
 
     def replace(self, **changes) -> Config:
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -57,6 +94,10 @@ def load(**overrides) -> Config:
         if raw is None:
             continue
         values[f.name] = _parse(f.name, f.type, raw)
+    # The usual variables of OpenAI-compatible clients, when ours are not set.
+    for ours, theirs in (("llm_api_key", "OPENAI_API_KEY"), ("llm_base_url", "OPENAI_BASE_URL")):
+        if ours not in values and os.environ.get(theirs):
+            values[ours] = os.environ[theirs]
     cfg = Config(**values).replace(**overrides)
     if "chroma_path" not in values and overrides.get("chroma_path") is None:
         # The index lives with the rest of a home unless placed elsewhere on purpose.

@@ -259,9 +259,7 @@ def profile_candidate(
         )
         if not system.ok:
             notes.append(f"no system profile: {system.reason}")
-        ncu = collect.run_ncu(
-            {"task_path": str(Path(task_path).resolve()), "seed": cfg.seed, **cand}, cfg
-        )
+        ncu = collect.run_ncu({"task_path": str(Path(task_path).resolve()), "seed": cfg.seed, **cand}, cfg)
         if ncu.status != Status.OK:
             notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")
         m = res.measurement

@@ -134,7 +134,9 @@ def ncu_command(
     # Each replay costs one pass per metric group, so a call of 256 identical launches profiled in full takes
     # minutes; a launch per distinct (kernel, grid, block, shared memory) says the same, and the system
     # profile's launch counts weight it back up (Evidence.weight).
-    limit = ["--filter-mode", "per-launch-config", "--launch-count", str(launch_count)] if launch_count else []
+    limit = (
+        ["--filter-mode", "per-launch-config", "--launch-count", str(launch_count)] if launch_count else []
+    )
     return [
         ncu,
         *limit,
