@@ -64,6 +64,7 @@ class Config:
     llm_max_output_tokens: int = 8192
     llm_timeout_s: float = 120.0
     llm_retries: int = 4
+    llm_backoff_s: float = 1.0  # first retry delay; doubles per retry (a 429's Retry-After wins)
     llm_concurrency: int = 4
     llm_tool_calls: int = 6  # tool calls the model may make per proposal (source hunt, profiling tools)
     llm_usd_per_mtok_in: float = 0.0  # prices for cost accounting; 0 when unknown (local servers)
@@ -78,7 +79,7 @@ class Config:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            secret = any(w in f.name.upper() for w in _SECRET_WORDS)
+            secret = f.name in _SECRET_FIELDS
             out[f.name] = ("***" if value else "") if secret else str(value)
         return out
 
@@ -140,4 +141,5 @@ def secret_free_environ(environ: dict[str, str] | None = None) -> dict[str, str]
     return {k: v for k, v in env.items() if not any(s in k.upper() for s in _SECRET_WORDS)}
 
 
+_SECRET_FIELDS = frozenset({"llm_api_key"})  # Config fields that hold credentials (not "max_tokens")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
