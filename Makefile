@@ -6,7 +6,7 @@ PYTHON  ?= $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo 
 TASK    ?=
 CANDIDATE ?=
 
-.PHONY: install test test-gpu lint format eval clean index
+.PHONY: install test test-gpu lint format eval clean index optimize show
 
 install:
 	$(PY) -m venv $(VENV)
@@ -20,7 +20,9 @@ test:
 	$(PYTHON) -m pytest -m "not gpu" -q
 
 test-gpu:
-	$(PYTHON) -m pytest -m gpu -q -p no:cacheprovider
+	# Only the modules that hold GPU tests are collected: the CPU-only ones may import packages a bare
+	# GPU image lacks (the index stack), and none of their tests would run here anyway.
+	$(PYTHON) -m pytest -m gpu -q -p no:cacheprovider $$(grep -l "mark.gpu" tests/test_*.py)
 
 lint:
 	$(PYTHON) -m ruff check .
@@ -35,6 +37,13 @@ eval:
 
 clean:
 	rm -rf .kernelpro .pytest_cache .ruff_cache
+
+optimize:
+	@test -n "$(TASK)" || { echo "usage: make optimize TASK=tasks/softmax.py [POLICY=expert|llm] [EVALS=40]"; exit 2; }
+	$(PYTHON) -m pipeline.cli optimize --task $(TASK) $(if $(POLICY),--policy $(POLICY)) $(if $(EVALS),--max-evals $(EVALS))
+
+show:
+	$(PYTHON) -m pipeline.cli show $(RUN)
 
 index:
 	$(PYTHON) -m pipeline.cli index build --corpus $(or $(CORPUS),cutlass)

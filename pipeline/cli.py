@@ -312,6 +312,138 @@ def profile(
 
 # --- index: build, status, query, drop --------------------------------------------------------------
 
+# --- optimize and show ------------------------------------------------------------------------------------
+
+
+def _live_table(live: Any) -> Table:
+    t = Table(title=f"kernelpro optimize · run {live.run_id}", show_header=False, box=None)
+    t.add_row("task", f"{live.task_id}  ({live.policy} policy, {live.search}, objective {live.objective})")
+    t.add_row("iteration", f"{live.iteration}   evaluations {live.evaluations}/{live.max_evals}")
+    t.add_row("best over eager", _x(live.best_speedup_eager))
+    t.add_row("best over torch.compile", _x(live.best_speedup_compile))
+    t.add_row("statuses", ", ".join(f"{k} {v}" for k, v in sorted(live.statuses.items())) or "-")
+    if live.tokens:
+        t.add_row("LLM", f"{live.tokens} tokens, ${live.cost_usd:.2f}")
+    t.add_row("now", live.step)
+    return t
+
+
+@app.command()
+@_user_errors
+def optimize(
+    task: Annotated[Path | None, typer.Option("--task", "-t", help="KernelBench-format task file")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="llm, expert, or auto (llm when an endpoint is set)")
+    ] = None,
+    search: Annotated[str | None, typer.Option(help="mcts or greedy")] = None,
+    objective: Annotated[str | None, typer.Option(help="time, energy (J per call) or edp")] = None,
+    max_evals: Annotated[int | None, typer.Option(help="candidates evaluated on the GPU")] = None,
+    max_wall: Annotated[float | None, typer.Option(help="wall-time budget in seconds")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="LLM token budget")] = None,
+    max_cost: Annotated[float | None, typer.Option(help="LLM cost budget in USD")] = None,
+    children: Annotated[
+        int | None, typer.Option(help="candidates per expansion, evaluated in parallel")
+    ] = None,
+    feedback: Annotated[str | None, typer.Option(help="advice, json, raw or none (ablations)")] = None,
+    seed: Annotated[int | None, typer.Option(help="seed of the search and the verification inputs")] = None,
+    memory: Annotated[bool | None, typer.Option("--memory/--no-memory", help="lessons across runs")] = None,
+    resume: Annotated[str | None, typer.Option(help="continue the run with this id")] = None,
+    replay: Annotated[
+        list[Path] | None,
+        typer.Option(help="answer evaluations from run logs recorded on a GPU (no GPU needed); repeatable"),
+    ] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="where runs are written (default runs/)")] = None,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Search for the fastest correct kernel for a task: generate, compile, verify, time, profile, repeat."""
+    from rich.live import Live as RichLive
+
+    from pipeline.loop import OptimizeError
+    from pipeline.loop import optimize as run_optimize
+
+    if task is None and resume is None:
+        raise typer.BadParameter("give --task, or --resume RUN_ID")
+    cfg = config_mod.load(
+        home=home, policy=policy, search=search, objective=objective, max_evals=max_evals, max_wall_s=max_wall,
+        max_tokens=max_tokens, max_cost_usd=max_cost, children_per_expand=children, feedback=feedback,
+        seed=seed, memory=memory, runs_dir=runs_dir,
+    )  # fmt: skip
+    for name, allowed in (("policy", ("auto", "llm", "expert")), ("search", ("mcts", "greedy")),
+                          ("objective", ("time", "energy", "edp")), ("feedback", ("advice", "json", "raw", "none"))):  # fmt: skip
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {getattr(cfg, name)!r}")
+    show_live = not json_out and sys.stderr.isatty()
+    try:
+        if show_live:
+            with RichLive(console=err, refresh_per_second=4, transient=False) as view:
+                result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None,
+                                      progress=lambda live: view.update(_live_table(live)))  # fmt: skip
+        else:
+            result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None)
+    except OptimizeError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    summary = {
+        "run_id": result.run_id, "folder": str(result.folder), "stop_reason": result.stop_reason,
+        "best_key": result.best_key, "best_speedup_eager": result.best_speedup_eager,
+        "best_speedup_compile": result.best_speedup_compile, "evaluations": result.evaluations,
+        "report": str(result.report) if result.report else None,
+        "exported": str(result.exported) if result.exported else None, "notes": list(result.notes),
+    }  # fmt: skip
+    if json_out:
+        print(json.dumps(summary, indent=2))
+        return
+    out.print(f"run {result.run_id}: {result.stop_reason}; {result.evaluations} evaluations")
+    if result.best_key:
+        out.print(f"best {result.best_key}: {_x(result.best_speedup_eager)} over eager, "
+                  f"{_x(result.best_speedup_compile)} over torch.compile")  # fmt: skip
+    else:
+        out.print("no correct candidate beat the search's start; see the report for every status")
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False)
+    out.print(f"report: {result.report}")
+
+
+@app.command()
+@_user_errors
+def show(
+    run_id: Annotated[str | None, typer.Argument(help="a run id; none lists the runs")] = None,
+    runs_dir: Annotated[Path | None, typer.Option(help="where runs are written (default runs/)")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List runs, or print one run's report (rewritten from its log)."""
+    from pipeline import report, runlog
+
+    cfg = config_mod.load(runs_dir=runs_dir)
+    if run_id is None:
+        runs = runlog.list_runs(cfg.runs_dir)
+        if json_out:
+            print(json.dumps([to_dict(r) for r in runs], indent=2))
+            return
+        if not runs:
+            out.print(f"no runs under {cfg.runs_dir}; start one with `kernelpro optimize --task T`")
+            return
+        table = Table("run", "task", "status", "evaluations", "best over eager")
+        for r in runs:
+            table.add_row(r.run_id, r.task_id, r.status, str(r.evaluations), _x(r.best_speedup))
+        out.print(table)
+        return
+    folder = cfg.runs_dir / run_id
+    if not (folder / "log.jsonl").is_file():
+        raise ValueError(f"no run {run_id} under {cfg.runs_dir}")
+    path = report.write_report(folder)
+    if json_out:
+        view = report.load_view(folder)
+        print(
+            json.dumps(
+                {"run_id": run_id, "end": view.end, "usage": view.usage, "curve": view.curve}, indent=2
+            )
+        )
+        return
+    out.print(path.read_text(), highlight=False, markup=False)
+
+
 index_app = typer.Typer(
     no_args_is_help=True, help="Build and query the Chroma index of CUDA building blocks."
 )
@@ -491,6 +623,107 @@ def index_eval(
     if misses:
         out.print(table)
     out.print(f"recall@5 {report.recall_at_5:.3f}  MRR {report.mrr:.3f}  p50 {report.p50_ms:.1f} ms")
+
+
+# --- memory: list, search, clear --------------------------------------------------------------------
+
+memory_app = typer.Typer(
+    no_args_is_help=True, help="Lessons the search keeps across runs (Chroma, next to the index)."
+)
+app.add_typer(memory_app, name="memory")
+_EMPTY_MEMORY = "the memory is empty; `kernelpro optimize` records lessons as it runs"
+
+
+def _lessons(n: int) -> str:
+    return f"{n} lesson" if n == 1 else f"{n} lessons"
+
+
+def _when(created: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M") if created else "-"
+
+
+@memory_app.command("list")
+@_user_errors
+def memory_list(
+    limit: Annotated[int | None, typer.Option("--limit", "-n", help="only the newest N lessons")] = None,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """List stored lessons, newest first."""
+    from pipeline.memory import Memory, as_dict
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be at least 1, got {limit}")
+    lessons = Memory(config_mod.load(home=home)).list(limit)
+    if json_out:
+        print(json.dumps([as_dict(s) for s in lessons], indent=2))
+        return
+    if not lessons:
+        out.print(_EMPTY_MEMORY)
+        return
+    table = Table(title=f"kernelpro memory: {_lessons(len(lessons))}")
+    for col in ("created", "task", "edit", "outcome", "finding", "run"):
+        table.add_column(col)
+    for s in lessons:
+        table.add_row(_when(s.created), s.task_id, s.edit, s.outcome, s.finding, s.run_id or "-")
+    out.print(table)
+
+
+@memory_app.command("search")
+@_user_errors
+def memory_search(
+    query: Annotated[str, typer.Argument(help="a task or a problem in words, e.g. 'layernorm memory-bound'")],
+    k: Annotated[int, typer.Option("-k", help="how many lessons")] = 5,
+    helpful: Annotated[bool, typer.Option("--helpful", help="only edits that made a kernel faster")] = False,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Find the lessons nearest to a description (cosine similarity of embeddings)."""
+    from pipeline.memory import Memory, as_dict
+
+    if not query.strip():
+        raise ValueError("the query is empty; describe a task or a problem")
+    if k < 1:
+        raise ValueError(f"-k must be at least 1, got {k}")
+    hits = Memory(config_mod.load(home=home)).hits(query, k=k, only_helpful=helpful)
+    if json_out:
+        print(json.dumps([{**as_dict(s), "similarity": sim} for s, sim in hits], indent=2))
+        return
+    if not hits:
+        out.print(_EMPTY_MEMORY if not helpful else "no helpful lessons stored yet")
+        return
+    table = Table(title=f"memory: {query}")
+    for col in ("sim", "task", "edit", "outcome", "finding", "features"):
+        table.add_column(col)
+    for s, sim in hits:
+        table.add_row(f"{sim:.2f}", s.task_id, s.edit, s.outcome, s.finding, s.task_features)
+    out.print(table)
+
+
+@memory_app.command("clear")
+@_user_errors
+def memory_clear(
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    home: HomeOpt = None,
+) -> None:
+    """Delete every stored lesson (the source index is not touched)."""
+    from pipeline.memory import Memory
+
+    mem = Memory(config_mod.load(home=home))
+    n = mem.count()
+    if n == 0:
+        out.print("the memory is already empty")
+        return
+    if not yes:
+        if not sys.stdin.isatty():
+            # Nobody can answer a prompt here (a script, CI): refuse rather than hang or guess.
+            raise ValueError(f"refusing to delete {_lessons(n)} without confirmation; pass --yes")
+        if not typer.confirm(f"Delete {_lessons(n)} from {mem.where}?", default=False):
+            out.print("kept the memory")
+            raise typer.Exit(1)
+    out.print(f"deleted {_lessons(mem.clear())}")
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -223,17 +223,24 @@ class ProfileResult:
 
 
 def profile_candidate(
-    task_path: str | Path, candidate: Candidate | str | Path, cfg: Config, pool: WorkerPool | None = None
+    task_path: str | Path,
+    candidate: Candidate | str | Path,
+    cfg: Config,
+    pool: WorkerPool | None = None,
+    result: EvalResult | None = None,
 ) -> ProfileResult:
-    """Evaluate, then gather the evidence the profiling tools read: SASS, ncu counters, a system profile.
-    Only a verified candidate is profiled: advice on a wrong kernel is wasted."""
+    """Evaluate (unless `result` is this candidate's evaluation already), then gather the evidence the
+    profiling tools read: SASS, ncu counters, a system profile. Only a verified candidate is profiled:
+    advice on a wrong kernel is wasted."""
     from pipeline.profile import collect
     from pipeline.profile.evidence import Evidence
 
     own_pool = pool is None
     pool = pool or open_pool(cfg)
     try:
-        (res,) = evaluate_candidates(task_path, [candidate], cfg, pool=pool)
+        (res,) = (
+            [result] if result is not None else evaluate_candidates(task_path, [candidate], cfg, pool=pool)
+        )
         if res.verdict.status != Status.OK or res.build is None or res.build.cubin_path is None:
             return ProfileResult(res, None, ("not profiled: the candidate did not pass verification",))
         task = probe_task(pool, task_path)
@@ -280,3 +287,631 @@ def profile_candidate(
     finally:
         if own_pool:
             pool.close()
+
+
+# -- the closed loop: generate -> compile -> verify + time -> profile -> search backprop -----------------
+# Every call into the search is preceded (proposals) or followed (results, closes) by a run-log event, so a
+# resumed run replays the same calls in the same order and rebuilds the same tree; only the evaluations in
+# flight when a run died are redone.
+
+REPAIRABLE = frozenset({Status.COMPILE_ERROR, Status.MISMATCH, Status.LAUNCH_ERROR})
+ROOT = 0
+
+
+class OptimizeError(Exception):
+    """A run that cannot start or go on, in one line a user can act on (the run log stays intact)."""
+
+
+@dataclass
+class Live:
+    """What the live view shows; updated after every step."""
+
+    run_id: str
+    task_id: str
+    policy: str
+    search: str
+    objective: str
+    max_evals: int
+    evaluations: int = 0
+    iteration: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    best_key: str | None = None
+    best_speedup_eager: float | None = None
+    best_speedup_compile: float | None = None
+    tokens: int = 0
+    cost_usd: float = 0.0
+    step: str = ""
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (evaluation, best speedup over eager)
+
+
+@dataclass(frozen=True)
+class OptimizeOutcome:
+    run_id: str
+    folder: Path
+    stop_reason: str
+    best_key: str | None
+    best_speedup_eager: float | None
+    best_speedup_compile: float | None
+    evaluations: int
+    report: Path | None = None
+    exported: Path | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class _NodeInfo:
+    candidate: Candidate | None  # None for the root (the reference)
+    parent: int | None
+    edit: str = ""
+    repair_of: int | None = None
+    result: Any = None  # evaluators.Evaluated
+    reward: float | None = None
+    value: float | None = None  # objective value (ms, J, J*ms)
+    profile: Any = None  # evaluators.Profiled
+    repair_done: bool = False
+
+
+def _make_policy(name: str, cfg: Config, task_path: Path, toolbox: Any = None, budget: Any = None) -> Any:
+    if name == "expert":
+        from pipeline.generate.expert.policy import ExpertPolicy, supports
+
+        ok, why = supports(task_path)
+        if not ok:
+            raise OptimizeError(f"the expert policy cannot write kernels for {task_path.name}: {why}")
+        return ExpertPolicy()
+    if name == "llm":
+        from pipeline.generate.llm import LLMConfigError, LLMPolicy
+
+        try:
+            return LLMPolicy(cfg, toolbox=toolbox, budget=budget)
+        except LLMConfigError as e:
+            raise OptimizeError(str(e)) from None
+    raise OptimizeError(f"unknown policy {name!r}: use llm, expert or auto")
+
+
+def resolve_policy(cfg: Config) -> str:
+    if cfg.policy == "auto":
+        return "llm" if cfg.llm_base_url or cfg.llm_api_key else "expert"
+    return cfg.policy
+
+
+# Fields a resumed run takes from its own start event, so it continues the same search; budgets may grow.
+_RESUME_FIXED = (
+    "policy", "search", "objective", "seed", "widen_c", "widen_alpha", "prune_after", "repair_rounds",
+    "children_per_expand", "feedback", "llm_model",
+)  # fmt: skip
+
+
+class _Run:
+    def __init__(self, cfg: Config, log: Any, evaluator: Any, policy: Any, policy_name: str, task: Task,
+                 baselines: Any, memory: Any, hunter: Any, live: Live,
+                 progress: Callable[[Live], None] | None, started: float, prior_s: float) -> None:  # fmt: skip
+        from pipeline.search import make_search
+        from pipeline.search.reward import Objective
+
+        self.cfg, self.log, self.ev, self.policy, self.policy_name = cfg, log, evaluator, policy, policy_name
+        self.task, self.base, self.memory, self.hunter, self.live = task, baselines, memory, hunter, live
+        self.progress, self.started, self.prior_s = progress, started, prior_s
+        self.objective = Objective(cfg.objective)
+        self.search = make_search(cfg.search, seed=cfg.seed, cfg_like=cfg)
+        self.info: dict[int, _NodeInfo] = {ROOT: _NodeInfo(None, None)}
+        self.keys: dict[str, int] = {}
+        self.notes: list[str] = []
+        self.refusals = 0
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+    def _tell(self, step: str) -> None:
+        self.live.step = step
+        if self.progress:
+            self.progress(self.live)
+
+    def elapsed(self) -> float:
+        import time
+
+        return self.prior_s + time.monotonic() - self.started
+
+    def _baseline_value(self, m: Measurement | None) -> float | None:
+        from pipeline.search.reward import objective_value
+
+        eager = m.baselines.get("eager") if m else None
+        eager_ms = eager.median_ms if eager else self.base.timings["eager"].median_ms
+        return objective_value(self.objective, eager_ms, self.base.energy_eager_j)
+
+    def _score(self, r: Any) -> tuple[float, float | None]:
+        from pipeline.search.reward import objective_value, reward
+
+        m = r.measurement
+        value = None
+        if r.verdict.status == Status.OK and m is not None and m.timing is not None:
+            value = objective_value(
+                self.objective, m.timing.median_ms, m.energy.joules_per_call if m.energy else None
+            )
+        return reward(r.verdict.status.value, value, self._baseline_value(m), self.objective), value
+
+    def _on_result(self, nid: int, r: Any, rew: float, value: float | None) -> None:
+        info = self.info[nid]
+        info.result, info.reward, info.value = r, rew, value
+        self.live.evaluations += 1
+        st = r.verdict.status.value
+        self.live.statuses[st] = self.live.statuses.get(st, 0) + 1
+        best = self.search.best()
+        if best is not None and best != ROOT and self.info[best].result is not None:
+            m = self.info[best].result.measurement
+            self.live.best_key = self.info[best].candidate.key
+            self.live.best_speedup_eager = m.speedup_eager if m else None
+            comp = self.base.timings.get("compile")
+            self.live.best_speedup_compile = (
+                comp.median_ms / m.timing.median_ms if comp and m and m.timing else None
+            )
+        if self.live.best_speedup_eager:
+            self.live.curve.append((self.live.evaluations, self.live.best_speedup_eager))
+
+    # -- replaying the log (resume) --------------------------------------------------------------------
+    def replay(self, events: list[Any]) -> None:
+        from pipeline.evaluators import evaluated_from_dict, profiled_from_dict
+
+        for e in events:
+            d = e.data
+            if e.type == "proposal":
+                cand = from_dict(Candidate, d["candidate"])
+                nid = self.search.add_child(d["parent"], cand.key, d["edit"])
+                if nid != d["node"]:
+                    raise OptimizeError(
+                        f"run log and search disagree at seq {e.seq} (node {nid} vs {d['node']}): "
+                        "the search code changed since this run was written"
+                    )
+                self.info[nid] = _NodeInfo(cand, d["parent"], d["edit"], d.get("repair_of"))
+                self.keys[cand.key] = nid
+            elif e.type == "result":
+                r = evaluated_from_dict(d)
+                self.search.record(d["node"], r.verdict.status.value, d["reward"])
+                self._on_result(d["node"], r, d["reward"], d.get("value"))
+            elif e.type == "repair_failed":
+                self.info[d["node"]].repair_done = True
+            elif e.type == "closed":
+                self.search.close(d["node"], d.get("reason", ""))
+            elif e.type == "profile":
+                self.info[d["node"]].profile = profiled_from_dict(d)
+            elif e.type == "llm":
+                self.live.tokens += d.get("prompt_tokens", 0) + d.get("completion_tokens", 0)
+                self.live.cost_usd += d.get("cost_usd", 0.0)
+            elif e.type == "iteration":
+                self.live.iteration = d["iteration"]
+
+    # -- one step ---------------------------------------------------------------------------------------
+    def _evaluate(self, nids: list[int]) -> None:
+        from pipeline.evaluators import evaluated_to_dict
+
+        cands = [self.info[n].candidate for n in nids]
+        self._tell(f"evaluating {len(cands)} candidate(s)")
+        results = self.ev.evaluate(cands)
+        for nid, r in zip(nids, results, strict=True):
+            rew, value = self._score(r)
+            self.log.append(
+                "result",
+                {**evaluated_to_dict(r), "node": nid, "reward": rew, "value": value,
+                 "elapsed_s": round(self.elapsed(), 3)},
+            )  # fmt: skip
+            self.search.record(nid, r.verdict.status.value, rew)
+            self._on_result(nid, r, rew, value)
+            self._lesson(nid)
+        self._tell("evaluated")
+
+    def _add(self, parent: int, proposals: list[Any], repair_of: int | None = None) -> list[int]:
+        nids = []
+        for p in proposals:
+            cand = p.candidate
+            nid = self.search.add_child(parent, cand.key, p.edit)
+            self.log.append(
+                "proposal",
+                {"node": nid, "parent": parent, "edit": p.edit, "repair_of": repair_of,
+                 "candidate": to_dict(cand), "reason": p.reason, "notes": list(p.notes)},
+            )  # fmt: skip
+            self.info[nid] = _NodeInfo(cand, parent, p.edit, repair_of)
+            self.keys[cand.key] = nid
+            nids.append(nid)
+        return nids
+
+    def _usage(self, proposals: list[Any]) -> None:
+        for p in proposals:
+            u = p.usage
+            if u.calls or u.tokens:
+                self.log.append("llm", {**to_dict(u), "status": p.status.value})
+                self.live.tokens += u.tokens
+                self.live.cost_usd += u.cost_usd
+
+    def _fresh(self, proposals: list[Any]) -> tuple[list[Any], list[str]]:
+        from pipeline.generate.base import ProposalStatus
+
+        fresh, reasons, batch = [], [], set()
+        for p in proposals:
+            if p.status != ProposalStatus.OK or p.candidate is None:
+                reasons.append(f"{p.status.value}: {p.reason}")
+                self.log.append("proposal_failed", {"status": p.status.value, "reason": p.reason})
+                continue
+            if p.candidate.key in self.keys or p.candidate.key in batch:
+                reasons.append(f"duplicate of an earlier candidate ({p.edit})")
+                continue
+            batch.add(p.candidate.key)
+            fresh.append(p)
+        return fresh, reasons
+
+    def _profile(self, nid: int) -> Any:
+        from pipeline.evaluators import profiled_to_dict
+
+        info = self.info[nid]
+        if nid == ROOT or info.profile is not None or info.result is None:
+            return info.profile
+        if info.result.verdict.status != Status.OK:
+            return None
+        self._tell(f"profiling node {nid}")
+        info.profile = self.ev.profile(info.candidate, info.result)
+        self.log.append("profile", {**profiled_to_dict(info.profile), "node": nid})
+        return info.profile
+
+    def _outcome(self, nid: int) -> Any:
+        from pipeline.generate.base import Outcome
+
+        info = self.info[nid]
+        r = info.result
+        if r is None or info.candidate is None:
+            return None
+        m = r.measurement
+        errors = ""
+        if r.verdict.status != Status.OK:
+            errors = r.build.log if r.build and r.build.status != Status.OK else "\n".join(r.verdict.reasons)
+        return Outcome(
+            key=info.candidate.key, status=r.verdict.status.value, edit=info.edit,
+            time_ms=m.timing.median_ms if m and m.timing else None,
+            speedup_eager=m.speedup_eager if m else None, reward=info.reward, errors=errors[-4000:],
+        )  # fmt: skip
+
+    def _tried(self) -> tuple[Any, ...]:
+        from pipeline.generate.base import Tried
+
+        out = []
+        for parent, child, edit, status, _ in self.search.history():
+            pv, cv = self.info[parent].value, self.info[child].value
+            pkey = self.info[parent].candidate.key if self.info[parent].candidate else ""
+            gain = pv / cv if pv and cv else None
+            out.append(Tried(pkey, edit, status, gain))
+        return tuple(out)
+
+    def _context(self, nid: int) -> Any:
+        from pipeline.generate.base import Context
+
+        info = self.info[nid]
+        prof = info.profile
+        findings = tuple(prof.findings) if prof else ()
+        bound = prof.bound if prof else ""
+        best = self.search.best()
+        blocks: tuple[Any, ...] = ()
+        if self.hunter is not None and findings:
+            query = " ".join([*findings[0].edits, findings[0].tool.replace("_", " "), "sm90 cuda kernel"])
+            try:
+                blocks = tuple(self.hunter.hunt(query, k=3, arch="sm90"))
+            except Exception as e:  # retrieval helps; its failure must not stop the search
+                self.notes.append(f"source hunt failed: {e}")
+        lessons: tuple[Any, ...] = ()
+        if self.memory is not None:
+            try:
+                lessons = tuple(self.memory.for_context(self.task, bound, list(findings), k=4))
+            except Exception as e:
+                self.notes.append(f"memory unavailable, going on without it: {e}")
+                self.memory = None
+        return Context(
+            task=self.task,
+            reference=self.task.source,
+            parent=info.candidate,
+            parent_outcome=self._outcome(nid),
+            bound=bound,
+            findings=findings,
+            feedback=prof.feedback if prof else "",
+            blocks=blocks,
+            lessons=lessons,
+            tried=self._tried(),
+            siblings=tuple(o for c in self.search.children(nid) if (o := self._outcome(c)) is not None),
+            best=self._outcome(best) if best not in (None, ROOT) else None,
+            arch=self.cfg.arch if self.cfg.arch != "auto" else "sm_90a",
+            extra={
+                "evidence": getattr(self.ev, "evidence", {}).get(info.candidate.key)
+                if info.candidate
+                else None
+            },
+        )
+
+    def _lesson(self, nid: int) -> None:
+        info = self.info[nid]
+        parent = self.info[info.parent] if info.parent is not None else None
+        if self.memory is None or parent is None or parent.candidate is None:
+            return
+        top = parent.profile.findings[0] if parent.profile and parent.profile.findings else None
+        gain = parent.value / info.value if parent.value and info.value else None
+        try:
+            from pipeline.memory import lessons_from_result
+
+            lesson = lessons_from_result(
+                self.task, self.log.run_id, parent.candidate.key, info.edit, top,
+                info.result.verdict.status.value, gain, bound=parent.profile.bound if parent.profile else "",
+            )  # fmt: skip
+            self.memory.add([lesson])
+            self.log.append("lesson", {"node": nid, "edit": info.edit, "gain": gain})
+        except Exception as e:
+            self.notes.append(f"memory unavailable, going on without it: {e}")
+            self.memory = None
+
+    def _repairs(self) -> None:
+        """Failed children that compiled wrong or computed wrong get a repair round with their errors."""
+        from pipeline.generate.base import ProposalStatus
+
+        while True:
+            todo = [
+                n for n, i in sorted(self.info.items())
+                if i.result is not None and i.result.verdict.status in REPAIRABLE and not i.repair_done
+                and not any(j.repair_of == n for j in self.info.values()) and self._repair_depth(n) < self.cfg.repair_rounds
+            ]  # fmt: skip
+            if not todo or self._budget_stop():
+                return
+            for n in todo:
+                if self._budget_stop():
+                    return
+                info = self.info[n]
+                self._tell(f"repairing node {n} ({info.result.verdict.status.value})")
+                p = self.policy.repair(self._context(info.parent), info.candidate, self._outcome(n))
+                self._usage([p])
+                fresh, reasons = self._fresh([p])
+                if not fresh:
+                    why = reasons[0] if reasons else p.reason
+                    self.log.append("repair_failed", {"node": n, "status": p.status.value, "reason": why})
+                    info.repair_done = True
+                    if p.status == ProposalStatus.BUDGET:
+                        return
+                    continue
+                self._evaluate(self._add(info.parent, fresh, repair_of=n))
+
+    def _repair_depth(self, n: int) -> int:
+        depth = 0
+        while self.info[n].repair_of is not None:
+            n = self.info[n].repair_of
+            depth += 1
+        return depth
+
+    def _budget_stop(self) -> str | None:
+        cfg = self.cfg
+        if self.live.evaluations >= cfg.max_evals:
+            return f"evaluation budget spent ({cfg.max_evals})"
+        if self.elapsed() >= cfg.max_wall_s:
+            return f"wall-time budget spent ({cfg.max_wall_s:.0f} s)"
+        if self.policy_name == "llm" and self.live.tokens >= cfg.max_tokens:
+            return f"token budget spent ({cfg.max_tokens})"
+        if self.policy_name == "llm" and self.live.cost_usd >= cfg.max_cost_usd:
+            return f"cost budget spent (${cfg.max_cost_usd:.2f})"
+        return None
+
+    def run(self) -> str:
+        from pipeline.generate.base import ProposalStatus
+
+        pending = [n for n, i in sorted(self.info.items()) if i.candidate is not None and i.result is None]
+        if pending:  # in flight when the run died
+            self._evaluate(pending)
+        self._repairs()
+        while True:
+            stop = self._budget_stop()
+            if stop:
+                return stop
+            nid = self.search.select()
+            if nid is None:
+                return "the search has nothing left to expand"
+            self.live.iteration += 1
+            self.log.append("iteration", {"iteration": self.live.iteration, "node": nid})
+            self._profile(nid)
+            room = min(
+                self.search.room(nid),
+                self.cfg.children_per_expand,
+                self.cfg.max_evals - self.live.evaluations,
+            )
+            if room <= 0:
+                self.search.close(nid, "no room")
+                self.log.append("closed", {"node": nid, "reason": "no room"})
+                continue
+            self._tell(f"{self.policy_name} policy: proposing {room} from node {nid}")
+            proposals = self.policy.propose(self._context(nid), room)
+            self._usage(proposals)
+            fresh, reasons = self._fresh(proposals)
+            if not fresh:
+                statuses = {p.status for p in proposals}
+                if statuses == {ProposalStatus.BUDGET}:
+                    return "LLM budget spent"
+                if statuses == {ProposalStatus.UNSUPPORTED}:
+                    raise OptimizeError(reasons[0] if reasons else "the policy cannot write this task")
+                if statuses and statuses <= {ProposalStatus.REFUSED}:
+                    self.refusals += 1  # the endpoint's trouble, not the node's: try again, then give up
+                    if self.refusals >= 3:
+                        raise OptimizeError(f"the LLM endpoint keeps refusing: {reasons[0]}")
+                    continue
+                reason = "; ".join(dict.fromkeys(reasons)) or "no proposals"
+                self.search.close(nid, reason)
+                self.log.append("closed", {"node": nid, "reason": reason})
+                continue
+            self.refusals = 0
+            self._evaluate(self._add(nid, fresh))
+            self._repairs()
+
+
+def optimize(
+    task_path: str | Path,
+    cfg: Config,
+    resume: str | None = None,
+    replay: Sequence[str | Path] | str | Path | None = None,
+    progress: Callable[[Live], None] | None = None,
+) -> OptimizeOutcome:
+    """Search for the fastest correct kernel for a task; every step lands in runs/<run-id>/log.jsonl.
+
+    `replay`: answer evaluations from a run log recorded on a GPU instead of running them (tests, demos).
+    """
+    import time
+
+    from pipeline import runlog
+    from pipeline.evaluators import Baselines, GpuEvaluator, ReplayEvaluator
+
+    task_path = Path(task_path)
+    log = None
+    header: dict[str, Any] = {}
+    if resume:
+        log = runlog.RunLog.open(cfg.runs_dir, resume, secrets=_secrets(cfg))
+        header = log.header.data
+        fixed = {
+            k: _typed(cfg, k, header["config"][k]) for k in _RESUME_FIXED if k in header.get("config", {})
+        }
+        cfg = cfg.replace(**fixed)
+        replay = replay or header.get("replay")  # a replayed run resumes against the same recordings
+        task_path = (
+            Path(header["task"]["path"]) if not task_path or str(task_path) in ("", ".") else task_path
+        )
+    if not task_path.is_file():
+        raise TaskError(f"task file not found: {task_path}")
+    policy_name = resolve_policy(cfg)
+    energy = cfg.objective != "time"
+    try:
+        evaluator = (
+            ReplayEvaluator(
+                [Path(replay)] if isinstance(replay, str | Path) else [Path(r) for r in replay],
+                feedback=cfg.feedback,
+            )
+            if replay
+            else GpuEvaluator(task_path, cfg, feedback=cfg.feedback, energy=energy)
+        )
+    except Exception:
+        if log is not None:
+            log.close()
+        raise
+    try:
+        task = evaluator.task()
+        hunter, hunter_note = _open_hunter(cfg)
+        memory = _open_memory(cfg)
+        toolbox = None
+        if policy_name == "llm":
+            from pipeline.generate.toolbox import LocalToolBox
+
+            toolbox = LocalToolBox(hunter=hunter)
+        policy = _make_policy(policy_name, cfg, task_path, toolbox=toolbox)
+        if log is None:
+            log = runlog.RunLog.create(
+                cfg.runs_dir,
+                runlog.new_run_id(task.id),
+                {
+                    "task": to_dict(task),
+                    "task_path": str(task_path),
+                    "config": cfg.public(),
+                    "policy": policy_name,
+                    "search": cfg.search,
+                    "evaluator": evaluator.name,
+                    "replay": [str(p) for p in evaluator.paths]
+                    if isinstance(evaluator, ReplayEvaluator)
+                    else None,
+                },
+                secrets=_secrets(cfg),
+            )
+        events = log.events()
+        prior_s = max((e.data.get("elapsed_s", 0.0) for e in events if e.type == "result"), default=0.0)
+        base_ev = next((e for e in events if e.type == "baselines"), None)
+        if base_ev is None:
+            if progress:
+                progress(Live(log.run_id, task.id, policy_name, cfg.search, cfg.objective, cfg.max_evals,
+                              step="measuring eager and torch.compile baselines"))  # fmt: skip
+            try:
+                base = evaluator.baselines()
+            except Exception as e:
+                log.append("end", {"reason": f"the reference failed: {e}"})
+                raise OptimizeError(f"the task's reference could not be measured: {e}") from None
+            log.append("baselines", base.to_dict())
+        else:
+            base = Baselines.from_dict(base_ev.data)
+        if resume:
+            log.append("resume", {"events": len(events), "elapsed_s": prior_s})
+        live = Live(log.run_id, task.id, policy_name, cfg.search, cfg.objective, cfg.max_evals)
+        run = _Run(cfg, log, evaluator, policy, policy_name, task, base, memory, hunter, live, progress,
+                   time.monotonic(), prior_s)  # fmt: skip
+        if hunter_note:
+            run.notes.append(hunter_note)
+        run.replay(events)
+        try:
+            stop = run.run()
+        except KeyboardInterrupt:
+            log.append("interrupted", {"evaluations": live.evaluations})
+            raise
+        return _finish(run, stop, evaluator)
+    finally:
+        evaluator.close()
+        if log is not None:
+            log.close()
+
+
+def _finish(run: _Run, stop: str, evaluator: Any) -> OptimizeOutcome:
+    from pipeline import report
+    from pipeline.candidates import CandidateError, export_standalone, save_candidate
+    from pipeline.evaluators import evaluated_to_dict
+
+    folder = run.log.folder
+    best = run.search.best()
+    exported = None
+    notes = list(dict.fromkeys(run.notes))
+    if best is not None and best != ROOT:
+        info = run.info[best]
+        save_candidate(info.candidate, folder / "best")
+        if hasattr(evaluator, "remeasure"):
+            run._tell("re-measuring the best candidate with energy")
+            again = evaluator.remeasure(info.candidate)
+            run.log.append("final", {**evaluated_to_dict(again), "node": best})
+        build = info.result.build
+        try:
+            if build is not None and build.cubin_path and Path(build.cubin_path).is_file():
+                exported = export_standalone(info.candidate, build, folder / "best_model_new.py")
+            else:
+                notes.append("no standalone export: the best candidate's cubin is not on this machine")
+        except CandidateError as e:
+            notes.append(f"no standalone export: {e}")
+    run.log.append(
+        "end",
+        {"reason": stop, "best_node": best, "best_key": run.live.best_key,
+         "best_speedup_eager": run.live.best_speedup_eager, "best_speedup_compile": run.live.best_speedup_compile,
+         "evaluations": run.live.evaluations, "notes": notes},
+    )  # fmt: skip
+    rep = report.write_report(folder)
+    return OptimizeOutcome(
+        run.log.run_id, folder, stop, run.live.best_key, run.live.best_speedup_eager,
+        run.live.best_speedup_compile, run.live.evaluations, rep, exported, tuple(notes),
+    )  # fmt: skip
+
+
+def _secrets(cfg: Config) -> tuple[str, ...]:
+    return tuple(s for s in (cfg.llm_api_key,) if s)
+
+
+def _typed(cfg: Config, name: str, text: str) -> Any:
+    current = getattr(cfg, name)
+    if isinstance(current, bool):
+        return text == "True"
+    if isinstance(current, int):
+        return int(text)
+    if isinstance(current, float):
+        return float(text)
+    return text
+
+
+def _open_hunter(cfg: Config) -> tuple[Any, str | None]:
+    """The source hunter when an index was built (`make index`); the search runs without one otherwise."""
+    try:
+        from index.hunt import get_hunter
+
+        return get_hunter(cfg), None
+    except Exception as e:
+        return None, f"no building blocks from the source index ({str(e).splitlines()[0]}); run `make index`"
+
+
+def _open_memory(cfg: Config) -> Any:
+    if not cfg.memory:
+        return None
+    from pipeline.memory import Memory
+
+    return Memory(cfg)

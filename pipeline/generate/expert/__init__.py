@@ -1,0 +1,23 @@
+"""The offline expert policy: rule-based CUDA kernels written from a task's PyTorch reference.
+
+graph.capture (torch.export on the meta device) -> regions.lower (canonical ops, fusible regions) ->
+edits.base_plan / edits.legal_edits (a Plan per candidate) -> render.render (templates/) -> Candidate.
+"""
+
+from pipeline.generate.expert.graph import CaptureError, Graph, capture
+from pipeline.generate.expert.plan import Plan, RegionPlan, plan_of
+from pipeline.generate.expert.policy import ExpertPolicy, supports
+from pipeline.generate.expert.regions import Region, lower
+
+__all__ = [
+    "CaptureError",
+    "ExpertPolicy",
+    "Graph",
+    "Plan",
+    "Region",
+    "RegionPlan",
+    "capture",
+    "lower",
+    "plan_of",
+    "supports",
+]

@@ -1,0 +1,221 @@
+"""Run generated kernels on the CPU: a test aid for machines without a GPU.
+
+The CUDA source is compiled with g++ against a small shim of the CUDA subset the templates use (thread
+and block indices, __syncthreads, warp shuffles, dynamic shared memory, fp16/bf16 storage). Each launch
+runs its blocks one after another on blockDim real threads, so barriers and shuffles behave as on the
+GPU; races and divergent barriers show up as wrong results or hangs. `EmuKernels` stands in for the
+runtime's `Kernels`, so a generated launcher runs unchanged on CPU tensors. Slow: keep shapes small.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy
+
+SHIM = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <limits.h>
+#include <barrier>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+struct kp_dim3 { unsigned x = 0, y = 0, z = 0; };
+thread_local kp_dim3 threadIdx, blockIdx;
+kp_dim3 blockDim, gridDim;
+thread_local int kp_lane = 0, kp_warp = 0;
+alignas(16) static unsigned char kp_emu_smem[256 * 1024];
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+#define __shared__ static
+#define CUDART_INF_F INFINITY
+#define CUDART_NAN_F NAN
+
+static std::unique_ptr<std::barrier<>> kp_block_bar;
+static std::vector<std::unique_ptr<std::barrier<>>> kp_warp_bar;
+static uint64_t kp_xchg[64][32];
+
+inline void __syncthreads() { kp_block_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { kp_warp_bar[kp_warp]->arrive_and_wait(); }
+
+template <class T> inline T kp_shfl(T v, int src, bool valid) {
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    kp_xchg[kp_warp][kp_lane] = bits;
+    kp_warp_bar[kp_warp]->arrive_and_wait();
+    uint64_t got = valid ? kp_xchg[kp_warp][src] : bits;
+    kp_warp_bar[kp_warp]->arrive_and_wait();
+    T out;
+    memcpy(&out, &got, sizeof(T));
+    return out;
+}
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return kp_shfl(v, src & 31, true); }
+template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned d) { return kp_shfl(v, kp_lane + (int)d, kp_lane + (int)d < 32); }
+template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned d) { return kp_shfl(v, kp_lane - (int)d, kp_lane - (int)d >= 0); }
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return kp_shfl(v, kp_lane ^ m, true); }
+
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+inline float __bfloat162float(__nv_bfloat16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if (isnan(f)) return {0x7fc0};
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return {(uint16_t)(u >> 16)};
+}
+inline float __half2float(__half h) { _Float16 v; memcpy(&v, &h.x, 2); return (float)v; }
+inline __half __float2half_rn(float f) { _Float16 v = (_Float16)f; __half h; memcpy(&h.x, &v, 2); return h; }
+
+// Blocks run one after another on nthreads std::threads; every thread takes part in every block.
+inline void kp_emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       size_t smem, const std::function<void()>& body) {
+    gridDim = {gx, gy, gz};
+    blockDim = {bx, by, bz};
+    const unsigned n = bx * by * bz;
+    kp_block_bar = std::make_unique<std::barrier<>>(n);
+    kp_warp_bar.clear();
+    for (unsigned w = 0; w < (n + 31) / 32; ++w)
+        kp_warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
+    std::barrier<> step(n);
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < n; ++t) {
+        pool.emplace_back([&, t]() {
+            threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};
+            kp_lane = t % 32;
+            kp_warp = t / 32;
+            for (unsigned z = 0; z < gz; ++z)
+                for (unsigned y = 0; y < gy; ++y)
+                    for (unsigned x = 0; x < gx; ++x) {
+                        if (t == 0) memset(kp_emu_smem, 0xff, smem);  // garbage, as on the GPU
+                        step.arrive_and_wait();
+                        blockIdx = {x, y, z};
+                        body();
+                        step.arrive_and_wait();
+                    }
+        });
+    }
+    for (auto& th : pool) th.join();
+}
+"""
+
+_KERNEL = re.compile(r'extern "C" __global__ void(?:\s+__launch_bounds__\([^)]*\))?\s+(\w+)\(([^)]*)\)', re.S)
+
+
+def _param_type(param: str) -> str:
+    p = re.sub(r"__restrict__", "", param).strip()
+    name = re.search(r"(\w+)\s*$", p)
+    assert name is not None, param
+    return p[: name.start()].strip()
+
+
+def translate(source: str) -> tuple[str, list[str]]:
+    """The C++ the shim compiles: includes dropped, dynamic shared memory mapped, a launcher per kernel."""
+    src = re.sub(r"#include <(cuda_fp16|cuda_bf16|math_constants)\.h>\n", "", source)
+    src = src.replace("extern __shared__ __align__(16) unsigned char kp_smem[];", "unsigned char* kp_smem = kp_emu_smem;")
+    names = []
+    wrappers = []
+    for m in _KERNEL.finditer(src):
+        name, params = m.group(1), [p for p in m.group(2).split(",") if p.strip()]
+        names.append(name)
+        unpack = ", ".join(f"*({_param_type(p)}*)a[{i}]" for i, p in enumerate(params))
+        wrappers.append(
+            f'extern "C" void {name}__emu(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
+            f"unsigned bz, size_t smem, void** a) {{\n"
+            f"    kp_emu_run(gx, gy, gz, bx, by, bz, smem, [&]() {{ {name}({unpack}); }});\n}}"
+        )
+    return SHIM + src + "\n" + "\n".join(wrappers) + "\n", names
+
+
+def build(source: str, workdir: str | Path | None = None) -> EmuKernels:
+    text, names = translate(source)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = Path(workdir or tempfile.gettempdir()) / "kernelpro-emu"
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"{digest}.so"
+    if not lib.is_file():
+        cpp = folder / f"{digest}.cpp"
+        cpp.write_text(text)
+        out = subprocess.run(
+            ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-o", str(lib), str(cpp)],
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"emulator build failed:\n{out.stderr[-4000:]}")
+    return EmuKernels(str(lib), tuple(names))
+
+
+class EmuKernels:
+    def __init__(self, path: str, names: tuple[str, ...]):
+        self._lib = ctypes.CDLL(path)
+        self._names = names
+        self.launches: list[tuple[str, tuple, tuple, int]] = []
+
+    def __getattr__(self, name: str) -> EmuKernel:
+        if name.startswith("_") or name not in self._names:
+            raise AttributeError(name)
+        return EmuKernel(self, name)
+
+
+_C = {
+    numpy.int64: ctypes.c_int64,
+    numpy.int32: ctypes.c_int32,
+    numpy.uint64: ctypes.c_uint64,
+    numpy.uint32: ctypes.c_uint32,
+    numpy.float32: ctypes.c_float,
+    numpy.float64: ctypes.c_double,
+}
+
+
+class EmuKernel:
+    def __init__(self, owner: EmuKernels, name: str):
+        self.owner, self.name = owner, name
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        import torch
+
+        grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
+        block = tuple(block) + (1,) * (3 - len(tuple(block)))
+        if any(int(g) < 1 for g in grid) or any(int(b) < 1 for b in block) or shared_mem > 256 * 1024:
+            raise ValueError(f"{self.name}: bad launch {grid} {block} smem={shared_mem}")
+        if block[0] * block[1] * block[2] > 1024:
+            raise ValueError(f"{self.name}: {block} is more than 1024 threads")
+        keep = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                keep.append(ctypes.c_void_p(a.data_ptr()))
+            else:
+                keep.append(_C[type(a)](a))
+        ptrs = (ctypes.c_void_p * max(1, len(keep)))(*[ctypes.cast(ctypes.pointer(k), ctypes.c_void_p) for k in keep])
+        fn = getattr(self.owner._lib, f"{self.name}__emu")
+        fn.restype = None
+        fn(*(ctypes.c_uint(int(v)) for v in (*grid, *block)), ctypes.c_size_t(int(shared_mem)), ptrs)
+        self.owner.launches.append((self.name, grid, block, int(shared_mem)))
+
+
+def load_model(launcher: str, kernels: EmuKernels, sms: int = 4):
+    """ModelNew of a generated launcher, wired to the emulator (its SM count preset: no CUDA needed)."""
+    namespace: dict = {"__name__": "kernelpro_emulated", "kernels": kernels}
+    exec(compile(launcher, "<launcher>", "exec"), namespace)
+    cls = namespace["ModelNew"]
+
+    def factory(*args, **kwargs):
+        m = cls(*args, **kwargs)
+        m.sms = sms
+        return m
+
+    return factory

@@ -1,0 +1,235 @@
+"""How each region looks to a template, worked out from the traced (static) shapes.
+
+Elementwise regions see their output as rows x cols, where cols are the trailing `k` dimensions; each
+tensor operand is `full` (same shape as the output), `scalar` (one element), `row` (varies along the leading
+dimensions only: read once per row), `col` (varies along the trailing ones) or `dense` (any other broadcast:
+the launcher expands it to full). Row-wise ops (reductions, softmax, norms, scans) see (outer, R, inner):
+`row` family when the reduced dimensions are the trailing ones (inner is 1), `col` family otherwise.
+Sizes themselves are read at run time by the launcher, so any batch size works.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from pipeline.generate.expert import ops
+from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.regions import Lowered, Region
+
+
+@dataclass(frozen=True)
+class Operand:
+    name: str  # the value read
+    dtype: str
+    cls: str  # full scalar row col dense
+
+
+@dataclass(frozen=True)
+class EwLayout:
+    k: int  # trailing dimensions that make up a row (k == ndim: the whole tensor is one row)
+    ndim: int
+    operands: tuple[Operand, ...]
+    outputs: tuple[tuple[str, str], ...]  # (value, dtype)
+    rows: int
+    cols: int
+    max_itemsize: int
+
+
+def _aligned(shape: tuple[int, ...], nd: int) -> tuple[int, ...]:
+    return (1,) * (nd - len(shape)) + tuple(shape)
+
+
+def operand_class(shape: tuple[int, ...], out: tuple[int, ...], split: int) -> str:
+    nd = len(out)
+    dims = _aligned(shape, nd)
+    if dims == tuple(out):
+        return "full"
+    if math.prod(dims) == 1:
+        return "scalar"
+    live = [i for i in range(nd) if dims[i] != 1]
+    a, b = live[0], live[-1] + 1
+    if any(dims[i] != out[i] for i in range(a, b)):
+        return "dense"
+    if b <= split:
+        return "row"
+    if a >= split:
+        return "col"
+    return "dense"
+
+
+def ew_layout(region: Region, low: Lowered) -> EwLayout:
+    out = region.shape
+    nd = len(out)
+    names = [i for i in region.inputs]
+    shapes = {i: low.by_name[i].shape or () for i in names}
+    best: tuple[int, int] | None = None
+    for split in range(nd + 1):
+        cost = 0
+        for i in names:
+            c = operand_class(shapes[i], out, split)
+            dims = _aligned(shapes[i], nd)
+            if c == "dense":
+                cost += 100
+            elif c == "col":
+                live = [d for d in range(nd) if dims[d] != 1]
+                cost += 0 if (live[0] == split and live[-1] == nd - 1) else 10
+        cols = math.prod(out[split:]) if out else 1
+        cost += (1 if split > 0 else 0) + (5 if split > 0 and cols < 64 else 0)
+        if best is None or cost < best[0]:
+            best = (cost, split)
+    split = best[1] if best else 0
+    operands = tuple(
+        Operand(i, low.by_name[i].dtype or "float32", operand_class(shapes[i], out, split)) for i in names
+    )
+    outputs = tuple((o, _node(region, o).dtype or "float32") for o in region.outputs)
+    sizes = [ops.ITEMSIZE.get(d, 4) for d in (*(o.dtype for o in operands if o.cls in ("full", "dense")),
+                                              *(d for _, d in outputs))]  # fmt: skip
+    return EwLayout(
+        k=nd - split,
+        ndim=nd,
+        operands=operands,
+        outputs=outputs,
+        rows=math.prod(out[:split]) if split else 1,
+        cols=math.prod(out[split:]) if out else 1,
+        max_itemsize=max(sizes) if sizes else 4,
+    )
+
+
+def _node(region: Region, name: str) -> Node:
+    return next(n for n in region.nodes if n.name == name)
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """A reduction, softmax, norm or scan over the dims [d0, d1) of its input, seen as (outer, R, inner)."""
+
+    op: str  # reduce kind (sum, argmax, ...), softmax, log_softmax, layer_norm, rms_norm, group_norm, cumsum...
+    family: str  # row (inner == 1) or col
+    dims: tuple[int, ...]  # reduced dims as written (may be negative); () for norms' static description
+    outer: int
+    reduced: int
+    inner: int
+    in_dtype: str
+    out_dtype: str
+    keepdim: bool = False
+    indices: bool = False  # also writes int64 indices (max/min over a dim) or only indices (arg*)
+    correction: float = 1.0
+    eps: float = 0.0
+    has_weight: bool = False
+    has_bias: bool = False
+    groups: int = 0  # group norm; 0 for instance norm (one group per channel, read at run time)
+    norm_dims: int = 0  # layer/rms norm: how many trailing dims are normalised
+    permute: tuple[int, ...] = ()  # reduce over non-adjacent dims: the input is permuted first
+    static_nd: int = 0  # rank of the traced input
+    dims_from: str = "start"  # reduce: dims count from the "start", the "end" (written negative), or "all"
+    w_dtype: str = "float32"  # norms' weight and bias
+
+
+def row_layout(region: Region, low: Lowered) -> RowLayout | None:
+    """None when the op's static shape does not fit a template (the region then stays with PyTorch)."""
+    n = region.node
+    x = low.by_name[n.args[0].name] if n.args and isinstance(n.args[0], Ref) else None
+    if x is None or x.shape is None:
+        return None
+    shape = x.shape
+    nd = len(shape)
+    in_dt = x.dtype or "float32"
+    out_dt = n.dtype or in_dt
+    if region.kind == "reduce":
+        red = ops.reduction_of(n)
+        if red is None:
+            return None
+        dims = (
+            tuple(range(nd)) if red.dims is None else tuple(sorted({d % nd for d in red.dims})) if nd else ()
+        )
+        if nd == 0:
+            dims = ()
+        perm: tuple[int, ...] = ()
+        if dims and dims != tuple(range(dims[0], dims[-1] + 1)):
+            kept = tuple(d for d in range(nd) if d not in dims)
+            perm = kept + dims
+            shape = tuple(shape[d] for d in perm)
+            dims = tuple(range(len(kept), nd))
+        d0, d1 = (dims[0], dims[-1] + 1) if dims else (nd, nd)
+        outer, reduced, inner = math.prod(shape[:d0]), math.prod(shape[d0:d1]), math.prod(shape[d1:])
+        arg = red.kind in ("argmax", "argmin")
+        if red.indices:
+            out_dt = in_dt
+        return RowLayout(
+            op=red.kind,
+            family="row" if d1 == nd else "col",
+            dims=dims,
+            outer=outer,
+            reduced=reduced,
+            inner=inner,
+            in_dtype=in_dt,
+            out_dtype="int64" if arg else out_dt,
+            keepdim=red.keepdim,
+            indices=red.indices or arg,
+            correction=red.correction,
+            permute=perm,
+            static_nd=nd,
+            dims_from="all"
+            if red.dims is None
+            else "end"
+            if all(d < 0 for d in red.dims) and not perm
+            else "start",
+        )
+    if region.kind in ("softmax", "scan"):
+        d = int(n.args[1]) % nd if nd else 0
+        op = n.op.lstrip("_")
+        return RowLayout(
+            op=op,
+            family="row" if d == nd - 1 else "col",
+            dims=(int(n.args[1]),),
+            outer=math.prod(shape[:d]),
+            reduced=shape[d] if nd else 1,
+            inner=math.prod(shape[d + 1 :]),
+            in_dtype=in_dt,
+            out_dtype=out_dt,
+            static_nd=nd,
+        )
+    if region.kind == "norm":
+        lay = _norm_layout(n, shape, in_dt, out_dt)
+        if lay is None:
+            return None
+        wts = [low.by_name[r.name].dtype for r in n.args[1:5] if isinstance(r, Ref)]
+        return dataclasses.replace(lay, static_nd=nd, w_dtype=wts[0] if wts else in_dt)
+    return None
+
+
+def _norm_layout(n: Node, shape: tuple[int, ...], in_dt: str, out_dt: str) -> RowLayout | None:
+    a = n.args
+    nd = len(shape)
+    if n.op in ("layer_norm", "rms_norm"):
+        normalized = tuple(a[1]) if isinstance(a[1], tuple) else (int(a[1]),)
+        k = len(normalized)
+        if tuple(shape[nd - k :]) != normalized:
+            return None
+        w = a[2] if len(a) > 2 else None
+        b = a[3] if n.op == "layer_norm" and len(a) > 3 else None
+        eps = float(a[4] if n.op == "layer_norm" and len(a) > 4 else a[3] if n.op == "rms_norm" else 1e-5)
+        return RowLayout(
+            op=n.op, family="row", dims=(), outer=math.prod(shape[: nd - k]), reduced=math.prod(normalized),
+            inner=1, in_dtype=in_dt, out_dtype=out_dt, eps=eps, has_weight=w is not None,
+            has_bias=b is not None, norm_dims=k,
+        )  # fmt: skip
+    if nd < 2:
+        return None
+    if n.op == "group_norm":
+        groups, w, b, eps = int(a[1]), a[2], a[3], float(a[4])
+    elif n.op == "instance_norm":
+        groups, w, b, eps = 0, a[1], a[2], float(a[7])
+    else:
+        return None
+    g = groups or shape[1]
+    if shape[1] % g:
+        return None
+    per_row = math.prod(shape[1:]) // g
+    return RowLayout(
+        op="group_norm", family="row", dims=(), outer=shape[0] * g, reduced=per_row, inner=1,
+        in_dtype=in_dt, out_dtype=out_dt, eps=eps, has_weight=w is not None, has_bias=b is not None,
+        groups=groups,
+    )  # fmt: skip

@@ -1,0 +1,156 @@
+"""The offline expert policy: deterministic, rule-based CUDA from the task's PyTorch reference.
+
+First kernels: a plain plan and a tuned one. Children: one legal edit of the parent's plan (read back from
+the first line of its CUDA source), the profiler's suggested edits first. Repairs: the changed regions go
+back to the plainest parameters. Ops no template covers are left to PyTorch in the launcher (the
+candidate is then hybrid, and the proposal's notes say so); a task with nothing we cover is UNSUPPORTED.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.candidates import make_candidate
+from pipeline.generate.base import Context, Outcome, Proposal, ProposalStatus
+from pipeline.generate.expert import edits
+from pipeline.generate.expert.graph import CaptureError, capture, capture_source
+from pipeline.generate.expert.plan import Plan, describe, plan_of
+from pipeline.generate.expert.regions import Lowered
+from pipeline.generate.expert.render import RenderError, prepare, render
+from pipeline.static_check import check_launcher
+from pipeline.types import Candidate, Task
+
+
+class ExpertPolicy:
+    name = "expert"
+
+    def propose(self, ctx: Context, n: int) -> list[Proposal]:
+        low, why = _lowered(ctx.task)
+        if low is None:
+            return [Proposal(ProposalStatus.UNSUPPORTED, reason=why)]
+        notes = _notes(low)
+        parent_plan = plan_of(ctx.parent.source) if ctx.parent is not None else None
+        if ctx.parent is None or parent_plan is None:
+            start = [("expert: plain kernels", edits.base_plan(low, False)),
+                     ("expert: tuned kernels", edits.base_plan(low, True))]  # fmt: skip
+            if ctx.parent is not None:  # a parent the expert did not write: offer its own first kernels
+                start = [(f"{label} (rewrite of a foreign parent)", p) for label, p in start]
+            return _proposals(ctx, start, n, notes, empty="no kernel could be written for this task")
+        suggested = [e for f in ctx.findings for e in f.edits]
+        done = {t.edit for t in ctx.tried if t.parent == ctx.parent.key}
+        moves = [(label, p) for label, p in edits.legal_edits(parent_plan, low, suggested) if label not in done]
+        skipped = sorted({e for e in suggested if e in edits.NOT_APPLICABLE})
+        notes += tuple(f"{e} not applicable: {edits.NOT_APPLICABLE[e]}" for e in skipped)
+        if not moves:
+            return [Proposal(ProposalStatus.NO_MOVE, reason="every legal edit of this plan was tried", notes=notes)]
+        return _proposals(ctx, moves, n, notes, empty="no edit of this plan renders a valid candidate")
+
+    def repair(self, ctx: Context, failed: Candidate, outcome: Outcome) -> Proposal:
+        low, why = _lowered(ctx.task)
+        if low is None:
+            return Proposal(ProposalStatus.UNSUPPORTED, reason=why)
+        plan = plan_of(failed.source)
+        if plan is None:
+            return Proposal(ProposalStatus.NO_MOVE, reason="the failed candidate was not written by the expert")
+        parent_plan = plan_of(ctx.parent.source) if ctx.parent is not None else None
+        safe = edits.safer(plan, parent_plan)
+        if safe == plan:
+            safe = edits.safer(plan, None)
+        if safe == plan:
+            return Proposal(ProposalStatus.NO_MOVE, reason=f"already the plainest plan; it failed with {outcome.status}")
+        changed = [rp.rid for rp, old in zip(safe.regions, plan.regions, strict=True) if rp != old]
+        label = f"repair: plain parameters for {', '.join(changed)} after {outcome.status}"
+        out = _proposals(ctx, [(label, safe)], 1, _notes(low), empty="the repair plan does not render", parent=failed)
+        return out[0]
+
+
+def _proposals(
+    ctx: Context, plans: list[tuple[str, Plan]], n: int, notes: tuple[str, ...], empty: str,
+    parent: Candidate | None = None,
+) -> list[Proposal]:  # fmt: skip
+    low, _ = _lowered(ctx.task)
+    assert low is not None
+    out: list[Proposal] = []
+    seen: set[str] = set()
+    errors: list[str] = []
+    base = ctx.parent if parent is None else ctx.parent
+    for label, plan in plans:
+        if len(out) >= n:
+            break
+        try:
+            source, launcher = render(low, plan)
+        except RenderError as e:
+            errors.append(f"{label}: {e}")
+            continue
+        report = check_launcher(launcher)
+        if not report.ok:  # a template bug, never the user's: say so rather than hand the loop a reject
+            errors.append(f"{label}: launcher fails the static check: {report.violations[0]}")
+            continue
+        cand = make_candidate(ctx.task.id, source, launcher, parent=base.key if base else None, edit=label)
+        if cand.key in seen:
+            continue
+        seen.add(cand.key)
+        rationale = "; ".join(describe(rp) for rp in plan.regions if rp.rid not in plan.fused())
+        out.append(Proposal(ProposalStatus.OK, cand, edit=label, reason=rationale, notes=notes))
+    if not out:
+        return [Proposal(ProposalStatus.NO_MOVE, reason="; ".join([empty, *errors[:3]]), notes=notes)]
+    return out
+
+
+def _notes(low: Lowered) -> tuple[str, ...]:
+    lib = [n.target for r in low.regions if r.kind == "library" for n in r.nodes]
+    notes = list(low.notes)
+    if lib:
+        notes.append(f"left to cuBLAS/cuDNN (hybrid): {', '.join(lib)}; everything after them runs in our kernels")
+    return tuple(dict.fromkeys(notes))
+
+
+_LOWERED: dict[str, tuple[Lowered | None, str]] = {}
+
+
+def _lowered(task: Task) -> tuple[Lowered | None, str]:
+    key = task.source_hash or task.path
+    if key not in _LOWERED:
+        _LOWERED[key] = _analyse(task.path, task.source, task.id)
+    return _LOWERED[key]
+
+
+def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]:
+    try:
+        p = Path(path)
+        graph = capture(p, task_id) if p.is_file() and p.read_text() == source else capture_source(source, task_id)
+    except CaptureError as e:
+        return None, f"the expert cannot read this reference: {e}"
+    low = prepare(graph)
+    ours = [r for r in low.regions if r.ours]
+    if not ours:
+        left = [n.target for r in low.regions for n in r.nodes if r.kind in ("library", "torch")]
+        what = ", ".join(left) if left else "nothing but views"
+        return None, (
+            f"nothing for our kernels to compute: the reference is {what}, which the expert leaves to "
+            "PyTorch (cuBLAS/cuDNN) as it is"
+        )
+    return low, ""
+
+
+def supports(task_path: str | Path) -> tuple[bool, str]:
+    """Whether the expert can write kernels for a task, and a one-line reason or summary."""
+    path = Path(task_path)
+    try:
+        source = path.read_text()
+    except OSError as e:
+        return False, f"cannot read the task: {e}"
+    low, why = _analyse(str(path), source, path.stem)
+    if low is None:
+        return False, why
+    try:
+        _, launcher = render(low, edits.base_plan(low, False))
+    except RenderError as e:
+        return False, f"the expert cannot write a launcher for it: {e}"
+    report = check_launcher(launcher)
+    if not report.ok:
+        return False, f"the expert's launcher fails the static check: {report.violations[0]}"
+    kinds = [r.kind for r in low.regions if r.ours]
+    summary = f"{len(kinds)} region(s) in our kernels ({', '.join(dict.fromkeys(kinds))})"
+    extra = [n for n in _notes(low)]
+    return True, "; ".join([summary, *extra])

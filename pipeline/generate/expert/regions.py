@@ -1,0 +1,356 @@
+"""Lower a captured Graph to the ops the templates know, and cut it into regions.
+
+Lowering splits library anchors from their bias (linear -> matmul + add, conv -> conv without bias + add),
+turns inference batch norm into elementwise ops and global average pooling into a mean. Regions:
+
+  ew       a fused chain of elementwise ops (broadcast operands, several outputs), one kernel
+  reduce   sum/mean/max/min/arg*/prod/var/std/logsumexp/norms over dimensions
+  softmax  softmax / log-softmax over one dimension
+  norm     layer, RMS, group and instance norm (batch statistics)
+  scan     cumsum / cumprod
+  library  GEMM or convolution left to cuBLAS / cuDNN (the candidate is then hybrid)
+  view     views and layout changes, done in the launcher with torch's plumbing
+  torch    an op we do not cover, left to PyTorch in the launcher (hybrid, with a note)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from pipeline.generate.expert import ops
+from pipeline.generate.expert.graph import Graph, Node, Ref
+
+FAMILIES = ("ew", "reduce", "softmax", "norm", "scan")  # regions our kernels compute
+
+
+@dataclass(frozen=True)
+class Region:
+    rid: str  # stable id: the name of its first node
+    kind: str  # ew reduce softmax norm scan library view torch
+    nodes: tuple[Node, ...]
+    outputs: tuple[str, ...]  # values it writes that others (or forward's return) read
+    inputs: tuple[str, ...]  # values it reads from outside
+    shape: tuple[int, ...] = ()  # ew: the full (broadcast) shape of its outputs
+    inplace: tuple[tuple[str, str], ...] = ()  # ew: (output, input) pairs written into the input's buffer
+    note: str = ""
+
+    @property
+    def ours(self) -> bool:
+        return self.kind in FAMILIES
+
+    @property
+    def node(self) -> Node:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True)
+class Lowered:
+    graph: Graph
+    nodes: tuple[Node, ...]  # after lowering, topological order
+    by_name: dict[str, Node]
+    regions: tuple[Region, ...]  # topological order
+    notes: tuple[str, ...]
+    users: dict[str, tuple[str, ...]]  # value -> names of the nodes that read it
+
+    def region_of(self, value: str) -> Region | None:
+        for r in self.regions:
+            if any(n.name == value for n in r.nodes):
+                return r
+        return None
+
+
+_FINFO_EPS = {"float32": 1.1920928955078125e-07, "bfloat16": 0.0078125, "float16": 0.0009765625}
+
+
+def lower(graph: Graph) -> Lowered:
+    """Lower and partition; never raises for an op it does not know (it becomes a `torch` region)."""
+    by_name: dict[str, Node] = {n.name: n for n in (*graph.inputs, *graph.params)}
+    nodes: list[Node] = []
+    notes: list[str] = list(graph.notes)
+    for n in graph.nodes:
+        for m in _lower_node(n, by_name):
+            nodes.append(m)
+            by_name[m.name] = m
+    users: dict[str, list[str]] = {}
+    for n in nodes:
+        for r in n.refs():
+            users.setdefault(r, []).append(n.name)
+    regions = _partition(graph, nodes, by_name, {k: tuple(v) for k, v in users.items()})
+    for r in regions:
+        if r.kind == "torch":
+            notes.append(r.note)
+    return Lowered(
+        graph, tuple(nodes), by_name, regions, tuple(notes), {k: tuple(v) for k, v in users.items()}
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lowering
+
+
+def _mk(name: str, op: str, args: tuple, shape, dtype, overload: str = "default", **kw) -> Node:
+    return Node(name, op, overload, args, tuple(kw.items()), shape, dtype, f"expert.{op}")
+
+
+def _bias_view(name: str, bias: Ref, channels: int, spatial: int, dtype: str) -> Node:
+    """bias (C,) seen as (C, 1, ..., 1) so that it broadcasts over an NC... tensor."""
+    shape = (channels,) + (1,) * spatial
+    return _mk(name, "reshape", (bias, shape), shape, dtype)
+
+
+def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
+    a = n.args
+    if n.op == "linear":
+        mm = dataclasses.replace(_mk(f"{n.name}_mm", "gemm_linear", (a[0], a[1]), n.shape, n.dtype), target=n.target)
+        bias = a[2] if len(a) > 2 else n.kw("bias")
+        if bias is None:
+            return [dataclasses.replace(mm, name=n.name)]
+        return [mm, _mk(n.name, "add", (Ref(mm.name), bias), n.shape, n.dtype, "Tensor")]
+    if n.op in ("addmm", "baddbmm"):
+        kind = "gemm_mm" if n.op == "addmm" else "gemm_bmm"
+        mm = dataclasses.replace(_mk(f"{n.name}_mm", kind, (a[1], a[2]), n.shape, n.dtype), target=n.target)
+        beta, alpha = n.kw("beta", 1), n.kw("alpha", 1)
+        out = [mm]
+        prod = Ref(mm.name)
+        if alpha != 1:
+            out.append(_mk(f"{n.name}_alpha", "mul", (prod, alpha), n.shape, n.dtype, "Tensor"))
+            prod = Ref(out[-1].name)
+        if beta == 0:
+            out.append(_mk(n.name, "alias", (prod,), n.shape, n.dtype))
+        else:
+            out.append(_mk(n.name, "add", (prod, a[0]), n.shape, n.dtype, "Tensor", alpha=beta))
+        return out
+    if n.op in ("mm", "bmm", "matmul"):
+        return [dataclasses.replace(_mk(n.name, f"gemm_{n.op}", (a[0], a[1]), n.shape, n.dtype), target=n.target)]
+    if n.op in ops.CONVS and n.shape is not None:
+        conv = dataclasses.replace(
+            _mk(f"{n.name}_conv", n.op, (a[0], a[1], None, *a[3:]), n.shape, n.dtype, n.overload), target=n.target
+        )
+        bias = a[2] if len(a) > 2 else None
+        if bias is None:
+            return [dataclasses.replace(conv, name=n.name)]
+        view = _bias_view(f"{n.name}_bias", bias, n.shape[1], len(n.shape) - 2, n.dtype or "float32")
+        return [conv, view, _mk(n.name, "add", (Ref(conv.name), Ref(view.name)), n.shape, n.dtype, "Tensor")]
+    if n.op == "batch_norm" and len(a) > 5 and a[5] is False and n.shape is not None:
+        return _affine_norm(n, a[0], a[1], a[2], a[3], a[4], float(a[7]))
+    if n.op == "instance_norm" and len(a) > 5 and a[5] is False and n.shape is not None:
+        return _affine_norm(n, a[0], a[1], a[2], a[3], a[4], float(a[7]))
+    if n.op in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d") and n.shape is not None:
+        size = a[1] if isinstance(a[1], tuple) else (a[1],)
+        if all(s == 1 for s in size):
+            dims = tuple(range(-len(size), 0))
+            return [_mk(n.name, "mean", (a[0], dims, True), n.shape, n.dtype, "dim")]
+    if n.op == "rms_norm" and (len(a) < 4 or a[3] is None) and n.dtype in _FINFO_EPS:
+        return [dataclasses.replace(n, args=(*a[:3], *((None,) * (3 - len(a[:3]))), _FINFO_EPS[n.dtype]))]
+    if n.op in ("_to_copy", "to") and ops._to_dtype(n) is None and n.dtype is not None:
+        return [dataclasses.replace(n, op="alias", args=(a[0],), kwargs=())]
+    return [n]
+
+
+def _affine_norm(n: Node, x, w, b, mean, var, eps: float) -> list[Node]:
+    """Inference batch norm: (x - mean) / sqrt(var + eps) * w + b, per channel, as elementwise ops."""
+    assert n.shape is not None
+    c, spatial, dt = n.shape[1], len(n.shape) - 2, n.dtype or "float32"
+    out: list[Node] = []
+
+    def view(tag: str, ref) -> Ref:
+        out.append(_bias_view(f"{n.name}_{tag}", ref, c, spatial, dt))
+        return Ref(out[-1].name)
+
+    s = n.shape
+    vm, vv = view("mean", mean), view("var", var)
+    out.append(_mk(f"{n.name}_centered", "sub", (x, vm), s, dt, "Tensor"))
+    out.append(_mk(f"{n.name}_vareps", "add", (vv, eps), (c,) + (1,) * spatial, dt, "Tensor"))
+    out.append(_mk(f"{n.name}_rstd", "rsqrt", (Ref(out[-1].name),), (c,) + (1,) * spatial, dt))
+    y = _mk(f"{n.name}_norm", "mul", (Ref(f"{n.name}_centered"), Ref(f"{n.name}_rstd")), s, dt, "Tensor")
+    out.append(y)
+    if w is not None:
+        out.append(_mk(f"{n.name}_scaled", "mul", (Ref(y.name), view("w", w)), s, dt, "Tensor"))
+        y = out[-1]
+    if b is not None:
+        out.append(_mk(f"{n.name}_shifted", "add", (Ref(y.name), view("b", b)), s, dt, "Tensor"))
+        y = out[-1]
+    out.append(_mk(n.name, "alias", (Ref(y.name),), s, dt))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Partition
+
+
+def broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    out = []
+    for x, y in zip((1,) * (len(b) - len(a)) + a, (1,) * (len(a) - len(b)) + b, strict=True):
+        if x != y and 1 not in (x, y):
+            return None
+        out.append(max(x, y))
+    return tuple(out)
+
+
+def _kind(n: Node, by_name: dict[str, Node]) -> tuple[str, str]:
+    """(region kind, note) of a node after lowering."""
+    if n.op.startswith("gemm_") or n.op in ops.CONVS:
+        return "library", ""
+    if ops.is_elementwise(n):
+        return "ew", ""
+    if n.op in ops.VIEWS:
+        return "view", ""
+    src = by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    floating = n.dtype in ops.FLOAT_DTYPES and src is not None and src.dtype in ops.FLOAT_DTYPES
+    if ops.reduction_of(n) is not None and src is not None and src.dtype in ops.FLOAT_DTYPES:
+        return "reduce", ""
+    if n.op in ops.SOFTMAX and floating:
+        return "softmax", ""
+    if n.op in ("layer_norm", "rms_norm", "group_norm") and floating:
+        return "norm", ""
+    if n.op == "instance_norm" and floating:
+        return "norm", ""
+    if n.op in ops.SCANS and floating:
+        return "scan", ""
+    why = "its dtype" if n.shape is not None and not floating else "no template covers it"
+    return "torch", f"{n.target} left to PyTorch ({why})"
+
+
+def _partition(
+    graph: Graph, nodes: list[Node], by_name: dict[str, Node], users: dict[str, tuple[str, ...]]
+) -> tuple[Region, ...]:
+    outputs = set(graph.output_names())
+    index = {n.name: i for i, n in enumerate(nodes)}
+    group_of: dict[str, int] = {}  # node -> group id
+    groups: dict[int, list[Node]] = {}
+    kinds: dict[int, tuple[str, str]] = {}
+    ancestors: dict[str, set[str]] = {}
+    for n in nodes:
+        anc: set[str] = set()
+        for r in n.refs():
+            if r in index:
+                anc.add(r)
+                anc |= ancestors[r]
+        ancestors[n.name] = anc
+
+    for gid, n in enumerate(nodes):
+        kind, note = _kind(n, by_name)
+        groups[gid], kinds[gid] = [n], (kind, note)
+        group_of[n.name] = gid
+        if kind != "ew":
+            continue
+        for r in n.refs():
+            pg = group_of.get(r)
+            if pg is None or pg == group_of[n.name] or kinds[pg][0] != "ew":
+                continue
+            mine = group_of[n.name]
+            if _can_merge(groups[pg], groups[mine], n, ancestors, group_of, users, outputs, by_name):
+                for m in groups.pop(pg):
+                    groups[mine].append(m)
+                    group_of[m.name] = mine
+                kinds.pop(pg)
+
+    regions = []
+    for gid, members in groups.items():
+        members.sort(key=lambda m: index[m.name])
+        kind, note = kinds[gid]
+        names = {m.name for m in members}
+        ins: list[str] = []
+        for m in members:
+            for r in m.refs():
+                if r not in names and r not in ins:
+                    ins.append(r)
+        outs = [
+            m.name for m in members if m.name in outputs or any(u not in names for u in users.get(m.name, ()))
+        ]
+        if kind == "ew":
+            shape = _full_shape(members)
+            regions.append(
+                Region(members[0].name, kind, tuple(members), tuple(outs), tuple(ins), shape, note=note)
+            )
+        else:
+            regions.append(Region(members[0].name, kind, tuple(members), tuple(outs), tuple(ins), note=note))
+    regions = _toposort(regions, index)
+    return tuple(_with_inplace(r, regions, by_name, users, outputs) for r in regions)
+
+
+def _full_shape(members: list[Node]) -> tuple[int, ...]:
+    shape: tuple[int, ...] = ()
+    for m in members:
+        shape = broadcast(shape, m.shape or ()) or shape
+    return shape
+
+
+def _can_merge(
+    producer: list[Node],
+    mine: list[Node],
+    n: Node,
+    ancestors: dict[str, set[str]],
+    group_of: dict[str, int],
+    users: dict[str, tuple[str, ...]],
+    outputs: set[str],
+    by_name: dict[str, Node],
+) -> bool:
+    merged = producer + mine
+    names = {m.name for m in merged}
+    shape = _full_shape(merged)
+    if any(broadcast(m.shape or (), shape) != shape for m in merged):
+        return False
+    # Every value that leaves the region must have the full shape: the kernel writes whole tensors only.
+    for m in merged:
+        leaves = m.name in outputs or any(u not in names for u in users.get(m.name, ()))
+        if leaves and m.shape != shape:
+            return False
+    # No cycle: nothing outside the merged group may sit between the producer and n.
+    for a in ancestors[n.name]:
+        if a not in names and ancestors[a] & names:
+            return False
+    return True
+
+
+def _toposort(regions: list[Region], index: dict[str, int]) -> list[Region]:
+    owner = {n.name: r.rid for r in regions for n in r.nodes}
+    deps = {r.rid: {owner[i] for i in r.inputs if i in owner} for r in regions}
+    by_id = {r.rid: r for r in regions}
+    first = {r.rid: min(index[n.name] for n in r.nodes) for r in regions}
+    done: list[Region] = []
+    placed: set[str] = set()
+    while len(done) < len(regions):
+        ready = [rid for rid in by_id if rid not in placed and deps[rid] <= placed]
+        rid = min(ready, key=lambda x: first[x])
+        placed.add(rid)
+        done.append(by_id[rid])
+    return done
+
+
+_FRESH = ("ew", "library", "reduce", "softmax", "norm", "scan")
+
+
+def _with_inplace(
+    r: Region,
+    regions: list[Region],
+    by_name: dict[str, Node],
+    users: dict[str, tuple[str, ...]],
+    outputs: set[str],
+) -> Region:
+    """An ew region may write an output over an input that nothing else reads: a fresh library or kernel
+    result of the same shape and dtype (the hybrid epilogue works in place on cuBLAS's / cuDNN's output)."""
+    if r.kind != "ew":
+        return r
+    owner = {n.name: q for q in regions for n in q.nodes}
+    pairs: list[tuple[str, str]] = []
+    used: set[str] = set()
+    for out in r.outputs:
+        o = next(m for m in r.nodes if m.name == out)
+        for i in r.inputs:
+            src = by_name.get(i)
+            q = owner.get(i)
+            if src is None or q is None or q.kind not in _FRESH or i in used or i in outputs:
+                continue
+            if src.shape != r.shape or src.dtype != o.dtype or len(users.get(i, ())) != 1:
+                continue
+            pairs.append((out, i))
+            used.add(i)
+            break
+    return dataclasses.replace(r, inplace=tuple(pairs))
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape) if shape else 1

@@ -1,0 +1,248 @@
+"""Turn a lowered graph and a plan into a candidate: the CUDA source and the Python launcher (ModelNew)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from pipeline.generate.expert import fusion
+from pipeline.generate.expert.graph import Graph, Node, Ref
+from pipeline.generate.expert.layout import ew_layout, row_layout
+from pipeline.generate.expert.plan import Plan, RegionPlan, header
+from pipeline.generate.expert.regions import Lowered, Region, lower
+from pipeline.generate.expert.templates import colwise, elementwise, rowwise, scan
+from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS, Code
+from pipeline.generate.expert.templates.common import PRELUDE
+
+
+class RenderError(Exception):
+    """The plan cannot be rendered for this graph (a stale plan, an argument we cannot write)."""
+
+
+def prepare(graph: Graph) -> Lowered:
+    """Lower the graph; row-wise regions whose static shape no template fits are left to PyTorch."""
+    low = lower(graph)
+    regions = []
+    notes = list(low.notes)
+    for r in low.regions:
+        if r.kind in fusion.HOSTS and row_layout(r, low) is None:
+            note = f"{r.node.target} left to PyTorch (its dimensions do not fit a row-wise template)"
+            r = dataclasses.replace(r, kind="torch", note=note)
+            notes.append(note)
+        regions.append(r)
+    return dataclasses.replace(low, regions=tuple(regions), notes=tuple(notes))
+
+
+def family(region: Region, low: Lowered) -> str | None:
+    if region.kind == "ew":
+        return "ew"
+    if region.kind == "scan":
+        return "scan"
+    if region.kind in fusion.HOSTS:
+        lay = row_layout(region, low)
+        return lay.family if lay else None
+    return None
+
+
+def render(low: Lowered, plan: Plan) -> tuple[str, str]:
+    """(CUDA source, launcher source). The CUDA source's first line holds the plan."""
+    fused = plan.fused()
+    codes: dict[str, Code] = {}
+    for r in low.regions:
+        if not r.ours or r.rid in fused:
+            continue
+        rp = plan.get(r.rid)
+        if rp is None:
+            raise RenderError(f"the plan has no entry for region {r.rid}")
+        codes[r.rid] = _render_region(r, rp, low)
+    if not codes:
+        raise RenderError("no region is computed by our kernels")
+    cuda = "\n".join([header(plan), PRELUDE, *(c.cuda for c in codes.values())]) + "\n"
+    return cuda, _launcher(low, plan, codes)
+
+
+def _render_region(r: Region, rp: RegionPlan, low: Lowered) -> Code:
+    if r.kind == "ew":
+        return elementwise.render(r, ew_layout(r, low), rp)
+    lay = row_layout(r, low)
+    if lay is None:
+        raise RenderError(f"region {r.rid} has no row layout")
+    opts = fusion.options(low).get(r.rid, (None, None))
+    pre = opts[0] if rp.prologue else None
+    post = opts[1] if rp.epilogue else None
+    if (rp.prologue and (pre is None or pre.region.rid != rp.prologue)) or (
+        rp.epilogue and (post is None or post.region.rid != rp.epilogue)
+    ):
+        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+    if rp.family == "scan":
+        return scan.render(r, lay, rp, pre, post)
+    if rp.family == "row":
+        return rowwise.render(r, lay, rp, pre, post)
+    if rp.family == "col":
+        return colwise.render(r, lay, rp, pre, post)
+    raise RenderError(f"region {r.rid}: unknown family {rp.family}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The launcher
+
+
+def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code]) -> str:
+    g = low.graph
+    fused = plan.fused()
+    summary = "; ".join(f"{r.rid}: {r.kind}" for r in low.regions if r.rid not in fused)
+    lines = [
+        f'"""kernelpro expert launcher for {g.task_id} ({summary})."""',
+        "",
+        "import math",
+        "",
+        "import numpy",
+        "import torch",
+        "import torch.nn as nn",
+        "import torch.nn.functional as F",
+        LAUNCHER_HELPERS,
+    ]
+    for c in codes.values():
+        lines += ["", c.launcher, ""]
+    lines += ["", *_model(low, plan, codes)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def py(value: str, low: Lowered) -> str:
+    """The Python name of a graph value inside forward."""
+    return value if low.by_name[value].op == "input" else f"v_{value}"
+
+
+def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
+    g = low.graph
+    fused = plan.fused()
+    lines = ["class ModelNew(nn.Module):", f"    def __init__(self{', ' if g.init_params else ''}{g.init_params}):"]
+    lines += ["        super().__init__()", "        self.sms = 0  # SM count, read on the first call"]
+    lines += _state(g)
+    args = ", ".join(g.forward_args)
+    lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
+    first = g.inputs[0].name if g.inputs else None
+    if first:
+        lines += [
+            "        if not self.sms:",
+            f"            self.sms = torch.cuda.get_device_properties({first}.device).multi_processor_count",
+        ]
+    used = {i for r in low.regions for i in r.inputs} | set(g.output_names())
+    for p in g.params:
+        if p.name in used:
+            getter = "get_parameter" if any(s.key == p.args[0] and s.parameter for s in g.state) else "get_buffer"
+            lines.append(f"        v_{p.name} = self.{getter}({p.args[0]!r})")
+    for r in low.regions:
+        if r.rid in fused:
+            continue
+        if r.rid in codes:
+            c = codes[r.rid]
+            outs = ", ".join(py(o, low) for o in c.outputs)
+            lines.append(f"        {outs} = {c.fn}(self.sms, {', '.join(py(a, low) for a in c.args)})")
+            continue
+        for n in r.nodes:
+            lines.append(f"        {py(n.name, low)} = {_torch_call(n, low, first)}")
+    outs = [py(o.name, low) if isinstance(o, Ref) else _lit(o, low, first) for o in g.outputs]
+    if len(outs) == 1 and not g.returns_tuple:
+        lines.append(f"        return {outs[0]}")
+    else:
+        lines.append(f"        return ({', '.join(outs)},)")
+    return lines
+
+
+def _state(g: Graph) -> list[str]:
+    """The reference's parameters and buffers under the same names, so the harness copies its weights in."""
+    if not g.state:
+        return []
+    lines = ["        # the reference's parameters and buffers, same names and shapes (its weights are copied in)"]
+    holders: dict[str, str] = {"": "self"}
+    order: list[str] = []
+    for s in g.state:
+        parts = s.key.split(".")
+        for i in range(1, len(parts)):
+            path = ".".join(parts[:i])
+            if path not in holders:
+                holders[path] = f"m{len(holders) - 1}"
+                order.append(path)
+                lines.append(f"        {holders[path]} = nn.Module()")
+    for s in g.state:
+        owner, _, leaf = s.key.rpartition(".")
+        t = f"torch.zeros({s.shape!r}, dtype=torch.{s.dtype})"
+        if s.parameter:
+            req = "" if s.dtype in ("float32", "float16", "bfloat16", "float64") else ", requires_grad=False"
+            lines.append(f"        {holders[owner]}.register_parameter({leaf!r}, nn.Parameter({t}{req}))")
+        else:
+            lines.append(f"        {holders[owner]}.register_buffer({leaf!r}, {t})")
+    for path in reversed(order):  # children attached before their parents
+        owner, _, leaf = path.rpartition(".")
+        lines.append(f"        {holders[owner]}.add_module({leaf!r}, {holders[path]})")
+    return lines
+
+
+_LIBRARY = {"gemm_mm": "torch.mm", "gemm_bmm": "torch.bmm", "gemm_matmul": "torch.matmul"}
+
+
+def _torch_call(n: Node, low: Lowered, first: str | None) -> str:
+    """A library, view or fallback node as one torch expression."""
+    a = [_lit(x, low, first) for x in n.args]
+    if n.op == "gemm_linear":  # the GEMM without its bias: our epilogue adds it
+        return f"torch.matmul({a[0]}, {a[1]}.t())"
+    if n.op in _LIBRARY:
+        return f"{_LIBRARY[n.op]}({a[0]}, {a[1]})"
+    if n.op.startswith("conv"):
+        return f"F.{n.op}({', '.join(a)})"
+    view = _view(n, a, low)
+    if view is not None:
+        return view
+    kw = "".join(f", {k}={_lit(v, low, first)}" for k, v in n.kwargs)
+    if n.op.startswith("_") or not n.target.startswith("aten."):
+        raise RenderError(f"{n.target} cannot be left to PyTorch from a launcher (no public torch call)")
+    return f"torch.ops.aten.{n.op}.{n.overload}({', '.join(a)}{kw})"
+
+
+def _view(n: Node, a: list[str], low: Lowered) -> str | None:
+    x = a[0] if a else ""
+    src = low.by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    if n.op in ("view", "reshape", "_unsafe_view", "expand"):
+        shape = tuple(n.args[1])
+        if src and src.shape and len(shape) >= 2 and shape[0] == src.shape[0] and shape[0] != -1:
+            dims = ", ".join([f"{x}.shape[0]", *(str(s) for s in shape[1:])])  # keep the batch size dynamic
+        else:
+            dims = ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "")
+        return f"{x}.{'expand' if n.op == 'expand' else 'reshape'}({dims})"
+    if n.op in ("flatten", "unflatten", "permute", "transpose", "unsqueeze", "select", "narrow", "split",
+                "split_with_sizes", "chunk", "unbind"):  # fmt: skip
+        method = "split" if n.op == "split_with_sizes" else n.op
+        return f"{x}.{method}({', '.join(a[1:])})"
+    if n.op == "t":
+        return f"{x}.t()"
+    if n.op == "squeeze":
+        return f"{x}.squeeze({', '.join(a[1:])})"
+    if n.op == "slice":
+        d, start, end, step = (list(n.args[1:]) + [0, None, None, 1][len(n.args) - 1 :])[:4]
+        s = f"{'' if start is None else start}:{'' if end is None else end}:{step or 1}"
+        return f"{x}[{':, ' * int(d or 0)}{s}]"
+    if n.op == "getitem":
+        return f"{x}[{a[1]}]"
+    return None
+
+
+def _lit(v: Any, low: Lowered, first: str | None) -> str:
+    if isinstance(v, Ref):
+        return py(v.name, low)
+    if isinstance(v, tuple):
+        if len(v) == 2 and v[0] == "dtype":
+            return f"torch.{v[1]}"
+        if len(v) == 2 and v[0] == "device":
+            if first is None:
+                raise RenderError("a device argument with no tensor input to take it from")
+            return f"{first}.device"
+        if len(v) == 2 and v[0] == "torch":
+            return f"torch.{v[1]}"
+        if len(v) == 2 and v[0] == "opaque":
+            raise RenderError(f"an argument of type {v[1]} cannot be written into a launcher")
+        return "(" + "".join(f"{_lit(x, low, first)}, " for x in v).rstrip() + ")"
+    if isinstance(v, float) and (math.isinf(v) or math.isnan(v)):
+        return f"float({str(v)!r})"
+    return repr(v)

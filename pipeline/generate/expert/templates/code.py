@@ -1,0 +1,110 @@
+"""What a template returns for one region, and the helpers every generated launcher carries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.generate.expert import ops
+from pipeline.generate.expert.graph import Ref
+from pipeline.generate.expert.regions import Region
+
+
+@dataclass(frozen=True)
+class Code:
+    cuda: str  # kernels and helpers for this region
+    launcher: str  # a Python function `def <fn>(sms, *args)` that launches them and returns the outputs
+    fn: str
+    kernels: tuple[str, ...]
+    args: tuple[str, ...]  # the values forward passes to fn, in order
+    outputs: tuple[str, ...]  # the values fn returns, in order
+
+
+def ctype(dtype: str) -> str:
+    return ops.C_TYPES[dtype]
+
+
+def launch_bounds(threads: int, min_blocks: int) -> str:
+    return f"__launch_bounds__({threads}, {min_blocks})" if min_blocks else f"__launch_bounds__({threads})"
+
+
+def torch_dtype(dtype: str) -> str:
+    return f"torch.{dtype}"
+
+
+def chain_function(region: Region, operands: list[str]) -> str:
+    """The region's elementwise ops as one fp32 device function: operand values in, output values out."""
+    names = {n.name for n in region.nodes}
+    index = {name: i for i, name in enumerate(operands)}
+
+    def val(a) -> str:
+        if isinstance(a, Ref):
+            return f"v_{a.name}" if a.name in names else f"a{index[a.name]}"
+        return ops.lit(a)
+
+    params = [f"float a{i}" for i in range(len(operands))]
+    params += [f"float& o{j}" for j in range(len(region.outputs))]
+    lines = [f"__device__ __forceinline__ void kp_{region.rid}_f({', '.join(params)}) {{"]
+    for n in region.nodes:
+        lines.append(f"    const float v_{n.name} = {ops.ew_expr(n, val)};  // {n.target}")
+    for j, out in enumerate(region.outputs):
+        lines.append(f"    o{j} = v_{out};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# Module-level helpers of every generated launcher: plumbing only (views, shapes), so the static check
+# counts none of it as library compute.
+LAUNCHER_HELPERS = '''
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+
+def _full(t, shape):
+    """t as a contiguous tensor of exactly `shape` (expanded first when it broadcasts)."""
+    if tuple(t.shape) != tuple(shape):
+        t = t.expand(shape)
+    return t.contiguous()
+
+
+def _scalar(t):
+    if t.numel() != 1:
+        raise ValueError(f"kernelpro expert: expected a one-element operand, got shape {tuple(t.shape)}")
+    return t.contiguous()
+
+
+def _bc(t, shape, split, row):
+    """(t, inner, mid) for an operand that varies along one run of dims of `shape`: element index
+    (i // inner) % mid, where i counts rows (row operands) or columns within a row (col operands)."""
+    nd = len(shape)
+    dims = (1,) * (nd - t.dim()) + tuple(t.shape)
+    live = [i for i in range(nd) if dims[i] != 1]
+    if not live:
+        return t.contiguous(), 1, 1
+    a, b = live[0], live[-1] + 1
+    if any(dims[i] != shape[i] for i in range(a, b)) or (b > split if row else a < split):
+        raise ValueError(
+            f"kernelpro expert: an operand of shape {tuple(t.shape)} does not fit the kernel's layout of "
+            f"{tuple(shape)} split after {split} dims"
+        )
+    return t.contiguous(), math.prod(shape[b : split if row else nd]), math.prod(shape[a:b])
+
+
+def _aligned(tensors, vec):
+    return all(t.data_ptr() % (vec * t.element_size()) == 0 for t in tensors)
+
+
+def _grid(sms, rows, cols, vec, threads, unroll, persistent):
+    """(x, y) blocks: x along a row's vectors, y over rows (the kernels loop over what the grid misses)."""
+    per_row = max(1, -(-cols // (vec * threads * unroll)))
+    gy = max(1, min(rows, MAX_GRID_Y))
+    if persistent:
+        total = max(1, sms * persistent)
+        gy = min(gy, total)
+        return (max(1, min(per_row, total // gy)), gy)
+    return (min(per_row, MAX_GRID_X), gy)
+
+
+def _split3(shape, d0, d1):
+    """(outer, reduced, inner) sizes of `shape` around the dims [d0, d1)."""
+    return math.prod(shape[:d0]), math.prod(shape[d0:d1]), math.prod(shape[d1:])
+'''

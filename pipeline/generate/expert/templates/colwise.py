@@ -1,0 +1,283 @@
+"""Reductions and softmax over a dimension that is not the last: the input seen as (outer, R, inner).
+
+Threads run along the contiguous inner dimension (V elements each: 16-byte loads when inner allows) and,
+for reductions, blockDim.y of them share a column, each taking every by-th row, merged by a shared-memory
+tree; the reduced range may be split over gridDim.z blocks whose partial accumulators a second kernel
+merges. Softmax keeps one thread per column (online max and sum, then the write pass).
+"""
+
+from __future__ import annotations
+
+from pipeline.generate.expert.layout import RowLayout
+from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import reduce_ops, shapes
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.fused import Fused, identity
+
+
+def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
+    rid = region.rid
+    kind = reduce_ops.KINDS[lay.op]
+    softmax = lay.op in ("softmax", "log_softmax")
+    x_dt = pre.main_dtype if pre else lay.in_dtype
+    out_dt = post.out_dtype if post else lay.out_dtype
+    indices_only = lay.op in ("argmax", "argmin")
+    with_yi = lay.indices and not indices_only
+    splits = not softmax and rp.splits > 0
+    xt = ctype(x_dt)
+    yt = "long long" if indices_only else ctype(out_dt)
+
+    params = [f"const {xt}* __restrict__ x", *(pre.params() if pre else []), f"{yt}* __restrict__ y"]
+    names = ["x", *(pre.names() if pre else []), "y"]
+    if with_yi:
+        params.append("long long* __restrict__ yi")
+        names.append("yi")
+    if splits:
+        params.append("Acc* __restrict__ ws")
+        names.append("ws")
+    params += ["long long outer", "long long R", "long long inner", "long long rps"]
+    names += ["outer", "R", "inner", "rps"]
+    if post:
+        params += post.params()
+        names += post.names()
+
+    lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
+    if softmax:
+        body = _softmax_body(rid, params, lay, xt, yt, rp, lams)
+    else:
+        body = _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only, with_yi)
+    vecs = sorted({1, rp.vec})
+    lb = launch_bounds(rp.threads, rp.min_blocks)
+    kernels = [f"kp_{rid}_v{v}" for v in vecs]
+    wrappers = [
+        f'extern "C" __global__ void {lb}\n{k}({", ".join(params)}) {{\n    kp_{rid}_body<{v}>({", ".join(names)});\n}}'
+        for k, v in zip(kernels, vecs, strict=True)
+    ]
+    combine = ""
+    if splits:
+        combine = reduce_ops.combine_kernel(
+            f"kp_{rid}_combine", lay.op, lay.correction, out_dt if not indices_only else "int64",
+            "yi" if with_yi else None, post.params() if post else [], lams[1], 256,
+        )  # fmt: skip
+        kernels.append(f"kp_{rid}_combine")
+    fused = [f.region.rid for f in (pre, post) if f]
+    cuda = "\n".join(
+        [
+            f"// region {rid}: {lay.op} over a strided dimension (threads along the contiguous inner one)"
+            + (f"; fused: {', '.join(fused)}" if fused else ""),
+            "namespace {",
+            *[f.chain() for f in (pre, post) if f],
+            *body,
+            "}  // namespace",
+            "",
+            "\n\n".join(wrappers),
+            combine,
+        ]
+    )
+    launcher = _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indices_only, with_yi)
+    args = [pre.main if pre else region.node.args[0].name, *(pre.values() if pre else []),
+            *(post.values() if post else [])]  # fmt: skip
+    outs = post.region.outputs if post else region.outputs
+    return Code(cuda, launcher, f"_r_{rid}", tuple(kernels), tuple(args), tuple(outs))
+
+
+def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only, with_yi) -> list[str]:
+    u = rp.unroll
+    shift = kind.shift
+    store = reduce_ops.store(lay.op, lay.correction, yt, "t")
+    direct = ["const long long n = R;", store, *(["yi[t] = acc.i;"] if with_yi else [])]
+    if splits:
+        finish = [
+            "                if (gridDim.z > 1) {",
+            "                    ws[blockIdx.z * outer * inner + t] = acc;",
+            "                } else {",
+            *(f"                    {s}" for s in direct),
+            "                }",
+        ]
+    else:
+        finish = [f"                {s}" for s in direct]
+
+    def push(val: str, row: str, idx: str) -> list[str]:
+        lines = [f"const float v_ = pre({val}, {idx});"]
+        if shift:
+            lines.append("const float K = Ks[e];")
+        lines.append(kind.push("acc[e]", "v_", row))
+        return lines
+
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* part = reinterpret_cast<Acc*>(kp_smem);  // [blockDim.y][blockDim.x][V]",
+        f"    constexpr int U = {u};  // rows loaded before any is merged",
+        *lams,
+        "    const long long col = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * V;",
+        "    const bool active = col < inner;",
+        "    const long long ra = blockIdx.z * rps;",
+        "    const long long rb = R < ra + rps ? R : ra + rps;",
+        "    const int by = blockDim.y;",
+        "    Acc* mine = part + (threadIdx.y * blockDim.x + threadIdx.x) * V;",
+        "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {  // block-uniform: barriers are safe",
+        "        Acc acc[V];",
+        "#pragma unroll",
+        f"        for (int e = 0; e < V; ++e) acc[e] = {kind.init};",
+        "        if (active) {",
+        "            const long long base = o * R * inner + col;",
+        *(
+            [
+                "            float Ks[V];  // shift: the column's first element",
+                "#pragma unroll",
+                "            for (int e = 0; e < V; ++e) Ks[e] = pre(ld(x[base + e]), base + e);",
+            ]
+            if shift
+            else []
+        ),
+        "            long long r = ra + threadIdx.y;",
+        "            for (; r + (U - 1) * by < rb; r += U * by) {",
+        f"                Vec<{xt}, V> t[U];",
+        "#pragma unroll",
+        f"                for (int u = 0; u < U; ++u) t[u] = vload<{xt}, V>(x + base + (r + u * by) * inner);",
+        "#pragma unroll",
+        "                for (int u = 0; u < U; ++u) {",
+        "#pragma unroll",
+        "                    for (int e = 0; e < V; ++e) {",
+        *(f"                        {s}" for s in push("ld(t[u].v[e])", "r + u * by", "base + (r + u * by) * inner + e")),
+        "                    }",
+        "                }",
+        "            }",
+        "            for (; r < rb; r += by) {",
+        f"                const Vec<{xt}, V> t = vload<{xt}, V>(x + base + r * inner);",
+        "#pragma unroll",
+        "                for (int e = 0; e < V; ++e) {",
+        *(f"                    {s}" for s in push("ld(t.v[e])", "r", "base + r * inner + e")),
+        "                }",
+        "            }",
+        "        }",
+        "#pragma unroll",
+        "        for (int e = 0; e < V; ++e) mine[e] = acc[e];",
+        "        __syncthreads();",
+        "        for (int s = by >> 1; s > 0; s >>= 1) {  // tree over threadIdx.y; row 0 ends with the result",
+        "            if (threadIdx.y < s) {",
+        "#pragma unroll",
+        f"                for (int e = 0; e < V; ++e) mine[e] = {kind.op}()(mine[e], mine[e + s * blockDim.x * V]);",
+        "            }",
+        "            __syncthreads();",
+        "        }",
+        "        if (threadIdx.y == 0 && active) {",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) {",
+        "                const Acc acc = mine[e];",
+        "                const long long t = o * inner + col + e;",
+        *finish,
+        "            }",
+        "        }",
+        "        __syncthreads();  // the next o rewrites part[]",
+        "    }",
+        "}",
+    ]
+
+
+def _softmax_body(rid, params, lay, xt, yt, rp, lams) -> list[str]:
+    f = "expf(v - M[e]) * inv[e]" if lay.op == "softmax" else "v - M[e] - L[e]"
+    stats = (
+        "M[e] = acc[e].a; inv[e] = 1.0f / acc[e].b;" if lay.op == "softmax" else "M[e] = acc[e].a; L[e] = logf(acc[e].b);"
+    )
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        *lams,
+        "    const long long col = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * V;",
+        "    if (col >= inner) return;  // no barriers below",
+        "    (void)rps;",
+        "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {",
+        "        const long long base = o * R * inner + col;",
+        "        Acc acc[V];",
+        "        float M[V], inv[V], L[V];",
+        "        (void)inv;",
+        "        (void)L;",
+        "#pragma unroll",
+        "        for (int e = 0; e < V; ++e) acc[e] = {-CUDART_INF_F, 0.0f, 0};",
+        f"#pragma unroll {rp.unroll}",
+        "        for (long long r = 0; r < R; ++r) {",
+        f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + base + r * inner);",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) lse_push(acc[e], pre(ld(t.v[e]), base + r * inner + e));",
+        "        }",
+        "#pragma unroll",
+        f"        for (int e = 0; e < V; ++e) {{ {stats} }}",
+        f"#pragma unroll {rp.unroll}",
+        "        for (long long r = 0; r < R; ++r) {",
+        f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + base + r * inner);",
+        f"            Vec<{yt}, V> out;",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) {",
+        "                const float v = pre(ld(t.v[e]), base + r * inner + e);",
+        f"                out.v[e] = cv<{yt}>(post({f}, base + r * inner + e));",
+        "            }",
+        f"            vstore<{yt}, V>(y + base + r * inner, out);",
+        "        }",
+        "    }",
+        "}",
+    ]
+
+
+def _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indices_only, with_yi) -> str:
+    rid = region.rid
+    names = ["x", *(pre.launcher_args() if pre else []), *(post.launcher_args() if post else [])]
+    lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
+    if pre:
+        lines += pre.prepare("x.shape")
+    lines.append("    x = x.contiguous()")
+    lines += shapes.shape_lines(region, lay)
+    out_t = "torch.int64" if indices_only else torch_dtype(out_dt)
+    lines.append(f"    y = torch.empty(out_shape, dtype={out_t}, device=x.device)")
+    rets = ["y"]
+    if with_yi:
+        lines.append("    yi = torch.empty(out_shape, dtype=torch.int64, device=x.device)")
+        rets.append("yi")
+    if post:
+        lines += post.prepare("out_shape")
+    ret = ", ".join(rets)
+    lines.append(f"    if y.numel() == 0 or reduced == 0:\n        return {ret}")
+    v = rp.vec
+    lines += [
+        f"    vec = {v} if inner % {v} == 0 and _aligned((x, y), {v}) else 1" if v > 1 else "    vec = 1",
+        "    width = -(-inner // vec)  # columns of `vec` elements",
+        f"    bx = min({rp.threads if softmax else rp.bx}, 1 << (width - 1).bit_length())",
+        "    by = 1" if softmax else f"    by = max(1, {rp.threads} // bx)",
+        "    gx, gy = -(-width // bx), min(outer, MAX_GRID_Y)",
+        "    splits, rps = 1, reduced",
+    ]
+    if splits:
+        lines += [
+            f"    want = -(-sms * {rp.splits} // (gx * gy))",
+            f"    if want > 1 and reduced >= 2 * by * {4 * rp.unroll}:",
+            f"        rps = max(by * {4 * rp.unroll}, -(-reduced // want))",
+            "        splits = min(-(-reduced // rps), MAX_GRID_Y)",
+            "        rps = -(-reduced // splits)",
+            "    ws = torch.empty((splits * outer * inner * 2,), dtype=torch.int64, device=x.device) if splits > 1 else y",
+        ]
+    args = ["x", *(pre.launcher_args() if pre else []), "y", *(["yi"] if with_yi else []), *(["ws"] if splits else []),
+            "numpy.int64(outer)", "numpy.int64(reduced)", "numpy.int64(inner)", "numpy.int64(rps)",
+            *(post.launcher_args() if post else [])]  # fmt: skip
+    lines.append(f"    args = ({', '.join(args)},)")
+    lines.append("    grid, block = (gx, gy, splits), (bx, by)")
+    smem = "0" if softmax else "bx * by * vec * 16"
+    if v > 1:
+        lines.append("    if vec > 1:")
+        lines.append(f"        kernels.{kernels[1]}(grid, block, args, shared_mem={smem})  # noqa: F821")
+        lines.append("    else:")
+        lines.append(f"        kernels.{kernels[0]}(grid, block, args, shared_mem={smem})  # noqa: F821")
+    else:
+        lines.append(f"    kernels.{kernels[0]}(grid, block, args, shared_mem={smem})  # noqa: F821")
+    if splits:
+        comb = ["ws", "y", *(["yi"] if with_yi else []), "numpy.int64(outer * inner)", "numpy.int32(splits)",
+                "numpy.int64(reduced)", *(post.launcher_args() if post else [])]  # fmt: skip
+        lines.append("    if splits > 1:")
+        lines.append(
+            f"        kernels.kp_{rid}_combine((max(1, min(-(-(outer * inner) // 256), sms * 8)),), (256,), "
+            f"({', '.join(comb)},))  # noqa: F821"
+        )
+    lines.append(f"    return {ret}")
+    return "\n".join(lines)

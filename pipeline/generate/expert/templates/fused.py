@@ -1,0 +1,88 @@
+"""An elementwise region computed inside another region's kernel: on its loads (a prologue, `pre`) or on
+its stores (an epilogue, `post`). Its other operands are one-element tensors or tensors of the same shape,
+read at the same flat index, so the host kernel's indexing needs no change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.generate.expert.layout import operand_class
+from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.templates.code import chain_function, ctype
+
+
+@dataclass(frozen=True)
+class Fused:
+    region: Region
+    main: str  # the operand bound to the lambda's `v`
+    extra: tuple[tuple[str, str, str], ...]  # (value, dtype, "full" | "scalar") of the other operands
+    prefix: str  # "f" for a prologue, "e" for an epilogue (names of its kernel parameters)
+    out_dtype: str
+    main_dtype: str
+
+    def params(self) -> list[str]:
+        return [
+            f"const {ctype(dt)}* __restrict__ {self.prefix}{k}" for k, (_, dt, _) in enumerate(self.extra)
+        ]
+
+    def names(self) -> list[str]:
+        return [f"{self.prefix}{k}" for k in range(len(self.extra))]
+
+    def launcher_args(self) -> list[str]:
+        return [f"{self.prefix}{k}" for k in range(len(self.extra))]
+
+    def values(self) -> list[str]:
+        return [v for v, _, _ in self.extra]
+
+    def prepare(self, shape: str) -> list[str]:
+        """Launcher lines making each extra operand contiguous at the host's shape."""
+        out = []
+        for k, (_, _, cls) in enumerate(self.extra):
+            name = f"{self.prefix}{k}"
+            out.append(
+                f"    {name} = _full({name}, {shape})" if cls == "full" else f"    {name} = _scalar({name})"
+            )
+        return out
+
+    def chain(self) -> str:
+        return chain_function(self.region, list(self.region.inputs))
+
+    def lam(self, name: str) -> str:
+        args = []
+        extra = {v: k for k, (v, _, _) in enumerate(self.extra)}
+        for i in self.region.inputs:
+            if i == self.main:
+                args.append("v")
+            else:
+                k = extra[i]
+                cls = self.extra[k][2]
+                args.append(f"ld({self.prefix}{k}[{'i' if cls == 'full' else '0'}])")
+        return (
+            f"    auto {name} = [&](float v, long long i) -> float {{\n"
+            f"        float o0;\n        kp_{self.region.rid}_f({', '.join([*args, 'o0'])});\n"
+            "        (void)i;\n        return o0;\n    };"
+        )
+
+
+def identity(name: str) -> str:
+    return f"    auto {name} = [&](float v, long long i) -> float {{\n        (void)i;\n        return v;\n    }};"
+
+
+def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | None:
+    """A Fused view of an ew region around `main`, or None when its operands don't allow it."""
+    if region.kind != "ew" or len(region.outputs) != 1 or main not in region.inputs:
+        return None
+    extra = []
+    for i in region.inputs:
+        if i == main:
+            continue
+        node = low.by_name[i]
+        cls = operand_class(node.shape or (), region.shape, 0)
+        if cls not in ("full", "scalar"):
+            return None
+        extra.append((i, node.dtype or "float32", cls))
+    if low.by_name[main].shape != region.shape and prefix == "e":
+        return None
+    out_dt = next(n.dtype for n in region.nodes if n.name == region.outputs[0]) or "float32"
+    return Fused(region, main, tuple(extra), prefix, out_dt, low.by_name[main].dtype or "float32")

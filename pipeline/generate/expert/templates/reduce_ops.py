@@ -1,0 +1,102 @@
+"""Each reduction kind as pieces of CUDA over the shared `Acc`: its start value, the merge functor, how an
+element enters (`v` its value, `c` its index along the reduced dims, `K` a shift), and the final value
+(`n` the reduced count). Variance uses sums shifted by the row's first element, which keeps the
+cancellation of the plain two-moment formula away at no extra pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.generate.expert import ops
+
+
+@dataclass(frozen=True)
+class Kind:
+    init: str
+    op: str
+    elem: str  # an Acc built from v (and c, K); "lse" pushes online instead
+    final: str  # a float from acc and n
+    shift: bool = False  # needs K, the first element of the row
+
+    def push(self, acc: str, v: str, c: str) -> str:
+        if self.op == "LseOp":
+            return f"lse_push({acc}, {v});"
+        return f"{acc} = {self.op}()({acc}, {self.elem.format(v=v, c=c)});"
+
+
+_INF = "CUDART_INF_F"
+KINDS: dict[str, Kind] = {
+    "sum": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{{v}, 0.0f, 0}}", "acc.a"),
+    "mean": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{{v}, 0.0f, 0}}", "acc.a / (float)n"),
+    "prod": Kind("{1.0f, 0.0f, 0}", "ProdOp", "Acc{{{v}, 0.0f, 0}}", "acc.a"),
+    "amax": Kind(f"{{-{_INF}, 0.0f, 0}}", "MaxOp", "Acc{{{v}, 0.0f, 0}}", "acc.a"),
+    "amin": Kind(f"{{{_INF}, 0.0f, 0}}", "MinOp", "Acc{{{v}, 0.0f, 0}}", "acc.a"),
+    "max": Kind(f"{{-{_INF}, 0.0f, LLONG_MAX}}", "ArgOp<true>", "Acc{{{v}, 0.0f, {c}}}", "acc.a"),
+    "min": Kind(f"{{{_INF}, 0.0f, LLONG_MAX}}", "ArgOp<false>", "Acc{{{v}, 0.0f, {c}}}", "acc.a"),
+    "argmax": Kind(f"{{-{_INF}, 0.0f, LLONG_MAX}}", "ArgOp<true>", "Acc{{{v}, 0.0f, {c}}}", "(float)acc.i"),
+    "argmin": Kind(f"{{{_INF}, 0.0f, LLONG_MAX}}", "ArgOp<false>", "Acc{{{v}, 0.0f, {c}}}", "(float)acc.i"),
+    "var": Kind(
+        "{0.0f, 0.0f, 0}",
+        "SumOp",
+        "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}",
+        "fmaxf(acc.b - acc.a * (acc.a / (float)n), 0.0f) / ((float)n - CORR)",
+        shift=True,
+    ),  # fmt: skip
+    "std": Kind(
+        "{0.0f, 0.0f, 0}",
+        "SumOp",
+        "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}",
+        "sqrtf(fmaxf(acc.b - acc.a * (acc.a / (float)n), 0.0f) / ((float)n - CORR))",
+        shift=True,
+    ),  # fmt: skip
+    "logsumexp": Kind(
+        f"{{-{_INF}, 0.0f, 0}}", "LseOp", "", f"(acc.a == -{_INF} ? -{_INF} : acc.a + logf(acc.b))"
+    ),
+    "norm1": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{fabsf({v}), 0.0f, 0}}", "acc.a"),
+    "norm2": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{({v}) * ({v}), 0.0f, 0}}", "sqrtf(acc.a)"),
+    "norminf": Kind("{0.0f, 0.0f, 0}", "MaxOp", "Acc{{fabsf({v}), 0.0f, 0}}", "acc.a"),
+    # statistics of the two-pass ops
+    "softmax": Kind(f"{{-{_INF}, 0.0f, 0}}", "LseOp", "", ""),
+    "log_softmax": Kind(f"{{-{_INF}, 0.0f, 0}}", "LseOp", "", ""),
+    "layer_norm": Kind(
+        "{0.0f, 0.0f, 0}", "SumOp", "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}", "", shift=True
+    ),
+    "group_norm": Kind(
+        "{0.0f, 0.0f, 0}", "SumOp", "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}", "", shift=True
+    ),
+    "rms_norm": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{({v}) * ({v}), 0.0f, 0}}", ""),
+}
+TWO_PASS = ("softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm")
+
+
+def final(kind: str, correction: float) -> str:
+    return KINDS[kind].final.replace("CORR", ops.lit(correction))
+
+
+def store(kind: str, correction: float, out_ct: str, index: str) -> str:
+    """The statement writing one reduced value (arg* write the index itself: a float cannot hold it)."""
+    if kind in ("argmax", "argmin"):
+        return f"y[{index}] = acc.i;"
+    return f"y[{index}] = cv<{out_ct}>(post({final(kind, correction)}, {index}));"
+
+
+def combine_kernel(name: str, kind: str, correction: float, out_dt: str, indices: str | None,
+                   post_params: list[str], post_decl: str, threads: int) -> str:  # fmt: skip
+    """Merges the per-split partial accumulators (in split order, so the result is deterministic)."""
+    k = KINDS[kind]
+    out_ct = ops.C_TYPES[out_dt]
+    idx_param = ", long long* __restrict__ yi" if indices else ""
+    extra = "".join(f", {p}" for p in post_params)
+    store_i = "            yi[t] = acc.i;\n" if indices else ""
+    return f"""extern "C" __global__ void __launch_bounds__({threads})
+{name}(const Acc* __restrict__ ws, {out_ct}* __restrict__ y{idx_param}, long long n_out, int splits,
+       long long n{extra}) {{
+{post_decl}
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
+         t += (long long)gridDim.x * blockDim.x) {{
+        Acc acc = ws[t];
+        for (int s = 1; s < splits; ++s) acc = {k.op}()(acc, ws[(long long)s * n_out + t]);
+        {store(kind, correction, out_ct, "t")}
+{store_i}    }}
+}}"""

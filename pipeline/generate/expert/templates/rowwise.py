@@ -1,0 +1,404 @@
+"""Ops over the trailing dimensions of a row: reductions, softmax / log-softmax, layer / RMS / group /
+instance norm. A block per row (grid-stride over rows) or, for short rows, a warp per row.
+
+Pass 1 reads the row once (16-byte vectors after a scalar head up to the first aligned element) and
+merges per-thread accumulators with warp shuffles or a shared-memory tree. Two-pass ops then write the
+row, re-reading it from global memory (mostly L2) or, with `smem_row`, from a shared-memory copy made in
+pass 1. Reductions over rows too few to fill the GPU may split each row across blocks and merge the
+partial accumulators in a second small kernel.
+"""
+
+from __future__ import annotations
+
+from pipeline.generate.expert import ops
+from pipeline.generate.expert.layout import RowLayout
+from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import reduce_ops, shapes
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.fused import Fused, identity
+
+MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
+
+
+def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
+    rid = region.rid
+    kind = reduce_ops.KINDS[lay.op]
+    two_pass = lay.op in reduce_ops.TWO_PASS
+    is_reduce = region.kind == "reduce"
+    splits = is_reduce and rp.splits > 0 and not rp.warp_rows
+    x_dt = pre.main_dtype if pre else lay.in_dtype
+    out_dt = post.out_dtype if post else lay.out_dtype
+    warp = rp.warp_reduce or rp.warp_rows
+    cache = two_pass and rp.smem_row
+    vecs = sorted({1, rp.vec})
+
+    params = [f"const {ctype(x_dt)}* __restrict__ x"]
+    names = ["x"]
+    if pre:
+        params += pre.params()
+        names += pre.names()
+    if lay.has_weight:
+        params.append(f"const {ctype(lay.w_dtype)}* __restrict__ w")
+        names.append("w")
+    if lay.has_bias:
+        params.append(f"const {ctype(lay.w_dtype)}* __restrict__ b")
+        names.append("b")
+    indices_only = lay.op in ("argmax", "argmin")
+    y_ct = "long long" if indices_only else ctype(out_dt)
+    params.append(f"{y_ct}* __restrict__ y")
+    names.append("y")
+    if lay.indices and not indices_only:
+        params.append("long long* __restrict__ yi")
+        names.append("yi")
+    if splits:
+        params.append("Acc* __restrict__ ws")
+        names.append("ws")
+    params += ["long long rows", "long long cols"]
+    names += ["rows", "cols"]
+    if splits:
+        params.append("long long chunk")
+        names.append("chunk")
+    if lay.op == "group_norm":
+        params += ["long long groups", "long long cg"]
+        names += ["groups", "cg"]
+    if post:
+        params += post.params()
+        names += post.names()
+
+    def push(v: str, c: str) -> list[str]:
+        lines = [f"const float v_ = pre({v}, start + {c});"]
+        if cache:
+            lines.append(f"if (CACHE) cache[{c}] = v_;")
+        lines.append(kind.push("acc", "v_", f"c0 + {c}"))
+        return lines
+
+    body = [
+        "template <int V, bool CACHE>",
+        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+    ]
+    if rp.warp_rows:
+        body += [
+            "    const int tid = threadIdx.x & 31, nt = 32, wib = threadIdx.x >> 5;",
+            "    const long long r0 = (long long)blockIdx.x * (blockDim.x >> 5) + wib;",
+            "    const long long rstep = (long long)gridDim.x * (blockDim.x >> 5);",
+            "    float* cache = reinterpret_cast<float*>(kp_smem) + wib * cols;",
+        ]
+    else:
+        red_n = "33" if warp else "blockDim.x"
+        body += [
+            "    const int tid = threadIdx.x, nt = blockDim.x;",
+            "    const long long r0 = blockIdx.x, rstep = gridDim.x;",
+            f"    float* cache = reinterpret_cast<float*>(kp_smem + sizeof(Acc) * {red_n});",
+        ]
+    body += ["    (void)cache;"]
+    body.append(pre.lam("pre") if pre else identity("pre"))
+    body.append(post.lam("post") if post else identity("post"))
+    body += [
+        "    for (long long r = r0; r < rows; r += rstep) {",
+        "        const long long rs = r * cols;",
+    ]
+    if splits:
+        body += [
+            "        const long long c0 = blockIdx.y * chunk;",
+            "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        ]
+    else:
+        body += ["        const long long c0 = 0, n = cols;"]
+    body += [
+        "        const long long start = rs + c0;",
+        f"        Acc acc = {kind.init};",
+    ]
+    if kind.shift:
+        body.append("        const float K = pre(ld(x[rs]), rs);  // shift: the row's first element")
+    body += [
+        "        const long long head = head_of<V>(start, n);",
+        "        const long long nv = (n - head) / V;",
+        "        for (long long c = tid; c < head; c += nt) {",
+        *[f"            {s}" for s in push("ld(x[start + c])", "c")],
+        "        }",
+        f"#pragma unroll {rp.unroll}",
+        "        for (long long j = tid; j < nv; j += nt) {",
+        f"            const Vec<{ctype(x_dt)}, V> t = vload<{ctype(x_dt)}, V>(x + start + head + j * V);",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) {",
+        "                const long long c = head + j * V + e;",
+        *[f"                {s}" for s in push("ld(t.v[e])", "c")],
+        "            }",
+        "        }",
+        "        for (long long c = head + nv * V + tid; c < n; c += nt) {",
+        *[f"            {s}" for s in push("ld(x[start + c])", "c")],
+        "        }",
+    ]
+    if rp.warp_rows:
+        body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
+    else:
+        body.append(f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());")
+    if is_reduce:
+        body += _reduce_store(lay, splits, ctype(out_dt))
+    else:
+        if rp.warp_rows and cache:
+            body.append("        __syncwarp();")
+        body += _second_pass(lay, x_dt, out_dt)
+    body += ["    }", "}"]
+
+    lb = launch_bounds(rp.threads, rp.min_blocks)
+    kernels, wrappers = [], []
+    for v in vecs:
+        for c in (False, True) if cache else (False,):
+            kname = f"kp_{rid}_v{v}" + ("_smem" if c else "")
+            kernels.append(kname)
+            wrappers.append(
+                f'extern "C" __global__ void {lb}\n{kname}({", ".join(params)}) {{\n'
+                f"    kp_{rid}_body<{v}, {'true' if c else 'false'}>({', '.join(names)});\n}}"
+            )
+    combine = ""
+    if splits:
+        post_decl = post.lam("post") if post else identity("post")
+        combine = reduce_ops.combine_kernel(
+            f"kp_{rid}_combine", lay.op, lay.correction, out_dt if not indices_only else "int64",
+            "yi" if lay.indices and not indices_only else None, post.params() if post else [], post_decl, 256,
+        )  # fmt: skip
+        kernels.append(f"kp_{rid}_combine")
+    fused = [f.region.rid for f in (pre, post) if f]
+    cuda = "\n".join(
+        [
+            f"// region {rid}: {lay.op} over rows of the last dims ({'warp' if rp.warp_rows else 'block'} per row)"
+            + (f"; fused: {', '.join(fused)}" if fused else ""),
+            "namespace {",
+            *[f.chain() for f in (pre, post) if f],
+            *body,
+            "}  // namespace",
+            "",
+            "\n\n".join(wrappers),
+            combine,
+        ]
+    )
+    launcher = _launcher(region, lay, rp, pre, post, kernels, splits, cache, out_dt, indices_only)
+    return Code(cuda, launcher, f"_r_{rid}", tuple(kernels), tuple(_args(region, lay, pre, post)),
+                tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
+
+
+def _args(region: Region, lay: RowLayout, pre: Fused | None, post: Fused | None) -> list[str]:
+    """The values forward passes: the (pre-)input, prologue extras, weight, bias, epilogue extras."""
+    n = region.node
+    x = pre.main if pre else n.args[0].name
+    out = [x, *(pre.values() if pre else [])]
+    a = n.args
+    if lay.op in ("layer_norm", "rms_norm"):
+        out += [r.name for r in a[2 : 4 if lay.op == "layer_norm" else 3] if r is not None]
+    elif lay.op == "group_norm":
+        wb = a[2:4] if n.op == "group_norm" else a[1:3]
+        out += [r.name for r in wb if r is not None]
+    out += post.values() if post else []
+    return out
+
+
+def _reduce_store(lay: RowLayout, splits: bool, out_ct: str) -> list[str]:
+    indices_only = lay.op in ("argmax", "argmin")
+    direct = [
+        "const long long n = cols;",
+        reduce_ops.store(lay.op, lay.correction, out_ct, "r"),
+        *(["yi[r] = acc.i;"] if lay.indices and not indices_only else []),
+    ]
+    if not splits:
+        return ["        if (tid == 0) {", *(f"            {s}" for s in direct), "        }"]
+    return [
+        "        if (tid == 0 && gridDim.y > 1) {  // a split of the row: its partial goes to the workspace",
+        "            ws[blockIdx.y * rows + r] = acc;",
+        "        } else if (tid == 0) {",
+        *(f"            {s}" for s in direct),
+        "        }",
+    ]
+
+
+def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
+    """Stats from acc, then the row written: (c, v) -> value, over [0, n) of each segment."""
+    n = "(float)cols"
+    if lay.op == "softmax":
+        stats = ["        const float M = acc.a, inv = 1.0f / acc.b;"]
+        f = "expf(v - M) * inv"
+    elif lay.op == "log_softmax":
+        stats = ["        const float M = acc.a, L = logf(acc.b);"]
+        f = "v - M - L"
+    elif lay.op == "rms_norm":
+        stats = [f"        const float rstd = 1.0f / sqrtf(acc.a / {n} + {ops.lit(lay.eps)});"]
+        f = "v * rstd" + (" * ld(w[c])" if lay.has_weight else "")
+    else:  # layer_norm, group_norm: mean and variance from the shifted sums
+        stats = [
+            f"        const float ma = acc.a / {n};",
+            "        const float mean = K + ma;",
+            f"        const float var = fmaxf(acc.b / {n} - ma * ma, 0.0f);",
+            f"        const float rstd = 1.0f / sqrtf(var + {ops.lit(lay.eps)});",
+        ]
+        if lay.op == "layer_norm":
+            f = (
+                "(v - mean) * rstd"
+                + (" * ld(w[c])" if lay.has_weight else "")
+                + (" + ld(b[c])" if lay.has_bias else "")
+            )
+        else:
+            f = "v * sc + sh"
+    lines = list(stats)
+    if lay.op == "group_norm":
+        w = "ld(w[ch])" if lay.has_weight else "1.0f"
+        b = "ld(b[ch])" if lay.has_bias else "0.0f"
+        lines += [
+            "        const long long hw = cols / cg;",
+            "        for (long long cl = 0; cl < cg; ++cl) {  // one channel of the group at a time",
+            "            const long long ch = (r % groups) * cg + cl;",
+            f"            const float sc = rstd * {w};",
+            f"            const float sh = {b} - mean * sc;",
+            *("    " + s for s in _write_segment("rs + cl * hw", "cl * hw", "hw", f, x_dt, out_dt)),
+            "        }",
+        ]
+    else:
+        lines += _write_segment("rs", "0", "cols", f, x_dt, out_dt)
+    return lines
+
+
+def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str) -> list[str]:
+    """Write y[start + c] = post(f(c, v)) for c in [0, n), v the (pre-processed) input or its cached copy."""
+    xt, yt = ctype(x_dt), ctype(out_dt)
+
+    def val(raw: str) -> str:
+        return f"(CACHE ? cache[{coff} + c] : pre({raw}, s0 + c))"
+
+    return [
+        "        {",
+        f"            const long long s0 = {start}, sn = {n};",
+        "            const long long h = head_of<V>(s0, sn);",
+        "            const long long nv2 = (sn - h) / V;",
+        "            for (long long c = tid; c < h; c += nt) {",
+        f"                const float v = {val('ld(x[s0 + c])')};",
+        f"                y[s0 + c] = cv<{yt}>(post({f}, s0 + c));",
+        "            }",
+        "            for (long long j = tid; j < nv2; j += nt) {",
+        f"                Vec<{xt}, V> t;",
+        f"                if (!CACHE) t = vload<{xt}, V>(x + s0 + h + j * V);",
+        f"                Vec<{yt}, V> o;",
+        "#pragma unroll",
+        "                for (int e = 0; e < V; ++e) {",
+        "                    const long long c = h + j * V + e;",
+        f"                    const float v = {val('ld(t.v[e])')};",
+        f"                    o.v[e] = cv<{yt}>(post({f}, s0 + c));",
+        "                }",
+        f"                vstore<{yt}, V>(y + s0 + h + j * V, o);",
+        "            }",
+        "            for (long long c = h + nv2 * V + tid; c < sn; c += nt) {",
+        f"                const float v = {val('ld(x[s0 + c])')};",
+        f"                y[s0 + c] = cv<{yt}>(post({f}, s0 + c));",
+        "            }",
+        "        }",
+    ]
+
+
+def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None,
+              kernels: list[str], splits: bool, cache: bool, out_dt: str, indices_only: bool) -> str:  # fmt: skip
+    rid = region.rid
+    names = ["x"] + (pre.launcher_args() if pre else [])
+    if lay.has_weight:
+        names.append("w")
+    if lay.has_bias:
+        names.append("b")
+    names += post.launcher_args() if post else []
+    lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
+    if pre:
+        lines += pre.prepare("x.shape")
+    lines.append("    x = x.contiguous()")
+    lines += [f"    {p} = {p}.contiguous()" for p in ("w", "b") if p in names]
+    lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
+    out_ct = "torch.int64" if indices_only else torch_dtype(out_dt)
+    lines.append(f"    y = torch.empty(out_shape, dtype={out_ct}, device=x.device)")
+    rets = ["y"]
+    if lay.indices and not indices_only:
+        lines.append("    yi = torch.empty(out_shape, dtype=torch.int64, device=x.device)")
+        rets.append("yi")
+    if post:
+        lines += post.prepare("out_shape")
+    ret = ", ".join(rets)
+    lines.append(f"    if y.numel() == 0 or cols == 0:\n        return {ret}")
+    threads = rp.threads
+    if rp.warp_rows:
+        lines += [
+            f"    rpb = {threads // 32}  # rows per block: a warp each",
+            f"    block = {threads}",
+            "    blocks = max(1, min(-(-rows // rpb), MAX_GRID_X))",
+        ]
+    else:  # a power of two no larger than the row needs (the shared-memory tree halves it)
+        lines += [
+            f"    block = min({threads}, max(32, 1 << (max(1, -(-cols // {rp.vec})) - 1).bit_length()))",
+            "    blocks = max(1, min(rows, MAX_GRID_X))",
+        ]
+    if rp.persistent:
+        lines.append(f"    blocks = max(1, min(blocks, sms * {rp.persistent}))")
+    red = "0" if rp.warp_rows else ("33 * 16" if rp.warp_reduce else "block * 16")
+    lines.append(f"    smem = {red}")
+    extra_ints: list[str] = []
+    if lay.op == "group_norm":
+        groups = str(lay.groups) if lay.groups else "x.shape[1]"
+        lines.append(f"    groups = {groups}")
+        lines.append("    cg = x.shape[1] // groups")
+        extra_ints = ["numpy.int64(groups)", "numpy.int64(cg)"]
+    post_args = post.launcher_args() if post else []
+    pre_args = pre.launcher_args() if pre else []
+    wb = [p for p in ("w", "b") if p in names]
+    if splits:
+        lines += [
+            f"    splits = 1\n    if rows < sms * {rp.splits}:",
+            f"        splits = max(1, min(-(-sms * {rp.splits} // rows), cols // ({rp.threads * rp.vec} * 4), MAX_GRID_Y))",
+            f"    chunk = -(-cols // splits)\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
+            "    splits = -(-cols // chunk)",
+            "    # partial accumulators (16 bytes each); with one split the kernel stores directly",
+            "    ws = torch.empty((splits * rows * 2,), dtype=torch.int64, device=x.device) if splits > 1 else y",
+            "    grid = (blocks, splits)",
+        ]
+        args = ["x", *pre_args, *wb, "y", *(["yi"] if rets[1:] else []), "ws", "numpy.int64(rows)",
+                "numpy.int64(cols)", "numpy.int64(chunk)", *extra_ints, *post_args]  # fmt: skip
+    else:
+        lines.append("    grid = (blocks,)")
+        args = ["x", *pre_args, *wb, "y", *(["yi"] if rets[1:] else []), "numpy.int64(rows)", "numpy.int64(cols)",
+                *extra_ints, *post_args]  # fmt: skip
+    lines.append(f"    args = ({', '.join(args)},)")
+    vec_ts = ", ".join(["x", "y"])
+    body: list[str] = []
+    if cache:
+        rows_per = f"{threads // 32}" if rp.warp_rows else "1"
+        body.append(f"    cached = cols * 4 * {rows_per} + smem <= {MAX_SMEM_ROW}")
+    conds = []
+    for k in reversed(kernels):
+        if k.endswith("_combine"):
+            continue
+        v = int(k.split("_v")[-1].split("_")[0])
+        c = []
+        if v > 1:
+            c.append(f"_aligned(({vec_ts},), {v})")
+        if k.endswith("_smem"):
+            c.append("cached")
+        conds.append((" and ".join(c) or "True", k))
+    first = True
+    for cond, k in conds:
+        smem = (
+            "smem + cols * 4 * " + (f"{threads // 32}" if rp.warp_rows else "1")
+            if k.endswith("_smem")
+            else "smem"
+        )
+        call = f"kernels.{k}(grid, (block,), args, shared_mem={smem})  # noqa: F821"
+        if cond == "True":
+            body.append(("    else:\n        " if not first else "    ") + call)
+            break
+        body.append(f"    {'if' if first else 'elif'} {cond}:\n        {call}")
+        first = False
+    lines += body
+    if splits:
+        comb_args = ["ws", "y", *(["yi"] if rets[1:] else []), "numpy.int64(rows)", "numpy.int32(splits)",
+                     "numpy.int64(cols)", *post_args]  # fmt: skip
+        lines.append("    if splits > 1:")
+        lines.append(
+            f"        kernels.kp_{rid}_combine((max(1, min(-(-rows // 256), sms * 8)),), (256,), "
+            f"({', '.join(comb_args)},))  # noqa: F821"
+        )
+    lines.append(f"    return {ret}")
+    return "\n".join(lines)

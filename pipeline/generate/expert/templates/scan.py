@@ -1,0 +1,144 @@
+"""Inclusive scans (cumsum, cumprod) along one dimension.
+
+Along the last dimension: a block per row walks it in chunks of blockDim.x * ITEMS; each thread scans
+its ITEMS consecutive elements in registers, a warp-shuffle scan and one shared-memory round over the
+warps give each thread its prefix, and a running carry links the chunks. Along any other dimension: a
+thread per column walks down it, so every warp access is one contiguous run.
+"""
+
+from __future__ import annotations
+
+from pipeline.generate.expert.layout import RowLayout
+from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import shapes
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.fused import Fused, identity
+
+
+def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
+    rid = region.rid
+    prod = lay.op == "cumprod"
+    ident, op = ("1.0f", "*") if prod else ("0.0f", "+")
+    xt = ctype(pre.main_dtype if pre else lay.in_dtype)
+    out_dt = post.out_dtype if post else lay.out_dtype
+    yt = ctype(out_dt)
+    params = [f"const {xt}* __restrict__ x", *(pre.params() if pre else []), f"{yt}* __restrict__ y",
+              "long long outer", "long long L", "long long inner", *(post.params() if post else [])]  # fmt: skip
+    names = ["x", *(pre.names() if pre else []), "y", "outer", "L", "inner", *(post.names() if post else [])]
+    lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
+    row = [
+        f"__device__ __forceinline__ void kp_{rid}_row({', '.join(params)}) {{",
+        f"    constexpr int ITEMS = {rp.items};",
+        "    __shared__ float warp_tot[32];",
+        *lams,
+        "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;",
+        "    (void)inner;",
+        "    for (long long r = blockIdx.x; r < outer; r += gridDim.x) {  // block-uniform",
+        "        const long long rs = r * L;",
+        f"        float carry = {ident};",
+        "        for (long long c0 = 0; c0 < L; c0 += (long long)blockDim.x * ITEMS) {",
+        "            const long long base = c0 + (long long)tid * ITEMS;",
+        "            float v[ITEMS];",
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i)",
+        f"                v[i] = base + i < L ? pre(ld(x[rs + base + i]), rs + base + i) : {ident};",
+        "#pragma unroll",
+        f"            for (int i = 1; i < ITEMS; ++i) v[i] = v[i - 1] {op} v[i];",
+        "            float t = v[ITEMS - 1];  // inclusive scan of the thread totals across the warp",
+        "#pragma unroll",
+        "            for (int o = 1; o < 32; o <<= 1) {",
+        "                const float n = __shfl_up_sync(0xffffffffu, t, o);",
+        f"                if (lane >= o) t = t {op} n;",
+        "            }",
+        "            if (lane == 31) warp_tot[warp] = t;",
+        "            __syncthreads();",
+        "            if (warp == 0) {  // inclusive scan of the warp totals",
+        f"                float w = lane < warps ? warp_tot[lane] : {ident};",
+        "#pragma unroll",
+        "                for (int o = 1; o < 32; o <<= 1) {",
+        "                    const float n = __shfl_up_sync(0xffffffffu, w, o);",
+        f"                    if (lane >= o) w = w {op} n;",
+        "                }",
+        "                warp_tot[lane] = w;",
+        "            }",
+        "            __syncthreads();",
+        "            float e = __shfl_up_sync(0xffffffffu, t, 1);  // exclusive within the warp",
+        f"            if (lane == 0) e = {ident};",
+        f"            const float prefix = carry {op} (warp > 0 ? warp_tot[warp - 1] : {ident}) {op} e;",
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i)",
+        "                if (base + i < L)",
+        f"                    y[rs + base + i] = cv<{yt}>(post(prefix {op} v[i], rs + base + i));",
+        f"            carry = carry {op} warp_tot[warps - 1];",
+        "            __syncthreads();  // warp_tot is rewritten by the next chunk",
+        "        }",
+        "    }",
+        "}",
+    ]
+    col = [
+        f"__device__ __forceinline__ void kp_{rid}_col({', '.join(params)}) {{",
+        *lams,
+        "    const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+        "    if (c >= inner) return;",
+        "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {",
+        "        const long long base = o * L * inner + c;",
+        f"        float acc = {ident};",
+        f"#pragma unroll {max(rp.unroll, 1)}",
+        "        for (long long r = 0; r < L; ++r) {",
+        "            const long long i = base + r * inner;",
+        f"            acc = acc {op} pre(ld(x[i]), i);",
+        f"            y[i] = cv<{yt}>(post(acc, i));",
+        "        }",
+        "    }",
+        "}",
+    ]
+    lb = launch_bounds(rp.threads, rp.min_blocks)
+    kernels = [f"kp_{rid}_row", f"kp_{rid}_col"]
+    wrappers = [
+        f'extern "C" __global__ void {lb}\n{k}({", ".join(params)}) {{\n    {k}_body({", ".join(names)});\n}}'
+        for k in kernels
+    ]
+    fused = [f.region.rid for f in (pre, post) if f]
+    cuda = "\n".join(
+        [
+            f"// region {rid}: {lay.op} (a block per row along the last dim, a thread per column otherwise)"
+            + (f"; fused: {', '.join(fused)}" if fused else ""),
+            "namespace {",
+            *[f.chain() for f in (pre, post) if f],
+            *[line.replace(f"kp_{rid}_row(", f"kp_{rid}_row_body(", 1) for line in row[:1]],
+            *row[1:],
+            *[line.replace(f"kp_{rid}_col(", f"kp_{rid}_col_body(", 1) for line in col[:1]],
+            *col[1:],
+            "}  // namespace",
+            "",
+            "\n\n".join(wrappers),
+        ]
+    )
+    largs = ["x", *(pre.launcher_args() if pre else []), *(post.launcher_args() if post else [])]
+    lines = [f"def _r_{rid}(sms, {', '.join(largs)}):"]
+    if pre:
+        lines += pre.prepare("x.shape")
+    lines.append("    x = x.contiguous()")
+    lines += shapes.shape_lines(region, lay)
+    lines.append(f"    y = torch.empty(out_shape, dtype={torch_dtype(out_dt)}, device=x.device)")
+    if post:
+        lines += post.prepare("out_shape")
+    cargs = ["x", *(pre.launcher_args() if pre else []), "y", "numpy.int64(outer)", "numpy.int64(reduced)",
+             "numpy.int64(inner)", *(post.launcher_args() if post else [])]  # fmt: skip
+    lines += [
+        "    if y.numel() == 0:",
+        "        return y",
+        f"    args = ({', '.join(cargs)},)",
+        "    if inner == 1:",
+        f"        blocks = max(1, min(outer, MAX_GRID_X{f', sms * {rp.persistent}' if rp.persistent else ''}))",
+        f"        kernels.kp_{rid}_row((blocks,), ({rp.threads},), args)  # noqa: F821",
+        "    else:",
+        f"        grid = (-(-inner // {rp.threads}), min(outer, MAX_GRID_Y))",
+        f"        kernels.kp_{rid}_col(grid, ({rp.threads},), args)  # noqa: F821",
+        "    return y",
+    ]
+    args = [pre.main if pre else region.node.args[0].name, *(pre.values() if pre else []),
+            *(post.values() if post else [])]  # fmt: skip
+    outs = post.region.outputs if post else region.outputs
+    return Code(cuda, "\n".join(lines), f"_r_{rid}", tuple(kernels), tuple(args), tuple(outs))

@@ -1,0 +1,64 @@
+"""Launcher lines that read a row-wise op's sizes from its input's run-time shape: `outer`, `reduced`,
+`inner` (the input seen as outer x reduced x inner) and `out_shape`."""
+
+from __future__ import annotations
+
+from pipeline.generate.expert.layout import RowLayout
+from pipeline.generate.expert.regions import Region
+
+
+def shape_lines(region: Region, lay: RowLayout) -> list[str]:
+    if region.kind == "reduce":
+        return _reduce(lay)
+    if region.kind in ("softmax", "scan"):
+        return [
+            "    shape = tuple(x.shape)",
+            f"    d = {lay.dims[0]} % max(len(shape), 1)",
+            "    outer, reduced, inner = _split3(shape, d, d + 1)",
+            "    out_shape = shape",
+        ]
+    if lay.op == "group_norm":
+        return [
+            "    shape = tuple(x.shape)",
+            "    out_shape = shape",
+            f"    outer = shape[0] * {lay.groups or 'shape[1]'}",
+            "    reduced, inner = math.prod(shape) // max(outer, 1), 1",
+        ]
+    return [
+        "    shape = tuple(x.shape)",
+        "    out_shape = shape",
+        f"    reduced, inner = math.prod(shape[len(shape) - {lay.norm_dims}:]), 1",
+        "    outer = math.prod(shape) // max(reduced, 1)",
+    ]
+
+
+def _reduce(lay: RowLayout) -> list[str]:
+    lines = []
+    if lay.permute:
+        lines.append(f"    x = x.permute({lay.permute}).contiguous()")
+    d0, d1 = (lay.dims[0], lay.dims[-1] + 1) if lay.dims else (lay.static_nd, lay.static_nd)
+    nd = lay.static_nd
+    dims = {"all": "0, nd", "end": f"nd - {nd - d0}, nd - {nd - d1}", "start": f"{d0}, {d1}"}[lay.dims_from]
+    lines += [
+        "    shape = tuple(x.shape)",
+        "    nd = len(shape)",
+        f"    d0, d1 = {dims}",
+        "    outer, reduced, inner = _split3(shape, d0, d1)",
+    ]
+    if not lay.keepdim:
+        lines.append("    out_shape = shape[:d0] + shape[d1:]")
+    elif lay.permute:
+        inv = tuple(lay.permute.index(i) for i in range(len(lay.permute)))
+        lines.append(f"    kept = shape[:d0] + (1,) * (d1 - d0)\n    out_shape = tuple(kept[i] for i in {inv})")
+    else:
+        lines.append("    out_shape = shape[:d0] + (1,) * (d1 - d0) + shape[d1:]")
+    return lines
+
+
+def expect_trailing() -> list[str]:
+    """A loud failure when the run-time layout is not the one the row kernel was written for."""
+    return [
+        "    if inner != 1:",
+        "        raise ValueError(f'kernelpro expert: this kernel works on trailing dims; got inner size {inner}')",
+        "    rows, cols = outer, reduced",
+    ]
