@@ -34,12 +34,13 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from corpora import CorpusError
-        from index.store import StoreError
         from pipeline.candidates import CandidateError
         from pipeline.compile import ToolchainError
-        from pipeline.loop import NoGPUError
+        from pipeline.loop import NoGPUError, OptimizeError
+        from pipeline.runlog import RunLogError
         from pipeline.tasks import TaskError
 
+        # index.store.StoreError is a RuntimeError: caught below without importing chromadb for every command.
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
@@ -49,8 +50,9 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             CandidateError,
             ToolchainError,
             NoGPUError,
+            OptimizeError,
+            RunLogError,
             CorpusError,
-            StoreError,
             ValueError,
             RuntimeError,
         ) as e:
@@ -359,7 +361,6 @@ def optimize(
     """Search for the fastest correct kernel for a task: generate, compile, verify, time, profile, repeat."""
     from rich.live import Live as RichLive
 
-    from pipeline.loop import OptimizeError
     from pipeline.loop import optimize as run_optimize
 
     if task is None and resume is None:
@@ -374,16 +375,12 @@ def optimize(
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {getattr(cfg, name)!r}")
     show_live = not json_out and sys.stderr.isatty()
-    try:
-        if show_live:
-            with RichLive(console=err, refresh_per_second=4, transient=False) as view:
-                result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None,
-                                      progress=lambda live: view.update(_live_table(live)))  # fmt: skip
-        else:
-            result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None)
-    except OptimizeError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    if show_live:
+        with RichLive(console=err, refresh_per_second=4, transient=False) as view:
+            result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None,
+                                  progress=lambda live: view.update(_live_table(live)))  # fmt: skip
+    else:
+        result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None)
     summary = {
         "run_id": result.run_id, "folder": str(result.folder), "stop_reason": result.stop_reason,
         "best_key": result.best_key, "best_speedup_eager": result.best_speedup_eager,

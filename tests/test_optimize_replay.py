@@ -44,7 +44,7 @@ def cfg_for(tmp: Path, **kw):
     return config.load(runs_dir=tmp / "runs", home=tmp / "home", memory=False, policy="expert", **kw)
 
 
-def run(tmp: Path, search: str = "mcts", evals: int = 12, seed: int = 0):
+def run(tmp: Path, search: str = "mcts", evals: int = 10, seed: int = 0):
     cfg = cfg_for(tmp, search=search, max_evals=evals, seed=seed)
     return optimize(ROOT / "tasks" / f"{TASK}.py", cfg, replay=recordings(TASK))
 
@@ -70,24 +70,27 @@ def test_kill_minus_nine_and_resume_reach_the_same_tree(tmp_path):
     runs_dir = tmp_path / "k" / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     base = [sys.executable, "-m", "pipeline.cli", "optimize", "--policy", "expert", "--no-memory", "--json",
-            "--runs-dir", str(runs_dir), "--home", str(tmp_path / "k" / "home"), "--max-evals", "12"]  # fmt: skip
+            "--runs-dir", str(runs_dir), "--home", str(tmp_path / "k" / "home"), "--max-evals", "10"]  # fmt: skip
     replay = [a for p in recordings(TASK) for a in ("--replay", str(p))]
     proc = subprocess.Popen([*base, "--task", str(ROOT / "tasks" / f"{TASK}.py"), *replay], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
     kills = 0
     run_id = None
-    for _ in range(3):  # kill it three times at random points, resuming in between
-        target = rng.randint(4, max(5, len(want)))  # a random number of written events
+    for _ in range(3):  # kill it at random points, resuming in between, until it finishes on its own
+        logs = list(runs_dir.glob("*/log.jsonl"))
+        written = len(logs[0].read_text().splitlines()) if logs else 0
+        target = written + rng.randint(2, 10)  # a random number of further events
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             logs = list(runs_dir.glob("*/log.jsonl"))
             if logs and len(logs[0].read_text().splitlines()) >= target:
                 break
-            time.sleep(0.005)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            kills += 1
+            time.sleep(0.002)
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
         run_id = next(runs_dir.glob("*/log.jsonl")).parent.name
         proc = subprocess.Popen([*base, "--resume", run_id], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
@@ -98,17 +101,17 @@ def test_kill_minus_nine_and_resume_reach_the_same_tree(tmp_path):
     assert summary["run_id"] == run_id
     assert tree(runs_dir / run_id) == want
     events = read_events(runs_dir / run_id / "log.jsonl")
-    assert sum(e.type == "resume" for e in events) == 3
+    assert sum(e.type == "resume" for e in events) == kills
     # Nothing evaluated twice: each candidate has one result, however often the run died.
     keys = [e.data["key"] for e in events if e.type == "result"]
     assert len(keys) == len(set(keys))
 
 
 def test_greedy_against_mcts_on_the_recorded_landscape(tmp_path):
-    mcts = run(tmp_path / "m", search="mcts", evals=12)
-    greedy = run(tmp_path / "g", search="greedy", evals=12)
+    mcts = run(tmp_path / "m", search="mcts", evals=10)
+    greedy = run(tmp_path / "g", search="greedy", evals=10)
     for r in (mcts, greedy):
-        assert r.evaluations <= 12
+        assert r.evaluations <= 10
     # Both are real searches over the same recorded landscape; MCTS is not worse than greedy there.
     assert (mcts.best_speedup_eager or 0) >= (greedy.best_speedup_eager or 0) * 0.98
 
