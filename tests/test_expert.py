@@ -3,6 +3,7 @@ real nvcc compiles for sm_90a, and the generated kernels' results through a CPU 
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import textwrap
 from pathlib import Path
@@ -17,8 +18,8 @@ from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
 from pipeline.generate.expert.edits import base_plan, legal_edits
 from pipeline.generate.expert.render import prepare, render
 from pipeline.static_check import check_launcher
-from pipeline.tasks import load_module, probe
-from pipeline.types import Finding, Kind, Status
+from pipeline.tasks import TaskError, load_module, probe
+from pipeline.types import Finding, Kind, Status, Task
 
 torch = pytest.importorskip("torch")
 
@@ -49,7 +50,12 @@ def task_file(folder: Path, name: str, body: str, inputs: str, init: str = "[]")
 
 
 def ctx(path: Path, parent=None, findings=(), tried=()) -> Context:
-    task = probe(path)
+    try:
+        task = probe(path)
+    except TaskError:  # a reference even the meta-device probe cannot run (data-dependent shapes)
+        source = path.read_text()
+        task = Task(path.stem, str(path), source, hashlib.sha256(source.encode()).hexdigest(), "float32", 1e-4,
+                    1e-3, 1e-4, (), (), "[]", 0.0, 0, 0)  # fmt: skip
     return Context(task=task, reference=task.source, parent=parent, findings=findings, tried=tried)
 
 
@@ -67,7 +73,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
                 y = y + F.gelu(x) + F.gelu(x, approximate="tanh") + F.relu(x) + F.relu6(x * 4) + x / 3
                 return y + 2 / (x.abs() + 1) + F.celu(x) + F.softsign(x) + F.tanhshrink(x) + F.logsigmoid(x)
         """,
-        "[torch.randn(13, 77)]", "[]", 1e-5,
+        "[torch.randn(13, 77)]",
+        "[]",
+        1e-5,
     ),
     "broadcast": (
         """
@@ -80,7 +88,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
                 y = torch.maximum(x * self.c + self.f, r) - torch.minimum(x, torch.tensor(0.5))
                 return y + torch.where(x > 0, x, x * 0.1)
         """,
-        "[torch.randn(2, 16, 5, 9), torch.randn(2, 16, 5, 1)]", "[]", 1e-5,
+        "[torch.randn(2, 16, 5, 9), torch.randn(2, 16, 5, 1)]",
+        "[]",
+        1e-5,
     ),
     "bf16_chain": (
         """
@@ -88,7 +98,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x, y):
                 return F.gelu(x + y) * 0.5 - y.to(torch.float32).to(torch.bfloat16)
         """,
-        "[torch.randn(17, 129, dtype=torch.bfloat16), torch.randn(17, 129, dtype=torch.bfloat16)]", "[]", 1e-2,
+        "[torch.randn(17, 129, dtype=torch.bfloat16), torch.randn(17, 129, dtype=torch.bfloat16)]",
+        "[]",
+        1e-2,
     ),
     "batchnorm_dropout": (
         """
@@ -100,7 +112,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x):
                 return self.drop(F.relu(self.bn(x)))
         """,
-        "[torch.randn(3, 8, 7, 5)]", "[]", 1e-5,
+        "[torch.randn(3, 8, 7, 5)]",
+        "[]",
+        1e-5,
     ),
     "reductions_last": (
         """
@@ -111,7 +125,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
                         torch.var(x, dim=-1), torch.logsumexp(x, dim=-1), torch.norm(x, dim=-1),
                         torch.prod(x * 0.1 + 1, dim=-1), x.mean(dim=-1, keepdim=True))
         """,
-        "[torch.randn(3, 37, 29)]", "[]", 1e-5,
+        "[torch.randn(3, 37, 29)]",
+        "[]",
+        1e-5,
     ),
     "reductions_strided": (
         """
@@ -121,7 +137,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
                 return (x.mean(dim=1), torch.amin(x, dim=1), m[0], m[1], torch.argmin(x, dim=1),
                         torch.std(x, dim=1, unbiased=False), x.sum(dim=(0, 2)), x.sum(), torch.argmax(x))
         """,
-        "[torch.randn(3, 37, 29)]", "[]", 1e-5,
+        "[torch.randn(3, 37, 29)]",
+        "[]",
+        1e-5,
     ),
     "softmaxes": (
         """
@@ -129,7 +147,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x):
                 return torch.softmax(x, dim=1) + torch.log_softmax(x, dim=-1)
         """,
-        "[torch.randn(2, 19, 21)]", "[]", 1e-5,
+        "[torch.randn(2, 19, 21)]",
+        "[]",
+        1e-5,
     ),
     "norms": (
         """
@@ -143,7 +163,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x):
                 return self.ln(x) + self.gn(x) + self.inn(x) + self.rms(x)
         """,
-        "[torch.randn(4, 6, 6, 7)]", "[]", 1e-5,
+        "[torch.randn(4, 6, 6, 7)]",
+        "[]",
+        1e-5,
     ),
     "scans": (
         """
@@ -151,7 +173,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x):
                 return torch.cumsum(x, dim=-1) + torch.cumsum(x, dim=1) + torch.cumprod(x * 0.01 + 1, dim=-1)
         """,
-        "[torch.randn(2, 9, 300)]", "[]", 1e-5,
+        "[torch.randn(2, 9, 300)]",
+        "[]",
+        1e-5,
     ),
     "bmm_epilogue": (
         """
@@ -159,7 +183,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, a, b, r):
                 return torch.relu(torch.bmm(a, b) * 0.5 + r)
         """,
-        "[torch.randn(3, 17, 9), torch.randn(3, 9, 13), torch.randn(3, 17, 13)]", "[]", 1e-5,
+        "[torch.randn(3, 17, 9), torch.randn(3, 9, 13), torch.randn(3, 17, 13)]",
+        "[]",
+        1e-5,
     ),
     "conv_batchnorm": (
         """
@@ -171,7 +197,9 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x):
                 return torch.tanh(self.bn(self.conv(x)))
         """,
-        "[torch.randn(2, 3, 9, 11)]", "[]", 1e-5,
+        "[torch.randn(2, 3, 9, 11)]",
+        "[]",
+        1e-5,
     ),
     "fusions": (
         """
@@ -179,7 +207,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x, y):
                 return torch.softmax(x * 2.0 + 1.0, dim=-1) * 3.0 - 1.0, torch.sum(x * y, dim=1) * 0.5
         """,
-        "[torch.randn(4, 50, 30), torch.randn(4, 50, 30)]", "[]", 1e-5,
+        "[torch.randn(4, 50, 30), torch.randn(4, 50, 30)]",
+        "[]",
+        1e-5,
+    ),
+    "transposed": (
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                return torch.relu(x.transpose(1, 2) + y), x.permute(0, 2, 1).reshape(x.shape[0], -1).sum(dim=-1)
+        """,
+        "[torch.randn(3, 5, 7), torch.randn(3, 7, 5)]",
+        "[]",
+        1e-5,
     ),
     "pool_flatten": (
         """
@@ -187,16 +227,18 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def forward(self, x):
                 return F.adaptive_avg_pool2d(x, 1).flatten(1) * 2
         """,
-        "[torch.randn(2, 5, 7, 9)]", "[]", 1e-5,
+        "[torch.randn(2, 5, 7, 9)]",
+        "[]",
+        1e-5,
     ),
 }
 FAMILIES = {
     "activations": {"ew"},
     "broadcast": {"ew"},
     "bf16_chain": {"ew"},
-    "batchnorm_dropout": {"ew"},
-    "reductions_last": {"reduce"},
-    "reductions_strided": {"reduce"},
+    "batchnorm_dropout": {"ew", "view"},  # batch norm's per-channel vectors seen as (C, 1, 1)
+    "reductions_last": {"reduce", "view", "ew"},  # max over a dim: (values, indices) taken apart by views
+    "reductions_strided": {"reduce", "view"},
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
@@ -204,13 +246,16 @@ FAMILIES = {
     "conv_batchnorm": {"library", "view", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "pool_flatten": {"reduce", "view", "ew"},
+    "transposed": {"view", "ew", "reduce"},
 }
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("expert-cases")
-    return {name: task_file(folder, name, body, inputs, init) for name, (body, inputs, init, _) in CASES.items()}
+    return {
+        name: task_file(folder, name, body, inputs, init) for name, (body, inputs, init, _) in CASES.items()
+    }
 
 
 # ------------------------------------------------------------------------------------ capture and regions
@@ -259,7 +304,12 @@ def test_capture_covers_family_cases(cases):
 
 
 def test_unsupported_op_alone_is_unsupported_with_reason(tmp_path):
-    path = task_file(tmp_path, "svd", "class Model(nn.Module):\n    def forward(self, x):\n        return torch.linalg.svd(x)[1]", "[torch.randn(8, 8)]")
+    path = task_file(
+        tmp_path,
+        "svd",
+        "class Model(nn.Module):\n    def forward(self, x):\n        return torch.linalg.svd(x)[1]",
+        "[torch.randn(8, 8)]",
+    )
     (p,) = ExpertPolicy().propose(ctx(path), 2)
     assert p.status == ProposalStatus.UNSUPPORTED and "linalg_svd" in p.reason
     ok, why = supports(path)
@@ -372,8 +422,8 @@ def test_fusion_edits_move_neighbours_into_one_kernel(cases):
     assert any(lbl.startswith("fuse_kernels(") and "prologue=" in lbl for lbl in labels)
     assert any("epilogue=" in lbl for lbl in labels)
     tuned = base_plan(low, True)
-    assert len(tuned.fused()) == 3  # softmax's prologue and epilogue, the sum's prologue
-    src, launcher = render(low, tuned)
+    assert tuned.fused() == {"mul", "mul_1", "mul_2", "mul_3"}  # both hosts' prologues and epilogues
+    src, _launcher = render(low, tuned)
     assert src.count('extern "C" __global__') < render(low, plain)[0].count('extern "C" __global__')
 
 
@@ -387,6 +437,15 @@ def test_repair_returns_plainer_plan_then_no_move():
     assert plan_of(fixed.candidate.source) == plan_of(plain.candidate.source)
     again = ExpertPolicy().repair(ctx(path), plain.candidate, Outcome(plain.candidate.key, "mismatch"))
     assert again.status == ProposalStatus.NO_MOVE
+
+
+def test_a_widening_root_gets_tuned_variants_after_the_first_two():
+    path = TASKS / "softmax.py"
+    first = ExpertPolicy().propose(ctx(path), 2)
+    tried = tuple(Tried("", p.edit, "ok") for p in first)  # the root's key in the search memory is ""
+    more = ExpertPolicy().propose(ctx(path, tried=tried), 2)
+    assert [p.edit.split(",")[0] for p in more] == ["expert: tuned kernels"] * 2
+    assert {p.candidate.key for p in more}.isdisjoint({p.candidate.key for p in first})
 
 
 def test_a_foreign_parent_gets_the_experts_first_kernels():
@@ -427,14 +486,16 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
     builds = compile_candidates([c for _, c in sweep], Config(home=tmp_path, arch="sm_90a"))
     bad = [(n, c.edit, b.log) for (n, c), b in zip(sweep, builds, strict=True) if b.status != Status.OK]
     assert not bad, bad[:3]
-    for b in builds:
-        assert all(r.spill_stores == 0 for r in b.resources), b.resources
+    for (name, cand), b in zip(sweep, builds, strict=True):
+        assert not b.log, (name, cand.edit, b.log)  # not even a warning
+        # no local arrays: at most the 64-bit division a loop's trip count may call
+        assert all(r.spill_stores <= 16 for r in b.resources), (name, cand.edit, b.resources)
 
 
 # ------------------------------------------------------------------------------------ emulated execution
 
 
-def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms: int = 64) -> None:
+def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms: int = 64) -> list[str]:
     """Each candidate's outputs against the float64 reference: same shapes and dtypes, values within tol."""
     from pipeline.generate.expert.emulate import build, load_model
 
@@ -453,8 +514,10 @@ def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms
     ref.float()
     if any(o.dtype == torch.bfloat16 for o in native):  # bf16 weights: compare with the native result
         expected = tuple(o.double() for o in native)
+    launched: list[str] = []
     for cand in candidates:
-        model = load_model(cand.launcher, build(cand.source), sms=sms)(*module.get_init_inputs())
+        kernels = build(cand.source)
+        model = load_model(cand.launcher, kernels, sms=sms)(*module.get_init_inputs())
         model.load_state_dict(state, strict=False)
         with torch.no_grad():
             out = _tuple(model(*inputs))
@@ -466,6 +529,8 @@ def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms
                 continue
             rel = ((o.double() - e).norm() / e.norm().clamp_min(1e-30)).item()
             assert rel < tol, (cand.edit, i, rel)
+        launched += [name for name, *_ in kernels.launches]
+    return launched
 
 
 def _tuple(x):
@@ -477,7 +542,7 @@ SMALL = {
     "elementwise_chain": ([[37, 53], [3, 5, 41], [1]], torch.float32, 1e-5),
     "softmax": ([[7, 777], [3, 2, 40]], torch.float32, 1e-5),
     "layernorm": ([[3, 8192], [1, 2, 8192]], torch.float32, 1e-5),
-    "reduce_mean": ([[3, 101, 77], [2, 33, 7, 3], [2, 64, 16]], torch.float32, 1e-5),
+    "reduce_mean": ([[3, 101, 77], [2, 33, 7, 3], [1, 9000, 8]], torch.float32, 1e-5),
     "conv_bias_relu_scale": ([[1, 64, 5, 7], [2, 64, 3, 1]], torch.float32, 1e-5),
     "matmul_bias_gelu": ([[3, 8192]], torch.bfloat16, 1e-2),
 }
@@ -500,6 +565,46 @@ def test_emulated_family_kernels_match_the_reference(cases, name):
     path = cases[name]
     props = ExpertPolicy().propose(ctx(path), 2)
     _emulate(path, [p.candidate for p in props], CASES[name][3])
+
+
+def _misaligned(*shape, dtype=torch.float32):
+    """A contiguous tensor whose data starts 4 bytes past an aligned address (16-byte accesses would fault)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.randn(n + 1, dtype=dtype)[1:].view(*shape)
+
+
+@needs_gxx
+@pytest.mark.parametrize(
+    "name", ["elementwise_chain", "softmax", "layernorm", "reduce_mean", "conv_bias_relu_scale"]
+)
+def test_emulated_misaligned_inputs_take_the_scalar_path(name):
+    shape = {"layernorm": (2, 8192), "reduce_mean": (3, 40, 16), "conv_bias_relu_scale": (1, 64, 4, 4)}.get(
+        name, (9, 64)
+    )
+    path = TASKS / f"{name}.py"
+    x = _misaligned(*shape)
+    assert x.is_contiguous() and x.data_ptr() % 16
+    props = ExpertPolicy().propose(ctx(path), 2)
+    launched = _emulate(path, [p.candidate for p in props], 1e-5, inputs=[x])
+    if name != "conv_bias_relu_scale":  # its kernel reads cuDNN's fresh (aligned) output
+        assert all(k.endswith(("_v1", "_v1_smem", "_combine")) for k in launched), launched
+
+
+@needs_gxx
+def test_emulated_split_reductions_merge_partials(tmp_path):
+    """Few rows over a long reduced dim: the reduced dim is split over blocks and a second kernel merges."""
+    body = """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                return x.sum(dim=-1), torch.argmax(x, dim=-1), y.mean(dim=1), torch.amax(y, dim=1), torch.var(y, dim=1)
+    """
+    path = task_file(tmp_path, "splits", body, "[torch.randn(2, 3, 40000), torch.randn(2, 9000, 8)]")
+    (tuned,) = ExpertPolicy().propose(ctx(path), 2)[1:]
+    launched = _emulate(path, [tuned.candidate], 1e-5)
+    combines = {k for k in launched if k.endswith("_combine")}
+    assert len(combines) == 5, launched  # row-family sum/argmax and col-family mean/amax/var all split
 
 
 @needs_gxx

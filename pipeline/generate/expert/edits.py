@@ -2,8 +2,22 @@
 
 Every edit is an MCTS action: `legal_edits` returns (label, plan) pairs in a fixed priority order
 (edits the findings suggest first), each changing one region's parameters, never a plan equal to the
-parent's or to an earlier pair's. Edits that do not apply to a region (tensor cores on an elementwise
-kernel, shared-memory tiling on a one-pass reduction) are simply not proposed.
+parent's or to an earlier pair's. What each edit does:
+
+  fuse_kernels / fuse_epilogue   an ew neighbour computed inside a reduction/softmax/norm/scan kernel
+                                 (prologue on its loads, epilogue on its stores)
+  vectorize_loads                vec x2 (up to 16 bytes per access)
+  coarsen_threads, pipeline_loads  unroll x2 (accesses in flight; scan: items per thread x2)
+  more_parallelism               split a reduction over more blocks; a warp per short row; smaller ew blocks
+  tile_shared_memory             two-pass row ops keep the row in shared memory between passes
+  remove_divergence              warp shuffles instead of a shared-memory tree; a warp per short row
+  persistent_grid                a grid of 2048/threads blocks per SM, grid-stride over the work
+  resize_grid                    threads x2 and /2
+  increase_occupancy             __launch_bounds__ minimum blocks per SM (caps registers)
+  reduce_registers               unroll /2 (else items /2, else the occupancy bound)
+  coalesce_accesses              strided reductions: more threads along the contiguous dimension
+
+Edits that do not apply (tensor cores, TMA, bank conflicts...) are never proposed; NOT_APPLICABLE says why.
 """
 
 from __future__ import annotations
@@ -164,13 +178,21 @@ def _persistent(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan
         yield from _one("persistent_grid", plan, rp, persistent=max(1, 2048 // rp.threads))
 
 
+def _threads(plan: Plan, rp: RegionPlan, edit: str, threads: int) -> Iterator[tuple[str, Plan]]:
+    """A new block size; an occupancy bound set earlier follows it (threads x blocks stays 2048 per SM)."""
+    if rp.min_blocks:
+        yield from _one(edit, plan, rp, threads=threads, min_blocks=max(1, 2048 // threads))
+    else:
+        yield from _one(edit, plan, rp, threads=threads)
+
+
 def _resize(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
     rp = plan.get(r.rid)
     if rp is None:
         return
     for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024 and not (rp.warp_rows and threads < 64):
-            yield from _one("resize_grid", plan, rp, threads=threads)
+        if 64 <= threads <= 1024:
+            yield from _threads(plan, rp, "resize_grid", threads)
 
 
 def _parallelism(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
@@ -182,7 +204,7 @@ def _parallelism(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Pla
     elif rp.family == "row" and not rp.warp_rows and _short(r, low):
         yield from _one("more_parallelism", plan, rp, warp_rows=True, splits=0)
     elif rp.family == "ew" and rp.threads > 64:
-        yield from _one("more_parallelism", plan, rp, threads=rp.threads // 2)
+        yield from _threads(plan, rp, "more_parallelism", rp.threads // 2)
 
 
 def _short(r: Region, low: Lowered) -> bool:
@@ -222,7 +244,9 @@ def _fuse(plan: Plan, r: Region, low: Lowered, epilogue_first: bool = False) -> 
         return
     pre, post = fusion.options(low).get(r.rid, (None, None))
     taken = plan.fused()
-    tries = [("epilogue", post), ("prologue", pre)] if epilogue_first else [("prologue", pre), ("epilogue", post)]
+    tries = (
+        [("epilogue", post), ("prologue", pre)] if epilogue_first else [("prologue", pre), ("epilogue", post)]
+    )
     for side, f in tries:
         if f is None or getattr(rp, side) or f.region.rid in taken or plan.get(f.region.rid) is None:
             continue

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import re
 import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 
 import numpy
@@ -44,6 +46,11 @@ alignas(16) static unsigned char kp_emu_smem[256 * 1024];
 #define __shared__ static
 #define CUDART_INF_F INFINITY
 #define CUDART_NAN_F NAN
+
+// A GPU faults on a misaligned vector access; x86 does not, so the emulator counts them instead.
+extern "C" { int kp_emu_misaligned = 0; }
+#define KP_CHECK_ALIGN(p, bytes) \
+    do { if (reinterpret_cast<uintptr_t>(p) % (bytes)) __atomic_store_n(&kp_emu_misaligned, 1, __ATOMIC_RELAXED); } while (0)
 
 static std::unique_ptr<std::barrier<>> kp_block_bar;
 static std::vector<std::unique_ptr<std::barrier<>>> kp_warp_bar;
@@ -112,7 +119,9 @@ inline void kp_emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsig
 }
 """
 
-_KERNEL = re.compile(r'extern "C" __global__ void(?:\s+__launch_bounds__\([^)]*\))?\s+(\w+)\(([^)]*)\)', re.S)
+_KERNEL = re.compile(
+    r'extern "C" __global__ void(?:\s+__launch_bounds__\((\d+)[^)]*\))?\s+(\w+)\(([^)]*)\)', re.S
+)
 
 
 def _param_type(param: str) -> str:
@@ -122,47 +131,68 @@ def _param_type(param: str) -> str:
     return p[: name.start()].strip()
 
 
-def translate(source: str) -> tuple[str, list[str]]:
+def translate(source: str, shim: str = SHIM) -> tuple[str, list[str]]:
     """The C++ the shim compiles: includes dropped, dynamic shared memory mapped, a launcher per kernel."""
     src = re.sub(r"#include <(cuda_fp16|cuda_bf16|math_constants)\.h>\n", "", source)
-    src = src.replace("extern __shared__ __align__(16) unsigned char kp_smem[];", "unsigned char* kp_smem = kp_emu_smem;")
+    src = src.replace(
+        "extern __shared__ __align__(16) unsigned char kp_smem[];", "unsigned char* kp_smem = kp_emu_smem;"
+    )
     names = []
     wrappers = []
     for m in _KERNEL.finditer(src):
-        name, params = m.group(1), [p for p in m.group(2).split(",") if p.strip()]
-        names.append(name)
+        name, params = m.group(2), [p for p in m.group(3).split(",") if p.strip()]
+        names.append(f"{name}:{m.group(1) or 1024}")
         unpack = ", ".join(f"*({_param_type(p)}*)a[{i}]" for i, p in enumerate(params))
         wrappers.append(
             f'extern "C" void {name}__emu(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
             f"unsigned bz, size_t smem, void** a) {{\n"
             f"    kp_emu_run(gx, gy, gz, bx, by, bz, smem, [&]() {{ {name}({unpack}); }});\n}}"
         )
-    return SHIM + src + "\n" + "\n".join(wrappers) + "\n", names
+    return shim + src + "\n" + "\n".join(wrappers) + "\n", names
+
+
+_FLAGS = ["g++", "-std=c++20", "-O1", "-fPIC", "-pthread", "-w"]
+
+
+def _shim_header(folder: Path) -> str:
+    """The shim as a precompiled header (parsing <barrier>, <thread>... is most of a build's time)."""
+    digest = hashlib.sha256(SHIM.encode()).hexdigest()[:12]
+    header = folder / f"kp_emu_shim_{digest}.h"
+    if not Path(str(header) + ".gch").is_file():
+        tmp = folder / f".{header.name}.{uuid.uuid4().hex}"
+        tmp.with_suffix(".h").write_text(SHIM)
+        subprocess.run([*_FLAGS, "-x", "c++-header", str(tmp.with_suffix(".h")), "-o", str(tmp) + ".gch"],
+                       capture_output=True, check=False)  # fmt: skip
+        header.write_text(SHIM)
+        if Path(str(tmp) + ".gch").is_file():
+            os.replace(str(tmp) + ".gch", str(header) + ".gch")
+        tmp.with_suffix(".h").unlink(missing_ok=True)
+    return f'#include "{header.name}"\n'
 
 
 def build(source: str, workdir: str | Path | None = None) -> EmuKernels:
-    text, names = translate(source)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     folder = Path(workdir or tempfile.gettempdir()) / "kernelpro-emu"
     folder.mkdir(parents=True, exist_ok=True)
+    text, names = translate(source, _shim_header(folder))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     lib = folder / f"{digest}.so"
     if not lib.is_file():
         cpp = folder / f"{digest}.cpp"
         cpp.write_text(text)
-        out = subprocess.run(
-            ["g++", "-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-w", "-o", str(lib), str(cpp)],
-            capture_output=True,
-            text=True,
-        )
+        tmp = folder / f".{digest}.{uuid.uuid4().hex}.so"
+        out = subprocess.run([*_FLAGS, "-shared", "-I", str(folder), "-o", str(tmp), str(cpp)],
+                             capture_output=True, text=True)  # fmt: skip
         if out.returncode != 0:
             raise RuntimeError(f"emulator build failed:\n{out.stderr[-4000:]}")
-    return EmuKernels(str(lib), tuple(names))
+        os.replace(tmp, lib)
+    return EmuKernels(str(lib), dict(n.split(":") for n in names))
 
 
 class EmuKernels:
-    def __init__(self, path: str, names: tuple[str, ...]):
+    def __init__(self, path: str, bounds: dict[str, str]):
         self._lib = ctypes.CDLL(path)
-        self._names = names
+        self._bounds = {k: int(v) for k, v in bounds.items()}  # kernel -> __launch_bounds__ threads
+        self._names = tuple(self._bounds)
         self.launches: list[tuple[str, tuple, tuple, int]] = []
 
     def __getattr__(self, name: str) -> EmuKernel:
@@ -190,20 +220,34 @@ class EmuKernel:
 
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
         block = tuple(block) + (1,) * (3 - len(tuple(block)))
-        if any(int(g) < 1 for g in grid) or any(int(b) < 1 for b in block) or shared_mem > 256 * 1024:
+        # the limits the GPU enforces (a launch beyond them fails there)
+        bad = (
+            any(int(g) < 1 for g in grid) or any(int(b) < 1 for b in block) or grid[0] > 2**31 - 1
+            or grid[1] > 65535 or grid[2] > 65535 or block[2] > 64 or shared_mem > 227 * 1024
+        )  # fmt: skip
+        if bad:
             raise ValueError(f"{self.name}: bad launch {grid} {block} smem={shared_mem}")
-        if block[0] * block[1] * block[2] > 1024:
-            raise ValueError(f"{self.name}: {block} is more than 1024 threads")
+        threads = block[0] * block[1] * block[2]
+        if threads > self.owner._bounds[self.name]:
+            raise ValueError(
+                f"{self.name}: {block} exceeds __launch_bounds__({self.owner._bounds[self.name]})"
+            )
         keep = []
         for a in args:
             if isinstance(a, torch.Tensor):
                 keep.append(ctypes.c_void_p(a.data_ptr()))
             else:
                 keep.append(_C[type(a)](a))
-        ptrs = (ctypes.c_void_p * max(1, len(keep)))(*[ctypes.cast(ctypes.pointer(k), ctypes.c_void_p) for k in keep])
+        ptrs = (ctypes.c_void_p * max(1, len(keep)))(
+            *[ctypes.cast(ctypes.pointer(k), ctypes.c_void_p) for k in keep]
+        )
         fn = getattr(self.owner._lib, f"{self.name}__emu")
         fn.restype = None
+        flag = ctypes.c_int.in_dll(self.owner._lib, "kp_emu_misaligned")
+        flag.value = 0
         fn(*(ctypes.c_uint(int(v)) for v in (*grid, *block)), ctypes.c_size_t(int(shared_mem)), ptrs)
+        if flag.value:
+            raise RuntimeError(f"{self.name}: misaligned vector access (a GPU would fault)")
         self.owner.launches.append((self.name, grid, block, int(shared_mem)))
 
 

@@ -98,9 +98,6 @@ class Graph:
     def node(self, name: str) -> Node:
         return self.by_name[name]
 
-    def users(self, name: str) -> list[Node]:
-        return [n for n in self.nodes if name in n.refs()]
-
     def output_names(self) -> list[str]:
         return [o.name for o in self.outputs if isinstance(o, Ref)]
 
@@ -386,9 +383,14 @@ def _init_params(module: ModuleType) -> str:
     except (TypeError, ValueError):
         return "*args, **kwargs"
     parts = []
+    starred = False
     for p in list(sig.parameters.values())[1:]:
+        if p.kind is p.KEYWORD_ONLY and not starred:
+            parts.append("*")
+            starred = True
         if p.kind is p.VAR_POSITIONAL:
             parts.append(f"*{p.name}")
+            starred = True
         elif p.kind is p.VAR_KEYWORD:
             parts.append(f"**{p.name}")
         elif p.default is p.empty:

@@ -121,7 +121,6 @@ class RowLayout:
     has_bias: bool = False
     groups: int = 0  # group norm; 0 for instance norm (one group per channel, read at run time)
     norm_dims: int = 0  # layer/rms norm: how many trailing dims are normalised
-    permute: tuple[int, ...] = ()  # reduce over non-adjacent dims: the input is permuted first
     static_nd: int = 0  # rank of the traced input
     dims_from: str = "start"  # reduce: dims count from the "start", the "end" (written negative), or "all"
     w_dtype: str = "float32"  # norms' weight and bias
@@ -146,12 +145,8 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
         )
         if nd == 0:
             dims = ()
-        perm: tuple[int, ...] = ()
         if dims and dims != tuple(range(dims[0], dims[-1] + 1)):
-            kept = tuple(d for d in range(nd) if d not in dims)
-            perm = kept + dims
-            shape = tuple(shape[d] for d in perm)
-            dims = tuple(range(len(kept), nd))
+            return None  # non-adjacent dims that do not compose (var, std): left to PyTorch
         d0, d1 = (dims[0], dims[-1] + 1) if dims else (nd, nd)
         outer, reduced, inner = math.prod(shape[:d0]), math.prod(shape[d0:d1]), math.prod(shape[d1:])
         arg = red.kind in ("argmax", "argmin")
@@ -169,13 +164,8 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             keepdim=red.keepdim,
             indices=red.indices or arg,
             correction=red.correction,
-            permute=perm,
             static_nd=nd,
-            dims_from="all"
-            if red.dims is None
-            else "end"
-            if all(d < 0 for d in red.dims) and not perm
-            else "start",
+            dims_from="all" if red.dims is None else "end" if all(d < 0 for d in red.dims) else "start",
         )
     if region.kind in ("softmax", "scan"):
         d = int(n.args[1]) % nd if nd else 0

@@ -157,7 +157,7 @@ def is_elementwise(n: Node) -> bool:
     if n.op in ("max", "min") and n.overload not in ("other",):
         return False  # max.dim and max.default are reductions
     if n.op in ("dropout", "feature_dropout", "alpha_dropout"):
-        return len(n.args) > 2 and n.args[2] is False or n.kw("train") is False
+        return (len(n.args) > 2 and n.args[2] is False) or n.kw("train") is False
     if n.op in ("_to_copy", "to") and _to_dtype(n) not in (*FLOAT_DTYPES, "bool", None):
         return False
     return not (n.op == "div" and (n.kw("rounding_mode") not in (None, "trunc", "floor")))
@@ -282,10 +282,6 @@ def ew_expr(n: Node, val: Callable[[Any], str]) -> str:
     raise KeyError(f"no elementwise formula for {n.target}")
 
 
-def ew_tensor_args(n: Node) -> list[str]:
-    return n.refs()
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Reductions, softmax, norms, scans
 
@@ -324,7 +320,11 @@ def reduction_of(n: Node) -> Reduction | None:
     if op in ("var", "std"):
         if ov in ("correction", "correction_names"):
             c = n.kw("correction", None)
-            dims, correction, keep = _arg(n, 1, "dim", None), 1.0 if c is None else float(c), n.kw("keepdim", False)
+            dims, correction, keep = (
+                _arg(n, 1, "dim", None),
+                1.0 if c is None else float(c),
+                n.kw("keepdim", False),
+            )
         elif ov == "dim":
             dims, keep = _arg(n, 1, "dim", None), _arg(n, 3, "keepdim", False)
             correction = 1.0 if _arg(n, 2, "unbiased", True) else 0.0

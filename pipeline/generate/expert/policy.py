@@ -30,19 +30,29 @@ class ExpertPolicy:
             return [Proposal(ProposalStatus.UNSUPPORTED, reason=why)]
         notes = _notes(low)
         parent_plan = plan_of(ctx.parent.source) if ctx.parent is not None else None
+        parent_key = ctx.parent.key if ctx.parent is not None else ""  # the root's key in the search memory
+        done = {t.edit for t in ctx.tried if t.parent == parent_key}
         if ctx.parent is None or parent_plan is None:
-            start = [("expert: plain kernels", edits.base_plan(low, False)),
-                     ("expert: tuned kernels", edits.base_plan(low, True))]  # fmt: skip
+            # First kernels: plain, tuned, then the tuned plan with one edit each (for a widening root).
+            tuned = edits.base_plan(low, True)
+            start = [("expert: plain kernels", edits.base_plan(low, False)), ("expert: tuned kernels", tuned)]
+            start += [(f"expert: tuned kernels, {label}", p) for label, p in edits.legal_edits(tuned, low)]
             if ctx.parent is not None:  # a parent the expert did not write: offer its own first kernels
                 start = [(f"{label} (rewrite of a foreign parent)", p) for label, p in start]
+            start = [(label, p) for label, p in start if label not in done]
             return _proposals(ctx, start, n, notes, empty="no kernel could be written for this task")
         suggested = [e for f in ctx.findings for e in f.edits]
-        done = {t.edit for t in ctx.tried if t.parent == ctx.parent.key}
-        moves = [(label, p) for label, p in edits.legal_edits(parent_plan, low, suggested) if label not in done]
+        moves = [
+            (label, p) for label, p in edits.legal_edits(parent_plan, low, suggested) if label not in done
+        ]
         skipped = sorted({e for e in suggested if e in edits.NOT_APPLICABLE})
         notes += tuple(f"{e} not applicable: {edits.NOT_APPLICABLE[e]}" for e in skipped)
         if not moves:
-            return [Proposal(ProposalStatus.NO_MOVE, reason="every legal edit of this plan was tried", notes=notes)]
+            return [
+                Proposal(
+                    ProposalStatus.NO_MOVE, reason="every legal edit of this plan was tried", notes=notes
+                )
+            ]
         return _proposals(ctx, moves, n, notes, empty="no edit of this plan renders a valid candidate")
 
     def repair(self, ctx: Context, failed: Candidate, outcome: Outcome) -> Proposal:
@@ -51,29 +61,36 @@ class ExpertPolicy:
             return Proposal(ProposalStatus.UNSUPPORTED, reason=why)
         plan = plan_of(failed.source)
         if plan is None:
-            return Proposal(ProposalStatus.NO_MOVE, reason="the failed candidate was not written by the expert")
+            return Proposal(
+                ProposalStatus.NO_MOVE, reason="the failed candidate was not written by the expert"
+            )
         parent_plan = plan_of(ctx.parent.source) if ctx.parent is not None else None
         safe = edits.safer(plan, parent_plan)
         if safe == plan:
             safe = edits.safer(plan, None)
         if safe == plan:
-            return Proposal(ProposalStatus.NO_MOVE, reason=f"already the plainest plan; it failed with {outcome.status}")
+            return Proposal(
+                ProposalStatus.NO_MOVE, reason=f"already the plainest plan; it failed with {outcome.status}"
+            )
         changed = [rp.rid for rp, old in zip(safe.regions, plan.regions, strict=True) if rp != old]
         label = f"repair: plain parameters for {', '.join(changed)} after {outcome.status}"
-        out = _proposals(ctx, [(label, safe)], 1, _notes(low), empty="the repair plan does not render", parent=failed)
-        return out[0]
+        if safe == parent_plan:
+            return Proposal(
+                ProposalStatus.NO_MOVE,
+                reason=f"the plainest form of this edit is the parent itself; it failed with {outcome.status}",
+            )
+        return _proposals(ctx, [(label, safe)], 1, _notes(low), empty="the repair plan does not render")[0]
 
 
 def _proposals(
-    ctx: Context, plans: list[tuple[str, Plan]], n: int, notes: tuple[str, ...], empty: str,
-    parent: Candidate | None = None,
-) -> list[Proposal]:  # fmt: skip
+    ctx: Context, plans: list[tuple[str, Plan]], n: int, notes: tuple[str, ...], empty: str
+) -> list[Proposal]:
     low, _ = _lowered(ctx.task)
     assert low is not None
     out: list[Proposal] = []
     seen: set[str] = set()
     errors: list[str] = []
-    base = ctx.parent if parent is None else ctx.parent
+    base = ctx.parent  # a repair is a sibling of what it repairs: the same parent
     for label, plan in plans:
         if len(out) >= n:
             break
@@ -101,7 +118,9 @@ def _notes(low: Lowered) -> tuple[str, ...]:
     lib = [n.target for r in low.regions if r.kind == "library" for n in r.nodes]
     notes = list(low.notes)
     if lib:
-        notes.append(f"left to cuBLAS/cuDNN (hybrid): {', '.join(lib)}; everything after them runs in our kernels")
+        notes.append(
+            f"left to cuBLAS/cuDNN (hybrid): {', '.join(lib)}; everything after them runs in our kernels"
+        )
     return tuple(dict.fromkeys(notes))
 
 
@@ -118,18 +137,19 @@ def _lowered(task: Task) -> tuple[Lowered | None, str]:
 def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]:
     try:
         p = Path(path)
-        graph = capture(p, task_id) if p.is_file() and p.read_text() == source else capture_source(source, task_id)
+        graph = (
+            capture(p, task_id)
+            if p.is_file() and p.read_text() == source
+            else capture_source(source, task_id)
+        )
     except CaptureError as e:
         return None, f"the expert cannot read this reference: {e}"
     low = prepare(graph)
     ours = [r for r in low.regions if r.ours]
     if not ours:
-        left = [n.target for r in low.regions for n in r.nodes if r.kind in ("library", "torch")]
-        what = ", ".join(left) if left else "nothing but views"
-        return None, (
-            f"nothing for our kernels to compute: the reference is {what}, which the expert leaves to "
-            "PyTorch (cuBLAS/cuDNN) as it is"
-        )
+        lib = [n.target for r in low.regions for n in r.nodes if r.kind == "library"]
+        why = [*low.notes, *(f"{t} stays in cuBLAS/cuDNN" for t in lib)] or ["the reference is only views"]
+        return None, f"nothing for our kernels to compute: {'; '.join(why)}"
     return low, ""
 
 

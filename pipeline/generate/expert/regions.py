@@ -103,7 +103,9 @@ def _bias_view(name: str, bias: Ref, channels: int, spatial: int, dtype: str) ->
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
     if n.op == "linear":
-        mm = dataclasses.replace(_mk(f"{n.name}_mm", "gemm_linear", (a[0], a[1]), n.shape, n.dtype), target=n.target)
+        mm = dataclasses.replace(
+            _mk(f"{n.name}_mm", "gemm_linear", (a[0], a[1]), n.shape, n.dtype), target=n.target
+        )
         bias = a[2] if len(a) > 2 else n.kw("bias")
         if bias is None:
             return [dataclasses.replace(mm, name=n.name)]
@@ -123,16 +125,29 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
             out.append(_mk(n.name, "add", (prod, a[0]), n.shape, n.dtype, "Tensor", alpha=beta))
         return out
     if n.op in ("mm", "bmm", "matmul"):
-        return [dataclasses.replace(_mk(n.name, f"gemm_{n.op}", (a[0], a[1]), n.shape, n.dtype), target=n.target)]
+        return [
+            dataclasses.replace(_mk(n.name, f"gemm_{n.op}", (a[0], a[1]), n.shape, n.dtype), target=n.target)
+        ]
     if n.op in ops.CONVS and n.shape is not None:
         conv = dataclasses.replace(
-            _mk(f"{n.name}_conv", n.op, (a[0], a[1], None, *a[3:]), n.shape, n.dtype, n.overload), target=n.target
+            _mk(f"{n.name}_conv", n.op, (a[0], a[1], None, *a[3:]), n.shape, n.dtype, n.overload),
+            target=n.target,
         )
         bias = a[2] if len(a) > 2 else None
         if bias is None:
             return [dataclasses.replace(conv, name=n.name)]
         view = _bias_view(f"{n.name}_bias", bias, n.shape[1], len(n.shape) - 2, n.dtype or "float32")
         return [conv, view, _mk(n.name, "add", (Ref(conv.name), Ref(view.name)), n.shape, n.dtype, "Tensor")]
+    if n.op == "_native_batch_norm_legit_no_training" and len(a) > 6:
+        # older exports: (out, mean, rstd) of an inference batch norm; consumers take [0]
+        x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+        if x is not None and x.shape is not None and len(x.shape) >= 2:
+            shaped = dataclasses.replace(n, shape=x.shape, dtype=x.dtype)
+            return _affine_norm(shaped, a[0], a[1], a[2], a[3], a[4], float(a[6]))
+    if n.op == "getitem" and isinstance(a[0], Ref) and a[1] == 0:
+        src = by_name.get(a[0].name)
+        if src is not None and src.op == "alias" and src.shape is not None:  # [0] of a lowered batch norm
+            return [_mk(n.name, "alias", (a[0],), src.shape, src.dtype)]
     if n.op == "batch_norm" and len(a) > 5 and a[5] is False and n.shape is not None:
         return _affine_norm(n, a[0], a[1], a[2], a[3], a[4], float(a[7]))
     if n.op == "instance_norm" and len(a) > 5 and a[5] is False and n.shape is not None:
@@ -146,7 +161,58 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return [dataclasses.replace(n, args=(*a[:3], *((None,) * (3 - len(a[:3]))), _FINFO_EPS[n.dtype]))]
     if n.op in ("_to_copy", "to") and ops._to_dtype(n) is None and n.dtype is not None:
         return [dataclasses.replace(n, op="alias", args=(a[0],), kwargs=())]
+    split = _split_reduction(n, by_name)
+    if split:
+        return split
     return [n]
+
+
+# Reductions that compose: reducing some dims, then the others, gives the reduction over all of them.
+_COMPOSABLE = {"sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin", "logsumexp": "logsumexp",
+               "norm1": "sum", "norm2": "norm2", "norminf": "amax"}  # fmt: skip
+
+
+def _split_reduction(n: Node, by_name: dict[str, Node]) -> list[Node]:
+    """A reduction over non-adjacent dims (sum over dims 0 and 2) as one reduction per run of adjacent
+    dims, last run first, so each is a plain (outer, reduced, inner) kernel and no transposed copy is made."""
+    red = ops.reduction_of(n)
+    x = by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    if red is None or red.dims is None or x is None or not x.shape or n.shape is None:
+        return []
+    nd = len(x.shape)
+    dims = sorted({d % nd for d in red.dims})
+    runs: list[list[int]] = []
+    for d in dims:
+        if runs and runs[-1][-1] == d - 1:
+            runs[-1].append(d)
+        else:
+            runs.append([d])
+    if len(runs) < 2 or red.kind not in _COMPOSABLE:
+        return []
+    out: list[Node] = []
+    shape = list(x.shape)
+    src: Ref = n.args[0]
+    for i, run in enumerate(reversed(runs)):
+        for d in run:
+            shape[d] = 1
+        kind = red.kind if i == 0 else _COMPOSABLE[red.kind]
+        if kind == "norm1" and i == 0:
+            op, args = "linalg_vector_norm", (src, 1.0, tuple(run), True)
+        elif kind in ("norm2", "norminf"):
+            op, args = "linalg_vector_norm", (src, 2.0 if kind == "norm2" else math.inf, tuple(run), True)
+        else:
+            op, args = kind, (src, tuple(run), True)
+        name = f"{n.name}_part{i}"
+        out.append(_mk(name, op, args, tuple(shape), n.dtype, _OVERLOAD.get(op, "default")))
+        src = Ref(name)
+    if red.keepdim:
+        out[-1] = dataclasses.replace(out[-1], name=n.name)
+    else:
+        out.append(_mk(n.name, "squeeze", (src, tuple(dims)), n.shape, n.dtype, "dims"))
+    return out
+
+
+_OVERLOAD = {"sum": "dim_IntList", "mean": "dim"}
 
 
 def _affine_norm(n: Node, x, w, b, mean, var, eps: float) -> list[Node]:
@@ -209,7 +275,13 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[str, str]:
         return "norm", ""
     if n.op in ops.SCANS and floating:
         return "scan", ""
-    why = "its dtype" if n.shape is not None and not floating else "no template covers it"
+    dtypes = {d for d in (n.dtype, src.dtype if src else None) if d and d not in ops.FLOAT_DTYPES}
+    known = (
+        n.op in ops.SOFTMAX | ops.NORMS | ops.SCANS
+        or ops.reduction_of(n) is not None
+        or n.op in ops.ELEMENTWISE
+    )
+    why = f"dtype {', '.join(sorted(dtypes))}" if known and dtypes else "no template covers it"
     return "torch", f"{n.target} left to PyTorch ({why})"
 
 
@@ -299,10 +371,7 @@ def _can_merge(
         if leaves and m.shape != shape:
             return False
     # No cycle: nothing outside the merged group may sit between the producer and n.
-    for a in ancestors[n.name]:
-        if a not in names and ancestors[a] & names:
-            return False
-    return True
+    return all(not (a not in names and ancestors[a] & names) for a in ancestors[n.name])
 
 
 def _toposort(regions: list[Region], index: dict[str, int]) -> list[Region]:

@@ -12,7 +12,7 @@ from pipeline.generate.expert.layout import ew_layout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan, header
 from pipeline.generate.expert.regions import Lowered, Region, lower
 from pipeline.generate.expert.templates import colwise, elementwise, rowwise, scan
-from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS, Code
+from pipeline.generate.expert.templates.code import GATHER, LAUNCHER_HELPERS, Code
 from pipeline.generate.expert.templates.common import PRELUDE
 
 
@@ -58,7 +58,7 @@ def render(low: Lowered, plan: Plan) -> tuple[str, str]:
         codes[r.rid] = _render_region(r, rp, low)
     if not codes:
         raise RenderError("no region is computed by our kernels")
-    cuda = "\n".join([header(plan), PRELUDE, *(c.cuda for c in codes.values())]) + "\n"
+    cuda = "\n".join([header(plan), PRELUDE, *(c.cuda for c in codes.values()), GATHER]) + "\n"
     return cuda, _launcher(low, plan, codes)
 
 
@@ -117,7 +117,10 @@ def py(value: str, low: Lowered) -> str:
 def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
     g = low.graph
     fused = plan.fused()
-    lines = ["class ModelNew(nn.Module):", f"    def __init__(self{', ' if g.init_params else ''}{g.init_params}):"]
+    lines = [
+        "class ModelNew(nn.Module):",
+        f"    def __init__(self{', ' if g.init_params else ''}{g.init_params}):",
+    ]
     lines += ["        super().__init__()", "        self.sms = 0  # SM count, read on the first call"]
     lines += _state(g)
     args = ", ".join(g.forward_args)
@@ -131,7 +134,9 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
     used = {i for r in low.regions for i in r.inputs} | set(g.output_names())
     for p in g.params:
         if p.name in used:
-            getter = "get_parameter" if any(s.key == p.args[0] and s.parameter for s in g.state) else "get_buffer"
+            getter = (
+                "get_parameter" if any(s.key == p.args[0] and s.parameter for s in g.state) else "get_buffer"
+            )
             lines.append(f"        v_{p.name} = self.{getter}({p.args[0]!r})")
     for r in low.regions:
         if r.rid in fused:
@@ -155,7 +160,9 @@ def _state(g: Graph) -> list[str]:
     """The reference's parameters and buffers under the same names, so the harness copies its weights in."""
     if not g.state:
         return []
-    lines = ["        # the reference's parameters and buffers, same names and shapes (its weights are copied in)"]
+    lines = [
+        "        # the reference's parameters and buffers, same names and shapes (its weights are copied in)"
+    ]
     holders: dict[str, str] = {"": "self"}
     order: list[str] = []
     for s in g.state:
@@ -210,7 +217,9 @@ def _view(n: Node, a: list[str], low: Lowered) -> str | None:
             dims = ", ".join([f"{x}.shape[0]", *(str(s) for s in shape[1:])])  # keep the batch size dynamic
         else:
             dims = ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "")
-        return f"{x}.{'expand' if n.op == 'expand' else 'reshape'}({dims})"
+        if n.op == "expand":
+            return f"{x}.expand({dims})"
+        return f"_contig({x}).reshape({dims})"  # a strided source is gathered by our kernel, not torch
     if n.op in ("flatten", "unflatten", "permute", "transpose", "unsqueeze", "select", "narrow", "split",
                 "split_with_sizes", "chunk", "unbind"):  # fmt: skip
         method = "split" if n.op == "split_with_sizes" else n.op

@@ -59,17 +59,44 @@ MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
 
+def _contig(t):
+    """t as a contiguous tensor; a strided view (a transpose, a broadcast) is gathered by our own kernel."""
+    if t.is_contiguous():
+        return t
+    if t.dim() > 8 or t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.bool, torch.int64):
+        return t.contiguous()
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    n = t.numel()
+    if n == 0:
+        return out
+    sizes = [*t.shape, *[1] * (8 - t.dim())]
+    strides = [*t.stride(), *[0] * (8 - t.dim())]
+    args = (t, out, numpy.int64(n), numpy.int32(t.dim()), *(numpy.int64(v) for v in (*sizes, *strides)))
+    grid = (max(1, min(-(-n // 256), MAX_GRID_Y * 32)),)
+    if t.dtype == torch.float32:
+        kernels.kp_gather_f32(grid, (256,), args)  # noqa: F821
+    elif t.dtype == torch.float16:
+        kernels.kp_gather_f16(grid, (256,), args)  # noqa: F821
+    elif t.dtype == torch.bfloat16:
+        kernels.kp_gather_bf16(grid, (256,), args)  # noqa: F821
+    elif t.dtype == torch.bool:
+        kernels.kp_gather_b8(grid, (256,), args)  # noqa: F821
+    else:
+        kernels.kp_gather_i64(grid, (256,), args)  # noqa: F821
+    return out
+
+
 def _full(t, shape):
     """t as a contiguous tensor of exactly `shape` (expanded first when it broadcasts)."""
     if tuple(t.shape) != tuple(shape):
         t = t.expand(shape)
-    return t.contiguous()
+    return _contig(t)
 
 
 def _scalar(t):
     if t.numel() != 1:
         raise ValueError(f"kernelpro expert: expected a one-element operand, got shape {tuple(t.shape)}")
-    return t.contiguous()
+    return _contig(t)
 
 
 def _bc(t, shape, split, row):
@@ -79,14 +106,14 @@ def _bc(t, shape, split, row):
     dims = (1,) * (nd - t.dim()) + tuple(t.shape)
     live = [i for i in range(nd) if dims[i] != 1]
     if not live:
-        return t.contiguous(), 1, 1
+        return _contig(t), 1, 1
     a, b = live[0], live[-1] + 1
     if any(dims[i] != shape[i] for i in range(a, b)) or (b > split if row else a < split):
         raise ValueError(
             f"kernelpro expert: an operand of shape {tuple(t.shape)} does not fit the kernel's layout of "
             f"{tuple(shape)} split after {split} dims"
         )
-    return t.contiguous(), math.prod(shape[b : split if row else nd]), math.prod(shape[a:b])
+    return _contig(t), math.prod(shape[b : split if row else nd]), math.prod(shape[a:b])
 
 
 def _aligned(tensors, vec):
@@ -108,3 +135,35 @@ def _split3(shape, d0, d1):
     """(outer, reduced, inner) sizes of `shape` around the dims [d0, d1)."""
     return math.prod(shape[:d0]), math.prod(shape[d0:d1]), math.prod(shape[d1:])
 '''
+
+
+# Our own kernels for making strided views contiguous (see _contig), in every generated source.
+GATHER = "\n".join(
+    f"""extern "C" __global__ void __launch_bounds__(256)
+kp_gather_{tag}(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long n, int nd,
+{" ".join(f"long long s{d}," for d in range(8))}
+{" ".join(f"long long t{d}," for d in range(8)).rstrip(",")}) {{
+    const long long size[8] = {{{", ".join(f"s{d}" for d in range(8))}}};
+    const long long stride[8] = {{{", ".join(f"t{d}" for d in range(8))}}};
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {{
+        long long rest = i, off = 0;
+#pragma unroll
+        for (int d = 7; d >= 0; --d) {{
+            if (d < nd) {{
+                const long long q = rest / size[d];
+                off += (rest - q * size[d]) * stride[d];
+                rest = q;
+            }}
+        }}
+        dst[i] = src[off];
+    }}
+}}
+"""
+    for tag, ct in (
+        ("f32", "float"),
+        ("f16", "__half"),
+        ("bf16", "__nv_bfloat16"),
+        ("b8", "bool"),
+        ("i64", "long long"),
+    )
+)

@@ -86,7 +86,7 @@ def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only,
     u = rp.unroll
     shift = kind.shift
     store = reduce_ops.store(lay.op, lay.correction, yt, "t")
-    direct = ["const long long n = R;", store, *(["yi[t] = acc.i;"] if with_yi else [])]
+    direct = ["const long long n = R;", "(void)n;", store, *(["yi[t] = acc.i;"] if with_yi else [])]
     if splits:
         finish = [
             "                if (gridDim.z > 1) {",
@@ -142,7 +142,10 @@ def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only,
         "                for (int u = 0; u < U; ++u) {",
         "#pragma unroll",
         "                    for (int e = 0; e < V; ++e) {",
-        *(f"                        {s}" for s in push("ld(t[u].v[e])", "r + u * by", "base + (r + u * by) * inner + e")),
+        *(
+            f"                        {s}"
+            for s in push("ld(t[u].v[e])", "r + u * by", "base + (r + u * by) * inner + e")
+        ),
         "                    }",
         "                }",
         "            }",
@@ -181,7 +184,9 @@ def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only,
 def _softmax_body(rid, params, lay, xt, yt, rp, lams) -> list[str]:
     f = "expf(v - M[e]) * inv[e]" if lay.op == "softmax" else "v - M[e] - L[e]"
     stats = (
-        "M[e] = acc[e].a; inv[e] = 1.0f / acc[e].b;" if lay.op == "softmax" else "M[e] = acc[e].a; L[e] = logf(acc[e].b);"
+        "M[e] = acc[e].a; inv[e] = 1.0f / acc[e].b;"
+        if lay.op == "softmax"
+        else "M[e] = acc[e].a; L[e] = logf(acc[e].b);"
     )
     return [
         "template <int V>",
@@ -228,7 +233,7 @@ def _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indi
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
     if pre:
         lines += pre.prepare("x.shape")
-    lines.append("    x = x.contiguous()")
+    lines.append("    x = _contig(x)")
     lines += shapes.shape_lines(region, lay)
     out_t = "torch.int64" if indices_only else torch_dtype(out_dt)
     lines.append(f"    y = torch.empty(out_shape, dtype={out_t}, device=x.device)")

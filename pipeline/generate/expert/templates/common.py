@@ -37,10 +37,19 @@ template <> __device__ __forceinline__ bool cv<bool>(float x) { return x != 0.0f
 template <> __device__ __forceinline__ long long cv<long long>(float x) { return (long long)x; }
 template <> __device__ __forceinline__ int cv<int>(float x) { return (int)x; }
 
+#ifndef KP_CHECK_ALIGN  // the CPU emulator defines it to catch a misaligned vector access
+#define KP_CHECK_ALIGN(p, bytes)
+#endif
 template <typename T, int V>
-__device__ __forceinline__ Vec<T, V> vload(const T* p) { return *reinterpret_cast<const Vec<T, V>*>(p); }
+__device__ __forceinline__ Vec<T, V> vload(const T* p) {
+    KP_CHECK_ALIGN(p, sizeof(T) * V);
+    return *reinterpret_cast<const Vec<T, V>*>(p);
+}
 template <typename T, int V>
-__device__ __forceinline__ void vstore(T* p, const Vec<T, V>& v) { *reinterpret_cast<Vec<T, V>*>(p) = v; }
+__device__ __forceinline__ void vstore(T* p, const Vec<T, V>& v) {
+    KP_CHECK_ALIGN(p, sizeof(T) * V);
+    *reinterpret_cast<Vec<T, V>*>(p) = v;
+}
 
 // Elements before the first V-aligned one of a row that starts `start` elements into an aligned buffer.
 template <int V>

@@ -59,14 +59,17 @@ class Fused:
                 cls = self.extra[k][2]
                 args.append(f"ld({self.prefix}{k}[{'i' if cls == 'full' else '0'}])")
         return (
-            f"    auto {name} = [&](float v, long long i) -> float {{\n"
+            f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n"
             f"        float o0;\n        kp_{self.region.rid}_f({', '.join([*args, 'o0'])});\n"
             "        (void)i;\n        return o0;\n    };"
         )
 
 
 def identity(name: str) -> str:
-    return f"    auto {name} = [&](float v, long long i) -> float {{\n        (void)i;\n        return v;\n    }};"
+    return (
+        f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n        (void)i;\n"
+        "        return v;\n    };"
+    )
 
 
 def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | None:

@@ -42,14 +42,14 @@ KINDS: dict[str, Kind] = {
         "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}",
         "fmaxf(acc.b - acc.a * (acc.a / (float)n), 0.0f) / ((float)n - CORR)",
         shift=True,
-    ),  # fmt: skip
+    ),
     "std": Kind(
         "{0.0f, 0.0f, 0}",
         "SumOp",
         "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}",
         "sqrtf(fmaxf(acc.b - acc.a * (acc.a / (float)n), 0.0f) / ((float)n - CORR))",
         shift=True,
-    ),  # fmt: skip
+    ),
     "logsumexp": Kind(
         f"{{-{_INF}, 0.0f, 0}}", "LseOp", "", f"(acc.a == -{_INF} ? -{_INF} : acc.a + logf(acc.b))"
     ),

@@ -93,7 +93,7 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
             "    const long long r0 = blockIdx.x, rstep = gridDim.x;",
             f"    float* cache = reinterpret_cast<float*>(kp_smem + sizeof(Acc) * {red_n});",
         ]
-    body += ["    (void)cache;"]
+    body += ["    (void)cache;", "    (void)red;"]
     body.append(pre.lam("pre") if pre else identity("pre"))
     body.append(post.lam("post") if post else identity("post"))
     body += [
@@ -200,6 +200,7 @@ def _reduce_store(lay: RowLayout, splits: bool, out_ct: str) -> list[str]:
     indices_only = lay.op in ("argmax", "argmin")
     direct = [
         "const long long n = cols;",
+        "(void)n;",
         reduce_ops.store(lay.op, lay.correction, out_ct, "r"),
         *(["yi[r] = acc.i;"] if lay.indices and not indices_only else []),
     ]
@@ -307,8 +308,8 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
     if pre:
         lines += pre.prepare("x.shape")
-    lines.append("    x = x.contiguous()")
-    lines += [f"    {p} = {p}.contiguous()" for p in ("w", "b") if p in names]
+    lines.append("    x = _contig(x)")
+    lines += [f"    {p} = _contig({p})" for p in ("w", "b") if p in names]
     lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
     out_ct = "torch.int64" if indices_only else torch_dtype(out_dt)
     lines.append(f"    y = torch.empty(out_shape, dtype={out_ct}, device=x.device)")

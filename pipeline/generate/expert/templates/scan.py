@@ -37,6 +37,7 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         "    for (long long r = blockIdx.x; r < outer; r += gridDim.x) {  // block-uniform",
         "        const long long rs = r * L;",
         f"        float carry = {ident};",
+        *([] if prod else ["        float carry_c = 0.0f;  // the running sum's lost low bits"]),
         "        for (long long c0 = 0; c0 < L; c0 += (long long)blockDim.x * ITEMS) {",
         "            const long long base = c0 + (long long)tid * ITEMS;",
         "            float v[ITEMS];",
@@ -70,7 +71,17 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         "            for (int i = 0; i < ITEMS; ++i)",
         "                if (base + i < L)",
         f"                    y[rs + base + i] = cv<{yt}>(post(prefix {op} v[i], rs + base + i));",
-        f"            carry = carry {op} warp_tot[warps - 1];",
+        *(
+            ["            carry = carry * warp_tot[warps - 1];"]
+            if prod
+            else [
+                "            {  // compensated (Kahan) addition: a long row's carry stays accurate",
+                "                const float y_ = warp_tot[warps - 1] - carry_c, t_ = carry + y_;",
+                "                carry_c = (t_ - carry) - y_;",
+                "                carry = t_;",
+                "            }",
+            ]
+        ),
         "            __syncthreads();  // warp_tot is rewritten by the next chunk",
         "        }",
         "    }",
@@ -84,10 +95,19 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {",
         "        const long long base = o * L * inner + c;",
         f"        float acc = {ident};",
+        *([] if prod else ["        float comp = 0.0f;  // the column sum's lost low bits"]),
         f"#pragma unroll {max(rp.unroll, 1)}",
         "        for (long long r = 0; r < L; ++r) {",
         "            const long long i = base + r * inner;",
-        f"            acc = acc {op} pre(ld(x[i]), i);",
+        *(
+            ["            acc = acc * pre(ld(x[i]), i);"]
+            if prod
+            else [  # compensated (Kahan) summation down the column
+                "            const float y_ = pre(ld(x[i]), i) - comp, t_ = acc + y_;",
+                "            comp = (t_ - acc) - y_;",
+                "            acc = t_;",
+            ]
+        ),
         f"            y[i] = cv<{yt}>(post(acc, i));",
         "        }",
         "    }",
@@ -119,7 +139,7 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
     lines = [f"def _r_{rid}(sms, {', '.join(largs)}):"]
     if pre:
         lines += pre.prepare("x.shape")
-    lines.append("    x = x.contiguous()")
+    lines.append("    x = _contig(x)")
     lines += shapes.shape_lines(region, lay)
     lines.append(f"    y = torch.empty(out_shape, dtype={torch_dtype(out_dt)}, device=x.device)")
     if post:

@@ -34,8 +34,6 @@ def shape_lines(region: Region, lay: RowLayout) -> list[str]:
 
 def _reduce(lay: RowLayout) -> list[str]:
     lines = []
-    if lay.permute:
-        lines.append(f"    x = x.permute({lay.permute}).contiguous()")
     d0, d1 = (lay.dims[0], lay.dims[-1] + 1) if lay.dims else (lay.static_nd, lay.static_nd)
     nd = lay.static_nd
     dims = {"all": "0, nd", "end": f"nd - {nd - d0}, nd - {nd - d1}", "start": f"{d0}, {d1}"}[lay.dims_from]
@@ -47,9 +45,6 @@ def _reduce(lay: RowLayout) -> list[str]:
     ]
     if not lay.keepdim:
         lines.append("    out_shape = shape[:d0] + shape[d1:]")
-    elif lay.permute:
-        inv = tuple(lay.permute.index(i) for i in range(len(lay.permute)))
-        lines.append(f"    kept = shape[:d0] + (1,) * (d1 - d0)\n    out_shape = tuple(kept[i] for i in {inv})")
     else:
         lines.append("    out_shape = shape[:d0] + (1,) * (d1 - d0) + shape[d1:]")
     return lines
