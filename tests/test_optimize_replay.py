@@ -137,3 +137,49 @@ def test_show_lists_and_prints_runs(tmp_path):
     assert [x["run_id"] for x in listed] == [r.run_id] and listed[0]["status"] == "finished"
     res = runner.invoke(app, ["show", r.run_id, "--runs-dir", str(tmp_path / "runs")])
     assert res.exit_code == 0 and "Search tree" in res.output
+
+
+def _llm_optimize(tmp_path: Path, server_url: str, evals: int = 3):
+    runner = CliRunner()
+    env = {"KERNELPRO_LLM_BASE_URL": server_url, "KERNELPRO_LLM_API_KEY": "sk-loop-secret-123",
+           "KERNELPRO_LLM_BACKOFF_S": "0.01", "KERNELPRO_LLM_RETRIES": "1"}  # fmt: skip
+    replay = [a for p in recordings(TASK) for a in ("--replay", str(p))]
+    return runner.invoke(
+        app,
+        ["optimize", "--task", str(ROOT / "tasks" / f"{TASK}.py"), "--policy", "llm", "--no-memory", "--json",
+         "--runs-dir", str(tmp_path / "runs"), "--home", str(tmp_path / "home"), "--max-evals", str(evals),
+         *replay],
+        env=env,
+    )  # fmt: skip
+
+
+def test_llm_policy_through_the_loop_accounts_tokens_and_keeps_the_key_out(tmp_path):
+    from loopback_llm import LoopbackLLM, good
+
+    with LoopbackLLM(default=good()) as server:
+        res = _llm_optimize(tmp_path, server.url)
+        assert res.exit_code == 0, res.output
+        assert server.requests and all("sk-loop-secret-123" in r.headers.get("authorization", "")
+                                       for r in server.requests)  # fmt: skip
+    folder = Path(json.loads(res.stdout)["folder"])
+    raw = (folder / "log.jsonl").read_text()
+    assert "sk-loop-secret-123" not in raw
+    events = read_events(folder / "log.jsonl")
+    usage = [e.data for e in events if e.type == "llm"]
+    assert usage and sum(u["prompt_tokens"] for u in usage) > 0
+    props = [e.data for e in events if e.type == "proposal"]
+    assert props and props[0]["edit"].startswith("llm")
+    # The example kernel is not in the expert's recording: the replay says so instead of inventing a result.
+    results = [e.data for e in events if e.type == "result"]
+    assert results and results[0]["verdict"]["status"] == "rejected"
+
+
+def test_an_endpoint_that_keeps_failing_ends_the_run_cleanly_with_its_log(tmp_path):
+    from loopback_llm import LoopbackLLM, Status
+
+    with LoopbackLLM(default=Status(500, "upstream down")) as server:
+        res = _llm_optimize(tmp_path, server.url)
+    assert res.exit_code == 2 and "keeps refusing" in res.output, res.output
+    (log,) = (tmp_path / "runs").glob("*/log.jsonl")
+    events = read_events(log)
+    assert events[0].type == "start" and any(e.type == "baselines" for e in events)
