@@ -183,3 +183,29 @@ def test_an_endpoint_that_keeps_failing_ends_the_run_cleanly_with_its_log(tmp_pa
     (log,) = (tmp_path / "runs").glob("*/log.jsonl")
     events = read_events(log)
     assert events[0].type == "start" and any(e.type == "baselines" for e in events)
+
+
+def test_a_task_the_expert_cannot_write_is_refused_before_a_run_starts(tmp_path):
+    task = tmp_path / "svd_task.py"
+    task.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.linalg.svdvals(x)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(64, 64, dtype=torch.float64)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    replay = [a for p in recordings(TASK) for a in ("--replay", str(p))]
+    res = CliRunner().invoke(
+        app,
+        [
+            "optimize",
+            "--task",
+            str(task),
+            "--policy",
+            "expert",
+            "--runs-dir",
+            str(tmp_path / "runs"),
+            *replay,
+        ],
+    )
+    assert res.exit_code == 2 and "expert policy cannot write kernels" in res.output, res.output
+    assert not (tmp_path / "runs").exists()  # nothing half-made on disk
