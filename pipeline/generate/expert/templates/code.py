@@ -167,3 +167,22 @@ kp_gather_{tag}(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long 
         ("i64", "long long"),
     )
 )
+
+
+def region_source(header: str, fused_from: tuple, body: list[str], wrappers: list[str], *tail: str) -> str:
+    """One region's CUDA: a header comment naming the fused neighbours, their chains and the kernel bodies in
+    an anonymous namespace, then the extern "C" wrappers (and any extra kernels, e.g. a split combine)."""
+    parts = [f for f in fused_from if f]
+    fused = [f.region.rid for f in parts]
+    return "\n".join(
+        [
+            header + (f"; fused: {', '.join(fused)}" if fused else ""),
+            "namespace {",
+            *[f.chain() for f in parts],
+            *body,
+            "}  // namespace",
+            "",
+            "\n\n".join(wrappers),
+            *tail,
+        ]
+    )

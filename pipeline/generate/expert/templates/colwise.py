@@ -12,7 +12,7 @@ from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import reduce_ops, shapes
-from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source, torch_dtype
 from pipeline.generate.expert.templates.fused import Fused, identity
 
 
@@ -61,20 +61,10 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
             "yi" if with_yi else None, post.params() if post else [], lams[1], 256,
         )  # fmt: skip
         kernels.append(f"kp_{rid}_combine")
-    fused = [f.region.rid for f in (pre, post) if f]
-    cuda = "\n".join(
-        [
-            f"// region {rid}: {lay.op} over a strided dimension (threads along the contiguous inner one)"
-            + (f"; fused: {', '.join(fused)}" if fused else ""),
-            "namespace {",
-            *[f.chain() for f in (pre, post) if f],
-            *body,
-            "}  // namespace",
-            "",
-            "\n\n".join(wrappers),
-            combine,
-        ]
-    )
+    cuda = region_source(
+        f"// region {rid}: {lay.op} over a strided dimension (threads along the contiguous inner one)",
+        (pre, post), body, wrappers, combine,
+    )  # fmt: skip
     launcher = _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indices_only, with_yi)
     args = [pre.main if pre else region.node.args[0].name, *(pre.values() if pre else []),
             *(post.values() if post else [])]  # fmt: skip

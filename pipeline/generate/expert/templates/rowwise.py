@@ -15,7 +15,7 @@ from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import reduce_ops, shapes
-from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source, torch_dtype
 from pipeline.generate.expert.templates.fused import Fused, identity
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
@@ -162,20 +162,10 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
             "yi" if lay.indices and not indices_only else None, post.params() if post else [], post_decl, 256,
         )  # fmt: skip
         kernels.append(f"kp_{rid}_combine")
-    fused = [f.region.rid for f in (pre, post) if f]
-    cuda = "\n".join(
-        [
-            f"// region {rid}: {lay.op} over rows of the last dims ({'warp' if rp.warp_rows else 'block'} per row)"
-            + (f"; fused: {', '.join(fused)}" if fused else ""),
-            "namespace {",
-            *[f.chain() for f in (pre, post) if f],
-            *body,
-            "}  // namespace",
-            "",
-            "\n\n".join(wrappers),
-            combine,
-        ]
-    )
+    cuda = region_source(
+        f"// region {rid}: {lay.op} over rows of the last dims ({'warp' if rp.warp_rows else 'block'} per row)",
+        (pre, post), body, wrappers, combine,
+    )  # fmt: skip
     launcher = _launcher(region, lay, rp, pre, post, kernels, splits, cache, out_dt, indices_only)
     return Code(cuda, launcher, f"_r_{rid}", tuple(kernels), tuple(_args(region, lay, pre, post)),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip

@@ -12,7 +12,7 @@ from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import shapes
-from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source, torch_dtype
 from pipeline.generate.expert.templates.fused import Fused, identity
 
 
@@ -119,22 +119,16 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         f'extern "C" __global__ void {lb}\n{k}({", ".join(params)}) {{\n    {k}_body({", ".join(names)});\n}}'
         for k in kernels
     ]
-    fused = [f.region.rid for f in (pre, post) if f]
-    cuda = "\n".join(
-        [
-            f"// region {rid}: {lay.op} (a block per row along the last dim, a thread per column otherwise)"
-            + (f"; fused: {', '.join(fused)}" if fused else ""),
-            "namespace {",
-            *[f.chain() for f in (pre, post) if f],
-            *[line.replace(f"kp_{rid}_row(", f"kp_{rid}_row_body(", 1) for line in row[:1]],
-            *row[1:],
-            *[line.replace(f"kp_{rid}_col(", f"kp_{rid}_col_body(", 1) for line in col[:1]],
-            *col[1:],
-            "}  // namespace",
-            "",
-            "\n\n".join(wrappers),
-        ]
-    )
+    body = [
+        *[line.replace(f"kp_{rid}_row(", f"kp_{rid}_row_body(", 1) for line in row[:1]],
+        *row[1:],
+        *[line.replace(f"kp_{rid}_col(", f"kp_{rid}_col_body(", 1) for line in col[:1]],
+        *col[1:],
+    ]
+    cuda = region_source(
+        f"// region {rid}: {lay.op} (a block per row along the last dim, a thread per column otherwise)",
+        (pre, post), body, wrappers,
+    )  # fmt: skip
     largs = ["x", *(pre.launcher_args() if pre else []), *(post.launcher_args() if post else [])]
     lines = [f"def _r_{rid}(sms, {', '.join(largs)}):"]
     if pre:
