@@ -189,7 +189,8 @@ class ReplayEvaluator:
 
     name = "replay"
 
-    def __init__(self, log_paths: Sequence[Path] | Path, feedback: str = "advice") -> None:
+    def __init__(self, log_paths: Sequence[Path] | Path) -> None:
+        # The policy sees the feedback text recorded with each profile, whatever --feedback says now.
         from pipeline.runlog import read_events
 
         paths = [Path(log_paths)] if isinstance(log_paths, str | Path) else [Path(p) for p in log_paths]
@@ -222,7 +223,6 @@ class ReplayEvaluator:
                 elif e.type == "profile":
                     self.profiles.setdefault(e.data["key"], e.data)
         self.paths = paths
-        self.feedback = feedback
 
     def task(self) -> Task:
         assert self._task is not None

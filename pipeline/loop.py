@@ -321,7 +321,6 @@ class Live:
     tokens: int = 0
     cost_usd: float = 0.0
     step: str = ""
-    curve: list[tuple[int, float]] = field(default_factory=list)  # (evaluation, best speedup over eager)
 
 
 @dataclass(frozen=True)
@@ -443,8 +442,6 @@ class _Run:
             self.live.best_speedup_compile = (
                 comp.median_ms / m.timing.median_ms if comp and m and m.timing else None
             )
-        if self.live.best_speedup_eager:
-            self.live.curve.append((self.live.evaluations, self.live.best_speedup_eager))
 
     # -- replaying the log (resume) --------------------------------------------------------------------
     def replay(self, events: list[Any]) -> None:
@@ -774,10 +771,7 @@ def optimize(
     energy = cfg.objective != "time"
     try:
         evaluator = (
-            ReplayEvaluator(
-                [Path(replay)] if isinstance(replay, str | Path) else [Path(r) for r in replay],
-                feedback=cfg.feedback,
-            )
+            ReplayEvaluator([Path(replay)] if isinstance(replay, str | Path) else [Path(r) for r in replay])
             if replay
             else GpuEvaluator(task_path, cfg, feedback=cfg.feedback, energy=energy)
         )
