@@ -7,9 +7,14 @@ standalone file of the best candidate. A launcher sees a global `kernels` (a `Ke
 
 Tensors become device pointers; scalars must carry their C type (numpy.int32, numpy.float32, ...), since a
 bare Python int could be meant as int or long long and a wrong guess silently corrupts every later argument.
+A TMA descriptor (`kernels.tensor_map(t, box_rows, box_cols)`) is passed by value to a kernel parameter
+declared `const __grid_constant__ CUtensorMap`.
 """
 
 from __future__ import annotations
+
+import ctypes
+import functools
 
 import numpy
 import torch
@@ -54,6 +59,10 @@ class Kernel:
                 self._function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem)
             )
             self._dynamic_smem_limit = int(shared_mem)
+        if any(isinstance(a, TensorMap) for a in converted):
+            # CuPy has no by-value struct argument; the driver's cuLaunchKernel takes one as raw bytes.
+            _launch_raw(self._function.ptr, grid, block, converted, int(shared_mem), self.name)
+            return
         self._function(grid, block, converted, shared_mem=int(shared_mem), stream=_current_stream(cupy))
 
 
@@ -74,6 +83,11 @@ class Kernels:
     def from_file(cls, path: str, names: tuple[str, ...] = ()) -> Kernels:
         with open(path, "rb") as f:
             return cls(f.read(), names)
+
+    @staticmethod
+    def tensor_map(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
+        """The TMA descriptor of a row-major 2-D tensor, loaded in boxes of box_rows x box_cols elements."""
+        return TensorMap(t, box_rows, box_cols, swizzle)
 
     def __getattr__(self, name: str) -> Kernel:
         if name.startswith("_"):
@@ -112,12 +126,85 @@ def _dims(value, what: str) -> tuple[int, int, int]:
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
+_TMA_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}  # CUtensorMapDataType
+_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # bytes -> CUtensorMapSwizzle
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    lib = ctypes.CDLL("libcuda.so.1")
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    return lib
+
+
+class TensorMap:
+    """A CUtensorMap (128 bytes) for a contiguous row-major 2-D tensor, encoded by the driver.
+
+    TMA needs a 16-byte aligned base and row pitch; a box is at most 256 x 256 elements and, with a
+    swizzle, its rows at most the swizzle's width in bytes. Reads outside the tensor come back as zeros.
+    """
+
+    def __init__(self, t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128):
+        if t.dim() != 2 or not t.is_cuda or t.stride(1) != 1:
+            raise KernelArgumentError(
+                "tensor_map: a 2-D GPU tensor with unit stride along its rows is needed"
+            )
+        if t.dtype not in _TMA_DTYPES or swizzle not in _SWIZZLE:
+            raise KernelArgumentError(f"tensor_map: {t.dtype} or a {swizzle}-byte swizzle is not supported")
+        item = t.element_size()
+        pitch = t.stride(0) * item
+        if t.data_ptr() % 16 or pitch % 16 or not 1 <= box_rows <= 256 or not 1 <= box_cols <= 256:
+            raise KernelArgumentError(
+                f"tensor_map: base and row pitch must be 16-byte aligned (pitch {pitch} B) and the box "
+                f"{box_rows} x {box_cols} within 256 x 256"
+            )
+        if swizzle and box_cols * item > swizzle:
+            raise KernelArgumentError(f"tensor_map: a box row of {box_cols * item} B exceeds the swizzle")
+        self.tensor = t  # kept alive as long as the descriptor that points into it
+        self.raw = (ctypes.c_uint64 * 16)()
+        u64x2, u32x2 = ctypes.c_uint64 * 2, ctypes.c_uint32 * 2
+        err = _libcuda().cuTensorMapEncodeTiled(
+            ctypes.byref(self.raw), ctypes.c_int(_TMA_DTYPES[t.dtype]), ctypes.c_uint32(2),
+            ctypes.c_void_p(t.data_ptr()), u64x2(t.shape[1], max(1, t.shape[0])), (ctypes.c_uint64 * 1)(pitch),
+            u32x2(box_cols, box_rows), u32x2(1, 1), ctypes.c_int(0), ctypes.c_int(_SWIZZLE[swizzle]),
+            ctypes.c_int(3), ctypes.c_int(0),  # 256-byte L2 promotion, zero fill out of bounds
+        )  # fmt: skip
+        if err:
+            raise KernelArgumentError(f"tensor_map: cuTensorMapEncodeTiled failed with CUresult {err}")
+
+
+_C_OF = {numpy.dtype(k): v for k, v in (
+    (numpy.int8, ctypes.c_int8), (numpy.int16, ctypes.c_int16), (numpy.int32, ctypes.c_int32),
+    (numpy.int64, ctypes.c_int64), (numpy.uint8, ctypes.c_uint8), (numpy.uint16, ctypes.c_uint16),
+    (numpy.uint32, ctypes.c_uint32), (numpy.uint64, ctypes.c_uint64), (numpy.float32, ctypes.c_float),
+    (numpy.float64, ctypes.c_double), (numpy.bool_, ctypes.c_bool), (numpy.float16, ctypes.c_uint16),
+)}  # fmt: skip
+
+
+def _launch_raw(function: int, grid, block, args, shared_mem: int, name: str) -> None:
+    """cuLaunchKernel on torch's current stream with each argument's bytes (structs by value)."""
+    holders = []
+    for a in args:
+        if isinstance(a, TensorMap):
+            holders.append(a.raw)
+        else:
+            holders.append(_C_OF[a.dtype].from_buffer_copy(a.tobytes()))
+    params = (ctypes.c_void_p * len(holders))(*(ctypes.addressof(h) for h in holders))
+    err = _libcuda().cuLaunchKernel(
+        ctypes.c_void_p(function), *(ctypes.c_uint(v) for v in (*grid, *block, shared_mem)),
+        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), params, None,
+    )  # fmt: skip
+    if err:
+        raise RuntimeError(f"{name}: cuLaunchKernel failed with CUresult {err}")
+
+
 def _argument(a, index: int, kernel: str):
     if isinstance(a, torch.Tensor):
         if not a.is_cuda:
             raise KernelArgumentError(f"{kernel}: argument {index} is a tensor on {a.device}, not on the GPU")
         return numpy.uint64(a.data_ptr())
-    if isinstance(a, _SCALARS):
+    if isinstance(a, (_SCALARS, TensorMap)):
         return a
     raise KernelArgumentError(
         f"{kernel}: argument {index} is {type(a).__name__}; pass tensors, or scalars with their C type "

@@ -100,6 +100,7 @@ def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
+RUNTIME_METHODS = frozenset({"tensor_map"})  # helpers of the runtime's `kernels`, not kernel names
 _ALLOWED_IMPORTS = _words(
     "torch torch.nn torch.nn.functional numpy math typing functools dataclasses __future__"
 )
@@ -750,7 +751,7 @@ class _Checker:
             for node in s.nodes:
                 if isinstance(node, ast.Attribute) and not node.attr.startswith("_"):
                     p = self._resolve(node, s)
-                    if p and len(p) == 2 and p[0] == "kernels":
+                    if p and len(p) == 2 and p[0] == "kernels" and node.attr not in RUNTIME_METHODS:
                         kernels_used.append((node.lineno, node.col_offset, node.attr))
         library_ops = tuple(dict.fromkeys(op for *_, op in sorted(ops)))
         seen: set[tuple[int, str]] = set()

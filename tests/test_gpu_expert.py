@@ -13,6 +13,8 @@ from pipeline import loop
 from pipeline.config import load
 from pipeline.generate.base import Context, ProposalStatus
 from pipeline.generate.expert import ExpertPolicy
+from pipeline.generate.expert.plan import plan_of
+from pipeline.generate.expert.render import uses_cute
 from pipeline.tasks import probe
 from pipeline.types import Kind, Status
 
@@ -151,6 +153,29 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "linear_lone_f16": (  # nothing after the GEMM: our WGMMA kernel alone, fp16, no bias
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(1024, 1000, bias=False, dtype=torch.float16)
+            def forward(self, x):
+                return self.linear(x)
+        """,
+        "[]",
+    ),
+    "linear_odd": (  # odd N (no paired stores), K not a multiple of the 64-wide k-tile, a per-feature scale
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(1032, 1001, dtype=torch.bfloat16)
+                self.s = nn.Parameter(torch.rand(1001, dtype=torch.bfloat16) + 0.5)
+            def forward(self, x):
+                return torch.relu(self.linear(x)) * self.s + 0.5
+        """,
+        "[]",
+    ),
     "conv_epilogue": (
         """
         class Model(nn.Module):
@@ -176,14 +201,17 @@ SHAPES = {
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
     "scan": ["(129, 10007)", "(4, 1003, 65)"],
     "linear_epilogue": ["(999, 1024)", "(3, 7, 1024)"],
+    "linear_lone_f16": ["(300, 1024)", "(1, 1024)", "(4099, 1024)"],
+    "linear_odd": ["(77, 1032)", "(1, 1032)", "(2, 1300, 1032)"],
     "conv_epilogue": ["(3, 16, 37, 53)", "(1, 16, 5, 7)"],
 }
-BF16 = {"bf16", "linear_epilogue"}
+BF16 = {"bf16", "linear_epilogue", "linear_odd"}
+F16 = {"linear_lone_f16"}
 
 
 def family_task(folder: Path, name: str, shape: str) -> Path:
     body, init = FAMILIES[name]
-    dtype = ", dtype=torch.bfloat16" if name in BF16 else ""
+    dtype = ", dtype=torch.bfloat16" if name in BF16 else ", dtype=torch.float16" if name in F16 else ""
     n_inputs = 2 if name == "bf16" else 1
     inputs = ", ".join([f"torch.randn({shape}{dtype})"] * n_inputs)
     tag = "".join(c for c in shape if c.isalnum() or c == "_")
@@ -209,18 +237,25 @@ def proposals(path: Path) -> list:
 
 
 def assert_ok(results, hybrid: bool) -> None:
+    """Every candidate compiles and verifies; hybrid unless our own kernels (a WGMMA GEMM) do all of it."""
     for r in results:
         edit = r.candidate.edit
         assert r.build is not None and r.build.status == Status.OK, (edit, r.build and r.build.log)
         assert r.verdict.status == Status.OK, (edit, r.verdict.reasons)
-        assert r.verdict.kind == (Kind.HYBRID if hybrid else Kind.CUSTOM), (edit, r.verdict.library_ops)
+        ours = uses_cute(plan_of(r.candidate.source))
+        assert r.verdict.kind == (Kind.HYBRID if hybrid and not ours else Kind.CUSTOM), (
+            edit,
+            r.verdict.library_ops,
+        )
 
 
 @pytest.mark.parametrize(("name", "shape"), [(name, shape) for name in FAMILIES for shape in SHAPES[name]])
 def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, shape):
     path = family_task(tmp_path, name, shape)
     results = loop.evaluate_candidates(path, proposals(path), cfg_for(home), pool=pool)
-    assert_ok(results, hybrid=name in ("linear_epilogue", "conv_epilogue"))
+    assert_ok(results, hybrid=name in ("linear_epilogue", "conv_epilogue", "linear_lone_f16", "linear_odd"))
+    if name.startswith("linear"):  # the tuned plan runs our WGMMA kernel
+        assert any(uses_cute(plan_of(r.candidate.source)) for r in results)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)

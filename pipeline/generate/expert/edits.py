@@ -17,6 +17,15 @@ parent's or to an earlier pair's. What each edit does:
   reduce_registers               unroll /2 (else items /2, else the occupancy bound)
   coalesce_accesses              strided reductions: more threads along the contiguous dimension
 
+A 16-bit linear layer (templates/gemm.py) starts in cuBLAS in the plain plan and in our WGMMA kernel in
+the tuned one; its edits:
+
+  use_wgmma / use_tensor_cores / use_tma   take it from cuBLAS into our TMA + WGMMA kernel
+  fuse_epilogue                  the elementwise region after it computed on its stores
+  more_parallelism, reduce_registers, resize_grid   128 x 128 tiles (twice the blocks, half the accumulators)
+  coarsen_threads, tile_shared_memory              128 x 256 tiles (more reuse of each A tile)
+  pipeline_loads                 one more shared-memory stage in the TMA ring (as many as fit)
+
 Edits that do not apply (tensor cores, TMA, bank conflicts...) are never proposed; NOT_APPLICABLE says why.
 """
 
@@ -30,6 +39,7 @@ from pipeline.generate.expert.layout import ew_layout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.render import family
+from pipeline.generate.expert.templates import gemm, rowwise
 
 MAX_UNROLL = 8
 MAX_ITEMS = 16
@@ -37,9 +47,10 @@ MAX_SPLITS = 8
 SHORT_ROW = 1024  # a warp per row below this many elements
 # Edits this policy never makes, with the reason a user sees when the profiler suggests them.
 NOT_APPLICABLE = {
-    "use_tensor_cores": "GEMMs and convolutions stay in cuBLAS / cuDNN, which already use tensor cores",
-    "use_wgmma": "GEMMs stay in cuBLAS; a CuTe WGMMA GEMM is outside the expert's templates",
-    "use_tma": "the templates are memory-streaming kernels without TMA pipelines",
+    "use_tensor_cores": "only 16-bit linear layers have our own tensor-core (WGMMA) kernel; other GEMMs and "
+    "convolutions stay in cuBLAS / cuDNN, which already use tensor cores",
+    "use_wgmma": "only 16-bit linear layers (x @ w^T, K a multiple of 8) have a WGMMA template",
+    "use_tma": "TMA is used by the WGMMA GEMM only; the memory-streaming kernels load with vector accesses",
     "fix_bank_conflicts": "shared memory is only used for reductions and row caches with unit-stride access",
     "avoid_local_arrays": "the templates keep their per-thread arrays in registers (fully unrolled)",
     "lower_power": "the expert has no power-capping edit",
@@ -80,18 +91,83 @@ def base_plan(low: Lowered, tuned: bool) -> Plan:
                     rp, vec=vmax, threads=threads, warp_reduce=True, warp_rows=short,
                     splits=1 if r.kind == "reduce" and not short else 0,
                 )  # fmt: skip
+                rp = dataclasses.replace(rp, regs=_regs_for(rp, r, low))  # one read of a row that fits
             elif fam == "col" and tuned:
                 vec = vmax if lay.inner % vmax == 0 else 1
                 rp = dataclasses.replace(rp, vec=vec, unroll=4, splits=1 if r.kind == "reduce" else 0)
         regions.append(rp)
     plan = Plan(tuple(regions))
+    if not tuned and not regions:  # a GEMM alone: the plain plan is our kernel with 128 x 128 tiles
+        for r in _gemms(low):
+            for _, p in _take_gemm(plan, r, low):
+                plan = p.replace(dataclasses.replace(p.get(r.rid), bn=128, stages=4))
     if tuned:
         for r in _ours(low):
             for edit in ("fuse_kernels", "fuse_epilogue"):
                 for _, p in _fuse(plan, r, low, epilogue_first=edit == "fuse_epilogue"):
                     plan = p
                     break
+        for r in _gemms(low):  # our WGMMA kernel with everything after it fused on its stores
+            for _, p in _take_gemm(plan, r, low):
+                plan = p
+            for _, p in _gemm_epilogue(plan, r, low):
+                plan = p
     return plan
+
+
+def _gemms(low: Lowered) -> list[Region]:
+    """Library regions our WGMMA template can compute."""
+    return [r for r in low.regions if r.kind == "library" and not gemm.eligible(r, low)]
+
+
+def _take_gemm(plan: Plan, r: Region, low: Lowered, edit: str = "use_wgmma") -> Iterator[tuple[str, Plan]]:
+    if plan.get(r.rid) is None and not gemm.eligible(r, low):
+        rp = gemm.with_defaults(RegionPlan(r.rid, "wgmma"))
+        yield _label(edit, r.rid, bn=rp.bn, stages=rp.stages), plan.add(rp)
+
+
+def _gemm_epilogue(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
+    rp = plan.get(r.rid)
+    epi = gemm.epilogue(r, low)
+    if rp is None or rp.epilogue or epi is None:
+        return
+    rid = epi.region.rid
+    if rid not in plan.fused() and plan.get(rid) is not None:
+        yield _label("fuse_epilogue", r.rid, epilogue=rid), _set(plan, rp, epilogue=rid)
+
+
+def _gemm_tile(edit: str, bn: int) -> Edit:
+    def apply(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
+        rp = plan.get(r.rid)
+        if rp is not None and rp.bn != bn:
+            stages = min(rp.stages, gemm.max_stages(bn)) if rp.bn > bn else gemm.max_stages(bn)
+            yield from _one(edit, plan, rp, bn=bn, stages=stages)
+
+    return apply
+
+
+def _gemm_stages(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
+    rp = plan.get(r.rid)
+    if rp is not None and rp.stages < gemm.max_stages(rp.bn):
+        yield from _one("pipeline_loads", plan, rp, stages=rp.stages + 1)
+    elif rp is not None and rp.stages > 3:  # at the limit: one fewer frees shared memory for nothing else,
+        yield from _one(
+            "pipeline_loads", plan, rp, stages=rp.stages - 1
+        )  # but a shorter ring can time better
+
+
+GEMM_EDITS: dict[str, Edit] = {
+    "use_wgmma": _take_gemm,
+    "use_tensor_cores": lambda p, r, low: _take_gemm(p, r, low, "use_tensor_cores"),
+    "use_tma": lambda p, r, low: _take_gemm(p, r, low, "use_tma"),
+    "fuse_epilogue": _gemm_epilogue,
+    "more_parallelism": _gemm_tile("more_parallelism", 128),
+    "reduce_registers": _gemm_tile("reduce_registers", 128),
+    "resize_grid": _gemm_tile("resize_grid", 128),
+    "coarsen_threads": _gemm_tile("coarsen_threads", 256),
+    "tile_shared_memory": _gemm_tile("tile_shared_memory", 256),
+    "pipeline_loads": _gemm_stages,
+}
 
 
 def _pow2(n: int) -> int:
@@ -146,10 +222,22 @@ def _coarsen(edit: str) -> Edit:
             if edit == "coarsen_threads" and rp.items * 2 <= MAX_ITEMS:
                 yield from _one(edit, plan, rp, items=rp.items * 2)
             return
+        if edit == "coarsen_threads" and not rp.regs and (regs := _regs_for(rp, r, low)):
+            # each thread holds its part of the row (instead of a shared-memory copy, if it had one)
+            yield from _one(edit, plan, rp, regs=regs, **({"smem_row": False} if rp.smem_row else {}))
         if rp.unroll * 2 <= MAX_UNROLL:
             yield from _one(edit, plan, rp, unroll=rp.unroll * 2)
 
     return apply
+
+
+def _regs_for(rp: RegionPlan, r: Region, low: Lowered, threads: int = 0) -> int:
+    """Vectors per thread that hold a whole row in registers, 0 when the op or the row does not allow it."""
+    lay = row_layout(r, low) if rp.family == "row" else None
+    if lay is None:
+        return 0
+    regs = -(-lay.reduced // (rp.vec * (threads or rp.threads)))
+    return regs if rowwise.regs_ok(lay, dataclasses.replace(rp, regs=regs, smem_row=False), r) else 0
 
 
 def _occupancy(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
@@ -162,7 +250,9 @@ def _registers(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]
     rp = plan.get(r.rid)
     if rp is None:
         return
-    if rp.unroll > 1:
+    if rp.regs:
+        yield from _one("reduce_registers", plan, rp, regs=0)
+    elif rp.unroll > 1:
         yield from _one("reduce_registers", plan, rp, unroll=rp.unroll // 2)
     elif rp.family == "scan" and rp.items > 1:
         yield from _one("reduce_registers", plan, rp, items=rp.items // 2)
@@ -178,12 +268,17 @@ def _persistent(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan
         yield from _one("persistent_grid", plan, rp, persistent=max(1, 2048 // rp.threads))
 
 
-def _threads(plan: Plan, rp: RegionPlan, edit: str, threads: int) -> Iterator[tuple[str, Plan]]:
-    """A new block size; an occupancy bound set earlier follows it (threads x blocks stays 2048 per SM)."""
+def _threads(
+    plan: Plan, rp: RegionPlan, edit: str, threads: int, r: Region, low: Lowered
+) -> Iterator[tuple[str, Plan]]:
+    """A new block size; an occupancy bound set earlier follows it (threads x blocks stays 2048 per SM), and
+    a register-held row is re-divided over the new block (or dropped when it no longer fits)."""
+    changes: dict = {"threads": threads}
+    if rp.regs:
+        changes["regs"] = _regs_for(rp, r, low, threads)
     if rp.min_blocks:
-        yield from _one(edit, plan, rp, threads=threads, min_blocks=max(1, 2048 // threads))
-    else:
-        yield from _one(edit, plan, rp, threads=threads)
+        changes["min_blocks"] = max(1, 2048 // threads)
+    yield from _one(edit, plan, rp, **changes)
 
 
 def _resize(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
@@ -192,7 +287,7 @@ def _resize(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
         return
     for threads in (rp.threads * 2, rp.threads // 2):
         if 64 <= threads <= 1024:
-            yield from _threads(plan, rp, "resize_grid", threads)
+            yield from _threads(plan, rp, "resize_grid", threads, r, low)
 
 
 def _parallelism(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
@@ -204,7 +299,7 @@ def _parallelism(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Pla
     elif rp.family == "row" and not rp.warp_rows and _short(r, low):
         yield from _one("more_parallelism", plan, rp, warp_rows=True, splits=0)
     elif rp.family == "ew" and rp.threads > 64:
-        yield from _threads(plan, rp, "more_parallelism", rp.threads // 2)
+        yield from _threads(plan, rp, "more_parallelism", rp.threads // 2, r, low)
 
 
 def _short(r: Region, low: Lowered) -> bool:
@@ -216,7 +311,7 @@ def _tile(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
     rp = plan.get(r.rid)
     if rp is None or rp.family != "row" or rp.smem_row or r.kind not in ("softmax", "norm"):
         return
-    yield from _one("tile_shared_memory", plan, rp, smem_row=True)
+    yield from _one("tile_shared_memory", plan, rp, smem_row=True, **({"regs": 0} if rp.regs else {}))
 
 
 def _divergence(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
@@ -280,15 +375,20 @@ def _weight(r: Region, low: Lowered) -> int:
 
 def legal_edits(plan: Plan, low: Lowered, suggested: Iterable[str] = ()) -> list[tuple[str, Plan]]:
     """Every legal single edit of the plan, suggested edits first, each distinct plan once."""
-    order = list(dict.fromkeys([e for e in suggested if e in EDITS] + list(PRIORITY)))
+    order = list(dict.fromkeys([e for e in suggested if e in EDITS or e in GEMM_EDITS] + list(PRIORITY)))
+    order += [e for e in GEMM_EDITS if e not in order]
     live = [r for r in _ours(low) if plan.get(r.rid) is not None and r.rid not in plan.fused()]
+    live += _gemms(low)
     index = {r.rid: i for i, r in enumerate(low.regions)}
     live.sort(key=lambda r: (-_weight(r, low), index[r.rid]))
     seen = {plan.to_json()}
     out: list[tuple[str, Plan]] = []
     for edit in order:
         for r in live:
-            for label, p in EDITS[edit](plan, r, low):
+            table = GEMM_EDITS if r.kind == "library" else EDITS
+            if edit not in table:
+                continue
+            for label, p in table[edit](plan, r, low):
                 key = p.to_json()
                 if key not in seen:
                     seen.add(key)
@@ -304,6 +404,6 @@ def safer(plan: Plan, parent: Plan | None) -> Plan:
         before = parent.get(rp.rid) if parent else None
         if before == rp:
             regions.append(rp)
-        else:
+        elif rp.family != "wgmma":  # a changed GEMM goes back to cuBLAS
             regions.append(RegionPlan(rp.rid, rp.family))
     return Plan(tuple(regions), plan.version)

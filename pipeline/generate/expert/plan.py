@@ -15,7 +15,8 @@ VERSION = 1
 @dataclass(frozen=True)
 class RegionPlan:
     rid: str
-    family: str  # ew, row, col, scan (a reduction/softmax/norm/scan region's family comes from its layout)
+    family: str  # ew, row, col, scan (a reduction/softmax/norm/scan region's family comes from its layout),
+    # or wgmma: a linear layer in our own Hopper GEMM instead of cuBLAS
     vec: int = 1  # elements per vector access (16 bytes at most)
     threads: int = 256
     unroll: int = 1  # vector accesses (ew, col) or loop iterations (row) in flight per thread
@@ -24,11 +25,14 @@ class RegionPlan:
     warp_reduce: bool = False  # shuffles instead of a shared-memory tree
     warp_rows: bool = False  # row family: one warp per row (short rows)
     smem_row: bool = False  # row family: the row is cached in shared memory between passes
+    regs: int = 0  # row family, two-pass ops: the row held in registers, this many vectors per thread
     splits: int = 0  # reductions: split the reduced dimension to reach this many blocks per SM (0: never)
     bx: int = 32  # col family: threads along the contiguous inner dimension
     items: int = 1  # scan: consecutive items per thread
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
+    bn: int = 0  # wgmma: tile width along N (the tile is 128 x bn x 64)
+    stages: int = 0  # wgmma: shared-memory stages in the TMA ring
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ class Plan:
 
     def replace(self, rp: RegionPlan) -> Plan:
         return Plan(tuple(rp if r.rid == rp.rid else r for r in self.regions), self.version)
+
+    def add(self, rp: RegionPlan) -> Plan:
+        """The plan with rp added (a region that had no entry: a GEMM taken from cuBLAS)."""
+        if self.get(rp.rid) is not None:
+            return self.replace(rp)
+        return Plan((*self.regions, rp), self.version)
 
     def fused(self) -> set[str]:
         """Regions computed inside another region's kernel."""
@@ -83,8 +93,11 @@ def plan_of(source: str) -> Plan | None:
 
 def describe(rp: RegionPlan) -> str:
     """A short human-readable summary of one region's plan."""
+    if rp.family == "wgmma":
+        tail = f" epilogue={rp.epilogue}" if rp.epilogue else ""
+        return f"wgmma tile=128x{rp.bn}x64 stages={rp.stages} (TMA, 2 consumer warpgroups){tail}"
     parts = [rp.family, f"vec={rp.vec}", f"threads={rp.threads}"]
-    for name in ("unroll", "persistent", "min_blocks", "splits", "items"):
+    for name in ("unroll", "persistent", "min_blocks", "splits", "items", "regs"):
         v = getattr(rp, name)
         if v and not (name in ("unroll", "items") and v == 1):
             parts.append(f"{name}={v}")

@@ -8,7 +8,9 @@ candidate is then hybrid, and the proposal's notes say so); a task with nothing 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 from pipeline.candidates import make_candidate
 from pipeline.generate.base import Context, Outcome, Proposal, ProposalStatus
@@ -16,13 +18,17 @@ from pipeline.generate.expert import edits
 from pipeline.generate.expert.graph import CaptureError, capture, capture_source
 from pipeline.generate.expert.plan import Plan, describe, plan_of
 from pipeline.generate.expert.regions import Lowered
-from pipeline.generate.expert.render import RenderError, prepare, render
+from pipeline.generate.expert.render import RenderError, prepare, render, uses_cute
+from pipeline.generate.expert.templates.gemm import CUTE_FLAGS, eligible
 from pipeline.static_check import check_launcher
 from pipeline.types import Candidate, Task
 
 
 class ExpertPolicy:
     name = "expert"
+
+    def __init__(self, hunter: Any = None):
+        self.hunter = hunter  # index.hunt.Hunter: finds the GEMM's atoms (the installed headers without it)
 
     def propose(self, ctx: Context, n: int) -> list[Proposal]:
         low, why = _lowered(ctx.task)
@@ -40,12 +46,15 @@ class ExpertPolicy:
             if ctx.parent is not None:  # a parent the expert did not write: offer its own first kernels
                 start = [(f"{label} (rewrite of a foreign parent)", p) for label, p in start]
             start = [(label, p) for label, p in start if label not in done]
-            return _proposals(ctx, start, n, notes, empty="no kernel could be written for this task")
+            return _proposals(
+                ctx, start, n, notes, empty="no kernel could be written for this task", hunter=self.hunter
+            )
         suggested = [e for f in ctx.findings for e in f.edits]
         moves = [
             (label, p) for label, p in edits.legal_edits(parent_plan, low, suggested) if label not in done
         ]
-        skipped = sorted({e for e in suggested if e in edits.NOT_APPLICABLE})
+        made = {label.split("(", 1)[0] for label, _ in moves}
+        skipped = sorted({e for e in suggested if e in edits.NOT_APPLICABLE and e not in made})
         notes += tuple(f"{e} not applicable: {edits.NOT_APPLICABLE[e]}" for e in skipped)
         if not moves:
             return [
@@ -53,7 +62,9 @@ class ExpertPolicy:
                     ProposalStatus.NO_MOVE, reason="every legal edit of this plan was tried", notes=notes
                 )
             ]
-        return _proposals(ctx, moves, n, notes, empty="no edit of this plan renders a valid candidate")
+        return _proposals(
+            ctx, moves, n, notes, empty="no edit of this plan renders a valid candidate", hunter=self.hunter
+        )
 
     def repair(self, ctx: Context, failed: Candidate, outcome: Outcome) -> Proposal:
         low, why = _lowered(ctx.task)
@@ -79,11 +90,18 @@ class ExpertPolicy:
                 ProposalStatus.NO_MOVE,
                 reason=f"the plainest form of this edit is the parent itself; it failed with {outcome.status}",
             )
-        return _proposals(ctx, [(label, safe)], 1, _notes(low), empty="the repair plan does not render")[0]
+        return _proposals(
+            ctx, [(label, safe)], 1, _notes(low), empty="the repair plan does not render", hunter=self.hunter
+        )[0]
 
 
 def _proposals(
-    ctx: Context, plans: list[tuple[str, Plan]], n: int, notes: tuple[str, ...], empty: str
+    ctx: Context,
+    plans: list[tuple[str, Plan]],
+    n: int,
+    notes: tuple[str, ...],
+    empty: str,
+    hunter: Any = None,
 ) -> list[Proposal]:
     low, _ = _lowered(ctx.task)
     assert low is not None
@@ -95,7 +113,7 @@ def _proposals(
         if len(out) >= n:
             break
         try:
-            source, launcher = render(low, plan)
+            source, launcher = render(low, plan, hunter)
         except RenderError as e:
             errors.append(f"{label}: {e}")
             continue
@@ -103,7 +121,11 @@ def _proposals(
         if not report.ok:  # a template bug, never the user's: say so rather than hand the loop a reject
             errors.append(f"{label}: launcher fails the static check: {report.violations[0]}")
             continue
-        cand = make_candidate(ctx.task.id, source, launcher, parent=base.key if base else None, edit=label)
+        flags = CUTE_FLAGS if uses_cute(plan) else ()
+        used = tuple(dict.fromkeys(re.findall(r"^// building block: (\S+)", source, re.M)))
+        cand = make_candidate(
+            ctx.task.id, source, launcher, flags, parent=base.key if base else None, edit=label, blocks=used
+        )
         if cand.key in seen:
             continue
         seen.add(cand.key)
@@ -115,11 +137,18 @@ def _proposals(
 
 
 def _notes(low: Lowered) -> tuple[str, ...]:
-    lib = [n.target for r in low.regions if r.kind == "library" for n in r.nodes]
+    lib = [r for r in low.regions if r.kind == "library"]
+    ours = [r.node.target for r in lib if not eligible(r, low)]
+    kept = [r.node.target for r in lib if eligible(r, low)]
     notes = list(low.notes)
-    if lib:
+    if ours:
         notes.append(
-            f"left to cuBLAS/cuDNN (hybrid): {', '.join(lib)}; everything after them runs in our kernels"
+            f"our WGMMA kernel (TMA, tensor cores) for {', '.join(ours)} in the tuned plans, cuBLAS in the "
+            "plain one (hybrid)"
+        )
+    if kept:
+        notes.append(
+            f"left to cuBLAS/cuDNN (hybrid): {', '.join(kept)}; everything after them runs in our kernels"
         )
     return tuple(dict.fromkeys(notes))
 
@@ -145,7 +174,7 @@ def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]
     except CaptureError as e:
         return None, f"the expert cannot read this reference: {e}"
     low = prepare(graph)
-    ours = [r for r in low.regions if r.ours]
+    ours = [r for r in low.regions if r.ours or (r.kind == "library" and not eligible(r, low))]
     if not ours:
         lib = [n.target for r in low.regions for n in r.nodes if r.kind == "library"]
         why = [*low.notes, *(f"{t} stays in cuBLAS/cuDNN" for t in lib)] or ["the reference is only views"]
@@ -170,7 +199,7 @@ def supports(task_path: str | Path) -> tuple[bool, str]:
     report = check_launcher(launcher)
     if not report.ok:
         return False, f"the expert's launcher fails the static check: {report.violations[0]}"
-    kinds = [r.kind for r in low.regions if r.ours]
+    kinds = [r.kind for r in low.regions if r.ours or (r.kind == "library" and not eligible(r, low))]
     summary = f"{len(kinds)} region(s) in our kernels ({', '.join(dict.fromkeys(kinds))})"
     extra = [n for n in _notes(low)]
     return True, "; ".join([summary, *extra])

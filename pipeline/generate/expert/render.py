@@ -6,12 +6,12 @@ import dataclasses
 import math
 from typing import Any
 
-from pipeline.generate.expert import fusion
+from pipeline.generate.expert import atoms, fusion
 from pipeline.generate.expert.graph import Graph, Node, Ref
 from pipeline.generate.expert.layout import ew_layout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan, header
 from pipeline.generate.expert.regions import Lowered, Region, lower
-from pipeline.generate.expert.templates import colwise, elementwise, rowwise, scan
+from pipeline.generate.expert.templates import colwise, elementwise, gemm, rowwise, scan
 from pipeline.generate.expert.templates.code import GATHER, LAUNCHER_HELPERS, Code
 from pipeline.generate.expert.templates.common import PRELUDE
 
@@ -45,11 +45,15 @@ def family(region: Region, low: Lowered) -> str | None:
     return None
 
 
-def render(low: Lowered, plan: Plan) -> tuple[str, str]:
+def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
     """(CUDA source, launcher source). The CUDA source's first line holds the plan."""
     fused = plan.fused()
     codes: dict[str, Code] = {}
     for r in low.regions:
+        rp = plan.get(r.rid)
+        if r.kind == "library" and rp is not None:
+            codes[r.rid] = _render_gemm(r, rp, low, hunter)
+            continue
         if not r.ours or r.rid in fused:
             continue
         rp = plan.get(r.rid)
@@ -60,6 +64,26 @@ def render(low: Lowered, plan: Plan) -> tuple[str, str]:
         raise RenderError("no region is computed by our kernels")
     cuda = "\n".join([header(plan), PRELUDE, *(c.cuda for c in codes.values()), GATHER]) + "\n"
     return cuda, _launcher(low, plan, codes)
+
+
+def uses_cute(plan: Plan) -> bool:
+    """Whether the plan's source includes CuTe (it then needs nvcc's --expt-relaxed-constexpr)."""
+    return any(rp.family == "wgmma" for rp in plan.regions)
+
+
+def _render_gemm(r: Region, rp: RegionPlan, low: Lowered, hunter: Any) -> Code:
+    why = gemm.eligible(r, low)
+    if rp.family != "wgmma" or why:
+        raise RenderError(f"region {r.rid} cannot be our GEMM: {why or rp.family}")
+    epi = gemm.epilogue(r, low) if rp.epilogue else None
+    if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
+        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+    if not 2 <= rp.stages <= gemm.max_stages(rp.bn) or rp.bn not in gemm.TILE_N:
+        raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
+    try:
+        return gemm.render(r, low, rp, epi, hunter)
+    except atoms.AtomNotFound as e:
+        raise RenderError(str(e)) from None
 
 
 def _render_region(r: Region, rp: RegionPlan, low: Lowered) -> Code:

@@ -19,6 +19,7 @@ from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, 
 from pipeline.generate.expert.templates.fused import Fused, identity
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
+MAX_REGS = 16  # vectors per thread a register-held row may take (64 fp32 registers at 16-byte vectors)
 
 
 def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
@@ -154,6 +155,15 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
                 f'extern "C" __global__ void {lb}\n{kname}({", ".join(params)}) {{\n'
                 f"    kp_{rid}_body<{v}, {'true' if c else 'false'}>({', '.join(names)});\n}}"
             )
+    regs = rp.regs if regs_ok(lay, rp, region) else 0
+    if regs:
+        body += _regs_body(rid, params, lay, rp, pre, post, x_dt, out_dt, warp)
+        kname = f"kp_{rid}_v{rp.vec}_regs"
+        kernels.append(kname)
+        wrappers.append(
+            f'extern "C" __global__ void {lb}\n{kname}({", ".join(params)}) {{\n'
+            f"    kp_{rid}_regs<{rp.vec}>({', '.join(names)});\n}}"
+        )
     combine = ""
     if splits:
         post_decl = post.lam("post") if post else identity("post")
@@ -169,6 +179,114 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
     launcher = _launcher(region, lay, rp, pre, post, kernels, splits, cache, out_dt, indices_only)
     return Code(cuda, launcher, f"_r_{rid}", tuple(kernels), tuple(_args(region, lay, pre, post)),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
+
+
+def regs_ok(lay: RowLayout, rp: RegionPlan, region: Region) -> bool:
+    """Whether a row can be held in registers between the passes (block-per-row two-pass ops)."""
+    return (
+        lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind != "reduce"
+        and not rp.warp_rows and not rp.smem_row and 0 < rp.regs <= MAX_REGS
+    )  # fmt: skip
+
+
+def _regs_body(rid: str, params: list[str], lay: RowLayout, rp: RegionPlan, pre: Fused | None,
+               post: Fused | None, x_dt: str, out_dt: str, warp: bool) -> list[str]:  # fmt: skip
+    """The row read once into registers (R vectors per thread), its statistics in exact passes over the
+    registers (softmax: max, then exp and sum, one exp per element; norms: mean, then squared deviations),
+    then written from them: one DRAM read and one write per element. The launcher takes it only when the
+    row fits and is vector-aligned."""
+    xt, yt = ctype(x_dt), ctype(out_dt)
+    R = rp.regs
+    w = "true" if warp else "false"
+    n = "(float)cols"
+
+    def each(stmt: str) -> list[str]:
+        return [
+            "#pragma unroll",
+            f"        for (int q = 0; q < {R}; ++q)",
+            "#pragma unroll",
+            "            for (int e = 0; e < V; ++e)",
+            f"                if (tid + (long long)q * nt < nv) {{ float& v = f[q][e]; {stmt} }}",
+        ]
+
+    def reduce(var: str, op: str) -> str:
+        return f"block_reduce<{w}>(Acc{{{var}, 0.0f, 0}}, red, {op}()).a"
+
+    if lay.op == "softmax":
+        stats = [
+            "        float mx = -CUDART_INF_F;",
+            *each("mx = kp_max_nan(mx, v);"),
+            f"        const float M = {reduce('mx', 'MaxOp')};",
+            "        float sm = 0.0f;",
+            *each("v = expf(v - M); sm += v;"),
+            f"        const float inv = 1.0f / {reduce('sm', 'SumOp')};",
+        ]
+        f = "v * inv"
+    elif lay.op == "log_softmax":
+        stats = [
+            "        float mx = -CUDART_INF_F;",
+            *each("mx = kp_max_nan(mx, v);"),
+            f"        const float M = {reduce('mx', 'MaxOp')};",
+            "        float sm = 0.0f;",
+            *each("sm += expf(v - M);"),
+            f"        const float L = logf({reduce('sm', 'SumOp')});",
+        ]
+        f = "v - M - L"
+    elif lay.op == "layer_norm":
+        stats = [
+            "        float sm = 0.0f;",
+            *each("sm += v;"),
+            f"        const float mean = {reduce('sm', 'SumOp')} / {n};",
+            "        float sq = 0.0f;",
+            *each("sq += (v - mean) * (v - mean);"),
+            f"        const float rstd = 1.0f / sqrtf({reduce('sq', 'SumOp')} / {n} + {ops.lit(lay.eps)});",
+        ]
+        f = _stats(lay)[1]
+    else:  # rms_norm
+        stats = [
+            "        float sq = 0.0f;",
+            *each("sq += v * v;"),
+            f"        const float rstd = 1.0f / sqrtf({reduce('sq', 'SumOp')} / {n} + {ops.lit(lay.eps)});",
+        ]
+        f = _stats(lay)[1]
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_regs({', '.join(params)}) {{",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+        "    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {",
+        "        const long long rs = r * cols, nv = cols / V;",
+        f"        float f[{R}][V];",
+        "#pragma unroll",
+        f"        for (int q = 0; q < {R}; ++q) {{",
+        "            const long long j = tid + (long long)q * nt;",
+        "            if (j < nv) {",
+        f"                const Vec<{xt}, V> t = vload<{xt}, V>(x + rs + j * V);",
+        "#pragma unroll",
+        "                for (int e = 0; e < V; ++e) f[q][e] = pre(ld(t.v[e]), rs + j * V + e);",
+        "            }",
+        "        }",
+        *stats,
+        "#pragma unroll",
+        f"        for (int q = 0; q < {R}; ++q) {{",
+        "            const long long j = tid + (long long)q * nt;",
+        "            if (j < nv) {",
+        f"                Vec<{yt}, V> o;",
+        "#pragma unroll",
+        "                for (int e = 0; e < V; ++e) {",
+        "                    const long long c = j * V + e;",
+        "                    const float v = f[q][e];",
+        f"                    o.v[e] = cv<{yt}>(post({f}, rs + c));",
+        "                }",
+        f"                vstore<{yt}, V>(y + rs + j * V, o);",
+        "            }",
+        "        }",
+        "    }",
+        "}",
+    ]
 
 
 def _args(region: Region, lay: RowLayout, pre: Fused | None, post: Fused | None) -> list[str]:
@@ -205,8 +323,8 @@ def _reduce_store(lay: RowLayout, splits: bool, out_ct: str) -> list[str]:
     ]
 
 
-def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
-    """Stats from acc, then the row written: (c, v) -> value, over [0, n) of each segment."""
+def _stats(lay: RowLayout) -> tuple[list[str], str]:
+    """The row's statistics from acc, and the value written at column c from the input v."""
     n = "(float)cols"
     if lay.op == "softmax":
         stats = ["        const float M = acc.a, inv = 1.0f / acc.b;"]
@@ -232,6 +350,12 @@ def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
             )
         else:
             f = "v * sc + sh"
+    return stats, f
+
+
+def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
+    """Stats from acc, then the row written: (c, v) -> value, over [0, n) of each segment."""
+    stats, f = _stats(lay)
     lines = list(stats)
     if lay.op == "group_norm":
         w = "ld(w[ch])" if lay.has_weight else "1.0f"
@@ -368,6 +492,8 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
             c.append(f"_aligned(({vec_ts},), {v})")
         if k.endswith("_smem"):
             c.append("cached")
+        if k.endswith("_regs"):  # the row fits the registers and splits into whole vectors
+            c.append(f"cols % {v} == 0 and cols <= {rp.regs * v} * block")
         conds.append((" and ".join(c) or "True", k))
     first = True
     for cond, k in conds:

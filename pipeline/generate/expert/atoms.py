@@ -1,0 +1,224 @@
+"""Building blocks of the WGMMA GEMM, found in the CUTLASS/CuTe sources rather than named here.
+
+The template knows what it needs in hardware terms (the PTX instruction an MMA atom wraps, the TMA copy
+it issues, the mbarrier operations, the swizzled shared-memory layout GMMA reads) and asks for the C++
+symbol that provides it. The source hunter answers when an index is built (`make index`); the same
+question is then checked against, or answered from, the installed headers of the pinned nvidia-cutlass
+wheel, so a candidate always names a symbol that exists in the headers it is compiled with. CUTLASS has
+renamed these atoms between releases (`SM90_64x128x16_F32BF16BF16_SS` became
+`SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS`); asking by instruction keeps the template working across them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.compile import _cutlass
+
+
+class AtomNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Atom:
+    name: str  # qualified C++ name, as the template writes it
+    header: str  # include path, e.g. cute/arch/mma_sm90_gmma.hpp
+    line: int
+    via: str  # "index" (the source hunter) or "headers" (scan of the installed headers)
+
+    def cite(self) -> str:
+        """Where it is defined (the same with or without an index, so candidate keys do not depend on it)."""
+        return f"{self.name} ({self.header}:{self.line})"
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a building block must do: a PTX fragment in its body, the files to look in, a name filter."""
+
+    what: str  # words for the hunter and for error messages
+    ptx: str  # a fragment of the inline PTX the definition must contain
+    files: tuple[str, ...]  # header globs under the include directory
+    name: str = r"\w+"  # regex the symbol's name must match (e.g. SS, not RS, operands)
+    kind: str = "struct"  # struct, or "using" for a layout alias matched on its definition text
+
+
+def gmma(n: int, dtype: str) -> Need:
+    """The warpgroup MMA atom 64 x n x 16, fp32 accumulators, both operands from shared memory."""
+    t = {"bfloat16": "bf16", "float16": "f16"}[dtype]
+    return Need(
+        f"warpgroup MMA atom 64x{n}x16 F32 {t.upper()} {t.upper()} SS shared-memory operands",
+        f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t}",
+        ("cute/arch/mma_sm90_gmma.hpp", "cute/arch/mma_sm90_gmma_ext.hpp"),
+        name=r"\w*_SS(?:_TN)?",
+    )
+
+
+TMA_LOAD_2D = Need(
+    "TMA 2-D tile load into shared memory with mbarrier completion",
+    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+    ("cute/arch/copy_sm90_tma.hpp",),
+    name=r"SM90_TMA_LOAD\w*2D",
+)
+TX_BARRIER = Need(
+    "mbarrier with transaction bytes: arrive and expect tx, wait on phase parity",
+    "mbarrier.arrive.expect_tx",
+    ("cutlass/arch/barrier.h",),
+    name=r"\w*TransactionBarrier",
+)
+ARRIVE_BARRIER = Need(
+    "mbarrier arrive and wait, cluster scope",
+    "mbarrier.try_wait.parity",
+    ("cutlass/arch/barrier.h",),
+    name=r"ClusterBarrier",
+)
+SW128_K = Need(  # rows of 1024 bits (128 bytes), K contiguous, the 128-byte swizzle; typed by `upcast`
+    "GMMA shared-memory layout atom, K-major, 128-byte swizzle",
+    "Swizzle<3,4,3>",
+    ("cute/atom/mma_traits_sm90_gmma.hpp",),
+    name=r"Layout_K_\w*Atom_Bits",
+    kind="using",
+)
+
+
+def find(need: Need, hunter: Any = None) -> Atom:
+    """The symbol that provides `need`: the hunter's pick if it checks out in the headers, else the headers'."""
+    defs = _definitions(need.files, need.kind)
+    matching = [d for d in defs if need.ptx in d.body and re.fullmatch(need.name, d.short)]
+    if need.kind == "using":  # a layout in bits: the alias that types it for an element (via upcast)
+        matching = [
+            t
+            for d in matching
+            for t in defs
+            if f"{d.short}{{}}" in t.body and "upcast" in t.body and t.short != d.short
+        ]
+    if hunter is not None:
+        try:
+            blocks = hunter.hunt(f"{need.ptx} {need.what}", k=8, arch="sm90")
+        except Exception:  # the index helps; the headers are the authority either way
+            blocks = []
+        for b in blocks:
+            short = str(getattr(b, "symbol", "")).split("::")[-1].split("<")[0]
+            hit = next((d for d in matching if d.short == short), None)
+            if hit is not None:
+                return Atom(hit.qualified, hit.header, hit.line, "index")
+    if not matching:
+        raise AtomNotFound(
+            f"no {need.what} ({need.ptx}) in {', '.join(need.files)} of the installed CUTLASS headers"
+        )
+    # Plain atoms before variants with extra template parameters: the shortest name wins, then the first.
+    best = min(matching, key=lambda d: (len(d.short), d.header, d.line))
+    return Atom(best.qualified, best.header, best.line, "headers")
+
+
+@dataclass(frozen=True)
+class _Def:
+    short: str
+    qualified: str
+    header: str
+    line: int
+    body: str
+
+
+_STRUCT = re.compile(r"\b(?:struct|class)\s+(\w+)\s*(?::[^{;]*)?\{")
+_USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;]*);")
+
+
+@functools.lru_cache(maxsize=16)
+def _definitions(globs: tuple[str, ...], kind: str) -> tuple[_Def, ...]:
+    dirs, _ = _cutlass()
+    if not dirs:
+        raise AtomNotFound("the nvidia-cutlass wheel is not installed: no CUTLASS headers to take atoms from")
+    root = Path(dirs[0])
+    out: list[_Def] = []
+    for g in globs:
+        for path in sorted(root.glob(g)):
+            text = path.read_text(errors="replace")
+            header = path.relative_to(root).as_posix()
+            out += _scan(text, header, kind)
+    return tuple(out)
+
+
+def _scan(text: str, header: str, kind: str) -> list[_Def]:
+    """Top-level definitions of one header with their namespaces (comments and strings skipped)."""
+    code = _blank_comments(text)
+    out: list[_Def] = []
+    stack: list[str | None] = []  # one entry per open brace: a namespace name, or None
+    pending_ns: str | None = None
+    i, n = 0, len(code)
+    ns_re = re.compile(r"namespace\s+([\w:]+)\s*\{")
+    while i < n:
+        c = code[i]
+        if c == "n" and code.startswith("namespace", i) and (i == 0 or not code[i - 1].isalnum()):
+            m = ns_re.match(code, i)
+            if m:
+                pending_ns = m.group(1)
+                i = m.end() - 1
+                continue
+        if kind == "struct" and c in "sc" and (i == 0 or not (code[i - 1].isalnum() or code[i - 1] == "_")):
+            m = _STRUCT.match(code, i)
+            if m:
+                end = _matching_brace(code, m.end() - 1)
+                out.append(_def(m.group(1), stack, header, text, i, text[i:end]))
+                i = end
+                continue
+        if kind == "using" and c == "u" and (i == 0 or not code[i - 1].isalnum()):
+            m = _USING.match(code, i)
+            if m:
+                out.append(_def(m.group(1), stack, header, text, i, text[i : m.end()]))
+                i = m.end()
+                continue
+        if c == "{":
+            stack.append(pending_ns)
+            pending_ns = None
+        elif c == "}" and stack:
+            stack.pop()
+        i += 1
+    return out
+
+
+def _def(name: str, stack: list[str | None], header: str, text: str, pos: int, body: str) -> _Def:
+    ns = "::".join(s for s in stack if s and s != "cute")  # the template opens `using namespace cute`
+    return _Def(name, f"{ns}::{name}" if ns else name, header, text.count("\n", 0, pos) + 1, body)
+
+
+def _matching_brace(code: str, open_at: int) -> int:
+    depth = 0
+    for j in range(open_at, len(code)):
+        if code[j] == "{":
+            depth += 1
+        elif code[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return len(code)
+
+
+def _blank_comments(text: str) -> str:
+    """The text with comments, string and character literals replaced by spaces (offsets kept)."""
+    out = list(text)
+    i, n = 0, len(text)
+    while i < n:
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+        elif text[i] in "\"'":
+            q, j = text[i], i + 1
+            while j < n and text[j] != q and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(n, j + 1)
+        else:
+            i += 1
+            continue
+        for k in range(i, j):
+            if out[k] != "\n":
+                out[k] = " "
+        i = j
+    return "".join(out)

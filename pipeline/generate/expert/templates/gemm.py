@@ -1,0 +1,337 @@
+"""Our own Hopper GEMM for a 16-bit linear layer, with the elementwise region after it fused on its stores.
+
+out = epilogue(x @ w^T): x (..., K) and w (N, K), both K-major, bf16 or fp16, fp32 accumulators.
+A warp-specialised kernel: one producer warpgroup issues TMA loads of 128 x 64 (A) and BN x 64 (B)
+tiles into a ring of shared-memory stages (128-byte swizzle), two consumer warpgroups run WGMMA on
+them (64 x BN each), released stage by stage through mbarriers. Tiles are rasterised in groups of
+GROUP row-tiles so that neighbouring blocks share B tiles in L2. The epilogue applies the fused
+elementwise chain in fp32 to the accumulators and stores once, guarded at the edges; TMA fills reads
+outside the tensors with zeros, so any M, any N and any K that is a multiple of 8 work.
+
+The MMA atom, the TMA copy, the barriers and the swizzled layout are looked up by what they do
+(atoms.py), not written in by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.generate.expert import atoms
+from pipeline.generate.expert.layout import operand_class
+from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.templates.code import Code, chain_function, ctype, torch_dtype
+
+BM, BK, GROUP = 128, 64, 8
+TILE_N = (128, 256)
+SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
+CUTE_FLAGS = ("--expt-relaxed-constexpr",)
+_CUTE_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
+_GATHER = {"bfloat16": "bf16", "float16": "f16"}  # the gather kernels every generated source carries
+
+
+@dataclass(frozen=True)
+class GemmEpilogue:
+    region: Region
+    main: str  # the GEMM output, bound to the chain's operand
+    operands: tuple[tuple[str, str, str], ...]  # (value, dtype, full | scalar | col | row) of the others
+    out: str
+    out_dtype: str
+
+
+def eligible(r: Region, low: Lowered) -> str:
+    """ "" when our WGMMA kernel can compute this library region, else why not."""
+    n = r.node
+    if r.kind != "library" or n.op != "gemm_linear":
+        return "only linear layers (x @ w^T with a K-major weight) have a WGMMA template"
+    if n.dtype not in _CUTE_TYPES:
+        return f"WGMMA templates take bf16 or fp16 operands, not {n.dtype}"
+    x, w = (low.by_name.get(getattr(a, "name", "")) for a in n.args[:2])
+    if x is None or w is None or not x.shape or w.shape is None or len(w.shape) != 2:
+        return "the operands' shapes are unknown"
+    if x.dtype != n.dtype or w.dtype != n.dtype:
+        return "mixed operand dtypes"
+    if x.shape[-1] != w.shape[1] or w.shape[1] % 8:
+        return f"K = {w.shape[1]} is not a multiple of 8 (TMA needs 16-byte rows)"
+    return ""
+
+
+def max_stages(bn: int) -> int:
+    stage = (BM + bn) * BK * 2
+    return max(2, (SMEM_LIMIT - 2048) // stage)
+
+
+def smem_bytes(bn: int, stages: int) -> int:
+    """sizeof(Smem) (tiles padded to 1024 bytes, then the barriers) plus 1024 for aligning the base."""
+    tiles = (BM + bn) * BK * stages * 2
+    return tiles + 1024 + 1024
+
+
+def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
+    """The ew region that consumes the GEMM's output only, with operands the epilogue can index."""
+    if host.kind != "library" or len(host.outputs) != 1:
+        return None
+    out = host.outputs[0]
+    users = low.users.get(out, ())
+    if not users or out in low.graph.output_names():
+        return None
+    e = low.region_of(users[0])
+    if e is None or e.kind != "ew" or len(e.outputs) != 1:  # in place or not: we write a fresh output
+        return None
+    if any(low.region_of(u) is not e for u in users) or low.by_name[out].shape != e.shape:
+        return None
+    position = {r.rid: i for i, r in enumerate(low.regions)}
+    split = len(e.shape) - 1
+    operands = []
+    for i in e.inputs:
+        if i == out:
+            continue
+        src = low.region_of(i)
+        if src is not None and position[src.rid] >= position[host.rid]:
+            return None  # computed after the GEMM: not ready when the epilogue runs
+        node = low.by_name[i]
+        cls = operand_class(node.shape or (), e.shape, split)
+        if cls == "dense":
+            return None
+        operands.append((i, node.dtype or "float32", cls))
+    out_dt = next(n.dtype for n in e.nodes if n.name == e.outputs[0]) or "float32"
+    if out_dt not in ("float32", "float16", "bfloat16"):
+        return None
+    return GemmEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
+
+
+def blocks(rp: RegionPlan, dtype: str, hunter: Any = None) -> dict[str, atoms.Atom]:
+    return {
+        "mma": atoms.find(atoms.gmma(rp.bn, dtype), hunter),
+        "tma": atoms.find(atoms.TMA_LOAD_2D, hunter),
+        "full": atoms.find(atoms.TX_BARRIER, hunter),
+        "empty": atoms.find(atoms.ARRIVE_BARRIER, hunter),
+        "smem": atoms.find(atoms.SW128_K, hunter),
+    }
+
+
+def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+    rid = r.rid
+    dt = r.node.dtype
+    bn, stages = rp.bn, rp.stages
+    b = blocks(rp, dt, hunter)
+    smem = smem_bytes(bn, stages)
+    out_dt = epi.out_dtype if epi else dt
+    ops_ = epi.operands if epi else ()
+    headers = sorted({a.header for a in b.values()})
+    lines = [
+        "#include <cuda.h>",
+        *(f"#include <{h}>" for h in headers),
+        "#include <cute/tensor.hpp>",
+        "#include <cutlass/arch/reg_reconfig.h>",
+        "",
+        *(f"// building block: {a.cite()}" for a in b.values()),
+        f"namespace kp_{rid} {{",
+        "using namespace cute;",
+        f"using T = {_CUTE_TYPES[dt]};",
+        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP};",
+        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::K>{{}},",
+        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
+        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        "struct Smem {",
+        "    alignas(1024) T a[cosize_v<SmemA>];",
+        "    alignas(1024) T b[cosize_v<SmemB>];",
+        "    uint64_t full[STAGES];",
+        "    uint64_t empty[STAGES];",
+        "};",
+        f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
+    ]
+    lines.append(f"}}  // namespace kp_{rid}")
+    if epi:  # at global scope, beside the prelude's helpers it calls
+        lines.append(chain_function(epi.region, list(epi.region.inputs)))
+    params = [
+        "const __grid_constant__ CUtensorMap tma_a",
+        "const __grid_constant__ CUtensorMap tma_b",
+        f"{ctype(out_dt)}* __restrict__ out",
+        *(f"const {ctype(d)}* __restrict__ e{k}" for k, (_, d, _) in enumerate(ops_)),
+        "int M",
+        "int N",
+        "int K",
+    ]
+    lines += [
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({", ".join(params)}) {{',
+        f"    using namespace kp_{rid};",
+        f"    using Full = {b['full'].name};",
+        f"    using Empty = {b['empty'].name};",
+        _BODY.replace("TMA_COPY", b["tma"].name),
+        *_store(epi, out_dt),
+        "}",
+    ]
+    cuda = "\n".join(lines) + "\n"
+    launcher = _launcher(rid, r, low, epi, rp, smem, dt, out_dt)
+    args = tuple(a.name for a in r.node.args[:2]) + tuple(v for v, _, _ in ops_)
+    outs = (epi.out,) if epi else r.outputs
+    return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), args, outs)
+
+
+_BODY = r"""    extern __shared__ char smem_raw[];
+    Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    const int wg = threadIdx.x / 128;
+    const int ktiles = (K + BK - 1) / BK;
+    // Grouped rasterisation: GROUP row-tiles run together and share their B tiles in L2.
+    const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
+    const int per_group = GROUP * nt;
+    const int first = (blockIdx.x / per_group) * GROUP;
+    const int rows = min(mt - first, GROUP);
+    const int m_blk = first + (blockIdx.x % per_group) % rows;
+    const int n_blk = (blockIdx.x % per_group) / rows;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Empty::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {  // producer: one thread issues the TMA loads, STAGES tiles ahead of the consumers
+        cutlass::arch::warpgroup_reg_dealloc<40>();
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                if (kt >= STAGES) Empty::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
+                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(T));
+                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM);
+                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN);
+            }
+        }
+        return;
+    }
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    TiledMma mma;
+    auto thr = mma.get_slice(threadIdx.x - 128);
+    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemB{});
+    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
+    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    clear(acc);
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int st = kt % STAGES;
+        Full::wait(&s.full[st], (kt / STAGES) & 1);
+        warpgroup_fence_operand(acc);
+        warpgroup_arrive();
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tCrA); ++kb) cute::gemm(mma, tCrA(_, _, kb, st), tCrB(_, _, kb, st), acc);
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
+        warpgroup_fence_operand(acc);
+        if (kt > 0 && threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(kt - 1) % STAGES]);
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+    const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;
+    const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned"""
+
+
+def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
+    """The epilogue: accumulator pairs (i, i + 1) are adjacent columns of one row in the GMMA layout."""
+    ot = ctype(out_dt)
+
+    def value(k: int) -> str:
+        if epi is None:
+            return f"acc(i + {k})"
+        args = []
+        for i in epi.region.inputs:
+            if i == epi.main:
+                args.append(f"acc(i + {k})")
+                continue
+            j = next(j for j, (v, _, _) in enumerate(epi.operands) if v == i)
+            cls = epi.operands[j][2]
+            idx = {"full": f"m * N + n + {k}", "col": f"n + {k}", "row": "m", "scalar": "0"}[cls]
+            args.append(f"kp::ld(e{j}[{idx}])")
+        return f"kp_{epi.region.rid}_f({', '.join([*args, f'v{k}'])})"
+
+    pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
+    make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",
+            "__nv_bfloat16": "__floats2bfloat162_rn(v0, v1)"}[ot]  # fmt: skip
+    return [
+        "    CUTE_UNROLL",
+        "    for (int i = 0; i < size(acc); i += 2) {",
+        "        const long long m = m0 + get<0>(tCcC(i)), n = n0 + get<1>(tCcC(i));",
+        "        if (m >= M || n >= N) continue;",
+        "        float v0, v1;",
+        f"        {value(0) if epi else 'v0 = acc(i)'};",
+        "        if (pairs && n + 1 < N) {",
+        f"            {value(1) if epi else 'v1 = acc(i + 1)'};",
+        f"            *reinterpret_cast<{pair}*>(out + m * N + n) = {make};",
+        "        } else {",
+        f"            out[m * N + n] = kp::cv<{ot}>(v0);",
+        "            if (n + 1 < N) {",
+        f"                {value(1) if epi else 'v1 = acc(i + 1)'};",
+        f"                out[m * N + n + 1] = kp::cv<{ot}>(v1);",
+        "            }",
+        "        }",
+        "    }",
+    ]
+
+
+def _launcher(
+    rid: str,
+    r: Region,
+    low: Lowered,
+    epi: GemmEpilogue | None,
+    rp: RegionPlan,
+    smem: int,
+    dt: str,
+    out_dt: str,
+) -> str:
+    ops_ = epi.operands if epi else ()
+    names = ["x", "w", *(f"e{k}" for k in range(len(ops_)))]
+    lines = [
+        f"def _gemm_{rid}(sms, {', '.join(names)}):",
+        f'    """x @ w^T{" and the fused epilogue" if epi else ""}: our WGMMA kernel (TMA, 128 x {rp.bn} tiles, '
+        f'{rp.stages} stages)."""',
+        "    k = x.shape[-1]",
+        "    n = w.shape[0]",
+        "    lead = tuple(x.shape[:-1])",
+        "    a = _contig(x).reshape(-1, k)",
+        "    m0 = a.shape[0]",
+        "    if a.data_ptr() % 16:  # TMA needs a 16-byte aligned base: our gather kernel copies it to one",
+        "        c = torch.empty(a.shape, dtype=a.dtype, device=a.device)",
+        "        args = (a, c, numpy.int64(a.numel()), numpy.int32(2), numpy.int64(m0), numpy.int64(k),",
+        "                *[numpy.int64(1)] * 6, numpy.int64(k), numpy.int64(1), *[numpy.int64(0)] * 6)",
+        f"        kernels.kp_gather_{_GATHER[dt]}((max(1, min(-(-a.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
+        "  # noqa: F821",
+        "        a = c",
+        "    w = _contig(w)",
+        "    m = a.shape[0]",
+        f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
+    ]
+    for k, (_, _, cls) in enumerate(ops_):
+        e = f"e{k}"
+        if cls == "full":
+            lines.append(f"    {e} = _full({e}, (*lead, n)).reshape(m, n)")
+        elif cls == "col":
+            lines.append(f"    {e} = _contig({e}.reshape(n))")
+        elif cls == "row":
+            lines.append(f"    {e} = _full({e}, (*lead, 1)).reshape(m)")
+        else:
+            lines.append(f"    {e} = _scalar({e})")
+    lines += [
+        "    if m and n:",
+        f"        ta = kernels.tensor_map(a, {BM}, {BK})  # noqa: F821",
+        f"        tb = kernels.tensor_map(w, {rp.bn}, {BK})  # noqa: F821",
+        f"        grid = (-(-m // {BM})) * (-(-n // {rp.bn}))",
+        f"        kernels.kp_{rid}_gemm((grid,), (384,), (ta, tb, out, "
+        + "".join(f"e{k}, " for k in range(len(ops_)))
+        + f"numpy.int32(m), numpy.int32(n), numpy.int32(k)), shared_mem={smem})  # noqa: F821",
+        "    return out.reshape(*lead, n)",
+    ]
+    return "\n".join(lines)
+
+
+def with_defaults(rp: RegionPlan) -> RegionPlan:
+    """A wgmma region plan with its tile and stages filled in (the largest ring that fits)."""
+    bn = rp.bn or TILE_N[-1]
+    return dataclasses.replace(rp, bn=bn, stages=min(rp.stages or max_stages(bn), max_stages(bn)))

@@ -1,0 +1,182 @@
+"""The expert's own Hopper GEMM (templates/gemm.py) on the CPU: building blocks found in the installed CUTLASS
+headers, which linear layers it takes, its plans and edits, and real nvcc compiles for sm_90a. Its results
+on the GPU are in tests/test_gpu_expert.py (the linear_* families and the matmul task)."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pipeline.compile import _cutlass, compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context, ProposalStatus
+from pipeline.generate.expert import ExpertPolicy, atoms, capture, plan_of
+from pipeline.generate.expert.edits import base_plan, legal_edits, safer
+from pipeline.generate.expert.render import prepare, render, uses_cute
+from pipeline.generate.expert.templates import gemm
+from pipeline.static_check import check_launcher
+from pipeline.tasks import probe
+from pipeline.types import Kind, Status
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+
+
+def task(folder: Path, name: str, body: str, inputs: str) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(
+        HEADER + textwrap.dedent(body).strip() + f"\n\n\ndef get_inputs():\n    return [{inputs}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+LINEAR = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear({k}, {n}, bias={bias}, dtype=torch.{dt})
+        self.s = nn.Parameter(torch.rand({n}, dtype=torch.{dt}))
+    def forward(self, x):
+        return {expr}
+"""
+
+
+def linear(folder: Path, name: str, k=1032, n=1001, bias=True, dt="bfloat16", expr="self.linear(x)") -> Path:
+    body = LINEAR.format(k=k, n=n, bias=bias, dt=dt, expr=expr)
+    return task(folder, name, body, f"torch.randn(77, {k}, dtype=torch.{dt})")
+
+
+# ------------------------------------------------------------------------------------------- atoms
+
+
+@pytest.mark.parametrize(
+    ("n", "dtype", "ptx"), [(256, "bfloat16", "bf16"), (128, "float16", "f16"), (64, "bfloat16", "bf16")]
+)
+def test_the_mma_atom_is_the_one_that_wraps_the_instruction(n, dtype, ptx):
+    a = atoms.find(atoms.gmma(n, dtype))
+    assert a.via == "headers" and a.header.startswith("cute/arch/mma_sm90_gmma")
+    assert a.name.endswith(f"64x{n}x16_F32{ptx.upper()}{ptx.upper()}_SS")
+    text = (Path(_cutlass()[0][0]) / a.header).read_text().splitlines()
+    body = "\n".join(text[a.line - 1 : a.line + 80])
+    assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx}" in body
+    assert "desc_a" in body and "desc_b" in body  # both operands from shared-memory descriptors (SS, not RS)
+
+
+def test_copy_barrier_and_layout_blocks_are_found_with_their_namespaces():
+    found = {k: atoms.find(v) for k, v in
+             (("tma", atoms.TMA_LOAD_2D), ("full", atoms.TX_BARRIER), ("empty", atoms.ARRIVE_BARRIER),
+              ("smem", atoms.SW128_K))}  # fmt: skip
+    assert found["tma"].name == "SM90_TMA_LOAD_2D"
+    assert found["full"].name == "cutlass::arch::ClusterTransactionBarrier"
+    assert found["empty"].name == "cutlass::arch::ClusterBarrier"
+    assert found["smem"].name.endswith("GMMA::Layout_K_SW128_Atom")
+
+
+def test_an_instruction_no_header_has_is_a_clear_error():
+    need = atoms.Need(
+        "an MMA that does not exist", "wgmma.mma_async.sync.aligned.m64n7k16", ("cute/arch/*.hpp",)
+    )
+    with pytest.raises(atoms.AtomNotFound, match="m64n7k16"):
+        atoms.find(need)
+
+
+def test_the_scanner_skips_braces_in_strings_and_comments():
+    text = textwrap.dedent(
+        """
+        namespace outer { namespace inner {
+        // struct Commented { "not a definition" };
+        struct First {
+          void f() { asm volatile("op {%0, %1};" : : "r"(x)); }  /* { unbalanced in a comment */
+        };
+        }  // inner
+        struct Second { int x; };
+        }
+        """
+    )
+    defs = atoms._scan(text, "x.hpp", "struct")
+    assert [(d.qualified, d.line) for d in defs] == [("outer::inner::First", 4), ("outer::Second", 8)]
+    assert "op {%0, %1};" in defs[0].body
+
+
+# ------------------------------------------------------------------------------------ what it takes
+
+
+def test_which_linear_layers_the_template_takes(tmp_path):
+    cases = {
+        "bf16": (linear(tmp_path, "bf16"), ""),
+        "fp32": (linear(tmp_path, "fp32", dt="float32"), "bf16 or fp16"),
+        "odd_k": (linear(tmp_path, "odd_k", k=1001), "multiple of 8"),
+    }
+    for name, (path, why) in cases.items():
+        low = prepare(capture(path))
+        (lib,) = [r for r in low.regions if r.kind == "library"]
+        reason = gemm.eligible(lib, low)
+        assert (why in reason and reason) if why else reason == "", (name, reason)
+
+
+def test_the_epilogue_indexes_bias_scale_and_scalars(tmp_path):
+    path = linear(tmp_path, "epi", expr="torch.relu(self.linear(x)) * self.s + 0.5")
+    low = prepare(capture(path))
+    (lib,) = [r for r in low.regions if r.kind == "library"]
+    epi = gemm.epilogue(lib, low)
+    assert epi is not None and epi.out_dtype == "bfloat16"
+    assert sorted(cls for _, _, cls in epi.operands) == ["col", "col"]  # the bias and the per-feature scale
+
+
+def test_plans_edits_and_repairs(tmp_path):
+    low = prepare(capture(ROOT / "tasks" / "matmul_bias_gelu.py"))
+    plain, tuned = base_plan(low, False), base_plan(low, True)
+    assert not uses_cute(plain) and uses_cute(tuned)  # cuBLAS first, then our kernel
+    g = next(rp for rp in tuned.regions if rp.family == "wgmma")
+    assert (g.bn, g.stages, g.epilogue) == (256, gemm.max_stages(256), "linear")
+    labels = [label for label, _ in legal_edits(tuned, low)]
+    assert "more_parallelism(linear_mm: bn=128, stages=4)" in labels
+    assert any(lbl.startswith("pipeline_loads(linear_mm:") for lbl in labels)
+    assert "use_wgmma(linear_mm: bn=256, stages=4)" in [lbl for lbl, _ in legal_edits(plain, low)]
+    assert not uses_cute(safer(tuned, None))  # a failed GEMM goes back to cuBLAS, its epilogue unfused
+    source, launcher = render(low, tuned)
+    assert plan_of(source) == tuned
+    report = check_launcher(launcher)
+    assert report.ok and report.kind == Kind.CUSTOM and "tensor_map" not in report.kernels_used
+
+
+def test_a_lone_linear_layer_is_ours_and_cites_its_building_blocks(tmp_path):
+    path = linear(tmp_path, "lone", bias=False, dt="float16", k=1024, n=1000)
+    t = probe(path)
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+    assert all(p.status == ProposalStatus.OK for p in props)
+    for p in props:
+        c = p.candidate
+        assert uses_cute(plan_of(c.source)) and c.flags == gemm.CUTE_FLAGS
+        assert any("MMA_64x" in b and "F16F16_SS" in b for b in c.blocks)
+        assert re.search(r"// building block: SM90_TMA_LOAD_2D \(cute/arch/copy_sm90_tma.hpp:\d+\)", c.source)
+
+
+# -------------------------------------------------------------------------------------------- nvcc
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+def test_gemm_instantiations_compile_for_sm90a_without_spills(tmp_path):
+    paths = [
+        ROOT / "tasks" / "matmul_bias_gelu.py",
+        linear(tmp_path, "odd", expr="torch.relu(self.linear(x)) * self.s + 0.5"),
+        linear(tmp_path, "lone16", bias=False, dt="float16", k=1024, n=1000),
+    ]
+    cands = []
+    for path in paths:
+        t = probe(path)
+        policy = ExpertPolicy()
+        first = policy.propose(Context(task=t, reference=t.source, parent=None), 2)
+        tuned = first[1].candidate  # the tuned plan: 128 x 256 tiles
+        kids = policy.propose(Context(task=t, reference=t.source, parent=tuned), 8)
+        cands += [tuned, *(k.candidate for k in kids if "bn=128" in k.edit)][:2]
+    assert len(cands) == 6
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK, (c.edit, b.log)
+        (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
+        assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
