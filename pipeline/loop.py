@@ -350,14 +350,16 @@ class _NodeInfo:
     repair_done: bool = False
 
 
-def _make_policy(name: str, cfg: Config, task_path: Path, toolbox: Any = None, budget: Any = None) -> Any:
+def _make_policy(
+    name: str, cfg: Config, task_path: Path, toolbox: Any = None, budget: Any = None, hunter: Any = None
+) -> Any:
     if name == "expert":
         from pipeline.generate.expert.policy import ExpertPolicy, supports
 
         ok, why = supports(task_path)
         if not ok:
             raise OptimizeError(f"the expert policy cannot write kernels for {task_path.name}: {why}")
-        return ExpertPolicy()
+        return ExpertPolicy(hunter=hunter)
     if name == "llm":
         from pipeline.generate.llm import LLMConfigError, LLMPolicy
 
@@ -788,7 +790,7 @@ def optimize(
             from pipeline.generate.toolbox import LocalToolBox
 
             toolbox = LocalToolBox(hunter=hunter)
-        policy = _make_policy(policy_name, cfg, task_path, toolbox=toolbox)
+        policy = _make_policy(policy_name, cfg, task_path, toolbox=toolbox, hunter=hunter)
         if log is None:
             log = runlog.RunLog.create(
                 cfg.runs_dir,

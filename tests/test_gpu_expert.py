@@ -122,6 +122,18 @@ FAMILIES = {
         """,
         "[4097]",
     ),
+    "layer_rms_4k": (  # rows held in registers, weight and bias read as vectors
+        """
+        class Model(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.ln = nn.LayerNorm(width)
+                self.rms = nn.RMSNorm(width)
+            def forward(self, x):
+                return self.ln(x) + self.rms(x * 2.0)
+        """,
+        "[4096]",
+    ),
     "group_instance": (
         """
         class Model(nn.Module):
@@ -196,8 +208,9 @@ SHAPES = {
     "reduce_last": ["(4097, 999)", "(3, 2)", "(2, 100003)"],
     "reduce_mid": ["(3, 1001, 77)", "(5, 33, 7, 3)", "(64, 4096, 512)"],
     "reduce_all": ["(2**24 + 1,)", "(5,)"],
-    "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)"],
+    "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)"],
     "layer_rms": ["(1001, 4097)", "(2, 3, 4097)"],
+    "layer_rms_4k": ["(1001, 4096)"],
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
     "scan": ["(129, 10007)", "(4, 1003, 65)"],
     "linear_epilogue": ["(999, 1024)", "(3, 7, 1024)"],

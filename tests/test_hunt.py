@@ -183,3 +183,21 @@ def test_full_cutlass_eval(full_cutlass) -> None:
     for q, top in misses:
         print("miss:", q, top)
     assert report.recall_at_5 >= 0.8
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_the_gemm_building_blocks_are_found_through_the_index(full_cutlass) -> None:
+    """The expert's WGMMA GEMM asks the hunter for its atoms; each answer is the symbol the headers define."""
+    import dataclasses
+
+    from pipeline.generate.expert import atoms
+
+    cfg, _, _ = full_cutlass
+    hunter = Hunter(cfg, "cutlass")
+    needs = [atoms.gmma(n, dt) for n in (128, 256) for dt in ("bfloat16", "float16")]
+    needs += [atoms.TMA_LOAD_2D, atoms.TX_BARRIER, atoms.ARRIVE_BARRIER, atoms.SW128_K]
+    for need in needs:
+        found = atoms.find(need, hunter)
+        assert found.via == "index", (need.what, found)
+        assert found == dataclasses.replace(atoms.find(need), via="index"), need.what

@@ -45,6 +45,7 @@ class Need:
     files: tuple[str, ...]  # header globs under the include directory
     name: str = r"\w+"  # regex the symbol's name must match (e.g. SS, not RS, operands)
     kind: str = "struct"  # struct, or "using" for a layout alias matched on its definition text
+    queries: tuple[str, ...] = ()  # what the source hunter is asked (CUTLASS's own words); `what` by default
 
 
 def gmma(n: int, dtype: str) -> Need:
@@ -55,6 +56,7 @@ def gmma(n: int, dtype: str) -> Need:
         f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t}",
         ("cute/arch/mma_sm90_gmma.hpp", "cute/arch/mma_sm90_gmma_ext.hpp"),
         name=r"\w*_SS(?:_TN)?",
+        queries=(f"64x{n}x16 F32{t.upper()}{t.upper()} SS", f"GMMA 64x{n}x16 F32{t.upper()}{t.upper()} SS"),
     )
 
 
@@ -63,18 +65,21 @@ TMA_LOAD_2D = Need(
     "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
     ("cute/arch/copy_sm90_tma.hpp",),
     name=r"SM90_TMA_LOAD\w*2D",
+    queries=("SM90 TMA LOAD 2D tile copy",),
 )
 TX_BARRIER = Need(
     "mbarrier with transaction bytes: arrive and expect tx, wait on phase parity",
     "mbarrier.arrive.expect_tx",
     ("cutlass/arch/barrier.h",),
     name=r"\w*TransactionBarrier",
+    queries=("cluster transaction barrier mbarrier arrive expect tx bytes",),
 )
 ARRIVE_BARRIER = Need(
     "mbarrier arrive and wait, cluster scope",
     "mbarrier.try_wait.parity",
     ("cutlass/arch/barrier.h",),
     name=r"ClusterBarrier",
+    queries=("cluster barrier mbarrier arrive wait",),
 )
 SW128_K = Need(  # rows of 1024 bits (128 bytes), K contiguous, the 128-byte swizzle; typed by `upcast`
     "GMMA shared-memory layout atom, K-major, 128-byte swizzle",
@@ -82,6 +87,7 @@ SW128_K = Need(  # rows of 1024 bits (128 bytes), K contiguous, the 128-byte swi
     ("cute/atom/mma_traits_sm90_gmma.hpp",),
     name=r"Layout_K_\w*Atom_Bits",
     kind="using",
+    queries=("GMMA Layout K SW128 Atom K-major swizzle",),
 )
 
 
@@ -97,15 +103,25 @@ def find(need: Need, hunter: Any = None) -> Atom:
             if f"{d.short}{{}}" in t.body and "upcast" in t.body and t.short != d.short
         ]
     if hunter is not None:
-        try:
-            blocks = hunter.hunt(f"{need.ptx} {need.what}", k=8, arch="sm90")
-        except Exception:  # the index helps; the headers are the authority either way
-            blocks = []
+        blocks = []
+        for query in need.queries or (need.what,):
+            try:
+                blocks += hunter.hunt(query, k=8, arch="sm90")
+            except Exception:  # the index helps; the headers are the authority either way
+                break
+        # The hunter's definition itself, else a definition in a file it found (its chunk may be the
+        # family's dispatcher, e.g. SM90_TMA_LOAD for SM90_TMA_LOAD_2D); the headers pin the exact struct.
         for b in blocks:
-            short = str(getattr(b, "symbol", "")).split("::")[-1].split("<")[0]
+            short = str(getattr(b, "symbol", "")).split("::")[-1].split("<")[0].strip()
             hit = next((d for d in matching if d.short == short), None)
             if hit is not None:
                 return Atom(hit.qualified, hit.header, hit.line, "index")
+        for b in blocks:
+            path = str(getattr(b, "path", ""))
+            here = [d for d in matching if path.endswith(d.header)]
+            if here:
+                best = min(here, key=lambda d: (len(d.short), d.line))
+                return Atom(best.qualified, best.header, best.line, "index")
     if not matching:
         raise AtomNotFound(
             f"no {need.what} ({need.ptx}) in {', '.join(need.files)} of the installed CUTLASS headers"

@@ -91,7 +91,10 @@ def base_plan(low: Lowered, tuned: bool) -> Plan:
                     rp, vec=vmax, threads=threads, warp_reduce=True, warp_rows=short,
                     splits=1 if r.kind == "reduce" and not short else 0,
                 )  # fmt: skip
-                rp = dataclasses.replace(rp, regs=_regs_for(rp, r, low))  # one read of a row that fits
+                # One read of a row that fits in registers, with 256 threads a block: the best of 128 to
+                # 1024 for softmax (4096 columns) and layer norm (8192) on the H200.
+                if regs := _regs_for(rp, r, low, 256):
+                    rp = dataclasses.replace(rp, threads=256, regs=regs)
             elif fam == "col" and tuned:
                 vec = vmax if lay.inner % vmax == 0 else 1
                 rp = dataclasses.replace(rp, vec=vec, unroll=4, splits=1 if r.kind == "reduce" else 0)

@@ -249,6 +249,13 @@ def _regs_body(rid: str, params: list[str], lay: RowLayout, rp: RegionPlan, pre:
             f"        const float rstd = 1.0f / sqrtf({reduce('sq', 'SumOp')} / {n} + {ops.lit(lay.eps)});",
         ]
         f = _stats(lay)[1]
+    # weight and bias as vectors too (the launcher checks their alignment), not one scalar load each
+    wb_loads = []
+    for p in ("w", "b") if lay.op in ("layer_norm", "rms_norm") else ():
+        if f"ld({p}[c])" in f:
+            wt = ctype(lay.w_dtype)
+            wb_loads.append(f"                const Vec<{wt}, V> {p}v = vload<{wt}, V>({p} + j * V);")
+            f = f.replace(f"ld({p}[c])", f"ld({p}v.v[e])")
     return [
         "template <int V>",
         f"__device__ __forceinline__ void kp_{rid}_regs({', '.join(params)}) {{",
@@ -275,6 +282,7 @@ def _regs_body(rid: str, params: list[str], lay: RowLayout, rp: RegionPlan, pre:
         "            const long long j = tid + (long long)q * nt;",
         "            if (j < nv) {",
         f"                Vec<{yt}, V> o;",
+        *wb_loads,
         "#pragma unroll",
         "                for (int e = 0; e < V; ++e) {",
         "                    const long long c = j * V + e;",
@@ -494,6 +502,8 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
             c.append("cached")
         if k.endswith("_regs"):  # the row fits the registers and splits into whole vectors
             c.append(f"cols % {v} == 0 and cols <= {rp.regs * v} * block")
+            if wb and v > 1 and lay.op in ("layer_norm", "rms_norm"):  # vector loads of weight and bias too
+                c.append(f"_aligned(({', '.join(wb)},), {v})")
         conds.append((" and ".join(c) or "True", k))
     first = True
     for cond, k in conds:
