@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline import calibrate
 from pipeline.candidates import load_candidate
-from pipeline.compile import compile_candidates
+from pipeline.compile import compile_candidates, resolve_arch
 from pipeline.config import Config
 from pipeline.static_check import LauncherReport, check_launcher
 from pipeline.tasks import TaskError
@@ -611,7 +611,7 @@ class _Run:
             tried=self._tried(),
             siblings=tuple(o for c in self.search.children(nid) if (o := self._outcome(c)) is not None),
             best=self._outcome(best) if best not in (None, ROOT) else None,
-            arch=self.cfg.arch if self.cfg.arch != "auto" else "sm_90a",
+            arch=resolve_arch(self.cfg),  # what the candidates are compiled for (the GPU's, with "auto")
             extra={
                 "evidence": getattr(self.ev, "evidence", {}).get(info.candidate.key)
                 if info.candidate

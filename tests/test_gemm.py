@@ -180,3 +180,20 @@ def test_gemm_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK, (c.edit, b.log)
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
+
+
+def test_before_hopper_the_linear_layer_stays_in_cublas():
+    t = probe(ROOT / "tasks" / "matmul_bias_gelu.py")
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None, arch="sm_80"), 4)
+    assert props and all(p.status == ProposalStatus.OK for p in props)
+    assert not any(uses_cute(plan_of(p.candidate.source)) for p in props)
+    assert any("vec=8" in p.reason for p in props)  # the tuned epilogue pass is still offered
+
+
+def test_a_tensor_map_needs_a_gpu_tensor():
+    import torch
+
+    from pipeline.runtime import KernelArgumentError, Kernels
+
+    with pytest.raises(KernelArgumentError, match="2-D GPU tensor"):
+        Kernels.tensor_map(torch.zeros(4, 64, dtype=torch.bfloat16), 128, 64)

@@ -122,18 +122,6 @@ FAMILIES = {
         """,
         "[4097]",
     ),
-    "layer_rms_4k": (  # rows held in registers, weight and bias read as vectors
-        """
-        class Model(nn.Module):
-            def __init__(self, width):
-                super().__init__()
-                self.ln = nn.LayerNorm(width)
-                self.rms = nn.RMSNorm(width)
-            def forward(self, x):
-                return self.ln(x) + self.rms(x * 2.0)
-        """,
-        "[4096]",
-    ),
     "group_instance": (
         """
         class Model(nn.Module):
@@ -201,6 +189,8 @@ FAMILIES = {
         "[]",
     ),
 }
+# Rows held in registers (4096 columns fit), weight and bias read as vectors: the same model, another width.
+FAMILIES["layer_rms_4k"] = (FAMILIES["layer_rms"][0], "[4096]")
 SHAPES = {
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],

@@ -91,8 +91,18 @@ SW128_K = Need(  # rows of 1024 bits (128 bytes), K contiguous, the 128-byte swi
 )
 
 
+_FOUND: dict[tuple[Need, int], Atom] = {}  # per hunter: a policy renders the same GEMM many times
+
+
 def find(need: Need, hunter: Any = None) -> Atom:
     """The symbol that provides `need`: the hunter's pick if it checks out in the headers, else the headers'."""
+    key = (need, id(hunter))
+    if key not in _FOUND:
+        _FOUND[key] = _find(need, hunter)
+    return _FOUND[key]
+
+
+def _find(need: Need, hunter: Any) -> Atom:
     defs = _definitions(need.files, need.kind)
     matching = [d for d in defs if need.ptx in d.body and re.fullmatch(need.name, d.short)]
     if need.kind == "using":  # a layout in bits: the alias that types it for an element (via upcast)

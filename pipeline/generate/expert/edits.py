@@ -153,10 +153,8 @@ def _gemm_stages(plan: Plan, r: Region, low: Lowered) -> Iterator[tuple[str, Pla
     rp = plan.get(r.rid)
     if rp is not None and rp.stages < gemm.max_stages(rp.bn):
         yield from _one("pipeline_loads", plan, rp, stages=rp.stages + 1)
-    elif rp is not None and rp.stages > 3:  # at the limit: one fewer frees shared memory for nothing else,
-        yield from _one(
-            "pipeline_loads", plan, rp, stages=rp.stages - 1
-        )  # but a shorter ring can time better
+    elif rp is not None and rp.stages > 3:  # at the limit: a shorter ring is the only other way to go
+        yield from _one("pipeline_loads", plan, rp, stages=rp.stages - 1)
 
 
 GEMM_EDITS: dict[str, Edit] = {

@@ -112,6 +112,8 @@ def _proposals(
     for label, plan in plans:
         if len(out) >= n:
             break
+        if uses_cute(plan) and not ctx.arch.startswith("sm_90"):  # WGMMA and TMA need Hopper: cuBLAS
+            plan = Plan(tuple(rp for rp in plan.regions if rp.family != "wgmma"), plan.version)
         try:
             source, launcher = render(low, plan, hunter)
         except RenderError as e:
