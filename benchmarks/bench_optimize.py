@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipeline import config  # noqa: E402
+from pipeline.generate.expert.plan import plan_of  # noqa: E402
+from pipeline.generate.expert.render import uses_cute  # noqa: E402
 from pipeline.loop import OptimizeError, optimize  # noqa: E402
 from pipeline.runlog import read_events  # noqa: E402
 
@@ -59,7 +61,33 @@ def summarise(folder: Path) -> dict:
             row["speedup_compile"] = row["compile_alongside_ms"] / ours
         if row["floor_ms"]:
             row["fraction_of_floor"] = row["floor_ms"] / ours
+    row.update(own_gemm(events, row["floor_ms"]))
     return row
+
+
+def own_gemm(events, floor_ms: float | None) -> dict:
+    """The fastest verified candidate whose GEMM is our own WGMMA kernel (it may not be the run's best: a
+    cuBLAS hybrid can win), timed in the search, and its fraction of the floor (the bf16 matmul ceiling)."""
+    proposed = {}
+    for e in events:
+        c = e.data.get("candidate")
+        if e.type == "proposal" and isinstance(c, dict) and "key" in c:
+            proposed[c["key"]] = (c.get("source", ""), e.data.get("edit", ""))
+    best = None
+    for e in events:
+        if e.type != "result" or e.data["verdict"]["status"] != "ok":
+            continue
+        source, edit = proposed.get(e.data["key"], ("", ""))
+        ms = ((e.data.get("measurement") or {}).get("timing") or {}).get("median_ms")
+        plan = plan_of(source)
+        if plan and uses_cute(plan) and ms and (best is None or ms < best[0]):
+            best = (ms, edit)
+    if best is None:
+        return {}
+    out = {"own_gemm_ms": best[0], "own_gemm_candidate": best[1]}
+    if floor_ms:
+        out["own_gemm_fraction_of_floor"] = floor_ms / best[0]
+    return out
 
 
 def main() -> int:
