@@ -492,8 +492,9 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
     assert not bad, bad[:3]
     for (name, cand), b in zip(sweep, builds, strict=True):
         assert not b.log, (name, cand.edit, b.log)  # not even a warning
-        # no local arrays: at most the 64-bit division a loop's trip count may call
-        assert all(r.spill_stores <= 16 for r in b.resources), (name, cand.edit, b.resources)
+        # No local arrays: at most registers saved around the 64-bit division and sqrt subroutines that
+        # loops call (28 bytes in the layer norm's scalar fallback at 32 registers; a 16-float array is 64).
+        assert all(r.spill_stores <= 32 for r in b.resources), (name, cand.edit, b.resources)
 
 
 # ------------------------------------------------------------------------------------ emulated execution
