@@ -7,14 +7,15 @@ parent's or to an earlier pair's. What each edit does:
   fuse_kernels / fuse_epilogue   an ew neighbour computed inside a reduction/softmax/norm/scan kernel
                                  (prologue on its loads, epilogue on its stores)
   vectorize_loads                vec x2 (up to 16 bytes per access)
-  coarsen_threads, pipeline_loads  unroll x2 (accesses in flight; scan: items per thread x2)
+  coarsen_threads, pipeline_loads  unroll x2 (accesses in flight; scan: items per thread x2); coarsen_threads
+                                 first holds a softmax / norm row in registers (regs) when it fits
   more_parallelism               split a reduction over more blocks; a warp per short row; smaller ew blocks
   tile_shared_memory             two-pass row ops keep the row in shared memory between passes
   remove_divergence              warp shuffles instead of a shared-memory tree; a warp per short row
   persistent_grid                a grid of 2048/threads blocks per SM, grid-stride over the work
   resize_grid                    threads x2 and /2
   increase_occupancy             __launch_bounds__ minimum blocks per SM (caps registers)
-  reduce_registers               unroll /2 (else items /2, else the occupancy bound)
+  reduce_registers               regs off, else unroll /2 (else items /2, else the occupancy bound)
   coalesce_accesses              strided reductions: more threads along the contiguous dimension
 
 A 16-bit linear layer (templates/gemm.py) starts in cuBLAS in the plain plan and in our WGMMA kernel in

@@ -17,7 +17,7 @@ from pipeline.generate.base import Context, Outcome, Proposal, ProposalStatus
 from pipeline.generate.expert import edits
 from pipeline.generate.expert.graph import CaptureError, capture, capture_source
 from pipeline.generate.expert.plan import Plan, describe, plan_of
-from pipeline.generate.expert.regions import Lowered
+from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.render import RenderError, prepare, render, uses_cute
 from pipeline.generate.expert.templates.gemm import CUTE_FLAGS, eligible
 from pipeline.static_check import check_launcher
@@ -138,6 +138,11 @@ def _proposals(
     return out
 
 
+def _computed_by_us(r: Region, low: Lowered) -> bool:
+    """A region one of our templates computes: ours by kind, or a linear layer our WGMMA kernel takes."""
+    return r.ours or (r.kind == "library" and not eligible(r, low))
+
+
 def _notes(low: Lowered) -> tuple[str, ...]:
     lib = [r for r in low.regions if r.kind == "library"]
     ours = [r.node.target for r in lib if not eligible(r, low)]
@@ -176,7 +181,7 @@ def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]
     except CaptureError as e:
         return None, f"the expert cannot read this reference: {e}"
     low = prepare(graph)
-    ours = [r for r in low.regions if r.ours or (r.kind == "library" and not eligible(r, low))]
+    ours = [r for r in low.regions if _computed_by_us(r, low)]
     if not ours:
         lib = [n.target for r in low.regions for n in r.nodes if r.kind == "library"]
         why = [*low.notes, *(f"{t} stays in cuBLAS/cuDNN" for t in lib)] or ["the reference is only views"]
@@ -201,7 +206,7 @@ def supports(task_path: str | Path) -> tuple[bool, str]:
     report = check_launcher(launcher)
     if not report.ok:
         return False, f"the expert's launcher fails the static check: {report.violations[0]}"
-    kinds = [r.kind for r in low.regions if r.ours or (r.kind == "library" and not eligible(r, low))]
+    kinds = [r.kind for r in low.regions if _computed_by_us(r, low)]
     summary = f"{len(kinds)} region(s) in our kernels ({', '.join(dict.fromkeys(kinds))})"
     extra = [n for n in _notes(low)]
     return True, "; ".join([summary, *extra])
