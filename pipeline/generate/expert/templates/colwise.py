@@ -12,7 +12,7 @@ from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import reduce_ops, shapes
-from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source, torch_dtype
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source
 from pipeline.generate.expert.templates.fused import Fused, identity
 
 
@@ -225,16 +225,8 @@ def _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indi
         lines += pre.prepare("x.shape")
     lines.append("    x = _contig(x)")
     lines += shapes.shape_lines(region, lay)
-    out_t = "torch.int64" if indices_only else torch_dtype(out_dt)
-    lines.append(f"    y = torch.empty(out_shape, dtype={out_t}, device=x.device)")
-    rets = ["y"]
-    if with_yi:
-        lines.append("    yi = torch.empty(out_shape, dtype=torch.int64, device=x.device)")
-        rets.append("yi")
-    if post:
-        lines += post.prepare("out_shape")
-    ret = ", ".join(rets)
-    lines.append(f"    if y.numel() == 0 or reduced == 0:\n        return {ret}")
+    lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or reduced == 0")
+    ret = shapes.returned(with_yi)
     v = rp.vec
     lines += [
         f"    vec = {v} if inner % {v} == 0 and _aligned((x, y), {v}) else 1" if v > 1 else "    vec = 1",

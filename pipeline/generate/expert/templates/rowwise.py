@@ -15,7 +15,7 @@ from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import reduce_ops, shapes
-from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source, torch_dtype
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source
 from pipeline.generate.expert.templates.fused import Fused, identity
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
@@ -433,16 +433,9 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
     lines.append("    x = _contig(x)")
     lines += [f"    {p} = _contig({p})" for p in ("w", "b") if p in names]
     lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
-    out_ct = "torch.int64" if indices_only else torch_dtype(out_dt)
-    lines.append(f"    y = torch.empty(out_shape, dtype={out_ct}, device=x.device)")
-    rets = ["y"]
-    if lay.indices and not indices_only:
-        lines.append("    yi = torch.empty(out_shape, dtype=torch.int64, device=x.device)")
-        rets.append("yi")
-    if post:
-        lines += post.prepare("out_shape")
-    ret = ", ".join(rets)
-    lines.append(f"    if y.numel() == 0 or cols == 0:\n        return {ret}")
+    with_yi = lay.indices and not indices_only
+    lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0")
+    ret = shapes.returned(with_yi)
     threads = rp.threads
     if rp.warp_rows:
         lines += [
@@ -478,11 +471,11 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
             "    ws = torch.empty((splits * rows * 2,), dtype=torch.int64, device=x.device) if splits > 1 else y",
             "    grid = (blocks, splits)",
         ]
-        args = ["x", *pre_args, *wb, "y", *(["yi"] if rets[1:] else []), "ws", "numpy.int64(rows)",
+        args = ["x", *pre_args, *wb, "y", *(["yi"] if with_yi else []), "ws", "numpy.int64(rows)",
                 "numpy.int64(cols)", "numpy.int64(chunk)", *extra_ints, *post_args]  # fmt: skip
     else:
         lines.append("    grid = (blocks,)")
-        args = ["x", *pre_args, *wb, "y", *(["yi"] if rets[1:] else []), "numpy.int64(rows)", "numpy.int64(cols)",
+        args = ["x", *pre_args, *wb, "y", *(["yi"] if with_yi else []), "numpy.int64(rows)", "numpy.int64(cols)",
                 *extra_ints, *post_args]  # fmt: skip
     lines.append(f"    args = ({', '.join(args)},)")
     vec_ts = ", ".join(["x", "y"])
@@ -520,7 +513,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
         first = False
     lines += body
     if splits:
-        comb_args = ["ws", "y", *(["yi"] if rets[1:] else []), "numpy.int64(rows)", "numpy.int32(splits)",
+        comb_args = ["ws", "y", *(["yi"] if with_yi else []), "numpy.int64(rows)", "numpy.int32(splits)",
                      "numpy.int64(cols)", *post_args]  # fmt: skip
         lines.append("    if splits > 1:")
         lines.append(

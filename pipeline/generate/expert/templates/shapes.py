@@ -3,8 +3,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates.code import torch_dtype
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.templates.fused import Fused
 
 
 def shape_lines(region: Region, lay: RowLayout) -> list[str]:
@@ -57,3 +63,20 @@ def expect_trailing() -> list[str]:
         "        raise ValueError(f'kernelpro expert: this kernel works on trailing dims; got inner size {inner}')",
         "    rows, cols = outer, reduced",
     ]
+
+
+def output_lines(out_dt: str, indices_only: bool, with_yi: bool, post: Fused | None, empty: str) -> list[str]:
+    """Launcher lines allocating a row-wise op's outputs at `out_shape` (y, and yi for indices), preparing
+    the epilogue's operands, and returning early (with `ret` holding the outputs) when `empty` holds."""
+    out_t = "torch.int64" if indices_only else torch_dtype(out_dt)
+    lines = [f"    y = torch.empty(out_shape, dtype={out_t}, device=x.device)"]
+    if with_yi:
+        lines.append("    yi = torch.empty(out_shape, dtype=torch.int64, device=x.device)")
+    if post:
+        lines += post.prepare("out_shape")
+    lines.append(f"    if {empty}:\n        return {returned(with_yi)}")
+    return lines
+
+
+def returned(with_yi: bool) -> str:
+    return "y, yi" if with_yi else "y"
