@@ -296,16 +296,15 @@ def _launcher(
         "    n = w.shape[0]",
         "    lead = tuple(x.shape[:-1])",
         "    a = _contig(x).reshape(-1, k)",
-        "    m0 = a.shape[0]",
+        "    m = a.shape[0]",
         "    if a.data_ptr() % 16:  # TMA needs a 16-byte aligned base: our gather kernel copies it to one",
         "        c = torch.empty(a.shape, dtype=a.dtype, device=a.device)",
-        "        args = (a, c, numpy.int64(a.numel()), numpy.int32(2), numpy.int64(m0), numpy.int64(k),",
+        "        args = (a, c, numpy.int64(a.numel()), numpy.int32(2), numpy.int64(m), numpy.int64(k),",
         "                *[numpy.int64(1)] * 6, numpy.int64(k), numpy.int64(1), *[numpy.int64(0)] * 6)",
         f"        kernels.kp_gather_{_GATHER[dt]}((max(1, min(-(-a.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
         "  # noqa: F821",
         "        a = c",
         "    w = _contig(w)",
-        "    m = a.shape[0]",
         f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
     for k, (_, _, cls) in enumerate(ops_):
