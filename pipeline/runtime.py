@@ -86,7 +86,8 @@ class Kernels:
 
     @staticmethod
     def tensor_map(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
-        """The TMA descriptor of a row-major 2-D tensor, loaded in boxes of box_rows x box_cols elements."""
+        """The TMA descriptor of a 2- to 5-D tensor, loaded in boxes of box_rows x box_cols over its last two
+        dims (one element deep along the leading ones)."""
         return TensorMap(t, box_rows, box_cols, swizzle)
 
     def __getattr__(self, name: str) -> Kernel:
@@ -139,35 +140,43 @@ def _libcuda():
 
 
 class TensorMap:
-    """A CUtensorMap (128 bytes) for a contiguous row-major 2-D tensor, encoded by the driver.
+    """A CUtensorMap (128 bytes) for a 2- to 5-D tensor with unit stride along its last dim, encoded by the driver.
 
-    TMA needs a 16-byte aligned base and row pitch; a box is at most 256 x 256 elements and, with a
-    swizzle, its rows at most the swizzle's width in bytes. Reads outside the tensor come back as zeros.
+    The box is box_rows x box_cols over the last two dims and 1 along the leading (batch) dims. TMA needs a
+    16-byte aligned base and strides; a box is at most 256 x 256 elements and, with a swizzle, its rows at
+    most the swizzle's width in bytes. Reads outside the tensor come back as zeros.
     """
 
     def __init__(self, t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128):
-        if t.dim() != 2 or not t.is_cuda or t.stride(1) != 1:
+        if not 2 <= t.dim() <= 5 or not t.is_cuda or t.stride(-1) != 1:
             raise KernelArgumentError(
-                "tensor_map: a 2-D GPU tensor with unit stride along its rows is needed"
+                "tensor_map: a 2- to 5-D GPU tensor with unit stride along its rows is needed"
             )
         if t.dtype not in _TMA_DTYPES or swizzle not in _SWIZZLE:
             raise KernelArgumentError(f"tensor_map: {t.dtype} or a {swizzle}-byte swizzle is not supported")
         item = t.element_size()
-        pitch = t.stride(0) * item
-        if t.data_ptr() % 16 or pitch % 16 or not 1 <= box_rows <= 256 or not 1 <= box_cols <= 256:
+        rank = t.dim()
+        strides = [t.stride(d) * item for d in range(rank - 2, -1, -1)]  # bytes, innermost first, dim 0 last
+        if (
+            t.data_ptr() % 16
+            or any(s % 16 for s in strides)
+            or not (1 <= box_rows <= 256 and 1 <= box_cols <= 256)
+        ):
             raise KernelArgumentError(
-                f"tensor_map: base and row pitch must be 16-byte aligned (pitch {pitch} B) and the box "
+                f"tensor_map: base and strides must be 16-byte aligned (strides {strides} B) and the box "
                 f"{box_rows} x {box_cols} within 256 x 256"
             )
         if swizzle and box_cols * item > swizzle:
             raise KernelArgumentError(f"tensor_map: a box row of {box_cols * item} B exceeds the swizzle")
         self.tensor = t  # kept alive as long as the descriptor that points into it
         self.raw = (ctypes.c_uint64 * 16)()
-        u64x2, u32x2 = ctypes.c_uint64 * 2, ctypes.c_uint32 * 2
+        dims = [max(1, t.shape[d]) for d in range(rank - 1, -1, -1)]
+        box = [box_cols, box_rows] + [1] * (rank - 2)
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
         err = _libcuda().cuTensorMapEncodeTiled(
-            ctypes.byref(self.raw), ctypes.c_int(_TMA_DTYPES[t.dtype]), ctypes.c_uint32(2),
-            ctypes.c_void_p(t.data_ptr()), u64x2(t.shape[1], max(1, t.shape[0])), (ctypes.c_uint64 * 1)(pitch),
-            u32x2(box_cols, box_rows), u32x2(1, 1), ctypes.c_int(0), ctypes.c_int(_SWIZZLE[swizzle]),
+            ctypes.byref(self.raw), ctypes.c_int(_TMA_DTYPES[t.dtype]), u32(rank), ctypes.c_void_p(t.data_ptr()),
+            (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box), (u32 * rank)(*[1] * rank),
+            ctypes.c_int(0), ctypes.c_int(_SWIZZLE[swizzle]),
             ctypes.c_int(3), ctypes.c_int(0),  # 256-byte L2 promotion, zero fill out of bounds
         )  # fmt: skip
         if err:

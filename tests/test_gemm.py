@@ -50,6 +50,19 @@ def linear(folder: Path, name: str, k=1032, n=1001, bias=True, dt="bfloat16", ex
     return task(folder, name, body, f"torch.randn(77, {k}, dtype=torch.{dt})")
 
 
+PRODUCT = """
+class Model(nn.Module):
+    def forward(self, a, b, *c):
+        return {expr}
+"""
+
+
+def product(folder: Path, name: str, a: tuple, b: tuple, expr="torch.matmul(a, b)", c: tuple = ()) -> Path:
+    """A bf16 task multiplying two inputs (matmul, mm or bmm, B row-major (K, N)), with more inputs `c`."""
+    inputs = ", ".join(f"torch.randn{s}.to(torch.bfloat16)" for s in (a, b, *c))
+    return task(folder, name, PRODUCT.format(expr=expr), inputs)
+
+
 # ------------------------------------------------------------------------------------------- atoms
 
 
@@ -68,9 +81,10 @@ def test_the_mma_atom_is_the_one_that_wraps_the_instruction(n, dtype, ptx):
 
 def test_copy_barrier_and_layout_blocks_are_found_with_their_namespaces():
     found = {k: atoms.find(v) for k, v in
-             (("tma", atoms.TMA_LOAD_2D), ("full", atoms.TX_BARRIER), ("empty", atoms.ARRIVE_BARRIER),
-              ("smem", atoms.SW128_K))}  # fmt: skip
-    assert found["tma"].name == "SM90_TMA_LOAD_2D"
+             (("tma", atoms.TMA_LOAD_3D), ("full", atoms.TX_BARRIER), ("empty", atoms.ARRIVE_BARRIER),
+              ("smem", atoms.SW128_K), ("smem_mn", atoms.SW128_MN))}  # fmt: skip
+    assert found["tma"].name == "SM90_TMA_LOAD_3D"
+    assert found["smem_mn"].name.endswith("GMMA::Layout_MN_SW128_Atom")
     assert found["full"].name == "cutlass::arch::ClusterTransactionBarrier"
     assert found["empty"].name == "cutlass::arch::ClusterBarrier"
     assert found["smem"].name.endswith("GMMA::Layout_K_SW128_Atom")
@@ -118,6 +132,26 @@ def test_which_linear_layers_the_template_takes(tmp_path):
         assert (why in reason and reason) if why else reason == "", (name, reason)
 
 
+def test_which_products_the_template_takes_and_how_their_operands_lie(tmp_path):
+    K, MN = gemm.Form("K", False), gemm.Form("MN", False)
+    cases = {
+        "matmul": ((5, 3, 64), (64, 24), "torch.matmul(a, b)", MN),  # leading dims of A are rows
+        "mm": ((5, 64), (64, 24), "torch.mm(a, b)", MN),
+        "bmm": ((4, 5, 64), (4, 64, 24), "torch.bmm(a, b)", gemm.Form("MN", True)),
+        "batched4d": ((2, 3, 5, 64), (2, 3, 64, 24), "a @ b", gemm.Form("MN", True)),
+        "linear": ((5, 64), (24, 64), "F.linear(a, b)", K),
+        "odd_n": ((5, 64), (64, 25), "torch.mm(a, b)", "N = 25 is not a multiple of 8"),
+        "odd_k": ((4, 5, 60), (4, 60, 24), "torch.bmm(a, b)", "K = 60"),
+        "broadcast": ((5, 64), (4, 64, 24), "torch.matmul(a, b)", "broadcast batch dims"),
+        "vector": ((5, 64), (64,), "torch.matmul(a, b)", "matrix-vector"),
+    }
+    for name, (a, b, expr, want) in cases.items():
+        low = prepare(capture(product(tmp_path, name, a, b, expr)))
+        (lib,) = [r for r in low.regions if r.kind == "library"]
+        got = gemm.form(lib, low)
+        assert got == want if isinstance(want, gemm.Form) else want in got, (name, got)
+
+
 def test_the_epilogue_indexes_bias_scale_and_scalars(tmp_path):
     path = linear(tmp_path, "epi", expr="torch.relu(self.linear(x)) * self.s + 0.5")
     low = prepare(capture(path))
@@ -153,7 +187,25 @@ def test_a_lone_linear_layer_is_ours_and_cites_its_building_blocks(tmp_path):
         c = p.candidate
         assert uses_cute(plan_of(c.source)) and c.flags == gemm.CUTE_FLAGS
         assert any("MMA_64x" in b and "F16F16_SS" in b for b in c.blocks)
-        assert re.search(r"// building block: SM90_TMA_LOAD_2D \(cute/arch/copy_sm90_tma.hpp:\d+\)", c.source)
+        assert re.search(r"// building block: SM90_TMA_LOAD_3D \(cute/arch/copy_sm90_tma.hpp:\d+\)", c.source)
+        assert (
+            "Layout_MN" not in c.source and "Major::K, GMMA::Major::K>" in c.source
+        )  # the weight is K-major
+
+
+def test_a_batched_product_reads_b_row_major_and_fuses_its_epilogue(tmp_path):
+    path = product(
+        tmp_path, "bmm", (4, 300, 256), (4, 256, 136), "torch.relu(torch.bmm(a, b)) * 2 + c[0]", [(4, 300, 1)]
+    )
+    t = probe(path)
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+    tuned = props[1].candidate
+    assert props[1].status == ProposalStatus.OK and uses_cute(plan_of(tuned.source))
+    assert "Layout_MN_SW128_Atom<T>{}" in tuned.source and "Step<_2, _1, _3>" in tuned.source
+    assert "Major::K, GMMA::Major::MN>" in tuned.source
+    assert "kernels.tensor_map(b, 64, 64)" in tuned.launcher and "reshape(batch, k, n)" in tuned.launcher
+    # the relu, scale and per-row term run on the accumulators, in one kernel
+    assert "kp_relu_f(acc(i + 0), kp::ld(e0[r])" in tuned.source and "_r_relu" not in tuned.launcher
 
 
 # -------------------------------------------------------------------------------------------- nvcc
@@ -165,6 +217,14 @@ def test_gemm_instantiations_compile_for_sm90a_without_spills(tmp_path):
         ROOT / "tasks" / "matmul_bias_gelu.py",
         linear(tmp_path, "odd", expr="torch.relu(self.linear(x)) * self.s + 0.5"),
         linear(tmp_path, "lone16", bias=False, dt="float16", k=1024, n=1000),
+        product(
+            tmp_path,
+            "bmm",
+            (4, 300, 256),
+            (4, 256, 136),
+            "torch.relu(torch.bmm(a, b)) * 2 + c[0]",
+            [(4, 300, 1)],
+        ),
     ]
     cands = []
     for path in paths:
@@ -174,7 +234,7 @@ def test_gemm_instantiations_compile_for_sm90a_without_spills(tmp_path):
         tuned = first[1].candidate  # the tuned plan: 128 x 256 tiles
         kids = policy.propose(Context(task=t, reference=t.source, parent=tuned), 8)
         cands += [tuned, *(k.candidate for k in kids if "bn=128" in k.edit)][:2]
-    assert len(cands) == 6
+    assert len(cands) == 8
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for c, b in zip(cands, builds, strict=True):
         assert b.status == Status.OK, (c.edit, b.log)
@@ -195,5 +255,5 @@ def test_a_tensor_map_needs_a_gpu_tensor():
 
     from pipeline.runtime import KernelArgumentError, Kernels
 
-    with pytest.raises(KernelArgumentError, match="2-D GPU tensor"):
+    with pytest.raises(KernelArgumentError, match="5-D GPU tensor"):
         Kernels.tensor_map(torch.zeros(4, 64, dtype=torch.bfloat16), 128, 64)

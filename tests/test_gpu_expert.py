@@ -176,6 +176,46 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "matmul_lone": (  # B row-major (K, N): MN-major operand boxes; A's leading dims are rows
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a, b)
+        """,
+        "[]",
+    ),
+    "bmm_epilogue": (  # one GEMM per batch, a per-row operand indexed across batches
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, c):
+                return torch.relu(torch.bmm(a, b)) * 2.0 + c
+        """,
+        "[]",
+    ),
+    "matmul_4d_f16": (  # batch dims flattened, a full residual
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, c):
+                return a @ b + c
+        """,
+        "[]",
+    ),
+    "addmm": (  # alpha and beta, a per-feature bias
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, c):
+                return torch.addmm(c, a, b, beta=0.5, alpha=2.0)
+        """,
+        "[]",
+    ),
+    "matmul_misaligned": (  # a contiguous view 2 bytes off alignment: the launcher copies it for TMA
+        """
+        class Model(nn.Module):
+            def forward(self, x, b):
+                return torch.matmul(x[1:].view(300, 1024), b)
+        """,
+        "[]",
+    ),
     "conv_epilogue": (
         """
         class Model(nn.Module):
@@ -207,16 +247,27 @@ SHAPES = {
     "linear_lone_f16": ["(300, 1024)", "(1, 1024)", "(4099, 1024)"],
     "linear_odd": ["(77, 1032)", "(1, 1032)", "(2, 1300, 1032)"],
     "conv_epilogue": ["(3, 16, 37, 53)", "(1, 16, 5, 7)"],
+    # products: the shapes of each input, ";"-separated
+    "matmul_lone": ["(300, 1024); (1024, 1000)", "(3, 7, 1032); (1032, 136)", "(1, 64); (64, 8)"],
+    "bmm_epilogue": [
+        "(4, 300, 256); (4, 256, 136); (4, 300, 1)",
+        "(1, 129, 1032); (1, 1032, 1000); (1, 129, 1)",
+        "(33, 7, 64); (33, 64, 264); (33, 7, 1)",
+    ],
+    "matmul_4d_f16": ["(2, 3, 77, 128); (2, 3, 128, 200); (2, 3, 77, 200)"],
+    "addmm": ["(513, 1024); (1024, 264); (264,)"],
+    "matmul_misaligned": ["(300 * 1024 + 1,); (1024, 264)"],
 }
-BF16 = {"bf16", "linear_epilogue", "linear_odd"}
-F16 = {"linear_lone_f16"}
+BF16 = {"bf16", "linear_epilogue", "linear_odd", "matmul_lone", "bmm_epilogue", "addmm", "matmul_misaligned"}
+F16 = {"linear_lone_f16", "matmul_4d_f16"}
+GEMMS = {n for n in FAMILIES if n.startswith("linear") or "mm" in n or "matmul" in n}
 
 
 def family_task(folder: Path, name: str, shape: str) -> Path:
     body, init = FAMILIES[name]
     dtype = ", dtype=torch.bfloat16" if name in BF16 else ", dtype=torch.float16" if name in F16 else ""
-    n_inputs = 2 if name == "bf16" else 1
-    inputs = ", ".join([f"torch.randn({shape}{dtype})"] * n_inputs)
+    shapes = shape.split("; ") if ";" in shape else [shape] * (2 if name == "bf16" else 1)
+    inputs = ", ".join(f"torch.randn({s}{dtype})" for s in shapes)
     tag = "".join(c for c in shape if c.isalnum() or c == "_")
     path = folder / f"{name}_{tag}.py"
     path.write_text(
@@ -256,8 +307,8 @@ def assert_ok(results, hybrid: bool) -> None:
 def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, shape):
     path = family_task(tmp_path, name, shape)
     results = loop.evaluate_candidates(path, proposals(path), cfg_for(home), pool=pool)
-    assert_ok(results, hybrid=name in ("linear_epilogue", "conv_epilogue", "linear_lone_f16", "linear_odd"))
-    if name.startswith("linear"):  # the tuned plan runs our WGMMA kernel
+    assert_ok(results, hybrid=name in GEMMS or name == "conv_epilogue")
+    if name in GEMMS:  # the tuned plan runs our WGMMA kernel
         assert any(uses_cute(plan_of(r.candidate.source)) for r in results)
 
 

@@ -60,12 +60,12 @@ def gmma(n: int, dtype: str) -> Need:
     )
 
 
-TMA_LOAD_2D = Need(
-    "TMA 2-D tile load into shared memory with mbarrier completion",
-    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes",
+TMA_LOAD_3D = Need(  # (col, row, batch): a plain GEMM is a batch of one
+    "TMA 3-D tile load into shared memory with mbarrier completion",
+    "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes",
     ("cute/arch/copy_sm90_tma.hpp",),
-    name=r"SM90_TMA_LOAD\w*2D",
-    queries=("SM90 TMA LOAD 2D tile copy",),
+    name=r"SM90_TMA_LOAD\w*3D",
+    queries=("SM90 TMA LOAD 3D tile copy",),
 )
 TX_BARRIER = Need(
     "mbarrier with transaction bytes: arrive and expect tx, wait on phase parity",
@@ -88,6 +88,14 @@ SW128_K = Need(  # rows of 1024 bits (128 bytes), K contiguous, the 128-byte swi
     name=r"Layout_K_\w*Atom_Bits",
     kind="using",
     queries=("GMMA Layout K SW128 Atom K-major swizzle",),
+)
+SW128_MN = Need(  # the same swizzle with M or N contiguous: a row-major (K, N) B operand
+    "GMMA shared-memory layout atom, MN-major, 128-byte swizzle",
+    "Swizzle<3,4,3>",
+    ("cute/atom/mma_traits_sm90_gmma.hpp",),
+    name=r"Layout_MN_\w*Atom_Bits",
+    kind="using",
+    queries=("GMMA Layout MN SW128 Atom MN-major swizzle",),
 )
 
 

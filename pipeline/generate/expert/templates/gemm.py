@@ -1,12 +1,16 @@
-"""Our own Hopper GEMM for a 16-bit linear layer, with the elementwise region after it fused on its stores.
+"""Our own Hopper GEMM for 16-bit linear layers, matmul and batched matmul, with the elementwise region
+after it fused on its stores.
 
-out = epilogue(x @ w^T): x (..., K) and w (N, K), both K-major, bf16 or fp16, fp32 accumulators.
+out = epilogue(a @ b), bf16 or fp16 operands, fp32 accumulators. A is (..., M, K), K contiguous. B is a
+linear layer's weight (N, K), K contiguous ("K-major"), or the second operand of mm / matmul / bmm,
+(..., K, N) with N contiguous ("MN-major"). Batched operands have equal leading dims: one GEMM per batch.
 A warp-specialised kernel: one producer warpgroup issues TMA loads of 128 x 64 (A) and BN x 64 (B)
-tiles into a ring of shared-memory stages (128-byte swizzle), two consumer warpgroups run WGMMA on
-them (64 x BN each), released stage by stage through mbarriers. Tiles are rasterised in groups of
-GROUP row-tiles so that neighbouring blocks share B tiles in L2. The epilogue applies the fused
-elementwise chain in fp32 to the accumulators and stores once, guarded at the edges; TMA fills reads
-outside the tensors with zeros, so any M, any N and any K that is a multiple of 8 work.
+tiles into a ring of shared-memory stages (128-byte swizzle; an MN-major B arrives as BN/64 boxes of
+64 x 64), two consumer warpgroups run WGMMA on them (64 x BN each), released stage by stage through
+mbarriers. Tiles are rasterised in groups of GROUP row-tiles so that neighbouring blocks share B tiles
+in L2. The epilogue applies the fused elementwise chain in fp32 to the accumulators and stores once,
+guarded at the edges; TMA fills reads outside each batch's matrices with zeros, so any M, any N and
+any K work that keep TMA's rows 16-byte aligned (K, and N for an MN-major B, multiples of 8).
 
 The MMA atom, the TMA copy, the barriers and the swizzled layout are looked up by what they do
 (atoms.py), not written in by name.
@@ -41,21 +45,53 @@ class GemmEpilogue:
     out_dtype: str
 
 
-def eligible(r: Region, low: Lowered) -> str:
-    """ "" when our WGMMA kernel can compute this library region, else why not."""
+@dataclass(frozen=True)
+class Form:
+    """How the GEMM's operands lie in memory."""
+
+    b_major: str  # "K": B is a linear layer's (N, K) weight; "MN": B is (..., K, N), row-major
+    batched: bool  # (..., M, K) @ (..., K, N) with equal leading dims; otherwise A's leading dims are rows
+
+
+def form(r: Region, low: Lowered) -> Form | str:
+    """The operands' form when our WGMMA kernel can compute this library region, else why not."""
     n = r.node
-    if r.kind != "library" or n.op != "gemm_linear":
-        return "only linear layers (x @ w^T with a K-major weight) have a WGMMA template"
+    if r.kind != "library" or n.op not in ("gemm_linear", "gemm_mm", "gemm_bmm", "gemm_matmul"):
+        return "only matmul, mm, bmm and linear layers have a WGMMA template"
     if n.dtype not in _CUTE_TYPES:
         return f"WGMMA templates take bf16 or fp16 operands, not {n.dtype}"
-    x, w = (low.by_name.get(getattr(a, "name", "")) for a in n.args[:2])
-    if x is None or w is None or not x.shape or w.shape is None or len(w.shape) != 2:
+    a, b = (low.by_name.get(getattr(v, "name", "")) for v in n.args[:2])
+    if a is None or b is None or not a.shape or not b.shape:
         return "the operands' shapes are unknown"
-    if x.dtype != n.dtype or w.dtype != n.dtype:
+    if a.dtype != n.dtype or b.dtype != n.dtype:
         return "mixed operand dtypes"
-    if x.shape[-1] != w.shape[1] or w.shape[1] % 8:
-        return f"K = {w.shape[1]} is not a multiple of 8 (TMA needs 16-byte rows)"
-    return ""
+    if n.op == "gemm_linear":
+        f, k, cols = Form("K", False), b.shape[-1], b.shape[0]
+        if len(b.shape) != 2 or a.shape[-1] != k:
+            return "the weight is not (N, K)"
+    else:
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            return "a matrix-vector product has no WGMMA template"
+        k, cols = b.shape[-2], b.shape[-1]
+        if len(b.shape) == 2 and n.op != "gemm_bmm":
+            f = Form("MN", False)
+        elif len(a.shape) == len(b.shape) and a.shape[:-2] == b.shape[:-2]:
+            f = Form("MN", True)
+        else:
+            return f"broadcast batch dims ({a.shape} @ {b.shape}) have no WGMMA template"
+        if a.shape[-1] != k:
+            return "the operands' inner dims differ"
+        if cols % 8:
+            return f"N = {cols} is not a multiple of 8 (TMA needs 16-byte rows of B)"
+    if k % 8 or not k:
+        return f"K = {k} is not a positive multiple of 8 (TMA needs 16-byte rows)"
+    return f
+
+
+def eligible(r: Region, low: Lowered) -> str:
+    """ "" when our WGMMA kernel can compute this library region, else why not."""
+    f = form(r, low)
+    return f if isinstance(f, str) else ""
 
 
 def max_stages(bn: int) -> int:
@@ -102,21 +138,26 @@ def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
     return GemmEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
 
 
-def blocks(rp: RegionPlan, dtype: str, hunter: Any = None) -> dict[str, atoms.Atom]:
-    return {
+def blocks(rp: RegionPlan, dtype: str, f: Form, hunter: Any = None) -> dict[str, atoms.Atom]:
+    found = {
         "mma": atoms.find(atoms.gmma(rp.bn, dtype), hunter),
-        "tma": atoms.find(atoms.TMA_LOAD_2D, hunter),
+        "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
         "full": atoms.find(atoms.TX_BARRIER, hunter),
         "empty": atoms.find(atoms.ARRIVE_BARRIER, hunter),
         "smem": atoms.find(atoms.SW128_K, hunter),
     }
+    if f.b_major == "MN":
+        found["smem_b"] = atoms.find(atoms.SW128_MN, hunter)
+    return found
 
 
 def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
     rid = r.rid
     dt = r.node.dtype
     bn, stages = rp.bn, rp.stages
-    b = blocks(rp, dt, hunter)
+    f = form(r, low)
+    assert isinstance(f, Form), f
+    b = blocks(rp, dt, f, hunter)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else dt
     ops_ = epi.operands if epi else ()
@@ -132,12 +173,11 @@ def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hu
         "using namespace cute;",
         f"using T = {_CUTE_TYPES[dt]};",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP};",
-        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::K>{{}},",
+        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
         "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
         f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
         "Int<STAGES>{})));",
-        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
-        "Int<STAGES>{})));",
+        _smem_b(f, b),
         "struct Smem {",
         "    alignas(1024) T a[cosize_v<SmemA>];",
         "    alignas(1024) T b[cosize_v<SmemB>];",
@@ -163,7 +203,7 @@ def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hu
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
-        _BODY.replace("TMA_COPY", b["tma"].name),
+        _BODY.replace("LOAD_B", _LOAD_B[f.b_major]).replace("TMA_COPY", b["tma"].name),
         *_store(epi, out_dt),
         "}",
     ]
@@ -178,13 +218,14 @@ _BODY = r"""    extern __shared__ char smem_raw[];
     Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
     const int wg = threadIdx.x / 128;
     const int ktiles = (K + BK - 1) / BK;
-    // Grouped rasterisation: GROUP row-tiles run together and share their B tiles in L2.
+    // Grouped rasterisation within each batch: GROUP row-tiles run together and share B tiles in L2.
     const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
+    const int batch = blockIdx.x / (mt * nt), tile = blockIdx.x % (mt * nt);
     const int per_group = GROUP * nt;
-    const int first = (blockIdx.x / per_group) * GROUP;
+    const int first = (tile / per_group) * GROUP;
     const int rows = min(mt - first, GROUP);
-    const int m_blk = first + (blockIdx.x % per_group) % rows;
-    const int n_blk = (blockIdx.x % per_group) / rows;
+    const int m_blk = first + (tile % per_group) % rows;
+    const int n_blk = (tile % per_group) / rows;
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
@@ -200,8 +241,8 @@ _BODY = r"""    extern __shared__ char smem_raw[];
                 const int st = kt % STAGES;
                 if (kt >= STAGES) Empty::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
                 Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(T));
-                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM);
-                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN);
+                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
+LOAD_B
             }
         }
         return;
@@ -231,7 +272,29 @@ _BODY = r"""    extern __shared__ char smem_raw[];
     warpgroup_fence_operand(acc);
     Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;
+    const long long r0 = (long long)batch * M;  // the batch's first row of the output (and of row operands)
     const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned"""
+
+
+def _smem_b(f: Form, b: dict[str, atoms.Atom]) -> str:
+    if f.b_major == "K":
+        return (
+            f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+            "Int<STAGES>{})));"
+        )
+    # K fastest across atoms: each 64-wide column block of a stage is one contiguous 64 x 64 TMA box
+    return (
+        f"using SmemB = decltype(tile_to_shape({b['smem_b'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{}), Step<_2, _1, _3>{}));"
+    )
+
+
+_LOAD_B = {
+    "K": "                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);",
+    "MN": "                for (int i = 0; i < BN / 64; ++i)\n"
+    "                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK + i * 64 * BK, n_blk * BN + 64 * i,\n"
+    "                                   kt * BK, batch);",
+}
 
 
 def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
@@ -248,7 +311,7 @@ def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
                 continue
             j = next(j for j, (v, _, _) in enumerate(epi.operands) if v == i)
             cls = epi.operands[j][2]
-            idx = {"full": f"m * N + n + {k}", "col": f"n + {k}", "row": "m", "scalar": "0"}[cls]
+            idx = {"full": f"r * N + n + {k}", "col": f"n + {k}", "row": "r", "scalar": "0"}[cls]
             args.append(f"kp::ld(e{j}[{idx}])")
         return f"kp_{epi.region.rid}_f({', '.join([*args, f'v{k}'])})"
 
@@ -260,16 +323,17 @@ def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
         "    for (int i = 0; i < size(acc); i += 2) {",
         "        const long long m = m0 + get<0>(tCcC(i)), n = n0 + get<1>(tCcC(i));",
         "        if (m >= M || n >= N) continue;",
+        "        const long long r = r0 + m;",
         "        float v0, v1;",
         f"        {value(0) if epi else 'v0 = acc(i)'};",
         "        if (pairs && n + 1 < N) {",
         f"            {value(1) if epi else 'v1 = acc(i + 1)'};",
-        f"            *reinterpret_cast<{pair}*>(out + m * N + n) = {make};",
+        f"            *reinterpret_cast<{pair}*>(out + r * N + n) = {make};",
         "        } else {",
-        f"            out[m * N + n] = kp::cv<{ot}>(v0);",
+        f"            out[r * N + n] = kp::cv<{ot}>(v0);",
         "            if (n + 1 < N) {",
         f"                {value(1) if epi else 'v1 = acc(i + 1)'};",
-        f"                out[m * N + n + 1] = kp::cv<{ot}>(v1);",
+        f"                out[r * N + n + 1] = kp::cv<{ot}>(v1);",
         "            }",
         "        }",
         "    }",
@@ -286,42 +350,73 @@ def _launcher(
     dt: str,
     out_dt: str,
 ) -> str:
+    f = form(r, low)
+    assert isinstance(f, Form), f
     ops_ = epi.operands if epi else ()
     names = ["x", "w", *(f"e{k}" for k in range(len(ops_)))]
+    what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
     lines = [
         f"def _gemm_{rid}(sms, {', '.join(names)}):",
-        f'    """x @ w^T{" and the fused epilogue" if epi else ""}: our WGMMA kernel (TMA, 128 x {rp.bn} tiles, '
+        f'    """{what}{" and the fused epilogue" if epi else ""}: our WGMMA kernel (TMA, 128 x {rp.bn} tiles, '
         f'{rp.stages} stages)."""',
-        "    k = x.shape[-1]",
-        "    n = w.shape[0]",
-        "    lead = tuple(x.shape[:-1])",
-        "    a = _contig(x).reshape(-1, k)",
-        "    m = a.shape[0]",
-        "    if a.data_ptr() % 16:  # TMA needs a 16-byte aligned base: our gather kernel copies it to one",
-        "        c = torch.empty(a.shape, dtype=a.dtype, device=a.device)",
-        "        args = (a, c, numpy.int64(a.numel()), numpy.int32(2), numpy.int64(m), numpy.int64(k),",
-        "                *[numpy.int64(1)] * 6, numpy.int64(k), numpy.int64(1), *[numpy.int64(0)] * 6)",
-        f"        kernels.kp_gather_{_GATHER[dt]}((max(1, min(-(-a.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
+        "",
+        "    def tma_ready(t):  # contiguous on a 16-byte aligned base, as TMA needs: else our gather copies it",
+        "        t = _contig(t)",
+        "        if t.data_ptr() % 16 == 0 or t.numel() == 0:",
+        "            return t",
+        "        c = torch.empty(t.shape, dtype=t.dtype, device=t.device)",
+        "        pad = 8 - t.dim()",
+        "        args = (t, c, numpy.int64(t.numel()), numpy.int32(t.dim()),",
+        "                *(numpy.int64(v) for v in (*t.shape, *[1] * pad, *t.stride(), *[0] * pad)))",
+        f"        kernels.kp_gather_{_GATHER[dt]}((max(1, min(-(-t.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
         "  # noqa: F821",
-        "        a = c",
-        "    w = _contig(w)",
-        f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
+        "        return c",
+        "",
+        "    k = x.shape[-1]",
+        "    lead = tuple(x.shape[:-1])",
+    ]
+    if f.b_major == "K":
+        lines += [
+            "    n = w.shape[0]",
+            "    batch, m = 1, x.numel() // k",
+            "    b = tma_ready(w).reshape(1, n, k)",
+        ]
+    elif not f.batched:
+        lines += [
+            "    n = w.shape[-1]",
+            "    batch, m = 1, x.numel() // k",
+            "    b = tma_ready(w).reshape(1, k, n)",
+        ]
+    else:
+        lines += [
+            "    n = w.shape[-1]",
+            "    batch, m = math.prod(lead[:-1]), lead[-1]",
+            "    b = tma_ready(w).reshape(batch, k, n)",
+        ]
+    rows16 = "k % 8" if f.b_major == "K" else "k % 8 or n % 8"  # rows of A and B that TMA reads
+    lines += [
+        f"    if {rows16}:",
+        "        raise ValueError(f'kernelpro expert: our WGMMA kernel needs 16-byte rows for TMA (K, and N of a "
+        "row-major B, multiples of 8), not K={k}, N={n}')",
+        "    a = tma_ready(x).reshape(batch, m, k)",
+        f"    out = torch.empty((batch * m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
     for k, (_, _, cls) in enumerate(ops_):
         e = f"e{k}"
         if cls == "full":
-            lines.append(f"    {e} = _full({e}, (*lead, n)).reshape(m, n)")
+            lines.append(f"    {e} = _full({e}, (*lead, n)).reshape(batch * m, n)")
         elif cls == "col":
             lines.append(f"    {e} = _contig({e}.reshape(n))")
         elif cls == "row":
-            lines.append(f"    {e} = _full({e}, (*lead, 1)).reshape(m)")
+            lines.append(f"    {e} = _full({e}, (*lead, 1)).reshape(batch * m)")
         else:
             lines.append(f"    {e} = _scalar({e})")
+    box_b = f"{rp.bn}, {BK}" if f.b_major == "K" else f"{BK}, 64"
     lines += [
-        "    if m and n:",
+        "    if batch and m and n:",
         f"        ta = kernels.tensor_map(a, {BM}, {BK})  # noqa: F821",
-        f"        tb = kernels.tensor_map(w, {rp.bn}, {BK})  # noqa: F821",
-        f"        grid = (-(-m // {BM})) * (-(-n // {rp.bn}))",
+        f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
+        f"        grid = batch * (-(-m // {BM})) * (-(-n // {rp.bn}))",
         f"        kernels.kp_{rid}_gemm((grid,), (384,), (ta, tb, out, "
         + "".join(f"e{k}, " for k in range(len(ops_)))
         + f"numpy.int32(m), numpy.int32(n), numpy.int32(k)), shared_mem={smem})  # noqa: F821",

@@ -1,0 +1,124 @@
+"""The expert's own WGMMA GEMM on each operand form, through the harness (verify, then time against eager
+with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product; the floor is the task's FLOPs at the
+measured bf16 matmul ceiling.
+
+    python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2]
+
+Each case is a small task file written into DIR/tasks; the candidates are the expert's tuned plan
+(128 x 256 tiles) and its 128 x 128 child. With --repeat 2 every candidate is evaluated twice, in two
+separate passes, so that a difference is only believed when both passes agree. Writes DIR/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import loop  # noqa: E402
+from pipeline.config import load  # noqa: E402
+from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.generate.expert.plan import plan_of  # noqa: E402
+from pipeline.generate.expert.render import uses_cute  # noqa: E402
+from pipeline.tasks import probe  # noqa: E402
+
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+BF16 = "dtype=torch.bfloat16"
+# name -> (forward body, init, inputs, FLOPs)
+CASES = {
+    "linear_8k": (  # x @ w^T: both operands K-major
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        f"        self.linear = nn.Linear(8192, 8192, bias=False, {BF16})\n\n"
+        "    def forward(self, x):\n        return self.linear(x)\n",
+        [f"torch.randn(8192, 8192, {BF16})"],
+        2 * 8192**3,
+    ),
+    "mm_8k": (  # a @ b, b row-major (K, N): MN-major B
+        "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.mm(a, b)\n",
+        [f"torch.randn(8192, 8192, {BF16})", f"torch.randn(8192, 8192, {BF16})"],
+        2 * 8192**3,
+    ),
+    "bmm_epilogue": (  # 32 batches, a per-row term and an activation fused on the stores
+        "class Model(nn.Module):\n    def forward(self, a, b, c):\n"
+        "        return torch.relu(torch.bmm(a, b)) * 2.0 + c\n",
+        [f"torch.randn(32, 2048, 2048, {BF16})", f"torch.randn(32, 2048, 2048, {BF16})",
+         f"torch.randn(32, 2048, 1, {BF16})"],
+        2 * 32 * 2048**3,
+    ),
+    "matmul_4d_scores": (  # attention-score shaped: K = 128, batch dims flattened
+        "class Model(nn.Module):\n    def forward(self, q, k):\n        return q @ k * 0.125\n",
+        [f"torch.randn(8, 16, 2048, 128, {BF16})", f"torch.randn(8, 16, 128, 2048, {BF16})"],
+        2 * 8 * 16 * 2048 * 2048 * 128,
+    ),
+}  # fmt: skip
+
+
+def write_task(folder: Path, name: str) -> Path:
+    body, inputs, _ = CASES[name]
+    path = folder / f"{name}.py"
+    path.write_text(
+        HEADER + body + f"\n\ndef get_inputs():\n    return [{', '.join(inputs)}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+def candidates(path: Path) -> list:
+    """The tuned plan (our GEMM, 128 x 256) and its child with 128 x 128 tiles."""
+    task = probe(path)
+    policy = ExpertPolicy()
+    first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
+    tuned = first[1].candidate
+    kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 8)
+    narrow = [k.candidate for k in kids if k.status == ProposalStatus.OK and "bn=128" in k.edit][:1]
+    return [c for c in (tuned, *narrow) if uses_cute(plan_of(c.source))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    (args.out / "tasks").mkdir(parents=True, exist_ok=True)
+    cfg = load(
+        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
+    )
+    results: dict[str, dict] = {}
+    with loop.open_pool(cfg) as pool:
+        for name in args.cases.split(","):
+            path = write_task(args.out / "tasks", name)
+            cands = candidates(path)
+            rows = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
+            for _ in range(args.repeat):
+                for c, r in zip(cands, loop.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
+                    row = rows[c.edit]
+                    row["status"] = r.verdict.status.value
+                    m = r.measurement
+                    if r.verdict.status.value != "ok" or m is None or m.timing is None:
+                        row["reasons"] = list(r.verdict.reasons)
+                        continue
+                    row["ours_ms"].append(m.timing.median_ms)
+                    row["eager_ms"].append(m.baselines["eager"].median_ms)
+                    row["floor_ms"] = m.floor_ms
+            flops = CASES[name][2]
+            for row in rows.values():
+                if row["ours_ms"]:
+                    best = min(row["ours_ms"])
+                    row["tflops"] = flops / best / 1e9
+                    row["vs_eager"] = min(row["eager_ms"]) / best
+                    if row.get("floor_ms"):
+                        row["fraction_of_floor"] = row["floor_ms"] / best
+            results[name] = rows
+            print(f"{name}: {json.dumps(rows)}", flush=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
