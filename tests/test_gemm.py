@@ -161,6 +161,18 @@ def test_the_epilogue_indexes_bias_scale_and_scalars(tmp_path):
     assert sorted(cls for _, _, cls in epi.operands) == ["col", "col"]  # the bias and the per-feature scale
 
 
+def test_a_16_bit_epilogue_takes_the_hardware_tanh_and_an_fp32_one_the_exact_tanh(tmp_path):
+    for expr, out_dt, mufu in (("torch.tanh(self.linear(x)) * self.s", "bfloat16", True),
+                               ("torch.tanh(self.linear(x)).float()", "float32", False)):  # fmt: skip
+        low = prepare(capture(linear(tmp_path, f"tanh_{out_dt}", expr=expr)))
+        (lib,) = [r for r in low.regions if r.kind == "library"]
+        epi = gemm.epilogue(lib, low)
+        assert epi is not None and epi.out_dtype == out_dt
+        source, _ = render(low, base_plan(low, True))
+        chain = source[source.index("void kp_linear_f(") :]
+        assert ("kp_tanh_mufu(" in chain) == mufu and ("tanhf(" in chain) != mufu, chain[:400]
+
+
 def test_plans_edits_and_repairs(tmp_path):
     low = prepare(capture(ROOT / "tasks" / "matmul_bias_gelu.py"))
     plain, tuned = base_plan(low, False), base_plan(low, True)

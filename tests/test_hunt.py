@@ -196,7 +196,7 @@ def test_the_gemm_building_blocks_are_found_through_the_index(full_cutlass) -> N
     cfg, _, _ = full_cutlass
     hunter = Hunter(cfg, "cutlass")
     needs = [atoms.gmma(n, dt) for n in (128, 256) for dt in ("bfloat16", "float16")]
-    needs += [atoms.TMA_LOAD_2D, atoms.TX_BARRIER, atoms.ARRIVE_BARRIER, atoms.SW128_K]
+    needs += [atoms.TMA_LOAD_3D, atoms.TX_BARRIER, atoms.ARRIVE_BARRIER, atoms.SW128_K, atoms.SW128_MN]
     for need in needs:
         found = atoms.find(need, hunter)
         assert found.via == "index", (need.what, found)

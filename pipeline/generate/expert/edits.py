@@ -18,8 +18,8 @@ parent's or to an earlier pair's. What each edit does:
   reduce_registers               regs off, else unroll /2 (else items /2, else the occupancy bound)
   coalesce_accesses              strided reductions: more threads along the contiguous dimension
 
-A 16-bit linear layer (templates/gemm.py) starts in cuBLAS in the plain plan and in our WGMMA kernel in
-the tuned one; its edits:
+A 16-bit GEMM (templates/gemm.py: linear layers, matmul, mm, addmm, bmm) starts in cuBLAS in the plain plan
+and in our WGMMA kernel in the tuned one; its edits:
 
   use_wgmma / use_tensor_cores / use_tma   take it from cuBLAS into our TMA + WGMMA kernel
   fuse_epilogue                  the elementwise region after it computed on its stores
@@ -48,9 +48,10 @@ MAX_SPLITS = 8
 SHORT_ROW = 1024  # a warp per row below this many elements
 # Edits this policy never makes, with the reason a user sees when the profiler suggests them.
 NOT_APPLICABLE = {
-    "use_tensor_cores": "only 16-bit linear layers have our own tensor-core (WGMMA) kernel; other GEMMs and "
-    "convolutions stay in cuBLAS / cuDNN, which already use tensor cores",
-    "use_wgmma": "only 16-bit linear layers (x @ w^T, K a multiple of 8) have a WGMMA template",
+    "use_tensor_cores": "only 16-bit GEMMs (linear, matmul, mm, bmm) have our own tensor-core (WGMMA) kernel; "
+    "other GEMMs and convolutions stay in cuBLAS / cuDNN, which already use tensor cores",
+    "use_wgmma": "only 16-bit GEMMs (linear, matmul, mm, bmm; K, and N of a row-major B, multiples of 8) have a "
+    "WGMMA template",
     "use_tma": "TMA is used by the WGMMA GEMM only; the memory-streaming kernels load with vector accesses",
     "fix_bank_conflicts": "shared memory is only used for reductions and row caches with unit-stride access",
     "avoid_local_arrays": "the templates keep their per-thread arrays in registers (fully unrolled)",

@@ -176,9 +176,17 @@ def _arg(n: Node, i: int, key: str, default: Any) -> Any:
     return n.kw(key, default)
 
 
-def ew_expr(n: Node, val: Callable[[Any], str]) -> str:
-    """The fp32 C expression computing node n; `val` maps a Ref or a Python scalar to a C expression."""
+def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
+    """The fp32 C expression computing node n; `val` maps a Ref or a Python scalar to a C expression.
+
+    mufu: tanh (and the tanh GELU) by the hardware's approximate tanh (kp_tanh_mufu, kp_gelu_tanh_mufu, which
+    the caller defines), for results rounded to 16 bits anyway: its error, about 2^-11, is below their
+    precision."""
     op, a = n.op, n.args
+    if mufu and op == "tanh":
+        return f"kp_tanh_mufu({val(a[0])})"
+    if mufu and op == "gelu" and _arg(n, 1, "approximate", "none") == "tanh":
+        return f"kp_gelu_tanh_mufu({val(a[0])})"
     if op in _IDENTITY or op in ("dropout", "feature_dropout", "alpha_dropout"):
         return val(a[0])
     if op in _UNARY_CALL:

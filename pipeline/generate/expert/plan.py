@@ -16,7 +16,7 @@ VERSION = 1
 class RegionPlan:
     rid: str
     family: str  # ew, row, col, scan (a reduction/softmax/norm/scan region's family comes from its layout),
-    # or wgmma: a linear layer in our own Hopper GEMM instead of cuBLAS
+    # or wgmma: a GEMM (linear, matmul, mm, bmm) in our own Hopper kernel instead of cuBLAS
     vec: int = 1  # elements per vector access (16 bytes at most)
     threads: int = 256
     unroll: int = 1  # vector accesses (ew, col) or loop iterations (row) in flight per thread

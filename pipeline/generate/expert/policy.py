@@ -139,7 +139,7 @@ def _proposals(
 
 
 def _computed_by_us(r: Region, low: Lowered) -> bool:
-    """A region one of our templates computes: ours by kind, or a linear layer our WGMMA kernel takes."""
+    """A region one of our templates computes: ours by kind, or a GEMM our WGMMA kernel takes."""
     return r.ours or (r.kind == "library" and not eligible(r, low))
 
 

@@ -31,8 +31,9 @@ def torch_dtype(dtype: str) -> str:
     return f"torch.{dtype}"
 
 
-def chain_function(region: Region, operands: list[str]) -> str:
-    """The region's elementwise ops as one fp32 device function: operand values in, output values out."""
+def chain_function(region: Region, operands: list[str], mufu: bool = False) -> str:
+    """The region's elementwise ops as one fp32 device function: operand values in, output values out
+    (mufu: tanh by the approximate hardware instruction, see ops.ew_expr)."""
     names = {n.name for n in region.nodes}
     index = {name: i for i, name in enumerate(operands)}
 
@@ -45,7 +46,7 @@ def chain_function(region: Region, operands: list[str]) -> str:
     params += [f"float& o{j}" for j in range(len(region.outputs))]
     lines = [f"__device__ __forceinline__ void kp_{region.rid}_f({', '.join(params)}) {{"]
     for n in region.nodes:
-        lines.append(f"    const float v_{n.name} = {ops.ew_expr(n, val)};  // {n.target}")
+        lines.append(f"    const float v_{n.name} = {ops.ew_expr(n, val, mufu)};  // {n.target}")
     for j, out in enumerate(region.outputs):
         lines.append(f"    o{j} = v_{out};")
     lines.append("}")
