@@ -81,22 +81,22 @@ ARRIVE_BARRIER = Need(
     name=r"ClusterBarrier",
     queries=("cluster barrier mbarrier arrive wait",),
 )
-SW128_K = Need(  # rows of 1024 bits (128 bytes), K contiguous, the 128-byte swizzle; typed by `upcast`
-    "GMMA shared-memory layout atom, K-major, 128-byte swizzle",
-    "Swizzle<3,4,3>",
-    ("cute/atom/mma_traits_sm90_gmma.hpp",),
-    name=r"Layout_K_\w*Atom_Bits",
-    kind="using",
-    queries=("GMMA Layout K SW128 Atom K-major swizzle",),
-)
-SW128_MN = Need(  # the same swizzle with M or N contiguous: a row-major (K, N) B operand
-    "GMMA shared-memory layout atom, MN-major, 128-byte swizzle",
-    "Swizzle<3,4,3>",
-    ("cute/atom/mma_traits_sm90_gmma.hpp",),
-    name=r"Layout_MN_\w*Atom_Bits",
-    kind="using",
-    queries=("GMMA Layout MN SW128 Atom MN-major swizzle",),
-)
+
+
+def _sw128(major: str) -> Need:
+    """The GMMA shared-memory layout with the 128-byte swizzle: rows of 1024 bits (128 bytes) with K
+    contiguous ("K"), or M / N contiguous ("MN": a row-major (K, N) B operand); typed by `upcast`."""
+    return Need(
+        f"GMMA shared-memory layout atom, {major}-major, 128-byte swizzle",
+        "Swizzle<3,4,3>",
+        ("cute/atom/mma_traits_sm90_gmma.hpp",),
+        name=rf"Layout_{major}_\w*Atom_Bits",
+        kind="using",
+        queries=(f"GMMA Layout {major} SW128 Atom {major}-major swizzle",),
+    )
+
+
+SW128_K, SW128_MN = _sw128("K"), _sw128("MN")
 
 
 _FOUND: dict[tuple[Need, int], Atom] = {}  # per hunter: a policy renders the same GEMM many times

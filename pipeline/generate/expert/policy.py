@@ -144,9 +144,11 @@ def _computed_by_us(r: Region, low: Lowered) -> bool:
 
 
 def _notes(low: Lowered) -> tuple[str, ...]:
-    lib = [r for r in low.regions if r.kind == "library"]
-    ours = [r.node.target for r in lib if not eligible(r, low)]
-    kept = [r.node.target for r in lib if eligible(r, low)]
+    ours: list[str] = []
+    kept: list[str] = []
+    for r in low.regions:
+        if r.kind == "library":
+            (kept if eligible(r, low) else ours).append(r.node.target)
     notes = list(low.notes)
     if ours:
         notes.append(

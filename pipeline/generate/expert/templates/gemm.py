@@ -213,7 +213,7 @@ def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hu
         "}",
     ]
     cuda = "\n".join(lines) + "\n"
-    launcher = _launcher(rid, r, low, epi, rp, smem, dt, out_dt)
+    launcher = _launcher(rid, f, epi, rp, smem, dt, out_dt)
     args = tuple(a.name for a in r.node.args[:2]) + tuple(v for v, _, _ in ops_)
     outs = (epi.out,) if epi else r.outputs
     return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), args, outs)
@@ -354,17 +354,8 @@ def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
 
 
 def _launcher(
-    rid: str,
-    r: Region,
-    low: Lowered,
-    epi: GemmEpilogue | None,
-    rp: RegionPlan,
-    smem: int,
-    dt: str,
-    out_dt: str,
+    rid: str, f: Form, epi: GemmEpilogue | None, rp: RegionPlan, smem: int, dt: str, out_dt: str
 ) -> str:
-    f = form(r, low)
-    assert isinstance(f, Form), f
     ops_ = epi.operands if epi else ()
     names = ["x", "w", *(f"e{k}" for k in range(len(ops_)))]
     what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
