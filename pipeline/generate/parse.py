@@ -139,7 +139,7 @@ def check_reply(reply: Reply) -> None:
     """The launcher's static check; raises UnparseableReply with its first violations."""
     report = check_launcher(reply.launcher)
     if not report.ok:
-        shown = "; ".join(report.violations[:3])
+        shown = "; ".join(str(v) for v in report.violations[:3])
         more = f" (+{len(report.violations) - 3} more)" if len(report.violations) > 3 else ""
         raise UnparseableReply(f"the launcher fails the static check: {shown}{more}")
 
