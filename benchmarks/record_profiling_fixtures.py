@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import loop  # noqa: E402
-from pipeline.config import candidate_environ, load  # noqa: E402
+from pipeline import loop, sandbox  # noqa: E402
+from pipeline.config import Config, load  # noqa: E402
 from pipeline.profile import collect  # noqa: E402
 from pipeline.static_check import check_launcher  # noqa: E402
 from pipeline.types import to_dict  # noqa: E402
@@ -31,8 +33,13 @@ FIXTURES = ROOT / "tests" / "fixtures" / "profiling"
 NCU_LAUNCH_COUNT = collect.PER_CONFIG  # one launch per distinct kernel configuration, as the loop does
 
 
-def rules_text(ncu: str, job_path: Path, timeout_s: float) -> str:
-    """ncu's own analysis (--set full, rules on) as a person would read it: the baseline we compare to."""
+def rules_text(ncu: str, job: dict, cfg: Config, timeout_s: float) -> str:
+    """ncu's own analysis (--set full, rules on) as a person would read it: the baseline we compare to.
+    Started as run_ncu starts ncu: through the sandbox, since the target runs the candidate."""
+    scratch = Path(tempfile.mkdtemp(prefix="ncu-rules-", dir=cfg.home))
+    plan = sandbox.ncu_plan(cfg, scratch, job)
+    job_path = scratch / "job.json"
+    job_path.write_text(json.dumps({**job, "sandbox": plan.to_json()} if plan else job))
     cmd = [
         ncu,
         "--clock-control",
@@ -52,14 +59,23 @@ def rules_text(ncu: str, job_path: Path, timeout_s: float) -> str:
         "pipeline.profile.target",
         str(job_path),
     ]
-    env = candidate_environ()
+    proc = sandbox.spawn(
+        cmd,
+        cwd=scratch,
+        scratch=scratch,
+        plan=plan,
+        trampoline=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        out = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=job_path.parent
-        )
+        out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return f"(ncu --set full did not finish in {timeout_s:.0f} s)"
-    return out.stdout + ("\n" + out.stderr[-2000:] if out.returncode else "")
+    return out + ("\n" + err[-2000:] if proc.returncode else "")
 
 
 def main() -> None:
@@ -151,9 +167,7 @@ def main() -> None:
                 )
             )
             if not args.no_rules:
-                job_path = home / f"rules-{case.name}.json"
-                job_path.write_text(json.dumps(job))
-                (dest / "rules.txt").write_text(rules_text(ncu, job_path, timeout_s=120))
+                (dest / "rules.txt").write_text(rules_text(ncu, job, cfg, timeout_s=120))
             print(
                 f"  ncu {res.status.value} {len(res.kernels)} kernels in {res.seconds:.1f} s; case {time.time() - t0:.1f} s",
                 flush=True,

@@ -73,7 +73,7 @@ def measure_ceilings(environment: dict[str, str]) -> Ceilings:
     n = 2**29  # 2 GiB of fp32
     src = torch.rand(n, device=dev)
     dst = torch.empty_like(src)
-    t = time_cuda(lambda d=dst, s=src: d.copy_(s), [()], trials=30, budget_s=2.0, warmup=3)
+    t = time_cuda(lambda d=dst, s=src: d.copy_(s), _no_inputs, trials=30, budget_s=2.0, warmup=3)
     copy_bps = 2 * src.numel() * src.element_size() / (t.median_ms * 1e-3)
     del src, dst
     size = 8192
@@ -88,7 +88,7 @@ def measure_ceilings(environment: dict[str, str]) -> Ceilings:
         prev = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
         try:
-            t = time_cuda(lambda a=a, b=b: a @ b, [()], trials=20, budget_s=3.0, warmup=3)
+            t = time_cuda(lambda a=a, b=b: a @ b, _no_inputs, trials=20, budget_s=3.0, warmup=3)
         finally:
             torch.backends.cuda.matmul.allow_tf32 = prev
         rates[name] = 2 * size**3 / (t.median_ms * 1e-3)
@@ -101,3 +101,7 @@ def measure_ceilings(environment: dict[str, str]) -> Ceilings:
         bf16_flops=rates["bf16"],
         environment=environment,
     )
+
+
+def _no_inputs(_: int) -> list:
+    return []

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV_PREFIX = "KERNELPRO_"
+SANDBOX_LAYERS = ("userns", "netns", "landlock", "seccomp")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,13 @@ class Config:
     job_timeout_s: float = 300.0  # wall time for one job in the worker
     job_cpu_s: float = 600.0  # CPU seconds (all threads) for one job
     worker_memory_mb: int = 32 * 1024  # resident host memory of the worker
+    worker_max_modules: int = 4096  # cubins a worker loads before it is recycled (modules are never unloaded)
+    # OS confinement of every process that runs candidate code (pipeline/sandbox.py)
+    sandbox: bool = True  # off: scrubbed environment and limits only (tests and `doctor` show what it adds)
+    sandbox_layers: tuple[str, ...] = SANDBOX_LAYERS  # the worker's, each applied where the kernel has it
+    sandbox_ncu_layers: tuple[str, ...] = SANDBOX_LAYERS  # the ncu tree's: namespaces may cost it counters
+    sandbox_read: tuple[str, ...] = ()  # more read-only paths inside a home (a task folder, say)
+    sandbox_file_mb: int = 16384  # the largest file a confined process may write
     # verification
     trials: int = 3  # fresh random inputs each; trial 1 uses a second weight initialisation
     seed: int = 0
@@ -103,7 +111,7 @@ def load(**overrides) -> Config:
     if "chroma_path" not in values and overrides.get("chroma_path") is None:
         # The index lives with the rest of a home unless placed elsewhere on purpose.
         cfg = cfg.replace(chroma_path=cfg.home / "chroma")
-    return cfg
+    return validate(cfg)
 
 
 def _parse(name: str, type_: str, raw: str):
@@ -143,3 +151,90 @@ def secret_free_environ(environ: dict[str, str] | None = None) -> dict[str, str]
 
 _SECRET_FIELDS = frozenset({"llm_api_key"})  # Config fields that hold credentials (not "max_tokens")
 _SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+
+
+# -- validation: every number in a range, every choice known, every folder a folder ------------------------
+# (low, high, low is exclusive); None: unbounded. A numeric field missing here fails tests/test_cli.py.
+_RANGES: dict[str, tuple[float | None, float | None, bool]] = {
+    "compile_timeout_s": (0, None, True),
+    "compile_jobs": (1, None, False),
+    "job_timeout_s": (0, None, True),
+    "job_cpu_s": (0, None, True),
+    "worker_memory_mb": (256, None, False),
+    "worker_max_modules": (1, None, False),
+    "sandbox_file_mb": (1, None, False),
+    "trials": (1, None, False),
+    "seed": (0, 2**32 - 1, False),
+    "timing_trials": (1, None, False),
+    "timing_budget_s": (0, None, True),
+    "warmup": (0, None, False),
+    "energy_window_s": (0, None, True),
+    "energy_repeats": (1, None, False),
+    "suspicious_speedup": (1, None, True),
+    "chroma_port": (1, 65535, False),
+    "max_evals": (1, None, False),
+    "max_wall_s": (0, None, True),
+    "max_tokens": (1, None, False),
+    "max_cost_usd": (0, None, True),
+    "children_per_expand": (1, None, False),
+    "widen_c": (0, None, True),
+    "widen_alpha": (0, 1, True),
+    "prune_after": (1, None, False),
+    "repair_rounds": (0, None, False),
+    "llm_temperature": (0, 2, False),
+    "llm_max_output_tokens": (1, None, False),
+    "llm_timeout_s": (0, None, True),
+    "llm_retries": (0, None, False),
+    "llm_backoff_s": (0, None, False),
+    "llm_concurrency": (1, None, False),
+    "llm_tool_calls": (0, None, False),
+    "llm_usd_per_mtok_in": (0, None, False),
+    "llm_usd_per_mtok_out": (0, None, False),
+}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "policy": ("auto", "llm", "expert"),
+    "search": ("mcts", "greedy"),
+    "objective": ("time", "energy", "edp"),
+    "feedback": ("advice", "json", "raw", "none"),
+    "device": ("cuda", "cpu"),
+    "baselines": ("eager", "compile", "max-autotune-no-cudagraphs"),  # each element of the tuple
+    "sandbox_layers": SANDBOX_LAYERS,
+    "sandbox_ncu_layers": SANDBOX_LAYERS,
+}
+_FOLDERS = ("home", "runs_dir")  # chroma_path: index/store.py says it, as a StoreError, where it is opened
+
+
+def _range_text(low: float | None, high: float | None, open_low: bool) -> str:
+    if low is not None and high is not None:
+        return f"between {low} and {high}" + (f" (more than {low})" if open_low else "")
+    if low is not None:
+        return f"more than {low}" if open_low else f"at least {low}"
+    return f"at most {high}"
+
+
+def validate(cfg: Config) -> Config:
+    """The config if every field makes sense; else one ValueError naming each bad field, its value and what
+    is allowed (a zero budget or a negative trial count would otherwise give an empty "finished" run)."""
+    problems = []
+    for name, (low, high, open_low) in _RANGES.items():
+        if not hasattr(cfg, name):
+            continue
+        value = getattr(cfg, name)
+        too_low = low is not None and (value <= low if open_low else value < low)
+        if too_low or (high is not None and value > high):
+            where = f"{ENV_PREFIX}{name.upper()} or its option"
+            problems.append(
+                f"{name} = {value} ({where}) is out of range: it must be {_range_text(low, high, open_low)}"
+            )
+    for name, allowed in CHOICES.items():
+        value = getattr(cfg, name, None)
+        bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in allowed]
+        if bad:
+            problems.append(f"{name} = {bad[0]!r} is not one of {', '.join(allowed)}")
+    for name in _FOLDERS:
+        path = Path(getattr(cfg, name))
+        if path.exists() and not path.is_dir():
+            problems.append(f"{name} {path} is a file, not a folder")
+    if problems:
+        raise ValueError("bad configuration: " + "; ".join(problems))
+    return cfg

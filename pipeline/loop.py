@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ class EvalResult:
 
 
 def open_pool(cfg: Config) -> WorkerPool:
+    """Confined workers for candidates, one per GPU; the pool's reference worker (trusted work: probing
+    tasks, calibration, torch.compile baselines) starts on first use."""
     if cfg.device == "cpu":
         return WorkerPool(cfg, [None])
     gpus = visible_gpus()
@@ -66,7 +68,7 @@ def probe_task(pool: WorkerPool, path: str | Path) -> Task:
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"task file not found: {path}")
-    r = pool.first.request({"kind": "probe", "path": str(path.resolve())}, timeout_s=120)
+    r = pool.reference.request({"kind": "probe", "path": str(path.resolve())}, timeout_s=120)
     if not r.ok:
         raise TaskError(
             r.reason if r.data.get("task_error") else f"{path.name}: probing the task failed: {r.reason}"
@@ -78,13 +80,13 @@ def ceilings(pool: WorkerPool, cfg: Config, force: bool = False) -> calibrate.Ce
     """This GPU's measured ceilings, from the cache or measured now (a few seconds)."""
     if cfg.device != "cuda":
         return None
-    env = pool.first.request({"kind": "environment", "device": "cuda"}, timeout_s=120)
+    env = pool.reference.request({"kind": "environment", "device": "cuda"}, timeout_s=120)
     gpu = env.data.get("environment", {}).get("gpu") if env.ok else None
     if gpu and not force:
         cached = calibrate.load_cached(cfg.home, gpu)
         if cached is not None:
             return cached
-    r = pool.first.request({"kind": "calibrate"}, timeout_s=300)
+    r = pool.reference.request({"kind": "calibrate"}, timeout_s=300)
     if not r.ok:
         raise RuntimeError(f"calibration failed: {r.reason}")
     c = calibrate.Ceilings(**r.data["ceilings"])
@@ -182,10 +184,41 @@ def evaluate_candidates(
 
         for i, r in zip(where, pool.map(jobs, on_result=on_result), strict=True):
             results[i] = result_from_job(cands[i], builds[i], r)
-        return [r for r in results if r is not None]
+        done_results = [r for r in results if r is not None]
+        return _with_compiled_baselines(task_path, done_results, cfg, pool)
     finally:
         if own_pool:
             pool.close()
+
+
+def _with_compiled_baselines(
+    task_path: Path, results: list[EvalResult], cfg: Config, pool: WorkerPool
+) -> list[EvalResult]:
+    """Eager is timed beside each candidate in its (confined) worker; torch.compile needs to run ptxas, so
+    its modes are timed once in the reference worker, the same way, and added to every measurement."""
+    import dataclasses
+
+    modes = tuple(m for m in cfg.baselines if m != "eager")
+    if not modes or not any(r.measurement for r in results):
+        return results
+    try:
+        _, data = run_baselines(task_path, cfg.replace(baselines=modes, energy=False), pool=pool)
+    except (RuntimeError, TaskError) as e:  # the candidates' results stand without them
+        data = {"timings": {}, "notes": [f"{', '.join(modes)} not measured: {e}"]}
+    extra = data["timings"]
+    notes = tuple(n if n.startswith("note:") else f"note: {n}" for n in data.get("notes", ()))
+    out = []
+    for r in results:
+        if r.measurement is not None:
+            m = r.measurement
+            r = dataclasses.replace(
+                r,
+                measurement=dataclasses.replace(
+                    m, baselines={**m.baselines, **extra}, reasons=m.reasons + notes
+                ),
+            )
+        out.append(r)
+    return out
 
 
 def run_baselines(
@@ -198,7 +231,8 @@ def run_baselines(
     pool = pool or open_pool(cfg)
     try:
         task = probe_task(pool, task_path)
-        r = pool.first.request(
+        # torch.compile runs ptxas and process pools: only the unconfined reference worker can.
+        r = pool.reference.request(
             {"kind": "baseline", "task": to_dict(task), "settings": settings(cfg)},
             timeout_s=max(cfg.job_timeout_s, 900),
         )
@@ -302,6 +336,14 @@ class OptimizeError(Exception):
     """A run that cannot start or go on, in one line a user can act on (the run log stays intact)."""
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run whose log exists: it is marked and intact, and `run_id` says what to resume."""
+
+    def __init__(self, run_id: str, runs_dir: Path) -> None:
+        super().__init__(run_id)
+        self.run_id, self.runs_dir = run_id, runs_dir
+
+
 @dataclass
 class Live:
     """What the live view shows; updated after every step."""
@@ -335,6 +377,7 @@ class OptimizeOutcome:
     report: Path | None = None
     exported: Path | None = None
     notes: tuple[str, ...] = ()
+    finished_before: bool = False  # resumed without more evaluations: returned as it was, nothing appended
 
 
 @dataclass
@@ -726,7 +769,9 @@ class _Run:
                 if statuses and statuses <= {ProposalStatus.REFUSED}:
                     self.refusals += 1  # the endpoint's trouble, not the node's: try again, then give up
                     if self.refusals >= 3:
-                        raise OptimizeError(f"the LLM endpoint keeps refusing: {reasons[0]}")
+                        raise OptimizeError(
+                            f"the LLM endpoint {endpoint_url(self.cfg)} keeps refusing: {reasons[0]}"
+                        )
                     continue
                 reason = "; ".join(dict.fromkeys(reasons)) or "no proposals"
                 self.search.close(nid, reason)
@@ -743,11 +788,17 @@ def optimize(
     resume: str | None = None,
     replay: Sequence[str | Path] | str | Path | None = None,
     progress: Callable[[Live], None] | None = None,
+    more: int | None = None,
+    budgets_given: Collection[str] = (),
 ) -> OptimizeOutcome:
     """Search for the fastest correct kernel for a task; every step lands in runs/<run-id>/log.jsonl.
 
     `replay`: answer evaluations from a run log recorded on a GPU instead of running them (tests, demos).
+    `resume`: continue that run with its recorded search settings and budgets; the budget fields named in
+    `budgets_given` (set on purpose by the caller) win. A finished run comes back as it is, nothing appended
+    (`finished_before`), unless `more` asks for that many more evaluations.
     """
+    import contextlib
     import time
 
     from pipeline import runlog
@@ -755,29 +806,33 @@ def optimize(
 
     task_path = Path(task_path)
     log = None
-    header: dict[str, Any] = {}
-    if resume:
-        log = runlog.RunLog.open(cfg.runs_dir, resume, secrets=_secrets(cfg))
-        header = log.header.data
-        fixed = {
-            k: _typed(cfg, k, header["config"][k]) for k in _RESUME_FIXED if k in header.get("config", {})
-        }
-        cfg = cfg.replace(**fixed)
-        replay = replay or header.get("replay")  # a replayed run resumes against the same recordings
-        task_path = (
-            Path(header["task"]["path"]) if not task_path or str(task_path) in ("", ".") else task_path
-        )
-    if not task_path.is_file():
-        raise TaskError(f"task file not found: {task_path}")
-    policy_name = resolve_policy(cfg)
-    energy = cfg.objective != "time"
+    if more is not None and not resume:
+        raise OptimizeError("more evaluations are for a run that exists: give its id to resume")
     try:
-        evaluator = (
-            ReplayEvaluator([Path(replay)] if isinstance(replay, str | Path) else [Path(r) for r in replay])
-            if replay
-            else GpuEvaluator(task_path, cfg, feedback=cfg.feedback, energy=energy)
-        )
-    except Exception:
+        if resume:
+            log = runlog.RunLog.open(cfg.runs_dir, resume, secrets=_secrets(cfg))
+            reopened = _reopen(log, cfg, task_path, replay, more, budgets_given)
+            if isinstance(reopened, OptimizeOutcome):
+                log.close()
+                return reopened
+            cfg, task_path, replay = reopened
+        if not task_path.is_file():
+            raise TaskError(f"task file not found: {task_path}")
+        policy_name = resolve_policy(cfg)
+        if policy_name == "llm":
+            _check_endpoint(cfg)  # an unreachable URL is one line, before any run folder exists
+        energy = cfg.objective != "time"
+        try:
+            evaluator = (
+                ReplayEvaluator(
+                    [Path(replay)] if isinstance(replay, str | Path) else [Path(r) for r in replay]
+                )
+                if replay
+                else GpuEvaluator(task_path, cfg, feedback=cfg.feedback, energy=energy)
+            )
+        except FileNotFoundError as e:
+            raise OptimizeError(str(e)) from None
+    except BaseException:
         if log is not None:
             log.close()
         raise
@@ -821,26 +876,130 @@ def optimize(
                 log.append("end", {"reason": f"the reference failed: {e}"})
                 raise OptimizeError(f"the task's reference could not be measured: {e}") from None
             log.append("baselines", base.to_dict())
+            ceil = _ceilings_for(cfg, evaluator, base)
+            if ceil:
+                log.append("ceilings", ceil)
         else:
             base = Baselines.from_dict(base_ev.data)
-        if resume:
-            log.append("resume", {"events": len(events), "elapsed_s": prior_s})
         live = Live(log.run_id, task.id, policy_name, cfg.search, cfg.objective, cfg.max_evals)
         run = _Run(cfg, log, evaluator, policy, policy_name, task, base, memory, hunter, live, progress,
                    time.monotonic(), prior_s)  # fmt: skip
         if hunter_note:
             run.notes.append(hunter_note)
-        run.replay(events)
         try:
-            stop = run.run()
-        except KeyboardInterrupt:
-            log.append("interrupted", {"evaluations": live.evaluations})
-            raise
+            run.replay(events)
+        except (KeyError, TypeError, ValueError) as e:
+            raise OptimizeError(f"run {log.run_id} cannot be resumed: its log is malformed ({e!r})") from None
+        if resume:
+            budgets = {k: getattr(cfg, k) for k in _BUDGETS}
+            log.append(
+                "resume", {"events": len(events), "elapsed_s": prior_s, "more": more, "budgets": budgets}
+            )
+        stop = run.run()
         return _finish(run, stop, evaluator)
+    except KeyboardInterrupt:
+        if log is None:
+            raise  # nothing written yet: nothing to resume
+        with contextlib.suppress(runlog.RunLogError, OSError):  # resume reads the results, not this mark
+            log.resync()  # the interrupt may have landed inside an append
+            log.append("interrupted", {"evaluations": sum(e.type == "result" for e in log.events())})
+        raise RunInterrupted(log.run_id, cfg.runs_dir) from None
     finally:
         evaluator.close()
         if log is not None:
             log.close()
+
+
+_BUDGETS = ("max_evals", "max_wall_s", "max_tokens", "max_cost_usd")
+
+
+def _reopen(
+    log: Any, cfg: Config, task_path: Path, replay: Any, more: int | None, budgets_given: Collection[str]
+) -> OptimizeOutcome | tuple[Config, Path, Any]:
+    """A finished run's outcome, or the config, task and recordings to continue it with: the recorded search
+    settings, the budgets of its start (or of its last resume, which may have raised them) unless given now,
+    and `more` evaluations on top of those done."""
+    from pipeline import runlog
+
+    events = log.events()
+    problem = runlog.tree_problem(events)
+    if problem:
+        raise OptimizeError(
+            f"run {log.run_id} cannot be resumed: its log does not make one search tree: {problem}"
+        )
+    if runlog.is_finished(events) and more is None:
+        return _finished(log, events)
+    header = log.header.data
+    recorded: dict[str, Any] = dict(header.get("config", {}))
+    for e in events:
+        if e.type == "resume":
+            recorded.update(e.data.get("budgets") or {})
+    keep = [k for k in (*_RESUME_FIXED, *_BUDGETS) if k in recorded and k not in budgets_given]
+    cfg = cfg.replace(**{k: _typed(cfg, k, recorded[k]) for k in keep})
+    if more is not None:
+        cfg = cfg.replace(max_evals=sum(e.type == "result" for e in events) + more)
+    if not str(task_path) or str(task_path) == ".":
+        task_path = Path(header["task"]["path"])
+    return cfg, task_path, replay or header.get("replay")  # a replayed run resumes against its recordings
+
+
+def _finished(log: Any, events: list[Any]) -> OptimizeOutcome:
+    end = next(e for e in reversed(events) if e.type == "end").data
+    folder = log.folder
+    report, exported = folder / "report.md", folder / "best_model_new.py"
+    done = sum(e.type == "result" for e in events)
+    return OptimizeOutcome(
+        log.run_id, folder, end.get("reason") or "finished", end.get("best_key"),
+        end.get("best_speedup_eager"), end.get("best_speedup_compile"), end.get("evaluations") or done,
+        report if report.is_file() else None, exported if exported.is_file() else None,
+        tuple(end.get("notes") or ()), finished_before=True,
+    )  # fmt: skip
+
+
+def endpoint_url(cfg: Config) -> str:
+    from pipeline.generate.llm import DEFAULT_BASE_URL
+
+    return cfg.llm_base_url or DEFAULT_BASE_URL
+
+
+def _check_endpoint(cfg: Config) -> None:
+    """One request to the endpoint before a run starts: any answer (even a 401 or a 404) means it is there;
+    no connection means it is not, said with its URL instead of a run folder left behind per attempt."""
+    import openai
+
+    url = endpoint_url(cfg)
+    client = openai.OpenAI(base_url=url, api_key=cfg.llm_api_key or "none", max_retries=0,
+                           timeout=min(cfg.llm_timeout_s, 10.0))  # fmt: skip
+    try:
+        client.models.list()
+    except openai.APIConnectionError as e:  # timeouts included
+        why = str(e.__cause__ or e).strip() or type(e).__name__
+        raise OptimizeError(
+            f"the LLM endpoint {url} cannot be reached ({why}); check KERNELPRO_LLM_BASE_URL"
+        ) from None
+    except openai.APIError:
+        pass  # it answered
+    finally:
+        client.close()
+
+
+def _ceilings_for(cfg: Config, evaluator: Any, base: Any) -> dict[str, Any] | None:
+    """The GPU's measured ceilings for the report's roofline: the calibration the baselines just used (GPU
+    runs), or the recording's (replayed runs)."""
+    from dataclasses import asdict
+
+    from pipeline import runlog
+
+    if getattr(evaluator, "name", "") == "gpu":
+        gpu = base.environment.get("gpu")
+        c = calibrate.load_cached(cfg.home, gpu) if gpu else None
+        return asdict(c) if c else None
+    for path in getattr(evaluator, "paths", ())[:1]:
+        try:
+            return next((e.data for e in runlog.read_events(path) if e.type == "ceilings"), None)
+        except (runlog.RunLogError, OSError):
+            return None
+    return None
 
 
 def _finish(run: _Run, stop: str, evaluator: Any) -> OptimizeOutcome:

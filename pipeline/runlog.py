@@ -17,10 +17,12 @@ Event types and their data (objects in pipeline.types.to_dict form; keys are can
   llm        the Usage fields (flat, or under "usage"): the token and cost ledger, one per exchange
   lesson     memory writes (pipeline.generate.base.Lesson)
   closed     node, reason
-  resume     resumed_at (last seq before), dropped_bytes (the torn tail cut off), pending [keys re-evaluated]
+  resume     resumed_at (last seq before), dropped_bytes (the torn tail cut off), pending [keys re-evaluated];
+             the loop's also hold more and budgets (the budgets a later resume keeps)
   end        reason, best_node, best_key, best_speedup_eager (or summary {best_speedup}), ...
 Any other lower_case type may be appended (the loop adds iteration, proposal_failed, repair_failed,
-interrupted, final); readers skip types they do not know.
+interrupted, final, and ceilings: the GPU's measured ceilings, for the report); readers skip types they do
+not know.
 
 A proposal's usage attributes cost to it; the totals come from "llm" events only, so nothing counts twice.
 Strings holding a configured secret are scrubbed to "***" before they reach the disk, and so is any non-empty
@@ -181,6 +183,18 @@ class RunLog:
             self._events.append(_event(json.loads(line)))  # exactly what a reader will see
             return seq
 
+    def resync(self) -> None:
+        """Take the file's events as the truth again. A KeyboardInterrupt can land between an append's write
+        and its bookkeeping; the next append would then reuse a sequence number (and readers drop it)."""
+        with self._mutex:
+            if self._fd < 0:
+                raise RunLogError(f"run {self.run_id} is closed")
+            raw = self.path.read_bytes()
+            events, good = _parse(raw, self.path)
+            if good < len(raw):
+                os.ftruncate(self._fd, good)
+            self._events, self._size = events, good
+
     def _clean(self, obj: Any, key: str | None) -> Any:
         """JSON-ready, secrets scrubbed, anywhere in nested data."""
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -278,14 +292,46 @@ def list_runs(runs_dir: Path) -> list[RunSummary]:
         head = events[0].data if events and events[0].type == "start" else {}
         task = head.get("task")
         task = task.get("id", "?") if isinstance(task, dict) else str(task or "?")
-        marks = [e.type for e in events if e.type in ("end", "resume")]
-        status = (
-            "finished" if marks and marks[-1] == "end" else "running" if _locked(folder) else "interrupted"
-        )
+        status = _status(folder, events)
         start = events[0].t if events else None
         n = sum(e.type == "result" for e in events)
         out.append(RunSummary(folder.name, task, start, len(events), n, status, _best_speedup(events)))
     return out
+
+
+def _status(folder: Path, events: list[Event]) -> str:
+    if _locked(folder):
+        return "running"  # its writer holds it: the log may be mid-step
+    if tree_problem(events):
+        return "corrupt"  # not "finished": neither resume nor a report could fold it
+    return "finished" if is_finished(events) else "interrupted"
+
+
+def is_finished(events: list[Event]) -> bool:
+    """An "end" after the last "resume": the run stopped by itself (a resumed run that ended again counts)."""
+    marks = [e.type for e in events if e.type in ("end", "resume")]
+    return bool(marks) and marks[-1] == "end"
+
+
+def tree_problem(events: list[Event]) -> str | None:
+    """Where the events stop making one search tree, in words, or None: a proposal under a node no proposal
+    made, a node proposed twice, an event that names a node that does not exist. Resume, reports and the run
+    list all fold the tree; a log edited by hand or written by other code must fail here, in one line."""
+    nodes = {0}  # the root: the reference
+    for e in events:
+        node = e.data.get("node")
+        if e.type == "proposal":
+            parent = e.data.get("parent")
+            if not isinstance(node, int) or parent not in nodes:
+                return f"event {e.seq} proposes node {node} under node {parent}, which does not exist"
+            if node in nodes:
+                return f"event {e.seq} proposes node {node} a second time"
+            nodes.add(node)
+        elif isinstance(node, int) and node not in nodes:
+            return f"event {e.seq} ({e.type}) names node {node}, which no proposal made"
+        elif e.type == "end" and e.data.get("best_node") not in (None, *nodes):
+            return f"event {e.seq} (end) names node {e.data['best_node']} as the best, which no proposal made"
+    return None
 
 
 def _best_speedup(events: list[Event]) -> float | None:

@@ -37,7 +37,16 @@ def load_module(path: str | Path) -> ModuleType:
     path = Path(path)
     if not path.is_file():
         raise TaskError(f"task file not found: {path}")
-    source = path.read_text()
+    return _exec_module(path.read_text(), path)
+
+
+def module_from_task(task: Task) -> ModuleType:
+    """The task's module from the source recorded when it was probed: a confined worker need not be able to
+    read the file (it may live in the user's home), and the source is exactly what was probed."""
+    return _exec_module(task.source, Path(task.path))
+
+
+def _exec_module(source: str, path: Path) -> ModuleType:
     name = "kernelpro_task_" + hashlib.sha256(str(path.resolve()).encode() + source.encode()).hexdigest()[:12]
     try:
         code = compile(source, str(path), "exec")
@@ -76,10 +85,15 @@ def probe(path: str | Path) -> Task:
         with torch.device("meta"):
             init_args = list(module.get_init_inputs())
             inputs = list(module.get_inputs())
-            model = module.Model(*init_args)
     except Exception as e:
         raise TaskError(
-            f"{path.name}: building the model or inputs raised {type(e).__name__}: {_first_line(e)}"
+            f"{path.name}: building the inputs raised {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    try:
+        model = _model_on_meta(module, init_args)
+    except Exception as e:
+        raise TaskError(
+            f"{path.name}: building the model raised {type(e).__name__}: {_first_line(e)}"
         ) from None
     if not inputs:
         raise TaskError(f"{path.name}: get_inputs() returned no inputs")
@@ -125,6 +139,19 @@ def probe(path: str | Path) -> Task:
         min_bytes=int(in_bytes + param_bytes + out_bytes),
         param_bytes=int(param_bytes),
     )
+
+
+def _model_on_meta(module: ModuleType, init_args: list):
+    """The model with meta parameters. A constructor that reads values (Swin's `x.item()` over a linspace)
+    cannot run on meta: such a model is built on the CPU, its parameters real but small, and then moved."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return module.Model(*init_args)
+    except (RuntimeError, NotImplementedError):
+        with torch.device("cpu"):
+            return module.Model(*init_args).to("meta")
 
 
 def _spec(t) -> TensorSpec:

@@ -1,15 +1,19 @@
-"""Timing on the GPU: CUDA events, warm-up, L2 flushed before every trial, inputs rotated, median of many.
+"""Timing on the GPU: CUDA events, warm-up, L2 flushed before every trial, median of many.
 
-A few synchronised calls also read the host clock around the call and a device-wide synchronise, and the
-two are compared: work hidden on another stream or finished by a thread after return shows up in host time
-only.
+Every call gets fresh inputs from the task's own factory (made outside the timed region), and the outputs
+of a candidate's calls are checked against the reference on those same inputs: a time is believed only for
+calls whose results were right, on inputs the candidate had never seen (no memoising by pointer, call count
+or state). A few synchronised calls also read the host clock around the call and a device-wide synchronise,
+and the two are compared: work hidden on another stream or finished by a thread after return shows up in
+host time only.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -37,58 +41,82 @@ class L2Flusher:
         self.buffer.fill_(self._value)
 
 
+InputsFor = Callable[[int], list]  # call number -> a fresh input set from the task's own factory
+Check = Callable[[list, object], None]  # (inputs, outputs) -> None, or raises with the reason
+
+
 def time_cuda(
     fn: Callable[..., object],
-    input_sets: Sequence[Sequence],
+    inputs_for: InputsFor,
     *,
     trials: int,
     budget_s: float,
     warmup: int,
     flusher: L2Flusher | None = None,
+    check: Check | None = None,
+    check_fraction: float = 1.0,
     check_trials: int = 5,
 ) -> Timing:
-    """Median and spread of `fn(*inputs)` over trials, each on the next input set, each after an L2 flush."""
+    """Median and spread of `fn(*inputs)` over trials, each on fresh inputs, each after an L2 flush. With
+    `check`, the outputs of the synchronised calls and of the timed calls (all of them, or a random sample
+    of `check_fraction` decided after each call returns, so the candidate cannot know) are checked."""
     device = torch.device("cuda", torch.cuda.current_device())
     flusher = flusher or L2Flusher(device)
+    pick = random.Random()  # seeded from the OS: nothing the candidate can predict
+    checked = 0
+    call = 0
+
+    def run(timed: Callable[[], object] | None = None) -> tuple[float, float, float]:
+        nonlocal call, checked
+        inputs = inputs_for(call)
+        call += 1
+        flusher()
+        if timed is not None:
+            timed()
+        else:
+            torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        h0 = time.perf_counter()
+        start.record()
+        out = fn(*inputs)
+        end.record()
+        launched = time.perf_counter() - h0
+        torch.cuda.synchronize()  # device-wide: waits for work on every stream, which the events do not
+        host = (time.perf_counter() - h0) * 1e3
+        if check is not None and (checked < MIN_CHECKS or pick.random() < check_fraction):
+            check(inputs, out)
+            checked += 1
+        return start.elapsed_time(end), host, launched
+
     with torch.no_grad():
         for i in range(max(1, warmup)):
-            fn(*input_sets[i % len(input_sets)])
+            fn(*inputs_for(10_000 + i))
         torch.cuda.synchronize()
         # Synchronised calls first: host wall time against events (launch overhead in both), for the
         # hidden-work check, and the host's launch time, which the timed trials below must cover.
         host_ms, synced_ms, launch_s = [], [], []
-        for i in range(check_trials):
-            flusher()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            h0 = time.perf_counter()
-            start.record()
-            fn(*input_sets[i % len(input_sets)])
-            end.record()
-            launch_s.append(time.perf_counter() - h0)
-            torch.cuda.synchronize()  # device-wide: waits for work on every stream, which the events do not
-            host_ms.append((time.perf_counter() - h0) * 1e3)
-            synced_ms.append(start.elapsed_time(end))
+        for _ in range(check_trials):
+            ev, host, launched = run()
+            synced_ms.append(ev)
+            host_ms.append(host)
+            launch_s.append(launched)
         # Timed trials: the GPU is kept busy (flush, then a sleep longer than the host's launch work), so the
         # events measure the kernels and the gaps between them on the device, not the Python that issued them.
         cover = 2 * statistics.median(launch_s) + 20e-6
         cycles = int(cover * _MAX_CLOCK_HZ)
         n = int(max(10, min(trials, budget_s / (statistics.median(host_ms) * 1e-3 + cover + 1e-4))))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        for i in range(n):
-            flusher()
-            torch.cuda._sleep(cycles)
-            starts[i].record()
-            fn(*input_sets[i % len(input_sets)])
-            ends[i].record()
-            torch.cuda.synchronize()
-    event_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return summarize(event_ms, host_ms, synced_ms)
+        event_ms = [run(lambda: torch.cuda._sleep(cycles))[0] for _ in range(n)]
+    return summarize(event_ms, host_ms, synced_ms, checked=checked if check is not None else 0)
+
+
+MIN_CHECKS = 5  # the synchronised calls are always checked, whatever the sampled fraction
 
 
 def summarize(
-    event_ms: list[float], host_ms: list[float] | None = None, synced_ms: list[float] | None = None
+    event_ms: list[float],
+    host_ms: list[float] | None = None,
+    synced_ms: list[float] | None = None,
+    checked: int = 0,
 ) -> Timing:
     xs = sorted(event_ms)
     q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
@@ -101,6 +129,8 @@ def summarize(
         trials=len(xs),
         host_median_ms=statistics.median(host_ms) if host_ms else None,
         synced_median_ms=statistics.median(synced_ms) if synced_ms else None,
+        checked_calls=checked,
+        fresh_inputs=True,
     )
 
 

@@ -110,6 +110,7 @@ class Verdict:
         str, ...
     ] = ()  # for hybrid candidates: the torch calls and kernels it leaves to libraries
     reasons: tuple[str, ...] = ()
+    ref_rel_error: float | None = None  # how far eager itself is from float64: the tolerance's anchor
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class Timing:
     trials: int
     host_median_ms: float | None = None  # host wall time of a synchronised call, launch overhead included
     synced_median_ms: float | None = None  # events around that same synchronised call
+    checked_calls: int = 0  # calls whose outputs were compared with the reference on the same inputs
+    fresh_inputs: bool = False  # every call on inputs new to it (older records: rotated input sets)
 
     @property
     def spread(self) -> float:
@@ -135,6 +138,8 @@ class Energy:
     avg_power_w: float
     window_s: float
     repeats: int
+    checked_calls: int = 0  # loop calls whose outputs were compared with the reference
+    ms_per_call: float | None = None  # wall time per call in the loop (checked against the timed median)
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,15 @@
 """The isolated worker: the only place candidate code runs.
 
-The orchestrator starts one worker process per GPU (a fresh interpreter, never a fork of itself), with an
-environment stripped of secrets, in a scratch directory, and watches it: a job that outlives its wall-time
-or CPU-time budget, or a worker whose resident memory passes the limit, is killed with its whole process
-group and restarted for the next job. Jobs and answers travel as length-prefixed JSON over a private pipe
-pair (never pickle: the worker is untrusted, and its stdout is the candidate's to scribble on).
+The orchestrator starts one worker process per GPU (a fresh interpreter, never a fork of itself), through
+pipeline/sandbox.py: an environment stripped of secrets, a scratch directory, and OS confinement (namespaces
+and rlimits first thing, Landlock and seccomp once torch and CUDA are up, before any candidate code). It
+watches each job: a job that outlives its wall-time or CPU-time budget, or a worker whose resident memory
+passes the limit, is killed with its whole process group and restarted for the next job. Jobs and answers
+travel as length-prefixed JSON over a private pipe pair (never pickle: the worker is untrusted, and its
+stdout is the candidate's to scribble on).
+
+Trusted work that must start programs (torch.compile's baselines run ptxas and process pools) goes to the
+pool's reference worker: same secret-free environment, not confined, never handed candidate code.
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config, candidate_environ
+from pipeline import sandbox
+from pipeline.config import Config
 from pipeline.types import Status
 
 _HEADER = struct.Struct("<Q")
 _MAX_FRAME = 256 * 2**20
 _POLL_S = 0.05
+TRUSTED_JOBS = frozenset({"probe", "environment", "calibrate", "baseline"})  # the reference worker's
+MODULES_FIELD = "loaded_modules"  # in an answer: cubins the worker holds loaded (never unloaded)
 
 
 @dataclass(frozen=True)
@@ -45,18 +53,27 @@ class JobResult:
 
 
 class Worker:
-    """One worker process, restarted on demand after a crash or a kill."""
+    """One worker process, restarted on demand after a crash or a kill. Confined (cfg.sandbox) unless
+    `trusted`: a trusted worker never receives candidate code."""
 
-    def __init__(self, cfg: Config, gpu: str | None = None, name: str = "worker0"):
+    def __init__(self, cfg: Config, gpu: str | None = None, name: str = "worker0", trusted: bool = False):
         self.cfg = cfg
         self.gpu = gpu  # an entry for CUDA_VISIBLE_DEVICES, or None to inherit
         self.name = name
+        self.trusted = trusted
         self.proc: subprocess.Popen | None = None
         self.restarts = -1
+        self.recycles = 0  # restarts because the module cap was reached
+        self.sandbox: sandbox.Report | None = None  # what the child applied, from its first answer
         self._to_child: int | None = None
         self._from_child: int | None = None
         self.scratch: Path | None = None
+        self._extra_read: list[str] = []  # files jobs named outside the default grants (a cubin elsewhere)
         self._lock = threading.Lock()
+
+    @property
+    def confined(self) -> bool:
+        return self.cfg.sandbox and not self.trusted
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -65,24 +82,23 @@ class Worker:
         self.scratch = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=scratch_root)).resolve()
         req_r, req_w = os.pipe()
         resp_r, resp_w = os.pipe()
-        env = candidate_environ()
-        env["PYTHONUNBUFFERED"] = "1"
-        env["TORCHINDUCTOR_CACHE_DIR"] = str((self.cfg.cache_dir / "inductor").resolve())
-        env["TRITON_CACHE_DIR"] = str((self.cfg.cache_dir / "triton").resolve())
-        env["KERNELPRO_WORKER_MEMORY_MB"] = str(self.cfg.worker_memory_mb)
+        plan = sandbox.worker_plan(self.cfg, self.scratch, self._extra_read) if self.confined else None
+        env = {"PYTHONUNBUFFERED": "1"}
+        if plan is None:  # a confined worker keeps every cache in its scratch folder (sandbox.child_environ)
+            env["TORCHINDUCTOR_CACHE_DIR"] = str((self.cfg.cache_dir / "inductor").resolve())
+            env["TRITON_CACHE_DIR"] = str((self.cfg.cache_dir / "triton").resolve())
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu
+        argv = [sys.executable, "-m", "pipeline.worker", str(req_r), str(resp_w), self.cfg.device]
         log = open(self.scratch / "worker.log", "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.worker", str(req_r), str(resp_w)],
-                pass_fds=(req_r, resp_w),
-                env=env,
+            self.proc = sandbox.spawn(
+                [*argv, plan.to_json()] if plan else argv,
                 cwd=self.scratch,
-                stdin=subprocess.DEVNULL,
+                scratch=self.scratch if plan else None,
+                env=env,
                 stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group, so a kill takes its children too
+                pass_fds=(req_r, resp_w),
             )
         finally:
             log.close()
@@ -127,10 +143,26 @@ class Worker:
     def request(
         self, job: dict[str, Any], timeout_s: float | None = None, cpu_s: float | None = None
     ) -> JobResult:
+        if self.trusted and job.get("kind") not in TRUSTED_JOBS | {"ping"}:
+            return JobResult(
+                False, reason=f"refused: the unconfined {self.name} worker runs no {job.get('kind')!r} job"
+            )
         with self._lock:
             return self._request(job, timeout_s or self.cfg.job_timeout_s, cpu_s or self.cfg.job_cpu_s)
 
+    def _grant(self, job: dict[str, Any]) -> None:
+        """A confined worker reads only what it was started with: a job naming a file outside that (a cubin
+        outside the kernelpro home, in a user's home) restarts it with a read grant for that one file."""
+        if not self.confined:
+            return
+        plan = sandbox.worker_plan(self.cfg, self.scratch or self.cfg.home / "scratch", self._extra_read)
+        missing = [p for p in sandbox.job_paths(job) if plan is not None and not plan.readable(p)]
+        if missing:
+            self._extra_read += missing
+            self.kill()
+
     def _request(self, job: dict[str, Any], timeout_s: float, cpu_s: float) -> JobResult:
+        self._grant(job)
         if not self.alive():
             self.kill()
             self._start()
@@ -198,9 +230,17 @@ class Worker:
             return JobResult(
                 False, status=Status.CRASH, reason="worker sent a malformed answer", seconds=seconds
             )
+        report = data.pop("sandbox", None)
+        if isinstance(report, dict):
+            self.sandbox = {str(k): str(v) for k, v in report.items()}
+            sandbox.note(self.sandbox)
         if data.get("exit"):
             # The handler saw a sticky CUDA error or an out-of-memory: this process is spent, start afresh.
             self.kill()
+        elif isinstance(data.get(MODULES_FIELD), int) and data[MODULES_FIELD] >= self.cfg.worker_max_modules:
+            # Loaded modules are never unloaded (the profiler then names kernels wrongly): start afresh.
+            self.kill()
+            self.recycles += 1
         if "error" in data:
             return JobResult(False, data=data, reason=str(data["error"]), seconds=seconds)
         return JobResult(True, data=data, seconds=seconds)
@@ -222,10 +262,12 @@ class Worker:
 
 
 class WorkerPool:
-    """One worker per GPU; `map` runs jobs in parallel, one at a time per worker, results in order."""
+    """One worker per GPU; `map` runs jobs in parallel, one at a time per worker, results in order.
+    `reference` is the trusted worker (started on first use, on the first GPU) for TRUSTED_JOBS."""
 
     def __init__(self, cfg: Config, gpus: list[str | None]):
         self.workers = [Worker(cfg, gpu, name=f"worker{i}") for i, gpu in enumerate(gpus or [None])]
+        self._reference = Worker(cfg, self.workers[0].gpu, name="reference", trusted=True)
 
     def __enter__(self) -> WorkerPool:
         return self
@@ -234,12 +276,18 @@ class WorkerPool:
         self.close()
 
     def close(self) -> None:
-        for w in self.workers:
+        for w in [*self.workers, self._reference]:
             w.close()
 
     @property
     def first(self) -> Worker:
         return self.workers[0]
+
+    @property
+    def reference(self) -> Worker:
+        """Not confined: only for jobs that run no candidate code (TRUSTED_JOBS). It shares the first GPU
+        with a confined worker, so its jobs must leave no cached allocator memory behind."""
+        return self._reference
 
     def map(
         self,
@@ -333,13 +381,25 @@ def _crash_lines(tail: str) -> str:
 
 
 # -- the child -------------------------------------------------------------------------------------------
-def serve(fd_in: int, fd_out: int) -> None:
+def serve(
+    fd_in: int,
+    fd_out: int,
+    device: str = "cuda",
+    plan: sandbox.Plan | None = None,
+    early: sandbox.Report | None = None,
+) -> None:
+    """Answer jobs until EOF. With a plan: `early` is what sandbox.apply_early gave (first thing in the
+    process); the late layers go on once torch and CUDA are up, and the first answer carries the report."""
     import resource
     import traceback
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     from pipeline import worker_jobs  # imported here: the parent never loads torch for the worker's sake
 
+    report = None
+    if plan is not None:
+        _warm_up(device)
+        report = sandbox.apply_late(plan, early)
     while True:
         header = _read_exact(fd_in, _HEADER.size)
         if header is None:
@@ -352,10 +412,47 @@ def serve(fd_in: int, fd_out: int) -> None:
             answer = worker_jobs.handle(json.loads(raw))
         except Exception as e:
             answer = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+        if report is not None:
+            answer["sandbox"], report = report, None
         _write_frame(fd_out, json.dumps(answer, default=str).encode())
         if answer.get("exit"):
             os._exit(3)
 
 
+def _warm_up(device: str) -> None:
+    """Load now what the jobs load later, and bring CUDA, CuPy, NVML and CUPTI up: once the late layers are
+    on, nothing can be executed, and anything that starts helpers must have started them already."""
+    import torch
+    import torch.profiler
+
+    from pipeline import energy, runtime, timing, verify  # noqa: F401
+    from pipeline.profile import system  # noqa: F401
+
+    if device != "cuda" or not torch.cuda.is_available():
+        return
+    torch.cuda.init()
+    torch.empty(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    with contextlib.suppress(Exception):
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(torch.cuda.current_device()).use()
+    with contextlib.suppress(Exception):
+        import pynvml
+
+        pynvml.nvmlInit()
+    with (
+        contextlib.suppress(Exception),
+        torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]),
+    ):
+        torch.empty(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+
+
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    # python -m pipeline.worker FD_IN FD_OUT [DEVICE [PLAN]]
+    _plan = sandbox.Plan.from_json(sys.argv[4]) if len(sys.argv) > 4 else None
+    # First, while this interpreter is single-threaded (namespaces need that): nothing imported torch yet.
+    _early = sandbox.apply_early(_plan) if _plan is not None else None
+    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "cuda", _plan, _early)

@@ -11,12 +11,8 @@ from typing import Any
 
 import torch
 
-from pipeline import tasks, verify
-from pipeline.types import Kind, Measurement, Status, Task, Timing, Verdict, from_dict, to_dict
-
-SUSPICIOUS_FLOOR_MARGIN = 0.8  # faster than 80% of the roofline floor is physically doubtful
-NO_WORK_FRACTION = 0.05  # our kernels' GPU time under 5% of the memory floor: they did not do the work
-TIMING_INPUT_SETS = 3
+from pipeline import gpu_memory, tasks, verify
+from pipeline.types import Kind, Measurement, Status, Task, Verdict, from_dict, to_dict
 
 _compiled: dict[tuple[str, str], tuple[Any, float]] = {}  # (task hash, mode) -> (compiled model, compile s)
 
@@ -33,7 +29,10 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
         from pipeline.calibrate import measure_ceilings
 
         reference_precision()
-        return {"ceilings": measure_ceilings(environment("cuda")).__dict__}
+        try:
+            return {"ceilings": measure_ceilings(environment("cuda")).__dict__}
+        finally:
+            _release_memory()
     if kind == "evaluate":
         return _evaluate(job)
     if kind == "baseline":
@@ -114,25 +113,20 @@ def candidate_factory(cand: dict[str, Any]) -> type:
         kernels = Kernels.from_file(cand["cubin_path"], tuple(cand.get("kernel_names", ())))
         # Modules stay loaded for the worker's life: an unloaded module's code address is reused by the
         # next one, and the profiler then reports the new kernels under the old kernels' names (seen on
-        # the H200: a candidate's kernel listed as its parent's, failing the kernels-ran check).
+        # the H200: a candidate's kernel listed as its parent's, failing the kernels-ran check). Answers
+        # carry the count, and the orchestrator recycles a worker that reaches MAX_LOADED_MODULES.
         _LOADED.append(kernels)
-        del _LOADED[:-MAX_LOADED_MODULES]
     return load_launcher(cand["launcher"], kernels, cand["key"])
 
 
 MAX_LOADED_MODULES = 4096  # cubins of generated kernels are tens of KB; a worker restart frees them all
 _LOADED: list[Any] = []
-
-
-def timing_inputs(module, seed: int, device: torch.device) -> tuple[list, Any]:
-    """The rotated input sets and the L2 flusher that candidate and baselines are timed with."""
-    from pipeline import timing
-
-    sets = [verify.make_inputs(module, seed + 101 + i, device) for i in range(TIMING_INPUT_SETS)]
-    return sets, timing.L2Flusher(device)
+verify.install_thread_origins()  # this module is imported only where candidates run
 
 
 def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
+    """Verify (pipeline/verify.py), then measure (pipeline/measure.py: timed calls checked, hidden work, eager,
+    profiler confirmation, speed sanity, energy), then re-verify a suspiciously fast result on other shapes."""
     s = job["settings"]
     task = from_dict(Task, job["task"])
     cand = job["candidate"]
@@ -141,7 +135,7 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda" and not torch.cuda.is_available():
         return {"error": "no CUDA device visible to the worker"}
     reference_precision()
-    module = tasks.load_module(task.path)
+    module = tasks.module_from_task(task)
     init_args = list(module.get_init_inputs())
     kind = Kind(cand.get("kind", "custom"))
     library_ops = list(cand.get("library_ops", []))
@@ -154,6 +148,7 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
             trials_passed=proto.trials_passed if proto else 0,
             worst_rel_error=proto.worst_rel_error if proto else None,
             worst_abs_error=proto.worst_abs_error if proto else None,
+            ref_rel_error=max(proto.ref_rel) if proto and proto.ref_rel else None,
             kind=kind,
             library_ops=tuple(library_ops),
             reasons=tuple(reasons),
@@ -161,7 +156,12 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
 
     def answer(v: Verdict, m: Measurement | None = None) -> dict[str, Any]:
         spent = v.status == Status.CRASH or any("out of GPU memory" in r for r in v.reasons)
-        return {"verdict": to_dict(v), "measurement": to_dict(m) if m else None, "exit": spent}
+        return {
+            "verdict": to_dict(v),
+            "measurement": to_dict(m) if m else None,
+            "exit": spent,
+            "loaded_modules": len(_LOADED),
+        }
 
     try:
         factory = candidate_factory(cand)
@@ -191,101 +191,33 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
     if proto.status != Status.OK or device.type != "cuda" or not s.get("time", True):
         return answer(verdict(proto.status, reasons, proto))
 
+    from pipeline import measure
+
     try:
-        measurement, status, more = _measure(job, task, module, init_args, factory, device, kind, library_ops)
+        session = measure.Session(module, init_args, factory, device, task, s, proto)
+        outcome = measure.measure(session, kind, tuple(cand.get("kernel_names", ())), job.get("ceilings"))
     except verify.CandidateFailure as f:
         return answer(verdict(f.status, [*reasons, f.reason], proto))
-    reasons += more
+    reasons += outcome.reasons
+    library_ops += [k for k in outcome.library if k not in library_ops]
+    status = outcome.status
     if status == Status.SUSPICIOUS and _alt_verifies(module, init_args, factory, device, s, task, reasons):
         status = Status.OK
-    return answer(verdict(status, reasons, proto), measurement)
+    m = Measurement(
+        candidate_key=key,
+        status=status,
+        timing=outcome.timing,
+        baselines=outcome.baselines,
+        energy=outcome.energy,
+        floor_ms=outcome.floor_ms,
+        environment=environment("cuda"),
+        reasons=tuple(reasons),
+    )
+    return answer(verdict(status, reasons, proto), m)
 
 
 def _itemsize(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
-
-
-def _measure(job, task: Task, module, init_args, factory, device, kind: Kind, library_ops: list[str]):
-    """Time the candidate and the baselines in this process, check the profile and the speed, then energy."""
-    from pipeline import timing
-
-    s = job["settings"]
-    reasons: list[str] = []
-    status = Status.OK
-    reference = verify.build_reference(module, init_args, s["seed"], device, redraw_constant=False)
-    candidate, _ = verify.build_candidate(factory, init_args, s["seed"], device, reference)
-    input_sets, flusher = timing_inputs(module, s["seed"], device)
-    kwargs = dict(
-        trials=s["timing_trials"], budget_s=s["timing_budget_s"], warmup=s["warmup"], flusher=flusher
-    )
-    try:
-        ours = timing.time_cuda(candidate, input_sets, **kwargs)
-    except Exception as e:
-        st = Status.LAUNCH_ERROR if verify.cuda_alive() else Status.CRASH
-        raise verify.CandidateFailure(st, f"{st.value}: timing runs raised {verify._describe(e)}") from None
-    hidden = timing.hidden_work(ours)
-    if hidden:
-        return (
-            Measurement(candidate_key=job["candidate"]["key"], status=Status.REJECTED, timing=ours),
-            Status.REJECTED,
-            [hidden],
-        )
-
-    baselines: dict[str, Timing] = {}
-    for mode in s.get("baselines", []):
-        model = reference if mode == "eager" else _compile(task, reference, mode, reasons)
-        if model is not None:
-            baselines[mode] = timing.time_cuda(model, input_sets, **kwargs)
-
-    ceilings = job.get("ceilings")
-    floor = None
-    if ceilings:
-        from pipeline.calibrate import Ceilings, floor_ms
-
-        floor = floor_ms(task, Ceilings(**ceilings))
-    bandwidth = ceilings["copy_bytes_per_s"] if ceilings else 3e12
-    profile_status, profile_reasons, runtime_library = _profile_check(
-        candidate, input_sets[0], tuple(job["candidate"].get("kernel_names", ())), task, bandwidth, kind
-    )
-    reasons += profile_reasons
-    library_ops += [k for k in runtime_library if k not in library_ops]
-    if profile_status != Status.OK:
-        status = profile_status
-    elif floor is not None and ours.median_ms < SUSPICIOUS_FLOOR_MARGIN * floor:
-        status = Status.SUSPICIOUS
-        reasons.append(f"too_fast: {ours.median_ms:.4f} ms is below the roofline floor of {floor:.4f} ms")
-    elif "eager" in baselines and baselines["eager"].median_ms / ours.median_ms > s["suspicious_speedup"]:
-        status = Status.SUSPICIOUS
-        reasons.append(
-            f"too_fast: {baselines['eager'].median_ms / ours.median_ms:.1f}x over eager "
-            f"(above {s['suspicious_speedup']:g}x)"
-        )
-
-    energy = None
-    if s.get("energy") and status in (Status.OK, Status.SUSPICIOUS):
-        from pipeline.energy import EnergyUnavailable, measure_energy
-
-        try:
-            energy = measure_energy(
-                candidate,
-                input_sets[0],
-                call_ms=ours.median_ms,
-                window_s=s["energy_window_s"],
-                repeats=s["energy_repeats"],
-            )
-        except EnergyUnavailable as e:
-            reasons.append(f"note: energy not measured: {e}")
-    m = Measurement(
-        candidate_key=job["candidate"]["key"],
-        status=status,
-        timing=ours,
-        baselines=baselines,
-        energy=energy,
-        floor_ms=floor,
-        environment=environment("cuda"),
-        reasons=tuple(reasons),
-    )
-    return m, status, reasons
 
 
 def _compile(task: Task, reference, mode: str, reasons: list[str]):
@@ -293,11 +225,13 @@ def _compile(task: Task, reference, mode: str, reasons: list[str]):
     import time
 
     key = (task.source_hash, mode)
+    for old in [k for k in _compiled if k[0] != task.source_hash]:
+        del _compiled[old]  # another task's compiled model keeps its weights on the GPU
     if key not in _compiled:
         t0 = time.perf_counter()
         try:
             compiled = torch.compile(reference, mode=None if mode == "compile" else mode)
-            module = tasks.load_module(task.path)
+            module = tasks.module_from_task(task)
             warm = verify.make_inputs(module, 12345, torch.device("cuda"))
             with torch.no_grad():
                 compiled(*warm)
@@ -307,61 +241,6 @@ def _compile(task: Task, reference, mode: str, reasons: list[str]):
             return None
         _compiled[key] = (compiled, time.perf_counter() - t0)
     return _compiled[key][0]
-
-
-def _profile_check(
-    candidate, inputs, kernel_names: tuple[str, ...], task: Task, bandwidth: float, kind: Kind
-):
-    """Confirm with the profiler that our kernels ran and did a real share of the work."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():
-        candidate(*inputs)
-        torch.cuda.synchronize()
-    ours_us = 0.0
-    ours_count = 0
-    others: dict[str, float] = {}
-    for evt in prof.events():
-        if evt.device_type != DeviceType.CUDA:
-            continue
-        us = evt.time_range.elapsed_us()
-        if evt.name in kernel_names:
-            ours_us += us
-            ours_count += 1
-        else:
-            others[evt.name] = others.get(evt.name, 0.0) + us
-    others_us = sum(others.values())
-    library = [f"kernel {n[:80]}" for n, _ in sorted(others.items(), key=lambda kv: -kv[1])[:5]]
-    if ours_count == 0:
-        return (
-            Status.REJECTED,
-            [
-                f"kernels_not_run: the profiler saw none of {list(kernel_names)} "
-                f"(saw {len(others)} other kernels: {sorted(others)[:3]})"
-            ],
-            library,
-        )
-    floor_us = task.min_bytes / bandwidth * 1e6
-    if ours_us < NO_WORK_FRACTION * floor_us:
-        return (
-            Status.REJECTED,
-            [
-                f"kernels_no_work: our kernels ran {ours_us:.1f} us against a memory floor of "
-                f"{floor_us:.1f} us; the work was done elsewhere"
-            ],
-            library,
-        )
-    if kind == Kind.CUSTOM and others_us > ours_us:
-        return (
-            Status.REJECTED,
-            [
-                f"undeclared_library_work: library kernels ran {others_us:.1f} us against "
-                f"{ours_us:.1f} us in ours: {library}"
-            ],
-            library,
-        )
-    return Status.OK, [], library if kind == Kind.HYBRID else []
 
 
 def _alt_verifies(module, init_args, factory, device, s, task: Task, reasons: list[str]) -> bool:
@@ -398,6 +277,7 @@ def _alt_verifies(module, init_args, factory, device, s, task: Task, reasons: li
 
 
 def _baseline(job: dict[str, Any]) -> dict[str, Any]:
+    """Eager and torch.compile timings of the reference (the reference worker: torch.compile execs ptxas)."""
     from pipeline import timing
 
     s = job["settings"]
@@ -405,43 +285,63 @@ def _baseline(job: dict[str, Any]) -> dict[str, Any]:
         return {"error": "no CUDA device visible to the worker"}
     reference_precision()
     task = from_dict(Task, job["task"])
-    module = tasks.load_module(task.path)
+    module = tasks.module_from_task(task)
     init_args = list(module.get_init_inputs())
     device = torch.device("cuda")
     reference = verify.build_reference(module, init_args, s["seed"], device, redraw_constant=False)
-    input_sets, flusher = timing_inputs(module, s["seed"], device)
-    out: dict[str, Any] = {"timings": {}, "compile_s": {}, "notes": []}
-    for mode in s["baselines"]:
-        model = reference if mode == "eager" else _compile(task, reference, mode, out["notes"])
-        if model is None:
-            continue
-        t = timing.time_cuda(
-            model,
-            input_sets,
-            trials=s["timing_trials"],
-            budget_s=s["timing_budget_s"],
-            warmup=s["warmup"],
-            flusher=flusher,
-        )
-        out["timings"][mode] = to_dict(t)
-        if mode != "eager":
-            out["compile_s"][mode] = _compiled[(task.source_hash, mode)][1]
-    if s.get("energy"):
-        from pipeline.energy import EnergyUnavailable, measure_energy
+    seed = s["seed"] + 101
 
-        try:
-            e = measure_energy(
-                reference,
-                input_sets[0],
-                call_ms=out["timings"]["eager"]["median_ms"],
-                window_s=s["energy_window_s"],
-                repeats=s["energy_repeats"],
+    def inputs_for(call: int) -> list:
+        return verify.make_inputs(module, seed + 7919 * call, device)
+
+    flusher = timing.L2Flusher(device)
+    out: dict[str, Any] = {"timings": {}, "compile_s": {}, "notes": []}
+    try:
+        for mode in s["baselines"]:
+            model = reference if mode == "eager" else _compile(task, reference, mode, out["notes"])
+            if model is None:
+                continue
+            t = timing.time_cuda(
+                model,
+                inputs_for,
+                trials=s["timing_trials"],
+                budget_s=s["timing_budget_s"],
+                warmup=s["warmup"],
+                flusher=flusher,
             )
-            out["energy_eager"] = to_dict(e)
-        except (EnergyUnavailable, KeyError) as e:
-            out["notes"].append(f"energy not measured: {e}")
-    out["environment"] = environment("cuda")
+            out["timings"][mode] = to_dict(t)
+            if mode != "eager":
+                out["compile_s"][mode] = _compiled[(task.source_hash, mode)][1]
+        if s.get("energy"):
+            from pipeline.energy import EnergyUnavailable, LoopMismatch, measure_energy
+
+            try:
+                e = measure_energy(
+                    reference,
+                    inputs_for,
+                    call_ms=out["timings"]["eager"]["median_ms"],
+                    window_s=s["energy_window_s"],
+                    repeats=s["energy_repeats"],
+                    set_bytes=sum(spec.numel * _itemsize(spec.dtype) for spec in task.inputs),
+                    free_bytes=gpu_memory.free_bytes(device),
+                )
+                out["energy_eager"] = to_dict(e)
+            except (EnergyUnavailable, LoopMismatch, KeyError) as e:
+                out["notes"].append(f"energy not measured: {e}")
+        out["environment"] = environment("cuda")
+    finally:
+        del reference, flusher
+        _release_memory()
     return out
+
+
+def _release_memory() -> None:
+    """The reference worker shares the GPU with the candidate workers: it holds no cached memory between
+    jobs (a task with 7.5 GB inputs needs all the memory the protocol can get)."""
+    import gc
+
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
@@ -450,7 +350,7 @@ def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
 
     reference_precision()
     task = from_dict(Task, job["task"])
-    module = tasks.load_module(task.path)
+    module = tasks.module_from_task(task)
     init_args = list(module.get_init_inputs())
     device = torch.device("cuda")
     seed = job["settings"]["seed"]
@@ -459,4 +359,4 @@ def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
     if cand:
         model, _ = verify.build_candidate(candidate_factory(cand), init_args, seed, device, model)
     inputs = verify.make_inputs(module, seed + 101, device)
-    return {"system": system_profile(model, inputs)}
+    return {"system": system_profile(model, inputs), "loaded_modules": len(_LOADED)}

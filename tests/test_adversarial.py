@@ -2,13 +2,13 @@
 
 Each case is a folder under tests/adversarial/ holding a candidate (kernel.cu, launcher.py) and expect.toml:
 
-    task = "elementwise_chain"          # or "softmax": a file under tasks/
+    task = "elementwise_chain"          # a file under tasks/, or else under tests/fixtures/tasks/
     status = "rejected"                 # the verdict's status: rejected | mismatch | suspicious | ok
     checks = ["static:try_except"]      # reason codes, any one of which may catch it; [] for honest controls
     exploit = "one line: what it tries"
 
-A code `static:X` is the static check of the launcher (pipeline/static_check.py, violation "X: ..."); the
-other codes are the runtime checks of the worker (pipeline/verify.py, worker_jobs.py, timing.py). A case
+A code `static:X` is the static check of the launcher (pipeline/static_check/, violation "X: ..."); the
+other codes are the runtime checks of the worker (pipeline/verify.py, measure.py, energy.py). A case
 whose checks name a static code must be caught by the static check alone; the runtime codes beside it are
 the backstop should that rule ever be relaxed. A case with only runtime codes must pass the static check,
 or the GPU test would never reach the runtime check it is there to exercise.
@@ -29,26 +29,26 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.static_check import CODES
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES_DIR = Path(__file__).resolve().parent / "adversarial"
 TASKS_DIR = ROOT / "tasks"
+FIXTURE_TASKS_DIR = ROOT / "tests" / "fixtures" / "tasks"
 NVCC_CMD = ("-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17")
 
 STATUSES = ("rejected", "mismatch", "suspicious", "ok")
 # Every reason code the harness gives for a cheat, by the status it carries.
-STATIC_CODES = (
-    "syntax_error", "no_model_new", "subclass_reference", "calls_reference", "forbidden_import",
-    "try_except", "monkey_patch", "dynamic_access", "sync_or_timer", "no_kernel_launch",
-)  # fmt: skip
+STATIC_CODES = CODES
 CODES_BY_STATUS: dict[str, tuple[str, ...]] = {
     "rejected": (
         *(f"static:{c}" for c in STATIC_CODES),
         "input_mutated", "output_aliases_input", "background_thread", "hidden_work",
-        "kernels_not_run", "kernels_no_work", "undeclared_library_work",
+        "kernels_not_run", "kernels_no_work", "undeclared_library_work", "energy_loop_faster",
     ),
     "mismatch": (
         "shape_mismatch", "dtype_mismatch", "device_mismatch",
-        "unwritten_output", "mismatch", "near_constant",
+        "unwritten_output", "mismatch", "near_constant", "timed_output_mismatch",
     ),
     "suspicious": ("too_fast",),
 }  # fmt: skip
@@ -79,7 +79,8 @@ class Case:
 
     @property
     def task_path(self) -> Path:
-        return TASKS_DIR / f"{self.task}.py"
+        builtin = TASKS_DIR / f"{self.task}.py"
+        return builtin if builtin.is_file() else FIXTURE_TASKS_DIR / f"{self.task}.py"
 
     @property
     def launcher(self) -> str:
@@ -240,7 +241,14 @@ def gpu_cfg(tmp_path_factory: pytest.TempPathFactory):
     """One home for the module, so the GPU's calibration and the compile cache are measured once."""
     from pipeline.config import load
 
-    return load(home=tmp_path_factory.mktemp("adversarial-home"), baselines=())
+    # Energy stays on (one case cheats only in the energy loop), with short windows to keep the suite quick.
+    return load(
+        home=tmp_path_factory.mktemp("adversarial-home"),
+        baselines=(),
+        timing_budget_s=0.5,
+        energy_window_s=0.5,
+        energy_repeats=2,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,12 @@ from pipeline.generate.expert.render import uses_cute
 from pipeline.tasks import probe
 from pipeline.types import Kind, Status
 
-pytestmark = pytest.mark.gpu
+_torch = pytest.importorskip("torch")
+# Every test here needs a CUDA device: on a machine without one, `make test-gpu` skips them and says why.
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _torch.cuda.is_available(), reason="no CUDA device visible"),
+]
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN = sorted(p.stem for p in (ROOT / "tasks").glob("*.py"))
 HYBRID = {"matmul_bias_gelu", "conv_bias_relu_scale"}

@@ -14,7 +14,12 @@ from pipeline import loop
 from pipeline.config import load
 from pipeline.types import Kind, Status
 
-pytestmark = pytest.mark.gpu
+_torch = pytest.importorskip("torch")
+# Every test here needs a CUDA device: on a machine without one, `make test-gpu` skips them and says why.
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _torch.cuda.is_available(), reason="no CUDA device visible"),
+]
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "candidates"
 CRASH = ROOT / "tests" / "fixtures" / "crash"
@@ -140,3 +145,17 @@ print("EXPORT_OK")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert "EXPORT_OK" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_7_5_gb_input_verifies_within_memory(pool, home):
+    """The protocol must fit wherever eager fits: the task's own reference, submitted as a candidate, is OK
+    on a 7.5 GB fp32 input, and its timed outputs were checked."""
+    from pipeline.selfcheck import reference_candidate
+
+    task = ROOT / "tests" / "fixtures" / "tasks" / "huge_rmsnorm.py"
+    cfg = cfg_for(home, timing_budget_s=0.5, job_timeout_s=600)
+    (r,) = loop.evaluate_candidates(task, [reference_candidate(task)], cfg, pool=pool)
+    assert r.verdict.status == Status.OK, r.verdict.reasons
+    assert r.verdict.kind == Kind.HYBRID
+    assert r.measurement is not None and r.measurement.timing.checked_calls >= 5
+    assert r.measurement.timing.fresh_inputs

@@ -13,7 +13,12 @@ from pipeline.cli import app
 from pipeline.runlog import read_events
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.gpu
+_torch = pytest.importorskip("torch")
+# Every test here needs a CUDA device: on a machine without one, `make test-gpu` skips them and says why.
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _torch.cuda.is_available(), reason="no CUDA device visible"),
+]
 
 
 def _optimize(tmp_path: Path, *args: str) -> dict:

@@ -12,7 +12,12 @@ from pipeline.config import load
 from pipeline.profile.advice import advice_block, analyze
 from pipeline.profile.roofline import Bound
 
-pytestmark = pytest.mark.gpu
+_torch = pytest.importorskip("torch")
+# Every test here needs a CUDA device: on a machine without one, `make test-gpu` skips them and says why.
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _torch.cuda.is_available(), reason="no CUDA device visible"),
+]
 ROOT = Path(__file__).resolve().parent.parent
 
 

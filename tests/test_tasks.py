@@ -78,7 +78,7 @@ BAD = {
         "import torch\nclass Model(torch.nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
         "    def forward(self, x):\n        return x\n"
         "def get_inputs():\n    return [torch.randn(2)]\ndef get_init_inputs():\n    return []\n",
-        "building the model or inputs raised TypeError",
+        "building the model raised TypeError",
     ),
 }
 
@@ -102,3 +102,25 @@ def test_missing_file(tmp_path):
 
 def test_size_limit_is_sane():
     assert 16 * 2**30 <= MAX_TASK_BYTES <= 141 * 2**30
+
+
+def test_a_constructor_that_reads_values_is_built_on_the_cpu_and_probed(tmp_path):
+    """Swin's constructor calls `.item()` on a linspace, which the meta device cannot answer."""
+    task = tmp_path / "reads_values.py"
+    task.write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self, depth):\n"
+        "        super().__init__()\n"
+        "        rates = [x.item() for x in torch.linspace(0, 0.1, depth)]\n"
+        "        self.blocks = nn.ModuleList(nn.Linear(64, 64) for _ in rates)\n"
+        "    def forward(self, x):\n"
+        "        for b in self.blocks:\n"
+        "            x = b(x)\n"
+        "        return x\n\n"
+        "def get_inputs():\n    return [torch.randn(32, 64)]\n\n"
+        "def get_init_inputs():\n    return [3]\n"
+    )
+    t = probe(task)
+    assert t.flops == 3 * 2 * 32 * 64 * 64
+    assert t.param_bytes == 3 * (64 * 64 + 64) * 4

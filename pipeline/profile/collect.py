@@ -22,7 +22,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.config import Config, candidate_environ
+from pipeline import sandbox
+from pipeline.config import Config
 from pipeline.types import Status
 
 METRICS_FILE = Path(__file__).with_name("metrics.txt")
@@ -180,18 +181,21 @@ def run_ncu(
     scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=scratch_root)).resolve()
     job_path = scratch / "job.json"
-    job_path.write_text(json.dumps(job))
+    # The namespaces go on ncu's whole tree through the trampoline; the target applies Landlock and seccomp
+    # itself once CUDA is up (job["sandbox"]), since ncu must exec it and talk to its injected library.
+    plan = sandbox.ncu_plan(cfg, scratch, job)
+    job_path.write_text(json.dumps({**job, "sandbox": plan.to_json()} if plan else job))
     log_path = scratch / "ncu.csv"
-    env = candidate_environ()
     t0 = time.monotonic()
-    proc = subprocess.Popen(
+    proc = sandbox.spawn(
         ncu_command(ncu, job_path, metrics, log_path, launch_count),
         cwd=scratch,
-        env=env,
+        scratch=scratch,
+        plan=plan,
+        trampoline=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
     )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
