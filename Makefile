@@ -5,15 +5,30 @@ VENV    ?= .venv
 PYTHON  ?= $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo $(PY))
 TASK    ?=
 CANDIDATE ?=
+# Where pip takes torch from; empty: pip's configured index. Without a GPU, point it at PyTorch's CPU wheel
+# index (README, "Install") so pip does not fetch the multi-GB CUDA build.
+TORCH_INDEX_URL ?=
+CUDA_HOME ?= /usr/local/cuda
+# Looked up when install's commands are expanded, so `make -n install` shows what this machine gets.
+HAVE_GPU   = $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+HAVE_NVCC  = $(shell { command -v nvcc || [ -x "$(CUDA_HOME)/bin/nvcc" ]; } >/dev/null 2>&1 && echo yes)
+# (Specs with commas live in variables: a comma inside $(if ...) would split its arguments.)
+TORCH_GPU   = 'torch>=2.8,<2.15'
+TORCH_CPU   = torch==2.13.0
+NVCC_WHEELS = 'nvidia-cuda-nvcc>=13,<14' 'nvidia-cuda-cccl>=13,<14'
+TORCH_SPEC  = $(if $(HAVE_GPU),$(TORCH_GPU),$(TORCH_CPU))
 
 .PHONY: install test test-gpu lint format eval clean index optimize show
 
 install:
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	# torch first: without a GPU the CPU build from local disk, so nothing later pulls a multi-GB CUDA build.
-	if nvidia-smi -L >/dev/null 2>&1; then $(VENV)/bin/pip install -q 'torch>=2.8,<2.15'; \
-	else $(VENV)/bin/pip install -q torch==2.13.0; fi
+	# torch first, so nothing later pulls another build: with a GPU the CUDA build in the project's range,
+	# without one the CPU build (from TORCH_INDEX_URL when set).
+	$(VENV)/bin/pip install -q $(if $(TORCH_INDEX_URL),--index-url "$(TORCH_INDEX_URL)") $(TORCH_SPEC)
+	# No nvcc on PATH or in CUDA_HOME: NVIDIA's nvcc wheels (nvcc, its headers and CCCL), which
+	# pipeline/compile.py finds in the venv.
+	$(if $(HAVE_NVCC),,$(VENV)/bin/pip install -q $(NVCC_WHEELS))
 	$(VENV)/bin/pip install -q -e '.[dev]'
 
 test:
@@ -46,4 +61,4 @@ show:
 	$(PYTHON) -m pipeline.cli show $(RUN)
 
 index:
-	$(PYTHON) -m pipeline.cli index build --corpus $(or $(CORPUS),cutlass)
+	$(PYTHON) -m pipeline.cli index build --corpus $(or $(CORPUS),cutlass) $(if $(FOLDER),--folder "$(FOLDER)")

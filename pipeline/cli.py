@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shlex
 import sys
 from collections.abc import Callable
+from enum import Enum
 from functools import wraps
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,12 +24,44 @@ from pipeline.types import Status, to_dict
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Write, verify, time and profile CUDA kernels."
 )
-out = Console()
-err = Console(stderr=True)
+# Without a terminal (a pipe, a file, CI) Rich would cut tables at 80 columns, and with them the run ids a
+# user copies for --resume: give captured output room instead.
+PIPE_WIDTH = 200
+out = Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else PIPE_WIDTH)
+
+
+def _choices(field: str) -> Any:
+    """An Enum of a config field's allowed values, so typer lists them and refuses others."""
+    return Enum(field.capitalize(), {v: v for v in config_mod.CHOICES[field]}, type=str)
+
+
+Policy, Search, Objective, FeedbackMode = (_choices(f) for f in ("policy", "search", "objective", "feedback"))
 
 TaskOpt = Annotated[Path, typer.Option("--task", "-t", help="KernelBench-format task file")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON on stdout instead of tables")]
 HomeOpt = Annotated[Path | None, typer.Option("--home", help="cache folder (default .kernelpro)")]
+
+
+def _value(choice: Any) -> str | None:
+    return choice.value if choice is not None else None
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror and e.filename:  # e.g. "Not a directory: 'x/cache'"
+        where = f"{e.filename} -> {e.filename2}" if e.filename2 else str(e.filename)
+        return f"{e.strerror}: {where}"
+    return str(e)
+
+
+def _resume_hint(e: BaseException) -> str:
+    run_id, runs_dir = getattr(e, "run_id", None), getattr(e, "runs_dir", None)
+    if not run_id:
+        return "interrupted"
+    cmd = f"kernelpro optimize --resume {shlex.quote(run_id)}"
+    if runs_dir is not None and Path(runs_dir) != config_mod.Config.runs_dir:
+        cmd += f" --runs-dir {shlex.quote(str(runs_dir))}"
+    return f"interrupted: run {run_id} is saved; continue it with: {cmd}"
 
 
 def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,19 +91,38 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             CorpusError,
             ValueError,
             RuntimeError,
+            OSError,  # a path that is a file where a folder belongs, a full disk: the user's to fix
         ) as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            # Messages carry paths, TOML errors and model text: never let Rich read them as markup.
+            err.print(f"[bold red]error:[/] {escape(_message(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
+        except KeyboardInterrupt as e:
+            err.print(escape(_resume_hint(e)), highlight=False, soft_wrap=True)
             raise typer.Exit(130) from None
 
     return wrapper
 
 
-def _progress(enabled: bool):
-    if not enabled:
+def _say(text: str, console: Console | None = None) -> None:
+    """A plain line of data: no markup, no highlighting, never wrapped."""
+    (console or out).print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _progress(json_out: bool) -> tuple[Any, Callable[[str, int, int], None] | None]:
+    """A bar on a terminal; without one (CI, a pipe) plain lines on stderr, about one per tenth of each
+    stage; nothing with --json."""
+    if json_out:
         return None, None
+    if not sys.stderr.isatty():
+        shown: set[tuple[str, int]] = set()
+
+        def line(stage: str, done: int, total: int) -> None:
+            step = (stage, 10 * done // total if total else 10)
+            if step not in shown:
+                shown.add(step)
+                _say(f"{stage} {done}/{total}", err)
+
+        return None, line
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -101,7 +156,7 @@ def eval_cmd(
     baselines: Annotated[
         str, typer.Option(help="comma-separated: eager, compile, max-autotune-no-cudagraphs, or none")
     ] = "eager,compile,max-autotune-no-cudagraphs",
-    trials: Annotated[int | None, typer.Option(help="verification trials")] = None,
+    trials: Annotated[int | None, typer.Option(min=1, help="verification trials")] = None,
     device: Annotated[str | None, typer.Option(help="cuda, or cpu for Python stand-ins")] = None,
     home: HomeOpt = None,
 ) -> None:
@@ -109,16 +164,14 @@ def eval_cmd(
     from pipeline.loop import evaluate_candidates
 
     cfg = config_mod.load(home=home, energy=energy, trials=trials, device=device, baselines=_modes(baselines))
-    bar, update = _progress(not json_out and sys.stderr.isatty())
-    if bar:
-        with bar:
-            results = evaluate_candidates(task, candidate, cfg, progress=update)
-    else:
-        results = evaluate_candidates(task, candidate, cfg)
+    bar, update = _progress(json_out)
+    with bar or contextlib.nullcontext():
+        results = evaluate_candidates(task, candidate, cfg, progress=update)
+    names = [_folder_name(c) for c in candidate]
     if json_out:
-        print(json.dumps([_result_json(r) for r in results], indent=2))
+        print(json.dumps([_result_json(r, n) for r, n in zip(results, names, strict=True)], indent=2))
     else:
-        _print_results(results)
+        _print_results(results, names)
     if any(r.verdict.status != Status.OK for r in results):
         raise typer.Exit(1)
 
@@ -131,10 +184,15 @@ def _modes(text: str) -> tuple[str, ...]:
     return modes
 
 
-def _result_json(r) -> dict[str, Any]:
+def _folder_name(path: Path) -> str:
+    return Path(path).resolve().name or str(path)
+
+
+def _result_json(r, folder: str) -> dict[str, Any]:
     m = r.measurement
     return {
         "candidate": r.candidate.key,
+        "folder": folder,
         "build": to_dict(r.build) if r.build else None,
         "verdict": to_dict(r.verdict),
         "measurement": to_dict(m) if m else None,
@@ -144,29 +202,32 @@ def _result_json(r) -> dict[str, Any]:
     }
 
 
-def _print_results(results) -> None:
+def _print_results(results, names: list[str]) -> None:
     table = Table(title="kernelpro eval")
-    for col in ("candidate", "status", "kind", "ms (median)", "vs eager", "vs compile", "of floor", "J/call"):
+    cols = ("candidate", "key", "status", "kind", "ms (median)", "calls checked", "vs eager", "vs compile")
+    for col in (*cols, "of floor", "J/call"):
         table.add_column(col)
-    for r in results:
+    for r, name in zip(results, names, strict=True):
         m = r.measurement
         t = m.timing if m else None
         table.add_row(
+            escape(name),
             r.candidate.key,
             r.verdict.status.value,
             r.verdict.kind.value if r.verdict.kind else "-",
             f"{t.median_ms:.4f} ±{100 * t.spread:.1f}%" if t else "-",
+            str(t.checked_calls) if t else "-",  # measured calls whose outputs matched the reference
             _x(m.speedup_eager if m else None),
             _x(m.speedup_compile if m else None),
             f"{100 * m.fraction_of_floor:.0f}%" if m and m.fraction_of_floor else "-",
             f"{m.energy.joules_per_call:.4g}" if m and m.energy else "-",
         )
     out.print(table)
-    for r in results:
+    for r, name in zip(results, names, strict=True):
         for reason in r.verdict.reasons:
-            out.print(f"  {r.candidate.key}: {reason}", highlight=False, soft_wrap=True)
+            _say(f"  {name}: {reason}")
         if r.verdict.library_ops:
-            out.print(f"  {r.candidate.key}: hybrid, left to libraries: {', '.join(r.verdict.library_ops)}")
+            _say(f"  {name}: hybrid, left to libraries: {', '.join(r.verdict.library_ops)}")
 
 
 def _x(v: float | None) -> str:
@@ -206,13 +267,13 @@ def baseline(
     if json_out:
         print(json.dumps(record, indent=2))
         return
-    table = Table(title=f"baselines: {task_info.id}")
+    table = Table(title=f"baselines: {escape(task_info.id)}")
     for col in ("mode", "ms (median)", "spread", "compile s", "of floor"):
         table.add_column(col)
     floor = data.get("floor_ms")
     for mode, t in data["timings"].items():
         table.add_row(
-            mode,
+            escape(mode),
             f"{t.median_ms:.4f}",
             f"{100 * t.spread:.1f}%",
             f"{data['compile_s'].get(mode, 0):.1f}",
@@ -220,7 +281,7 @@ def baseline(
         )
     out.print(table)
     for note in data.get("notes") or []:
-        out.print(f"  note: {note}", highlight=False)
+        _say(f"  note: {note}")
 
 
 @app.command()
@@ -234,13 +295,16 @@ def calibrate(
     from pipeline.loop import ceilings, open_pool
 
     cfg = config_mod.load(home=home)
+    if cfg.device != "cuda":
+        raise ValueError(f"calibrate measures a GPU: device must be cuda, not {cfg.device}")
     with open_pool(cfg) as pool:
         c = ceilings(pool, cfg, force=force)
-    assert c is not None
+    if c is None:
+        raise RuntimeError("calibration gave no ceilings")
     if json_out:
         print(json.dumps(c.__dict__, indent=2))
         return
-    table = Table(title=f"ceilings: {c.gpu}")
+    table = Table(title=f"ceilings: {escape(c.gpu)}")
     table.add_column("ceiling")
     table.add_column("value")
     table.add_row("copy bandwidth (read + write)", f"{c.copy_bytes_per_s / 1e12:.2f} TB/s")
@@ -248,6 +312,60 @@ def calibrate(
     table.add_row("tf32 matmul", f"{c.tf32_flops / 1e12:.1f} TFLOP/s")
     table.add_row("bf16 matmul", f"{c.bf16_flops / 1e12:.1f} TFLOP/s")
     out.print(table)
+
+
+@app.command()
+@_user_errors
+def doctor(home: HomeOpt = None, json_out: JsonOpt = False) -> None:
+    """What this machine offers: GPU, driver, nvcc, ncu, cuobjdump, NVML energy, each sandbox layer, the
+    CUTLASS headers and the index. Exit 1 when something a GPU run needs is missing."""
+    from pipeline import doctor as doctor_mod
+
+    checks = doctor_mod.gather(config_mod.load(home=home))
+    if json_out:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        out.print(doctor_mod.render(checks))
+    if not all(c.ok for c in checks):
+        raise typer.Exit(1)
+
+
+@app.command()
+@_user_errors
+def selfcheck(
+    suite: Annotated[list[Path], typer.Argument(help="task folders (searched recursively) or task files")],
+    store: Annotated[Path, typer.Option(help="JSON-lines results, one per task; reused to resume")],
+    budget_s: Annotated[
+        float | None, typer.Option(min=1, help="stop cleanly before this many seconds")
+    ] = None,
+    levels: Annotated[list[str] | None, typer.Option(help="only these sub-folders, e.g. level1")] = None,
+    markdown: Annotated[Path | None, typer.Option(help="write the summary as Markdown here")] = None,
+    home: HomeOpt = None,
+) -> None:
+    """The harness's self-consistency check: each task's own reference, submitted as a hybrid candidate
+    (its PyTorch ops plus a byte-copy kernel of ours), must verify OK wherever eager runs."""
+    from pipeline import selfcheck as selfcheck_mod
+
+    paths = selfcheck_mod.task_files(suite, levels)
+    if not paths:
+        raise ValueError(f"no task files under {', '.join(str(p) for p in suite)}")
+    cfg = selfcheck_mod.sweep_config(config_mod.load(home=home))
+
+    def on_row(row: dict[str, Any]) -> None:
+        first = next((r for r in row["reasons"] if not r.startswith("note:")), "")
+        _say(f"{row['key']}: {row['status']} in {row['seconds']:.1f} s {first[:120]}".rstrip(), err)
+
+    result = selfcheck_mod.run_suite(paths, cfg, store, budget_s=budget_s, on_row=on_row)
+    if result.stopped:
+        _say(f"stopped: {result.stopped}; {len(result.remaining)} tasks left: run the same command again")
+    text = selfcheck_mod.markdown(result.rows)
+    if markdown:
+        markdown.write_text(text)
+    from rich.markdown import Markdown
+
+    out.print(Markdown(text))
+    if result.summary()["failures"]:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -264,13 +382,17 @@ def export(
 
     if not task.is_file():
         raise ValueError(f"task file not found: {task}")
+    if output.is_dir():
+        raise ValueError(f"-o {output} is a folder; give the path of the .py file to write")
+    if not output.parent.is_dir():
+        raise ValueError(f"-o {output}: the folder {output.parent} does not exist")
     cfg = config_mod.load(home=home)
     cand = load_candidate(candidate, task.stem)
     (build,) = compile_candidates([cand], cfg)
     if build.status != Status.OK:
         raise RuntimeError(f"compile failed ({build.status.value}):\n{build.log}")
     path = export_standalone(cand, build, output)
-    out.print(f"wrote {path} ({path.stat().st_size} bytes, {build.arch})")
+    _say(f"wrote {path} ({path.stat().st_size} bytes, {build.arch})")
 
 
 @app.command()
@@ -279,8 +401,8 @@ def profile(
     task: TaskOpt,
     candidate: Annotated[Path, typer.Option("--candidate", "-c", help="candidate folder")],
     feedback: Annotated[
-        str, typer.Option(help="advice (for prompts), json, raw (metrics only) or none")
-    ] = "advice",
+        FeedbackMode, typer.Option(help="advice (for prompts), json, raw (metrics only) or none")
+    ] = FeedbackMode.advice,
     all_tools: Annotated[
         bool, typer.Option("--all-tools", help="run every tool, not only those for the class")
     ] = False,
@@ -290,15 +412,13 @@ def profile(
     from pipeline.loop import profile_candidate
     from pipeline.profile.advice import Feedback, advice_block, analyze, as_json, raw_block
 
-    mode = Feedback(feedback) if feedback in {f.value for f in Feedback} else None
-    if mode is None:
-        raise ValueError(f"unknown feedback {feedback!r}: use advice, json, raw or none")
+    mode = Feedback(_value(feedback))
     cfg = config_mod.load(home=home, baselines=("eager",))
     pr = profile_candidate(task, candidate, cfg)
     for note in pr.notes:
-        err.print(f"note: {note}", highlight=False)
+        _say(f"note: {note}", err)
     if pr.evidence is None:
-        _print_results([pr.result])
+        _print_results([pr.result], [_folder_name(candidate)])
         raise typer.Exit(1)
     if mode == Feedback.NONE:
         return
@@ -309,7 +429,7 @@ def profile(
     if mode == Feedback.JSON:
         print(json.dumps(as_json(cls, findings), indent=2))
     else:
-        out.print(advice_block(cls, findings), highlight=False, soft_wrap=True)
+        _say(advice_block(cls, findings))
 
 
 # --- index: build, status, query, drop --------------------------------------------------------------
@@ -318,16 +438,42 @@ def profile(
 
 
 def _live_table(live: Any) -> Table:
-    t = Table(title=f"kernelpro optimize · run {live.run_id}", show_header=False, box=None)
-    t.add_row("task", f"{live.task_id}  ({live.policy} policy, {live.search}, objective {live.objective})")
+    t = Table(title=f"kernelpro optimize · run {escape(live.run_id)}", show_header=False, box=None)
+    t.add_row(
+        "task", escape(f"{live.task_id}  ({live.policy} policy, {live.search}, objective {live.objective})")
+    )
     t.add_row("iteration", f"{live.iteration}   evaluations {live.evaluations}/{live.max_evals}")
     t.add_row("best over eager", _x(live.best_speedup_eager))
     t.add_row("best over torch.compile", _x(live.best_speedup_compile))
-    t.add_row("statuses", ", ".join(f"{k} {v}" for k, v in sorted(live.statuses.items())) or "-")
+    t.add_row("statuses", escape(", ".join(f"{k} {v}" for k, v in sorted(live.statuses.items())) or "-"))
     if live.tokens:
         t.add_row("LLM", f"{live.tokens} tokens, ${live.cost_usd:.2f}")
-    t.add_row("now", live.step)
+    t.add_row("now", escape(live.step))
     return t
+
+
+def _live_lines() -> Callable[[Any], None]:
+    """Without a terminal: one plain line on stderr per step of the run (a CI log shows it is alive)."""
+    last: list[str] = [""]
+
+    def show(live: Any) -> None:
+        line = f"run {live.run_id}: {live.evaluations}/{live.max_evals} evaluations"
+        if live.best_speedup_eager:
+            line += f", best {_x(live.best_speedup_eager)} over eager"
+        line += f"; {live.step}"
+        if line != last[0]:
+            last[0] = line
+            _say(line, err)
+
+    return show
+
+
+def _check_replay(paths: list[Path]) -> None:
+    for p in paths:
+        if not (p / "log.jsonl" if p.is_dir() else p).is_file():
+            raise ValueError(
+                f"--replay {p}: no run log there (give a log.jsonl, or a run folder holding one)"
+            )
 
 
 @app.command()
@@ -335,21 +481,32 @@ def _live_table(live: Any) -> Table:
 def optimize(
     task: Annotated[Path | None, typer.Option("--task", "-t", help="KernelBench-format task file")] = None,
     policy: Annotated[
-        str | None, typer.Option(help="llm, expert, or auto (llm when an endpoint is set)")
+        Policy | None, typer.Option(help="llm, expert, or auto (llm when an endpoint is set)")
     ] = None,
-    search: Annotated[str | None, typer.Option(help="mcts or greedy")] = None,
-    objective: Annotated[str | None, typer.Option(help="time, energy (J per call) or edp")] = None,
-    max_evals: Annotated[int | None, typer.Option(help="candidates evaluated on the GPU")] = None,
-    max_wall: Annotated[float | None, typer.Option(help="wall-time budget in seconds")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="LLM token budget")] = None,
-    max_cost: Annotated[float | None, typer.Option(help="LLM cost budget in USD")] = None,
+    search: Annotated[Search | None, typer.Option(help="mcts or greedy")] = None,
+    objective: Annotated[Objective | None, typer.Option(help="time, energy (J per call) or edp")] = None,
+    max_evals: Annotated[int | None, typer.Option(min=1, help="candidates evaluated on the GPU")] = None,
+    max_wall: Annotated[
+        float | None, typer.Option(min=1, help="wall-time budget in seconds, across resumes")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="LLM token budget")] = None,
+    max_cost: Annotated[float | None, typer.Option(min=0.01, help="LLM cost budget in USD")] = None,
     children: Annotated[
-        int | None, typer.Option(help="candidates per expansion, evaluated in parallel")
+        int | None, typer.Option(min=1, help="candidates per expansion, evaluated in parallel")
     ] = None,
-    feedback: Annotated[str | None, typer.Option(help="advice, json, raw or none (ablations)")] = None,
-    seed: Annotated[int | None, typer.Option(help="seed of the search and the verification inputs")] = None,
+    feedback: Annotated[
+        FeedbackMode | None, typer.Option(help="advice, json, raw or none (ablations)")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(min=0, help="seed of the search and the verification inputs")
+    ] = None,
     memory: Annotated[bool | None, typer.Option("--memory/--no-memory", help="lessons across runs")] = None,
-    resume: Annotated[str | None, typer.Option(help="continue the run with this id")] = None,
+    resume: Annotated[
+        str | None, typer.Option(help="continue the run with this id (its recorded settings and budgets)")
+    ] = None,
+    more: Annotated[
+        int | None, typer.Option(min=1, help="with --resume: this many more evaluations, a finished run too")
+    ] = None,
     replay: Annotated[
         list[Path] | None,
         typer.Option(help="answer evaluations from run logs recorded on a GPU (no GPU needed); repeatable"),
@@ -364,42 +521,53 @@ def optimize(
     from pipeline.loop import optimize as run_optimize
 
     if task is None and resume is None:
-        raise typer.BadParameter("give --task, or --resume RUN_ID")
+        raise ValueError("give --task, or --resume RUN_ID")
+    if more is not None and resume is None:
+        raise ValueError("--more continues a run: give it with --resume RUN_ID")
+    if more is not None and max_evals is not None:
+        raise ValueError(
+            "give --more (evaluations on top of those done) or --max-evals (the total), not both"
+        )
+    _check_replay(replay or [])
     cfg = config_mod.load(
-        home=home, policy=policy, search=search, objective=objective, max_evals=max_evals, max_wall_s=max_wall,
-        max_tokens=max_tokens, max_cost_usd=max_cost, children_per_expand=children, feedback=feedback,
-        seed=seed, memory=memory, runs_dir=runs_dir,
+        home=home, policy=_value(policy), search=_value(search), objective=_value(objective),
+        max_evals=max_evals, max_wall_s=max_wall, max_tokens=max_tokens, max_cost_usd=max_cost,
+        children_per_expand=children, feedback=_value(feedback), seed=seed, memory=memory, runs_dir=runs_dir,
     )  # fmt: skip
-    for name, allowed in (("policy", ("auto", "llm", "expert")), ("search", ("mcts", "greedy")),
-                          ("objective", ("time", "energy", "edp")), ("feedback", ("advice", "json", "raw", "none"))):  # fmt: skip
-        if getattr(cfg, name) not in allowed:
-            raise ValueError(f"--{name} must be one of {', '.join(allowed)}, not {getattr(cfg, name)!r}")
-    show_live = not json_out and sys.stderr.isatty()
-    if show_live:
+    given = {k for k, v in (("max_evals", max_evals), ("max_wall_s", max_wall), ("max_tokens", max_tokens),
+                            ("max_cost_usd", max_cost)) if v is not None}  # fmt: skip
+    kw: dict[str, Any] = {"resume": resume, "replay": replay or None, "more": more, "budgets_given": given}
+    if not json_out and sys.stderr.isatty():
         with RichLive(console=err, refresh_per_second=4, transient=False) as view:
-            result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None,
-                                  progress=lambda live: view.update(_live_table(live)))  # fmt: skip
+            result = run_optimize(
+                task or Path(""), cfg, progress=lambda live: view.update(_live_table(live)), **kw
+            )
     else:
-        result = run_optimize(task or Path(""), cfg, resume=resume, replay=replay or None)
+        result = run_optimize(task or Path(""), cfg, progress=None if json_out else _live_lines(), **kw)
     summary = {
         "run_id": result.run_id, "folder": str(result.folder), "stop_reason": result.stop_reason,
         "best_key": result.best_key, "best_speedup_eager": result.best_speedup_eager,
         "best_speedup_compile": result.best_speedup_compile, "evaluations": result.evaluations,
         "report": str(result.report) if result.report else None,
         "exported": str(result.exported) if result.exported else None, "notes": list(result.notes),
+        "finished_before": result.finished_before,
     }  # fmt: skip
     if json_out:
         print(json.dumps(summary, indent=2))
         return
-    out.print(f"run {result.run_id}: {result.stop_reason}; {result.evaluations} evaluations")
+    if result.finished_before:
+        _say(f"run {result.run_id} is finished ({result.stop_reason}; {result.evaluations} evaluations); "
+             f"nothing to resume: add --more N for N more evaluations")  # fmt: skip
+        return
+    _say(f"run {result.run_id}: {result.stop_reason}; {result.evaluations} evaluations")
     if result.best_key:
-        out.print(f"best {result.best_key}: {_x(result.best_speedup_eager)} over eager, "
-                  f"{_x(result.best_speedup_compile)} over torch.compile")  # fmt: skip
+        _say(f"best {result.best_key}: {_x(result.best_speedup_eager)} over eager, "
+             f"{_x(result.best_speedup_compile)} over torch.compile")  # fmt: skip
     else:
-        out.print("no correct candidate beat the search's start; see the report for every status")
+        _say("no correct candidate beat the search's start; see the report for every status")
     for note in result.notes:
-        out.print(f"note: {note}", highlight=False)
-    out.print(f"report: {result.report}")
+        _say(f"note: {note}")
+    _say(f"report: {result.report}")
 
 
 @app.command()
@@ -409,7 +577,9 @@ def show(
     runs_dir: Annotated[Path | None, typer.Option(help="where runs are written (default runs/)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """List runs, or print one run's report (rewritten from its log)."""
+    """List runs, or print one run's report (rendered from its log; the run folder is not touched)."""
+    from rich.markdown import Markdown
+
     from pipeline import report, runlog
 
     cfg = config_mod.load(runs_dir=runs_dir)
@@ -419,17 +589,18 @@ def show(
             print(json.dumps([to_dict(r) for r in runs], indent=2))
             return
         if not runs:
-            out.print(f"no runs under {cfg.runs_dir}; start one with `kernelpro optimize --task T`")
+            _say(f"no runs under {cfg.runs_dir}; start one with `kernelpro optimize --task T`")
             return
         table = Table("run", "task", "status", "evaluations", "best over eager")
         for r in runs:
-            table.add_row(r.run_id, r.task_id, r.status, str(r.evaluations), _x(r.best_speedup))
+            table.add_row(
+                escape(r.run_id), escape(r.task_id), r.status, str(r.evaluations), _x(r.best_speedup)
+            )
         out.print(table)
         return
     folder = cfg.runs_dir / run_id
     if not (folder / "log.jsonl").is_file():
         raise ValueError(f"no run {run_id} under {cfg.runs_dir}")
-    path = report.write_report(folder)
     if json_out:
         view = report.load_view(folder)
         print(
@@ -438,7 +609,13 @@ def show(
             )
         )
         return
-    out.print(path.read_text(), highlight=False, markup=False)
+    md = Markdown(report.render(folder).markdown)
+    if out.is_terminal:
+        out.print(md)
+        return
+    with out.capture() as captured:  # piped: a readable width, and no padding to it at each line's end
+        out.print(md, width=110)
+    print("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
 index_app = typer.Typer(
@@ -472,16 +649,13 @@ def index_build(
     from index.build import build_index
 
     cfg = config_mod.load(home=home)
-    bar, update = _progress(not json_out and sys.stderr.isatty())
-    if bar:
-        with bar:
-            r = build_index(corpus, cfg, progress=update, folder=folder)
-    else:
-        r = build_index(corpus, cfg, folder=folder)
+    bar, update = _progress(json_out)
+    with bar or contextlib.nullcontext():
+        r = build_index(corpus, cfg, progress=update, folder=folder)
     if json_out:
         print(json.dumps(r.__dict__, indent=2))
         return
-    table = Table(title=f"index {r.collection}")
+    table = Table(title=f"index {escape(r.collection)}")
     for col in ("files", "changed", "unchanged", "removed", "chunks", "added", "deleted", "seconds", "size"):
         table.add_column(col)
     table.add_row(
@@ -509,20 +683,20 @@ def index_status_cmd(json_out: JsonOpt = False, home: HomeOpt = None) -> None:
         print(json.dumps(rows, indent=2))
         return
     if not rows:
-        out.print("no index yet; build one with `kernelpro index build`")
+        _say("no index yet; build one with `kernelpro index build`")
         return
     table = Table(title="kernelpro index")
     for col in ("collection", "corpus", "version", "chunks", "files", "model", "built", "sidecars", "chroma"):
         table.add_column(col)
     for r in rows:
         table.add_row(
-            r["collection"],
-            str(r["corpus"]),
-            str(r["version"]),
+            escape(r["collection"]),
+            escape(str(r["corpus"])),
+            escape(str(r["version"])),
             str(r["chunks"] if r["chunks"] is not None else "?"),
             str(r["files"] if r["files"] is not None else "?"),
-            str(r["model"]),
-            str(r["built_at"] or "-"),
+            escape(str(r["model"])),
+            escape(str(r["built_at"] or "-")),
             _size(r["bytes"]),
             _size(r["chroma_bytes"]),
         )
@@ -536,7 +710,7 @@ def index_drop(corpus: CorpusOpt, home: HomeOpt = None) -> None:
     from index.build import drop_index
 
     name = drop_index(corpus, config_mod.load(home=home))
-    out.print(f"dropped {name}")
+    _say(f"dropped {name}")
 
 
 @index_app.command("query")
@@ -565,14 +739,14 @@ def index_query(
         print(json.dumps(rows, indent=2, default=str))
         return
     if not rows:
-        out.print("no building blocks found")
+        _say("no building blocks found")
         return
     for i, b in enumerate(rows, 1):
         where = b.get("path", "?")
         if b.get("start_line"):
             where += f":{b['start_line']}-{b.get('end_line', '')}"
         score = b.get("score")
-        head = f"[bold]{i}. {b.get('symbol', '')}[/]  {where}"
+        head = f"[bold]{i}. {escape(str(b.get('symbol', '')))}[/]  {escape(str(where))}"
         out.print(head + (f"  (score {score:.3f})" if isinstance(score, float) else ""), highlight=False)
 
 
@@ -598,12 +772,13 @@ def index_eval(
     home: HomeOpt = None,
 ) -> None:
     """Score the source hunter on an evaluation set: recall@5, MRR, query p50."""
-    from index.hunt import evaluate, get_hunter, load_cases
+    from index.hunt import evaluate, get_hunter
 
     path = cases or Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "hunt_eval.toml"
     if not path.is_file():
         raise ValueError(f"evaluation cases not found: {path}; pass --cases FILE")
-    report = evaluate(get_hunter(config_mod.load(home=home), corpus), load_cases(path))
+    loaded = _load_cases(path)  # a bad case is named before the index is opened (seconds, a model load)
+    report = evaluate(get_hunter(config_mod.load(home=home), corpus), loaded)
     misses = [r for r in report.per_case if r.rank is None or r.rank > 5]
     if json_out:
         summary = {"recall_at_5": report.recall_at_5, "mrr": report.mrr, "p50_ms": report.p50_ms}
@@ -616,10 +791,33 @@ def index_eval(
     for col in ("query", "rank", "first result"):
         table.add_column(col)
     for r in misses:
-        table.add_row(r.case.query, str(r.rank or "-"), r.top_paths[0] if r.top_paths else "-")
+        table.add_row(
+            escape(r.case.query), str(r.rank or "-"), escape(r.top_paths[0] if r.top_paths else "-")
+        )
     if misses:
         out.print(table)
-    out.print(f"recall@5 {report.recall_at_5:.3f}  MRR {report.mrr:.3f}  p50 {report.p50_ms:.1f} ms")
+    _say(f"recall@5 {report.recall_at_5:.3f}  MRR {report.mrr:.3f}  p50 {report.p50_ms:.1f} ms")
+
+
+def _load_cases(path: Path) -> list[Any]:
+    """The evaluation cases, each checked for its query and its expected files first."""
+    import tomllib
+
+    from index.hunt import load_cases
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    raw = data.get("case")
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"{path}: no [[case]] tables")
+    for i, c in enumerate(raw, 1):
+        missing = [k for k in ("query", "expect") if not c.get(k)]
+        if missing:
+            what = f"{c['query']!r}" if c.get("query") else "no query"
+            raise ValueError(f"{path}: case {i} ({what}) has no `{'` and no `'.join(missing)}`")
+    return load_cases(path)
 
 
 # --- memory: list, search, clear --------------------------------------------------------------------
@@ -658,13 +856,15 @@ def memory_list(
         print(json.dumps([as_dict(s) for s in lessons], indent=2))
         return
     if not lessons:
-        out.print(_EMPTY_MEMORY)
+        _say(_EMPTY_MEMORY)
         return
     table = Table(title=f"kernelpro memory: {_lessons(len(lessons))}")
     for col in ("created", "task", "edit", "outcome", "finding", "run"):
         table.add_column(col)
     for s in lessons:
-        table.add_row(_when(s.created), s.task_id, s.edit, s.outcome, s.finding, s.run_id or "-")
+        table.add_row(
+            *(escape(x) for x in (_when(s.created), s.task_id, s.edit, s.outcome, s.finding, s.run_id or "-"))
+        )
     out.print(table)
 
 
@@ -689,13 +889,15 @@ def memory_search(
         print(json.dumps([{**as_dict(s), "similarity": sim} for s, sim in hits], indent=2))
         return
     if not hits:
-        out.print(_EMPTY_MEMORY if not helpful else "no helpful lessons stored yet")
+        _say(_EMPTY_MEMORY if not helpful else "no helpful lessons stored yet")
         return
-    table = Table(title=f"memory: {query}")
+    table = Table(title=f"memory: {escape(query)}")
     for col in ("sim", "task", "edit", "outcome", "finding", "features"):
         table.add_column(col)
     for s, sim in hits:
-        table.add_row(f"{sim:.2f}", s.task_id, s.edit, s.outcome, s.finding, s.task_features)
+        table.add_row(
+            f"{sim:.2f}", *(escape(x) for x in (s.task_id, s.edit, s.outcome, s.finding, s.task_features))
+        )
     out.print(table)
 
 
@@ -711,16 +913,16 @@ def memory_clear(
     mem = Memory(config_mod.load(home=home))
     n = mem.count()
     if n == 0:
-        out.print("the memory is already empty")
+        _say("the memory is already empty")
         return
     if not yes:
         if not sys.stdin.isatty():
             # Nobody can answer a prompt here (a script, CI): refuse rather than hang or guess.
             raise ValueError(f"refusing to delete {_lessons(n)} without confirmation; pass --yes")
         if not typer.confirm(f"Delete {_lessons(n)} from {mem.where}?", default=False):
-            out.print("kept the memory")
+            _say("kept the memory")
             raise typer.Exit(1)
-    out.print(f"deleted {_lessons(mem.clear())}")
+    _say(f"deleted {_lessons(mem.clear())}")
 
 
 def main() -> None:

@@ -1,15 +1,32 @@
-"""The report of one run, from its log alone: Markdown and HTML with the best-so-far curve, the search
-tree, the advice behind each improvement, the best kernel against the roofline floor, energy per call and
-the environment. `kernelpro show <run-id>` rewrites it, so a report never disagrees with its log.
+"""The report of one run, from its log alone: Markdown (for the terminal and the run folder) and HTML with
+plots: every evaluation against the baselines and the roofline floor, the candidates against the measured
+ceilings, the search tree coloured by status, energy per call and the environment. `kernelpro show <run-id>`
+renders it in memory (`render`), so a report never disagrees with its log and reading one writes nothing.
 """
 
 from __future__ import annotations
 
-import html
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pipeline.types import Status
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+# One colour per status, shared by the plots and the HTML (every Status has one; "pending": not evaluated).
+COLOURS = {
+    Status.OK.value: "#2e7d32",
+    Status.MISMATCH.value: "#ef6c00",
+    Status.SUSPICIOUS.value: "#c0a000",
+    Status.COMPILE_ERROR.value: "#c62828",
+    Status.COMPILE_TIMEOUT.value: "#8d4a2a",
+    Status.LAUNCH_ERROR.value: "#ad1457",
+    Status.CRASH.value: "#6a1b9a",
+    Status.TIMEOUT.value: "#4527a0",
+    Status.REJECTED.value: "#616161",
+    "pending": "#9e9e9e",
+}
 
 
 @dataclass
@@ -28,6 +45,17 @@ class _Node:
     kind: str = ""
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    n: int  # 1-based, in the order the run evaluated
+    node: int
+    edit: str
+    status: str
+    time_ms: float | None
+    speedup: float | None  # over eager, measured alongside
+    energy_j: float | None
+
+
 @dataclass
 class RunView:
     run_id: str
@@ -40,27 +68,52 @@ class RunView:
     usage: dict[str, float]
     interrupted: int
     exported: bool = False
+    evaluations: list[Evaluation] = field(default_factory=list)
+    ceilings: dict[str, Any] | None = None  # the GPU's measured ceilings, when the run logged them
+
+
+@dataclass(frozen=True)
+class Report:
+    markdown: str
+    html: str
 
 
 def load_view(folder: Path) -> RunView:
-    from pipeline.runlog import read_events
+    """One fold of the run's events. A log that does not make one search tree is a RunLogError in one line."""
+    from pipeline.runlog import RunLogError, read_events, tree_problem
 
+    folder = Path(folder)
     events = read_events(folder / "log.jsonl")
+    problem = tree_problem(events)
+    if problem:
+        raise RunLogError(f"run {folder.name}: its log does not make one search tree: {problem}")
+    try:
+        return _fold(folder, events)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RunLogError(
+            f"run {folder.name}: an event in its log lacks what the report needs ({e!r})"
+        ) from None
+
+
+def _fold(folder: Path, events: list[Any]) -> RunView:
     header = events[0].data if events else {}
     nodes: dict[int, _Node] = {0: _Node(0, None, "reference (PyTorch eager)", status="ok", speedup=1.0)}
     baselines: dict[str, Any] = {}
     curve: list[tuple[int, float]] = []
+    evaluations: list[Evaluation] = []
     best = 0.0
-    evaluations = 0
-    end = final = None
+    end = final = ceilings = None
     usage = {"tokens": 0.0, "cost_usd": 0.0, "calls": 0.0}
     interrupted = 0
     for e in events:
         d = e.data
         if e.type == "baselines":
             baselines = d
+        elif e.type == "ceilings":
+            ceilings = d
         elif e.type == "proposal":
-            nodes[d["node"]] = _Node(d["node"], d["parent"], d["edit"], key=d["candidate"]["key"])
+            key = (d.get("candidate") or {}).get("key", "")
+            nodes[d["node"]] = _Node(d["node"], d["parent"], d.get("edit", ""), key=key)
             nodes[d["parent"]].children.append(d["node"])
         elif e.type == "result":
             n = nodes[d["node"]]
@@ -72,11 +125,15 @@ def load_view(folder: Path) -> RunView:
                 n.time_ms = m["timing"]["median_ms"]
                 eager = (m.get("baselines") or {}).get("eager")
                 n.speedup = eager["median_ms"] / n.time_ms if eager and n.time_ms else None
-            evaluations += 1
+            energy = (m or {}).get("energy") or {}
+            evaluations.append(
+                Evaluation(len(evaluations) + 1, n.id, n.edit, n.status, n.time_ms, n.speedup,
+                           energy.get("joules_per_call"))
+            )  # fmt: skip
             if n.speedup and n.speedup > best:
                 best = n.speedup
             if best:
-                curve.append((evaluations, best))
+                curve.append((len(evaluations), best))
         elif e.type == "profile":
             n = nodes[d["node"]]
             n.bound = d.get("bound", "")
@@ -91,11 +148,15 @@ def load_view(folder: Path) -> RunView:
             final = d
         elif e.type == "end":
             end = d
+        elif e.type == "resume":
+            end = None  # continued after it ended (`--resume --more N`): not finished until it ends again
         elif e.type == "interrupted":
             interrupted += 1
-    run_id = folder.name
     exported = (folder / "best_model_new.py").is_file()
-    return RunView(run_id, header, nodes, baselines, curve, end, final, usage, interrupted, exported)
+    return RunView(
+        folder.name, header, nodes, baselines, curve, end, final, usage, interrupted, exported,
+        evaluations, ceilings,
+    )  # fmt: skip
 
 
 def _best(view: RunView) -> _Node | None:
@@ -202,63 +263,293 @@ def _thin(curve: list[tuple[int, float]], keep: int = 12) -> list[tuple[int, flo
     return changes[-keep:]
 
 
-def curve_svg(view: RunView) -> str:
-    if not view.curve:
-        return ""
-    import matplotlib
+# -- plots (matplotlib, SVG inlined in the HTML) ----------------------------------------------------------
 
-    matplotlib.use("Agg")
+
+def _svg(fig: Any) -> str:
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3))
-    xs, ys = zip(*view.curve, strict=True)
-    ax.step(xs, ys, where="post")
-    comp = view.baselines.get("timings", {}).get("compile")
-    eager = view.baselines.get("timings", {}).get("eager")
-    if comp and eager:
-        ax.axhline(
-            eager["median_ms"] / comp["median_ms"], linestyle="--", color="gray", label="torch.compile"
-        )
-        ax.legend()
-    ax.set_xlabel("evaluations")
-    ax.set_ylabel("best speedup over eager")
-    fig.tight_layout()
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    fig.savefig(buf, format="svg", metadata={"Date": None})  # no timestamp: the same log, the same report
     plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]
 
 
-def html_report(view: RunView, md: str) -> str:
-    body = []
-    in_list = False
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+_RC = {"svg.fonttype": "none", "svg.hashsalt": "kernelpro"}  # text stays text; ids are stable
+
+
+def _baseline_speedups(view: RunView) -> dict[str, float]:
+    """Speedups over eager of the fixed references: eager itself, torch.compile and the roofline floor."""
+    timings = view.baselines.get("timings", {})
+    eager = (timings.get("eager") or {}).get("median_ms")
+    out = {"eager": 1.0}
+    comp = (timings.get("compile") or {}).get("median_ms")
+    if eager and comp:
+        out["torch.compile"] = eager / comp
+    floor = view.baselines.get("floor_ms")
+    if eager and floor:
+        out["roofline floor"] = eager / floor
+    return out
+
+
+def progress_svg(view: RunView) -> str:
+    """Every evaluation as a point coloured by status, the best so far as a step, the references as lines."""
+    if not view.evaluations:
+        return ""
+    plt = _pyplot()
+    with plt.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        seen: set[str] = set()
+        for e in view.evaluations:
+            first = e.status not in seen
+            seen.add(e.status)
+            ax.scatter(
+                [e.n],
+                [e.speedup or 0.0],
+                s=22,
+                color=COLOURS.get(e.status, COLOURS["pending"]),
+                zorder=3,
+                clip_on=False,  # a failed evaluation sits on the axis, not half under it
+                gid=f"eval-{e.n}",
+                label=e.status if first else None,
+            )
+        if view.curve:
+            xs, ys = zip(*view.curve, strict=True)
+            ax.step(xs, ys, where="post", color="#1565c0", label="best so far", zorder=2)
+        styles = {"eager": ("-", "#444"), "torch.compile": ("--", "#777"), "roofline floor": (":", "#b71c1c")}
+        for name, y in _baseline_speedups(view).items():
+            ls, colour = styles[name]
+            ax.axhline(
+                y, linestyle=ls, color=colour, linewidth=1, label=f"{name} ({y:.2f}x)", gid=f"line-{name}"
+            )
+        ax.set_xlabel("evaluation")
+        ax.set_ylabel("speedup over eager")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        return _svg(fig)
+
+
+def roofline(view: RunView) -> tuple[str, str]:
+    """(SVG, caption): the candidates' achieved rate against the task's arithmetic intensity and the GPU's
+    measured ceilings when the run logged them; a bandwidth chart for a task that does no arithmetic."""
+    task = view.header.get("task") or {}
+    flops, nbytes = float(task.get("flops") or 0), float(task.get("min_bytes") or 0)
+    timed = [e for e in view.evaluations if e.status == "ok" and e.time_ms]
+    if not nbytes or not timed:
+        why = "no correct, timed candidate" if nbytes else "the task gives no minimal byte count"
+        return "", f"No roofline plot: {why}."
+    timings = view.baselines.get("timings", {})
+    refs = {name: t["median_ms"] for name, t in (("eager", timings.get("eager")),
+                                                 ("torch.compile", timings.get("compile"))) if t}  # fmt: skip
+    ceil = _ceilings(view)
+    plt = _pyplot()
+    with plt.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        draw = _flop_roofline if flops > 0 else _bandwidth_chart
+        caption = draw(ax, view, timed, refs, ceil, flops, nbytes, task.get("dtype", "float32"))
+        if ceil is None:
+            caption += (
+                " The run's log holds no measured ceilings (`kernelpro calibrate` on the GPU records them)."
+            )
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        return _svg(fig), caption
+
+
+def _ceilings(view: RunView) -> Any:
+    from pipeline.calibrate import Ceilings
+
+    try:
+        return Ceilings(**view.ceilings) if view.ceilings else None
+    except TypeError:  # a ceilings event of another shape: plot without it
+        return None
+
+
+_REF_COLOURS = {"eager": "#444", "torch.compile": "#777"}
+
+
+def _flop_roofline(ax: Any, view: RunView, timed: list[Evaluation], refs: dict[str, float], ceil: Any,
+                   flops: float, nbytes: float, dtype: str) -> str:  # fmt: skip
+    import numpy as np
+
+    ai = flops / nbytes
+    for e in timed:
+        ax.scatter([ai], [flops / (e.time_ms * 1e-3)], s=22, color=COLOURS["ok"], gid=f"roof-{e.n}", zorder=3)
+    for name, ms in refs.items():
+        ax.scatter(
+            [ai], [flops / (ms * 1e-3)], marker="s", s=30, color=_REF_COLOURS[name], label=name, zorder=3
+        )
+    floor = view.baselines.get("floor_ms")
+    if floor:
+        ax.axhline(flops / (floor * 1e-3), linestyle=":", color="#b71c1c", label="roofline floor")
+    if ceil:
+        xs = np.logspace(np.log10(ai / 100), np.log10(ai * 100), 200)
+        roof = np.minimum(ceil.peak_flops(dtype), ceil.copy_bytes_per_s * xs)
+        ax.plot(xs, roof, color="#1565c0", label=f"ceilings of {ceil.gpu}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (task FLOPs / minimal bytes)")
+    ax.set_ylabel("achieved FLOP/s")
+    return (
+        f"The task does {flops:.3g} FLOPs on at least {nbytes:.3g} bytes ({ai:.3g} FLOP/byte); each green "
+        "point is a correct candidate at its measured time."
+    )
+
+
+def _bandwidth_chart(ax: Any, view: RunView, timed: list[Evaluation], refs: dict[str, float], ceil: Any,
+                     flops: float, nbytes: float, dtype: str) -> str:  # fmt: skip
+    def tbs(ms: float) -> float:
+        return nbytes / (ms * 1e-3) / 1e12
+
+    for e in timed:
+        ax.scatter([e.n], [tbs(e.time_ms or 0.0)], s=22, color=COLOURS["ok"], gid=f"roof-{e.n}", zorder=3)
+    for name, ms in refs.items():
+        ax.axhline(tbs(ms), linestyle="--", linewidth=1, label=name, color=_REF_COLOURS[name])
+    floor = view.baselines.get("floor_ms")
+    if floor:
+        ax.axhline(tbs(floor), linestyle=":", color="#b71c1c", label="roofline floor")
+    if ceil:
+        ax.axhline(ceil.copy_bytes_per_s / 1e12, color="#1565c0", label=f"copy ceiling of {ceil.gpu}")
+    ax.set_xlabel("evaluation")
+    ax.set_ylabel("achieved bandwidth (TB/s)")
+    ax.set_ylim(bottom=0)
+    return (
+        "The task does no arithmetic (0 FLOP/byte): its roofline is the memory ceiling. Each green point "
+        f"is a correct candidate's bandwidth on the task's {nbytes / 1e6:.0f} MB minimum."
+    )
+
+
+def curve_svg(view: RunView) -> str:
+    """Kept for callers of the old name: the progress plot."""
+    return progress_svg(view)
+
+
+# -- HTML -----------------------------------------------------------------------------------------------
+
+_SECTIONS = {
+    "Best candidate": "best",
+    "Best speedup over eager, by evaluation": "curve",
+    "What paid off": "paid_off",
+    "Search tree": "tree",
+    "Environment": "environment",
+}
+
+
+def _md_sections(md: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The Markdown body split at its `## ` headings and rendered to HTML, known sections by name, any others
+    in order. Raw HTML in it is escaped: edits and notes may come from an LLM."""
+    from markdown_it import MarkdownIt
+
+    mdit = MarkdownIt("commonmark", {"html": False})
+    parts: list[tuple[str, list[str]]] = [("summary", [])]
     for line in md.splitlines():
-        if line.startswith("#"):
-            if in_list:
-                body.append("</ul>")
-                in_list = False
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
-            if line.startswith("## Best speedup"):
-                body.append(curve_svg(view))
-        elif line.lstrip().startswith("- "):
-            if not in_list:
-                body.append("<ul class='tree'>")
-                in_list = True
-            indent = (len(line) - len(line.lstrip())) // 2
-            body.append(f"<li style='margin-left:{1.2 * indent}em'>{html.escape(line.strip()[2:])}</li>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    if in_list:
-        body.append("</ul>")
-    style = "body{font-family:sans-serif;max-width:60em;margin:2em auto}ul.tree{list-style:square}"
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>kernelpro {html.escape(view.run_id)}</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n"
+        if line.startswith("## "):
+            parts.append((line[3:].strip(), []))
+        elif not line.startswith("# "):
+            parts[-1][1].append(line)
+    known: dict[str, str] = {}
+    extra: list[tuple[str, str]] = []
+    for title, lines in parts:
+        html = mdit.render("\n".join(lines))
+        if title == "summary" or title in _SECTIONS:
+            known[_SECTIONS.get(title, title)] = html
+        else:
+            extra.append((title, html))
+    return known, extra
+
+
+def _tree(view: RunView, nid: int = 0) -> dict[str, Any]:
+    n = view.nodes[nid]
+    return {
+        "id": n.id,
+        "edit": n.edit,
+        "status": n.status,
+        "speedup": n.speedup,
+        "children": [_tree(view, c) for c in n.children],
+    }
+
+
+def _energy_rows(view: RunView) -> list[dict[str, Any]]:
+    eager = view.baselines.get("energy_eager_j")
+    rows = []
+    if eager:
+        rows.append({"what": "eager PyTorch", "joules": eager, "watts": None, "saving": None})
+    measured = [e for e in view.evaluations if e.energy_j]
+    if measured:
+        low = min(measured, key=lambda e: e.energy_j or 0.0)
+        rows.append(
+            {
+                "what": f"lowest of the search (evaluation {low.n}, node #{low.node})",
+                "joules": low.energy_j,
+                "watts": None,
+                "saving": eager / low.energy_j if eager and low.energy_j else None,
+            }
+        )
+    m = (view.final or {}).get("measurement") or {}
+    if m.get("energy"):
+        j = m["energy"]["joules_per_call"]
+        rows.append(
+            {
+                "what": f"best candidate, re-measured (node #{view.final.get('node')})",
+                "joules": j,
+                "watts": m["energy"].get("avg_power_w"),
+                "saving": eager / j if eager and j else None,
+            }
+        )
+    return rows
+
+
+def html_report(view: RunView, md: str) -> str:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+    from markupsafe import Markup
+
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=select_autoescape(default=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    known, extra = _md_sections(md)
+    sections = {k: Markup(known.get(k, "")) for k in ("summary", *_SECTIONS.values())}
+    roof_svg, roof_note = roofline(view)
+    statuses = {e.status for e in view.evaluations} | {n.status for n in view.nodes.values()}
+    return env.get_template("report.html.j2").render(
+        run_id=view.run_id,
+        sections=sections,
+        extra_sections=[(t, Markup(h)) for t, h in extra],
+        progress_svg=Markup(progress_svg(view)),
+        has_floor="roofline floor" in _baseline_speedups(view),
+        evaluations=view.evaluations,
+        roofline_svg=Markup(roof_svg),
+        roofline_note=roof_note,
+        energy=_energy_rows(view),
+        tree=_tree(view),
+        colours=COLOURS,
+        statuses=statuses,
+    )
+
+
+def render(folder: Path) -> Report:
+    """The report in memory: what `show` prints and what `write_report` puts in the run folder."""
+    view = load_view(folder)
+    md = markdown(view)
+    return Report(md, html_report(view, md))
 
 
 def write_report(folder: Path) -> Path:
-    view = load_view(folder)
-    md = markdown(view)
-    (folder / "report.md").write_text(md)
-    (folder / "report.html").write_text(html_report(view, md))
+    rep = render(folder)
+    (folder / "report.md").write_text(rep.markdown)
+    (folder / "report.html").write_text(rep.html)
     return folder / "report.md"

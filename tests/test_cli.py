@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -185,3 +186,376 @@ def test_eval_json_on_cpu_standin(tmp_path):
     (result,) = json.loads(r.stdout)
     assert result["verdict"]["status"] == "rejected"
     assert any(x.startswith("static:no_kernel_launch") for x in result["verdict"]["reasons"])
+
+
+# -- the rough edges a new user hits ------------------------------------------------------------------------
+# CliRunner runs the real command in-process (stdout and stderr captured apart, neither a terminal); `kp`
+# runs it as a separate process where a real pipe or signal matters.
+
+RUNS = ROOT / "tests" / "fixtures" / "runs" / "softmax"
+SOFTMAX = ROOT / "tasks" / "softmax.py"
+REPLAY = [a for p in sorted(RUNS.glob("*/log.jsonl")) for a in ("--replay", str(p))]
+
+
+def cli(*args: str, env: dict | None = None):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+def assert_cli_one_line_error(res, needle: str) -> str:
+    assert res.exit_code == 2, (res.stdout, res.stderr)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception  # no traceback
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], res.stderr
+    return lines[0]
+
+
+def replay_run(tmp: Path, evals: int, **kw) -> Path:
+    """A real search over the H200 recordings (no GPU): the run folder."""
+    from pipeline import config
+    from pipeline.loop import optimize
+
+    cfg = config.load(
+        runs_dir=tmp / "runs", home=tmp / "home", memory=False, policy="expert", max_evals=evals
+    )
+    return optimize(SOFTMAX, cfg, replay=sorted(RUNS.glob("*/log.jsonl")), **kw).folder
+
+
+def events_of(folder: Path) -> list:
+    from pipeline.runlog import read_events
+
+    return read_events(folder / "log.jsonl")
+
+
+def opt(tmp: Path, *args: str, env: dict | None = None):
+    base = ["optimize", "--policy", "expert", "--no-memory", "--runs-dir", str(tmp / "runs")]
+    return cli(*base, "--home", str(tmp / "home"), *args, env=env)
+
+
+# 1. one clear line, exit code 2, instead of a traceback
+
+
+def test_replay_of_a_missing_log_is_one_line(tmp_path):
+    res = opt(tmp_path, "--task", str(SOFTMAX), "--replay", str(tmp_path / "nonexistent"))
+    assert_cli_one_line_error(res, "no run log there")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_home_or_runs_dir_that_is_a_file(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    res = cli("eval", "--task", str(SOFTMAX), "-c", str(EXAMPLE), "--device", "cpu", "--home", str(blocker))
+    assert_cli_one_line_error(res, f"home {blocker} is a file, not a folder")
+    res = cli("export", "--task", str(SOFTMAX), "-c", str(EXAMPLE), "-o", str(tmp_path / "x.py"),
+              "--home", str(blocker))  # fmt: skip
+    assert_cli_one_line_error(res, "is a file, not a folder")
+    res = cli(
+        "optimize", "--task", str(SOFTMAX), "--runs-dir", str(blocker), "--home", str(tmp_path / "h"), *REPLAY
+    )
+    assert_cli_one_line_error(res, f"runs_dir {blocker} is a file, not a folder")
+
+
+def test_export_onto_a_folder_is_refused_and_leaves_nothing_beside_it(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    res = cli(
+        "export", "--task", str(SOFTMAX), "-c", str(EXAMPLE), "-o", str(target), "--home", str(tmp_path / "h")
+    )
+    assert_cli_one_line_error(res, "is a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no out.tmp, no home
+    assert not any(target.iterdir())
+
+
+def test_index_eval_names_a_case_without_expect(tmp_path):
+    cases = tmp_path / "cases.toml"
+    cases.write_text('[[case]]\nquery = "tma copy"\nexpect = "a.h"\n\n[[case]]\nquery = "stream-K"\n')
+    res = cli("index", "eval", "--cases", str(cases), "--home", str(tmp_path / "h"))
+    assert_cli_one_line_error(res, "case 2 ('stream-K') has no `expect`")
+
+
+def broken_run(tmp_path: Path, finished: bool) -> Path:
+    """A copy of a recorded run whose first result names a node no proposal made."""
+    src = (RUNS / "mcts" / "log.jsonl").read_text().splitlines()
+    lines = [json.loads(x) for x in src]
+    first = next(e for e in lines if e["type"] == "result")
+    first["data"]["node"] = 99
+    if not finished:
+        lines = [e for e in lines if e["type"] not in ("final", "end")]
+    folder = tmp_path / "runs" / "broken"
+    folder.mkdir(parents=True)
+    (folder / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    return folder
+
+
+def test_a_log_that_names_a_missing_node(tmp_path):
+    folder = broken_run(tmp_path, finished=True)
+    before = (folder / "log.jsonl").read_bytes()
+    res = opt(tmp_path, "--resume", "broken", *REPLAY)
+    assert_cli_one_line_error(res, "names node 99, which no proposal made")
+    res = cli("show", "broken", "--runs-dir", str(tmp_path / "runs"))
+    assert_cli_one_line_error(res, "names node 99")
+    res = cli("show", "--runs-dir", str(tmp_path / "runs"), "--json")
+    assert res.exit_code == 0 and [r["status"] for r in json.loads(res.stdout)] == ["corrupt"]
+    assert (folder / "log.jsonl").read_bytes() == before  # nothing appended by the refused resume
+    assert sorted(p.name for p in folder.iterdir()) == ["lock", "log.jsonl"]
+
+
+# 2. Rich markup in data is shown as text
+
+
+def test_markup_in_paths_and_messages_is_shown_literally(tmp_path):
+    for name in ("[/x]t.py", "[red]x.py"):
+        res = cli("eval", "--task", str(tmp_path / name), "-c", str(EXAMPLE), "--home", str(tmp_path / "h"))
+        assert_cli_one_line_error(res, f"task file not found: {tmp_path / name}")
+    corpus = tmp_path / "nosource.toml"
+    corpus.write_text('name = "x"\n')
+    res = cli("index", "build", "--corpus", str(corpus), "--home", str(tmp_path / "h"))
+    assert_cli_one_line_error(res, "missing [source] table")
+
+
+# 3. budgets and limits that mean nothing are refused before anything is written
+
+
+def test_meaningless_budgets_are_refused_by_the_cli(tmp_path):
+    for args, option in ((("--max-evals", "0"), "--max-evals"), (("--max-evals", "-5"), "--max-evals"),
+                         (("--max-wall", "-1"), "--max-wall"), (("--children", "0"), "--children"),
+                         (("--search", "beam"), "--search"), (("--objective", "speed"), "--objective"),
+                         (("--feedback", "loud"), "--feedback")):  # fmt: skip
+        res = opt(tmp_path, "--task", str(SOFTMAX), *args, *REPLAY)
+        assert res.exit_code == 2 and option in res.stderr, (args, res.stderr)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_meaningless_config_values_are_named_with_their_range(tmp_path):
+    for var, value, needle in (
+        ("KERNELPRO_TRIALS", "-1", "trials = -1 (KERNELPRO_TRIALS or its option) is out of range: it must be at least 1"),
+        ("KERNELPRO_COMPILE_JOBS", "0", "compile_jobs = 0"),
+        ("KERNELPRO_MAX_EVALS", "0", "max_evals = 0"),
+        ("KERNELPRO_MAX_WALL_S", "0", "max_wall_s = 0.0 (KERNELPRO_MAX_WALL_S or its option) is out of range: it must be more than 0"),
+        ("KERNELPRO_LLM_TEMPERATURE", "3", "llm_temperature = 3.0"),
+        ("KERNELPRO_SEARCH", "beam", "search = 'beam' is not one of mcts, greedy"),
+        ("KERNELPRO_BASELINES", "eager,turbo", "baselines = 'turbo' is not one of"),
+    ):  # fmt: skip
+        res = opt(tmp_path, "--task", str(SOFTMAX), *REPLAY, env={var: value})
+        assert_cli_one_line_error(res, needle)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_numeric_config_field_has_a_range():
+    import dataclasses
+
+    from pipeline import config
+
+    numeric = {f.name for f in dataclasses.fields(config.Config) if f.type in ("int", "float")}
+    assert numeric and numeric <= set(config._RANGES), sorted(numeric - set(config._RANGES))
+    assert set(config._RANGES) <= numeric  # no range for a field that is gone
+    config.validate(config.Config())  # the defaults are in range
+
+
+def test_cli_choices_are_the_configs():
+    from pipeline import cli as cli_mod
+    from pipeline import config
+
+    for enum, field in ((cli_mod.Policy, "policy"), (cli_mod.Search, "search"),
+                        (cli_mod.Objective, "objective"), (cli_mod.FeedbackMode, "feedback")):  # fmt: skip
+        assert tuple(m.value for m in enum) == config.CHOICES[field]
+
+
+# 4. resume keeps the recorded budget; a finished run stays finished unless --more asks
+
+
+def test_resume_keeps_the_recorded_budget(tmp_path):
+    folder = replay_run(tmp_path, evals=3)
+    log = folder / "log.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    cut = next(i for i, x in enumerate(lines) if json.loads(x)["type"] in ("final", "end"))
+    log.write_text("".join(lines[:cut]))  # as if killed before the end
+    res = opt(tmp_path, "--resume", folder.name, "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["evaluations"] == 3  # not the default 40
+    events = events_of(folder)
+    assert events[-1].type == "end" and events[-1].data["reason"] == "evaluation budget spent (3)"
+
+
+def test_a_finished_run_is_not_reopened_unless_more_is_asked(tmp_path):
+    folder = replay_run(tmp_path, evals=3)
+    before = (folder / "log.jsonl").read_bytes()
+    res = opt(tmp_path, "--resume", folder.name)
+    assert res.exit_code == 0, res.output
+    lines = [x for x in res.stdout.splitlines() if x.strip()]
+    assert len(lines) == 1 and f"run {folder.name} is finished" in lines[0] and "--more" in lines[0]
+    assert (folder / "log.jsonl").read_bytes() == before  # no event after `end`
+    res = opt(tmp_path, "--resume", folder.name, "--more", "2", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["evaluations"] == 5
+    events = events_of(folder)
+    assert [e.type for e in events].count("end") == 2 and events[-1].type == "end"
+    assert sum(e.type == "result" for e in events) == 5
+    res = cli("show", "--runs-dir", str(tmp_path / "runs"), "--json")
+    assert json.loads(res.stdout)[0]["status"] == "finished"
+    res = opt(tmp_path, "--resume", folder.name, "--more", "1", "--max-evals", "9")
+    assert_cli_one_line_error(res, "not both")
+
+
+# 5. interruptions: an unreachable endpoint, Ctrl-C
+
+
+def test_an_unreachable_llm_endpoint_is_named_and_leaves_no_run(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    env = {"KERNELPRO_LLM_BASE_URL": url, "KERNELPRO_LLM_API_KEY": "sk-x"}
+    res = cli("optimize", "--task", str(SOFTMAX), "--policy", "llm", "--no-memory", "--runs-dir",
+              str(tmp_path / "runs"), "--home", str(tmp_path / "h"), *REPLAY, env=env)  # fmt: skip
+    assert_cli_one_line_error(res, f"the LLM endpoint {url} cannot be reached")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(tmp_path):
+    import signal
+    import time
+
+    runs = tmp_path / "runs"
+    args = [sys.executable, "-m", "pipeline.cli", "optimize", "--task", str(SOFTMAX), "--policy", "expert",
+            "--no-memory", "--runs-dir", str(runs), "--home", str(tmp_path / "h"), "--max-evals", "40", *REPLAY]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        logs = list(runs.glob("*/log.jsonl"))
+        if logs and sum(1 for _ in logs[0].open()) >= 4:  # started, baselines in, searching
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    run_id = next(runs.iterdir()).name
+    assert proc.returncode == 130, stderr
+    last = stderr.strip().splitlines()[-1]
+    assert run_id in last and f"kernelpro optimize --resume {run_id} --runs-dir {runs}" in last, stderr
+    assert "Traceback" not in stderr
+    assert events_of(runs / run_id)[-1].type == "interrupted"
+
+
+# 6. output without a terminal
+
+
+def test_piped_output_is_not_cut_at_80_columns_and_progress_shows(tmp_path):
+    folder = replay_run(tmp_path, evals=2)
+    r = kp("show", "--runs-dir", str(tmp_path / "runs"))  # stdout is a pipe
+    assert r.returncode == 0, r.stderr
+    (row,) = [x for x in r.stdout.splitlines() if folder.name in x]  # the whole id, on one line
+    assert "finished" in row and "…" not in r.stdout
+    r = kp("optimize", "--task", str(SOFTMAX), "--policy", "expert", "--no-memory", "--runs-dir",
+           str(tmp_path / "runs2"), "--home", str(tmp_path / "h"), "--max-evals", "2", *REPLAY)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    progress = [x for x in r.stderr.splitlines() if x.startswith("run ") and "evaluations" in x]
+    assert len(progress) >= 3 and any("2/2 evaluations" in x for x in progress), r.stderr
+
+
+@pytest.mark.slow
+def test_eval_names_candidates_by_folder(tmp_path):
+    cand = tmp_path / "my_candidate"
+    cand.mkdir()
+    (cand / "kernel.cu").write_text('extern "C" __global__ void noop() {}\n')
+    (cand / "launcher.py").write_text(
+        "import torch\nimport torch.nn as nn\n\nclass ModelNew(nn.Module):\n"
+        "    def __init__(self, scale, shift):\n        super().__init__()\n"
+        "    def forward(self, x):\n        return torch.tanh(x)\n"
+    )
+    task = str(ROOT / "tasks" / "elementwise_chain.py")
+    r = kp("eval", "--task", task, "--candidate", str(cand), "--device", "cpu", "--home", str(tmp_path / "h"))
+    assert r.returncode == 1, r.stderr
+    (row,) = [x for x in r.stdout.splitlines() if "rejected" in x]
+    assert "my_candidate" in row  # the folder, beside its key
+    assert "my_candidate: static:no_kernel_launch" in r.stdout
+
+
+# 8. make install and friends (dry runs: nothing is installed)
+
+
+def make_n(tmp_path: Path, *args: str, gpu: bool) -> str:
+    import shutil
+
+    fake = tmp_path / ("gpu" if gpu else "nogpu")
+    fake.mkdir(exist_ok=True)
+    if gpu:
+        (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H200'\n")
+        (fake / "nvidia-smi").chmod(0o755)
+    make = shutil.which("make")
+    assert make, "make is not installed"
+    r = subprocess.run([make, "-n", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=60,
+                       env={"PATH": str(fake), "HOME": str(tmp_path)})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def pip_lines(text: str) -> list[str]:
+    return [x for x in text.splitlines() if "pip install" in x and "--upgrade pip" not in x]
+
+
+def test_make_install_takes_torch_by_machine_and_index(tmp_path):
+    nogpu = pip_lines(make_n(tmp_path, "install", "CUDA_HOME=/nonexistent", gpu=False))
+    assert "torch==2.13.0" in nogpu[0] and "--index-url" not in nogpu[0]
+    gpu = pip_lines(make_n(tmp_path, "install", "CUDA_HOME=/nonexistent", gpu=True))
+    assert "'torch>=2.8,<2.15'" in gpu[0] and "torch==" not in gpu[0]
+    cpu_index = "file:///wheels/cpu"
+    for has_gpu in (False, True):
+        lines = pip_lines(make_n(tmp_path, "install", f"TORCH_INDEX_URL={cpu_index}", gpu=has_gpu))
+        assert f'--index-url "{cpu_index}"' in lines[0]
+        assert all("--index-url" not in x for x in lines[1:])  # the project's own deps: pip's usual index
+    # No nvcc anywhere: NVIDIA's nvcc wheels go into the venv; with one, nothing extra.
+    assert any("nvidia-cuda-nvcc" in x for x in nogpu)
+    cuda = tmp_path / "cuda"
+    (cuda / "bin").mkdir(parents=True)
+    (cuda / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (cuda / "bin" / "nvcc").chmod(0o755)
+    assert not any(
+        "nvidia-cuda-nvcc" in x
+        for x in pip_lines(make_n(tmp_path, "install", f"CUDA_HOME={cuda}", gpu=False))
+    )
+
+
+def test_make_index_passes_a_folder(tmp_path):
+    out = make_n(tmp_path, "index", "CORPUS=local", "FOLDER=my sources", gpu=False)
+    assert '--corpus local --folder "my sources"' in out
+    assert "--folder" not in make_n(tmp_path, "index", gpu=False)
+
+
+@pytest.mark.slow
+def test_make_test_gpu_skips_without_a_cuda_device(tmp_path):
+    """With no CUDA device visible every GPU test is skipped with its reason; none fails."""
+    import shutil
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([shutil.which("make") or "make", "-C", str(ROOT), "test-gpu"], capture_output=True,
+                       text=True, timeout=600, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert not re.search(r"\d+ (failed|errors?)\b", r.stdout), r.stdout[-3000:]
+    assert "skipped" in r.stdout and "no CUDA device" in r.stdout
+
+
+def test_an_append_cut_short_by_ctrl_c_is_resynced_before_the_interrupted_mark(tmp_path):
+    """Ctrl-C between an append's write and its bookkeeping: the file has the line, the RunLog does not."""
+    from pipeline.runlog import RunLog, read_events
+
+    with RunLog.create(tmp_path, "r1", {"task": {"id": "t"}}, fsync=False) as log:
+        log.append("iteration", {"iteration": 1, "node": 0})
+        with log.path.open("a") as f:  # what the interrupted append had already written
+            f.write(
+                json.dumps({"seq": 2, "type": "iteration", "t": 0.0, "data": {"iteration": 2, "node": 0}})
+                + "\n"
+            )
+        log.resync()
+        log.append("interrupted", {"evaluations": 0})
+    events = read_events(tmp_path / "r1")
+    assert [(e.seq, e.type) for e in events] == [
+        (0, "start"),
+        (1, "iteration"),
+        (2, "iteration"),
+        (3, "interrupted"),
+    ]
