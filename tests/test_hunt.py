@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import shutil
-import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -147,19 +145,6 @@ def test_missing_index(tmp_path: Path) -> None:
         Hunter(cfg, "cutlass")
     with pytest.raises(StoreError, match="no index for corpus cutlass"):
         hunt("make_tma_copy", cfg)
-
-
-def test_query_latency(mini: tuple[Config, Hunter]) -> None:
-    _, h = mini
-    queries = ["SM90_TMA_LOAD_2D", "swizzle layout", "cp.async copy", "cast_smem_ptr_to_uint", "TMA prefetch"]
-    for q in queries:  # warm-up
-        h.hunt(q)
-    times = []
-    for i in range(20):
-        t0 = time.perf_counter()
-        h.hunt(queries[i % len(queries)], k=5)
-        times.append((time.perf_counter() - t0) * 1000)
-    print(f"\nhunt p50 over 20 warm queries (small index): {statistics.median(times):.1f} ms")
 
 
 def test_eval_set_is_sound() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import pipeline.static_check.rules as rules_package
-from pipeline.static_check import CODES, RUNTIME_METHODS, LauncherReport, Violation, allowlist, check_launcher
+from pipeline.static_check import CODES, RUNTIME_METHODS, Violation, allowlist, check_launcher
 from pipeline.static_check.rules import RULES, Rule
 from pipeline.static_check.rules.dynamic_access import KERNELS_CLASS_ATTRS
 from pipeline.types import Kind
@@ -949,20 +949,11 @@ def test_the_launcher_is_never_executed(tmp_path) -> None:
     assert "dynamic_access" in report.codes  # open(...) is itself a finding
 
 
-def test_report_is_frozen() -> None:
-    report = check_launcher(CUSTOM[0][1])
-    assert isinstance(report, LauncherReport)
-    with pytest.raises(AttributeError):
-        report.ok = False  # type: ignore[misc]
-
-
 def test_violation_reads_as_before() -> None:
     v = Violation("try_except", 12, "a try statement")
     assert str(v) == f"{v}" == "try_except: line 12: a try statement"
     assert f"static:{v}" == "static:try_except: line 12: a try statement"
     assert v.startswith("try_except:") and not v.startswith("dynamic_access:")
-    with pytest.raises(AttributeError):
-        v.code = "x"  # type: ignore[misc]
 
 
 def test_codes_come_from_the_rule_modules() -> None:
