@@ -23,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline import jobs, reasons  # noqa: E402
 from pipeline.config import Config, load  # noqa: E402
 
 CASES_DIR = ROOT / "tests" / "adversarial"
@@ -55,10 +56,10 @@ def load_cases(folder: Path = CASES_DIR, names: list[str] | None = None) -> list
     return cases
 
 
-def agrees(case: Case, status: str, reasons: list[str]) -> bool:
+def agrees(case: Case, status: str, why: list[str]) -> bool:
     if status != case.status:
         return False
-    return not case.checks or any(r.startswith(f"{code}:") for r in reasons for code in case.checks)
+    return not case.checks or any(reasons.code_of(r) in case.checks for r in why)
 
 
 def run_cases(
@@ -66,7 +67,7 @@ def run_cases(
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """One row per case, and the GPU and versions they ran with; a case the pipeline cannot take is a row
     with status "error", not an exception."""
-    from pipeline.loop import evaluate_candidates, open_pool
+    from pipeline.stages import evaluate_candidates, open_pool
 
     rows = []
     with open_pool(cfg) as pool:
@@ -74,9 +75,9 @@ def run_cases(
             t0 = time.monotonic()
             try:
                 [result] = evaluate_candidates(case.task_path, [case.folder], cfg, pool=pool)
-                status, reasons = result.verdict.status.value, list(result.verdict.reasons)
+                status, why = result.verdict.status.value, list(result.verdict.reasons)
             except Exception as e:
-                status, reasons = "error", [f"error: {type(e).__name__}: {str(e).splitlines()[0][:300]}"]
+                status, why = "error", [f"error: {type(e).__name__}: {str(e).splitlines()[0][:300]}"]
             row = {
                 "case": case.name,
                 "task": case.task,
@@ -84,15 +85,15 @@ def run_cases(
                 "expected_status": case.status,
                 "expected_codes": list(case.checks),
                 "status": status,
-                "reasons": reasons,
-                "agree": agrees(case, status, reasons),
+                "reasons": why,
+                "agree": agrees(case, status, why),
                 "seconds": round(time.monotonic() - t0, 2),
             }
             rows.append(row)
             if progress:
                 progress(i + 1, len(cases), row)
-        r = pool.reference.request({"kind": "environment", "device": cfg.device}, timeout_s=120)
-    env = r.data.get("environment", {}) if r.ok else {}
+        r = pool.reference.request(jobs.Environment(cfg.device), timeout_s=120)
+    env = r.answer.environment if isinstance(r.answer, jobs.EnvironmentAnswer) else {}
     return rows, {k: env[k] for k in ("gpu", "driver", "cuda_runtime", "torch", "cupy", "python") if k in env}
 
 
@@ -109,7 +110,7 @@ def markdown(rows: list[dict[str, Any]], environment: dict[str, str] | None = No
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        first = "; ".join([x for x in r["reasons"] if not x.startswith("note:")][:2]) or "-"
+        first = "; ".join([x for x in r["reasons"] if not reasons.is_note(x)][:2]) or "-"
         lines.append(
             f"| {r['case']} | {_cell(r['exploit'], 90)} | {r['expected_status']} | "
             f"{', '.join(r['expected_codes']) or '-'} | {r['status']} | {_cell(first, 160)} | "

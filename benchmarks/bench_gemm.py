@@ -19,13 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import loop  # noqa: E402
+from pipeline import stages  # noqa: E402
 from pipeline.config import load  # noqa: E402
 from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert.plan import plan_of  # noqa: E402
 from pipeline.generate.expert.render import uses_cute  # noqa: E402
 from pipeline.tasks import probe  # noqa: E402
+from pipeline.types import Status, speedup  # noqa: E402
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 BF16 = "dtype=torch.bfloat16"
@@ -90,17 +91,17 @@ def main() -> int:
         home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
     )
     results: dict[str, dict] = {}
-    with loop.open_pool(cfg) as pool:
+    with stages.open_pool(cfg) as pool:
         for name in args.cases.split(","):
             path = write_task(args.out / "tasks", name)
             cands = candidates(path)
             rows = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
             for _ in range(args.repeat):
-                for c, r in zip(cands, loop.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
+                for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
                     row = rows[c.edit]
                     row["status"] = r.verdict.status.value
                     m = r.measurement
-                    if r.verdict.status.value != "ok" or m is None or m.timing is None:
+                    if r.status != Status.OK or m is None or m.timing is None:
                         row["reasons"] = list(r.verdict.reasons)
                         continue
                     row["ours_ms"].append(m.timing.median_ms)
@@ -111,7 +112,7 @@ def main() -> int:
                 if row["ours_ms"]:
                     best = min(row["ours_ms"])
                     row["tflops"] = flops / best / 1e9
-                    row["vs_eager"] = min(row["eager_ms"]) / best
+                    row["vs_eager"] = speedup(min(row["eager_ms"]), best)
                     if row.get("floor_ms"):
                         row["fraction_of_floor"] = row["floor_ms"] / best
             results[name] = rows

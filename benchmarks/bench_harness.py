@@ -20,10 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import loop  # noqa: E402
+from pipeline import stages  # noqa: E402
 from pipeline.candidates import load_candidate, make_candidate  # noqa: E402
 from pipeline.compile import compile_candidates, find_nvcc, toolkit_version  # noqa: E402
 from pipeline.config import load  # noqa: E402
+from pipeline.types import speedup  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "candidates"
 
@@ -51,11 +52,11 @@ def eval_wall(home: Path) -> dict:
     cand = EXAMPLES / "elementwise_chain"
     out = {}
     t0 = time.perf_counter()
-    with loop.open_pool(cfg) as pool:
-        (r,) = loop.evaluate_candidates(task, [cand], cfg, pool=pool)
+    with stages.open_pool(cfg) as pool:
+        (r,) = stages.evaluate_candidates(task, [cand], cfg, pool=pool)
         out["cold_worker_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        (r2,) = loop.evaluate_candidates(task, [cand], cfg, pool=pool)
+        (r2,) = stages.evaluate_candidates(task, [cand], cfg, pool=pool)
         out["warm_worker_s"] = time.perf_counter() - t0
     a, b = r.measurement.timing.median_ms, r2.measurement.timing.median_ms
     out.update(
@@ -70,9 +71,9 @@ def eval_wall(home: Path) -> dict:
 def tasks_table(home: Path, modes: tuple[str, ...], energy: bool) -> list[dict]:
     cfg = load(home=home, baselines=modes, energy=energy)
     rows = []
-    with loop.open_pool(cfg) as pool:
+    with stages.open_pool(cfg) as pool:
         for folder in sorted(p for p in EXAMPLES.iterdir() if p.is_dir()):
-            (r,) = loop.evaluate_candidates(ROOT / "tasks" / f"{folder.name}.py", [folder], cfg, pool=pool)
+            (r,) = stages.evaluate_candidates(ROOT / "tasks" / f"{folder.name}.py", [folder], cfg, pool=pool)
             m = r.measurement
             row = {
                 "task": folder.name,
@@ -131,8 +132,8 @@ def main() -> None:
                 continue
             b = r["baselines"]
             cells = [f"{b[m]:.4f}" for m in modes]
-            ve = b.get("eager", 0) / r["ours_ms"]
-            vc = b["compile"] / r["ours_ms"] if "compile" in b else None
+            ve = speedup(b.get("eager"), r["ours_ms"]) or 0.0
+            vc = speedup(b.get("compile"), r["ours_ms"])
             print(
                 f"| {r['task']} | {r['kind']} | {r['status']} | {r['ours_ms']:.4f} | "
                 + " | ".join(cells)

@@ -25,63 +25,54 @@ from pipeline.generate.expert.plan import plan_of  # noqa: E402
 from pipeline.generate.expert.render import uses_cute  # noqa: E402
 from pipeline.loop import OptimizeError, optimize  # noqa: E402
 from pipeline.runlog import read_events  # noqa: E402
+from pipeline.runstate import RunState, fold  # noqa: E402
+from pipeline.types import speedup  # noqa: E402
 
 
 def summarise(folder: Path) -> dict:
-    events = read_events(folder / "log.jsonl")
-    base = next(e.data for e in events if e.type == "baselines")
-    final = next((e.data for e in events if e.type == "final"), None)
-    end = next((e.data for e in events if e.type == "end"), {})
+    state = fold(read_events(folder / "log.jsonl"))
+    base, final, end = state.baselines, state.final, state.end
+    assert base is not None, f"{folder}: no baselines"
+    compile_ms = base.timings["compile"].median_ms if "compile" in base.timings else None
     row = {
-        "eager_ms": base["timings"]["eager"]["median_ms"],
-        "compile_ms": base["timings"].get("compile", {}).get("median_ms"),
-        "floor_ms": base.get("floor_ms"),
-        "eager_energy_mj": 1e3 * base["energy_eager_j"] if base.get("energy_eager_j") else None,
-        "evaluations": end.get("evaluations"),
-        "statuses": {},
-        "stop": end.get("reason"),
+        "eager_ms": base.timings["eager"].median_ms,
+        "compile_ms": compile_ms,
+        "floor_ms": base.floor_ms,
+        "eager_energy_mj": 1e3 * base.energy_eager_j if base.energy_eager_j else None,
+        "evaluations": end.evaluations if end else None,
+        "statuses": {s.value: n for s, n in state.statuses.items()},
+        "stop": end.reason if end else None,
     }
-    for e in events:
-        if e.type == "result":
-            s = e.data["verdict"]["status"]
-            row["statuses"][s] = row["statuses"].get(s, 0) + 1
-    if final and final.get("measurement"):
-        m = final["measurement"]
-        ours = m["timing"]["median_ms"]
+    m = final.evaluation.measurement if final else None
+    if final and m and m.timing:
+        ours = m.timing.median_ms
+        comp = m.baselines.get("compile")
         row.update(
             ours_ms=ours,
-            kind=final["verdict"].get("kind"),
-            eager_alongside_ms=m["baselines"]["eager"]["median_ms"],
-            compile_alongside_ms=(m["baselines"].get("compile") or {}).get("median_ms"),
-            energy_mj=1e3 * m["energy"]["joules_per_call"] if m.get("energy") else None,
-            power_w=m["energy"]["avg_power_w"] if m.get("energy") else None,
+            kind=final.evaluation.verdict.kind.value if final.evaluation.verdict.kind else None,
+            eager_alongside_ms=m.baselines["eager"].median_ms,
+            compile_alongside_ms=comp.median_ms if comp else None,
+            energy_mj=1e3 * m.energy.joules_per_call if m.energy else None,
+            power_w=m.energy.avg_power_w if m.energy else None,
         )
-        row["speedup_eager"] = row["eager_alongside_ms"] / ours
+        row["speedup_eager"] = speedup(row["eager_alongside_ms"], ours)
         if row["compile_alongside_ms"]:
-            row["speedup_compile"] = row["compile_alongside_ms"] / ours
+            row["speedup_compile"] = speedup(row["compile_alongside_ms"], ours)
         if row["floor_ms"]:
             row["fraction_of_floor"] = row["floor_ms"] / ours
-    row.update(own_gemm(events, row["floor_ms"]))
+    row.update(own_gemm(state, row["floor_ms"]))
     return row
 
 
-def own_gemm(events, floor_ms: float | None) -> dict:
+def own_gemm(state: RunState, floor_ms: float | None) -> dict:
     """The fastest verified candidate whose GEMM is our own WGMMA kernel (it may not be the run's best: a
     cuBLAS hybrid can win), timed in the search, and its fraction of the floor (the bf16 matmul ceiling)."""
-    proposed = {}
-    for e in events:
-        c = e.data.get("candidate")
-        if e.type == "proposal" and isinstance(c, dict) and "key" in c:
-            proposed[c["key"]] = (c.get("source", ""), e.data.get("edit", ""))
     best = None
-    for e in events:
-        if e.type != "result" or e.data["verdict"]["status"] != "ok":
-            continue
-        source, edit = proposed.get(e.data["key"], ("", ""))
-        ms = ((e.data.get("measurement") or {}).get("timing") or {}).get("median_ms")
-        plan = plan_of(source)
-        if plan and uses_cute(plan) and ms and (best is None or ms < best[0]):
-            best = (ms, edit)
+    for p in state.points:
+        node = state.nodes[p.node]
+        plan = plan_of(node.candidate.source) if node.candidate else None
+        if plan and uses_cute(plan) and p.time_ms and (best is None or p.time_ms < best[0]):
+            best = (p.time_ms, node.edit)
     if best is None:
         return {}
     out = {"own_gemm_ms": best[0], "own_gemm_candidate": best[1]}

@@ -10,6 +10,7 @@ DIR/{ceilings.json, metrics_known.txt}. The CPU tests read these files from test
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -23,23 +24,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import loop, sandbox  # noqa: E402
+from pipeline import jobs, sandbox, stages  # noqa: E402
+from pipeline.candidates import load_candidate  # noqa: E402
 from pipeline.config import Config, load  # noqa: E402
 from pipeline.profile import collect  # noqa: E402
 from pipeline.static_check import check_launcher  # noqa: E402
-from pipeline.types import to_dict  # noqa: E402
+from pipeline.types import Status, to_dict  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "profiling"
 NCU_LAUNCH_COUNT = collect.PER_CONFIG  # one launch per distinct kernel configuration, as the loop does
 
 
-def rules_text(ncu: str, job: dict, cfg: Config, timeout_s: float) -> str:
+def rules_text(ncu: str, job: jobs.Ncu, cfg: Config, timeout_s: float) -> str:
     """ncu's own analysis (--set full, rules on) as a person would read it: the baseline we compare to.
     Started as run_ncu starts ncu: through the sandbox, since the target runs the candidate."""
     scratch = Path(tempfile.mkdtemp(prefix="ncu-rules-", dir=cfg.home))
     plan = sandbox.ncu_plan(cfg, scratch, job)
     job_path = scratch / "job.json"
-    job_path.write_text(json.dumps({**job, "sandbox": plan.to_json()} if plan else job))
+    job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
     cmd = [
         ncu,
         "--clock-control",
@@ -102,8 +104,8 @@ def main() -> None:
     if args.only:
         wanted = set(args.only.split(","))
         cases = [c for c in cases if c.name in wanted]
-    with loop.open_pool(cfg) as pool:
-        ceil = loop.ceilings(pool, cfg)
+    with stages.open_pool(cfg) as pool:
+        ceil = stages.ceilings(pool, cfg)
         (out_root / "ceilings.json").write_text(json.dumps(ceil.__dict__, indent=2))
         for case in cases:
             t0 = time.time()
@@ -111,8 +113,9 @@ def main() -> None:
             task_path = FIXTURES / "tasks" / f"{expect['task']}.py"
             dest = out_root / case.name
             dest.mkdir(exist_ok=True)
-            (r,) = loop.evaluate_candidates(task_path, [case], cfg, pool=pool)
-            task = loop.probe_task(pool, task_path)
+            cand = load_candidate(case, task_path.stem)
+            (r,) = stages.evaluate_candidates(task_path, [cand], cfg, pool=pool)
+            task = stages.probe_task(pool, task_path)
             # Paths are stored relative to the repository (cubins by name): recordings travel between machines.
             task_record = {k: v for k, v in to_dict(task).items() if k != "source"}
             task_record["path"] = str(task_path.relative_to(ROOT))
@@ -135,23 +138,14 @@ def main() -> None:
             sass = collect.dump_sass(r.build.cubin_path)
             if sass:
                 (dest / "sass.txt").write_text(sass)
-            report = check_launcher(r.candidate.launcher)
-            names = sorted({k.name for k in r.build.resources} | set(report.kernels_used))
-            cand = {
-                "key": r.candidate.key,
-                "launcher": r.candidate.launcher,
-                "cubin_path": r.build.cubin_path,
-                "kernel_names": names,
-            }
-            sysjob = {
-                "kind": "system_profile",
-                "task": to_dict(task),
-                "candidate": cand,
-                "settings": {"seed": 0},
-            }
-            s = pool.first.request(sysjob, timeout_s=120)
-            (dest / "system.json").write_text(json.dumps(s.data if s.ok else {"error": s.reason}, indent=2))
-            job = {"task_path": str(task_path), "seed": 0, **cand}
+            code = stages.candidate_code(cand, r.build, check_launcher(cand.launcher))
+            s = pool.first.request(jobs.SystemProfile(task, jobs.Settings(seed=0), code), timeout_s=120)
+            if isinstance(s.answer, jobs.SystemProfiled):
+                recorded = {"system": s.answer.system, "loaded_modules": s.answer.loaded_modules}
+            else:
+                recorded = {"error": s.reason}
+            (dest / "system.json").write_text(json.dumps(recorded, indent=2))
+            job = jobs.Ncu(str(task_path), 0, code)
             res = collect.run_ncu(job, cfg, metrics=metrics, timeout_s=150, launch_count=NCU_LAUNCH_COUNT)
             (dest / "ncu.csv").write_text(res.raw)
             (dest / "ncu.json").write_text(
@@ -161,7 +155,7 @@ def main() -> None:
                         "seconds": res.seconds,
                         "kernels": len(res.kernels),
                         "missing": res.missing_metrics,
-                        "log": res.log if res.status.value != "ok" else "",
+                        "log": res.log if res.status != Status.OK else "",
                     },
                     indent=2,
                 )

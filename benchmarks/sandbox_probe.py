@@ -29,13 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import loop, sandbox  # noqa: E402
+from pipeline import jobs, sandbox, stages  # noqa: E402
 from pipeline.candidates import load_candidate  # noqa: E402
 from pipeline.compile import compile_candidates  # noqa: E402
 from pipeline.config import SANDBOX_LAYERS, Config, load  # noqa: E402
 from pipeline.profile import collect  # noqa: E402
 from pipeline.static_check import check_launcher  # noqa: E402
-from pipeline.types import Verdict, from_dict, to_dict  # noqa: E402
 from pipeline.worker import Worker, WorkerPool, visible_gpus  # noqa: E402
 
 TASK = ROOT / "tasks" / "softmax.py"
@@ -61,7 +60,7 @@ def startup(base: Config, gpu: str | None) -> dict[str, float]:
     for label, layers in (("unconfined", ()), ("confined", SANDBOX_LAYERS)):
         w = Worker(cfg_for(base, layers), gpu, name=f"start-{label}")
         t0 = time.monotonic()
-        r = w.request({"kind": "ping"})
+        r = w.request(jobs.Ping())
         out[label] = round(time.monotonic() - t0, 2) if r.ok else -1.0
         w.close()
     return out
@@ -73,7 +72,7 @@ def workers_part(base: Config, gpu: str | None, task, cand, build, report) -> li
 
     def start(c: tuple[str, ...]) -> None:
         t0 = time.monotonic()
-        r = workers[c].request({"kind": "ping"}, timeout_s=180)
+        r = workers[c].request(jobs.Ping(), timeout_s=180)
         pings[c] = (r, time.monotonic() - t0)
 
     threads = [threading.Thread(target=start, args=(c,)) for c in COMBOS]
@@ -91,31 +90,21 @@ def workers_part(base: Config, gpu: str | None, task, cand, build, report) -> li
             row["error"] = ping.reason[:400]
             rows.append(row)
             continue
-        job = loop.evaluate_job(task, cand, build, report, w.cfg, None)
+        job = stages.evaluate_job(task, cand, build, report, w.cfg, None)
         t0 = time.monotonic()
         r = w.request(job, timeout_s=120)
         row["evaluate_s"] = round(time.monotonic() - t0, 1)
-        if r.ok and "verdict" in r.data:
-            v = from_dict(Verdict, r.data["verdict"])
-            m = r.data.get("measurement") or {}
+        if isinstance(r.answer, jobs.Evaluated):
+            v, m = r.answer.verdict, r.answer.measurement
             row.update(
                 status=v.status.value,
                 reasons=list(v.reasons)[:4],
-                median_ms=(m.get("timing") or {}).get("median_ms"),
-                energy=bool(m.get("energy")),
+                median_ms=m.timing.median_ms if m and m.timing else None,
+                energy=bool(m and m.energy),
             )
         else:
             row.update(status=(r.status.value if r.status else "error"), reasons=[r.reason[:400]])
-        cand_job = {
-            "key": cand.key,
-            "launcher": cand.launcher,
-            "cubin_path": str(Path(build.cubin_path).resolve()),
-            "kernel_names": job["candidate"]["kernel_names"],
-        }
-        s = w.request(
-            {"kind": "system_profile", "task": to_dict(task), "candidate": cand_job, "settings": {"seed": 0}},
-            timeout_s=120,
-        )
+        s = w.request(jobs.SystemProfile(task, jobs.Settings(seed=0), job.candidate), timeout_s=120)
         row["system_profile"] = "ok" if s.ok else s.reason[:300]
         rows.append(row)
         print(f"  worker {name(c):32s} {row.get('status')} {row['system_profile'][:40]}", flush=True)
@@ -125,14 +114,13 @@ def workers_part(base: Config, gpu: str | None, task, cand, build, report) -> li
 
 
 def ncu_part(base: Config, task, cand, build, budget_s: float) -> list[dict[str, Any]]:
-    job = {
-        "task_path": str(TASK),
-        "seed": 0,
-        "key": cand.key,
-        "launcher": cand.launcher,
-        "cubin_path": str(Path(build.cubin_path).resolve()),
-        "kernel_names": sorted({k.name for k in build.resources}),
-    }
+    code = jobs.CandidateCode(
+        cand.key,
+        cand.launcher,
+        str(Path(build.cubin_path).resolve()),
+        tuple(sorted({k.name for k in build.resources})),
+    )
+    job = jobs.Ncu(str(TASK), 0, code)
     rows = []
     t_start = time.monotonic()
     for c in NCU_ORDER:
@@ -198,7 +186,7 @@ def main() -> None:
     (build,) = compile_candidates([cand], base)
     report = check_launcher(cand.launcher)
     with WorkerPool(base, [gpu]) as pool:
-        task = loop.probe_task(pool, TASK)
+        task = stages.probe_task(pool, TASK)
     result["startup_s"] = startup(base, gpu)
     print("startup (s to a first answer):", result["startup_s"], flush=True)
     result["workers"] = workers_part(base, gpu, task, cand, build, report)

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import selfcheck  # noqa: E402
+from pipeline import reasons, selfcheck  # noqa: E402
 from pipeline.config import load  # noqa: E402
 
 DEFAULT_SUITE = ROOT.parent / "shared" / "kernelbench"
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_row(row: dict) -> None:
         count[0] += 1
-        first = next((r for r in row["reasons"] if not r.startswith("note:")), "")
+        first = next((r for r in row["reasons"] if not reasons.is_note(r)), "")
         tail = f"  [{row['cause']}] {first[:140]}" if row["status"] != "ok" else ""
         print(
             f"[{count[0]:>3}/{todo}] {row['key']:<58} {row['status']:<13} {row['seconds']:7.1f} s{tail}",

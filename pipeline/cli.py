@@ -19,7 +19,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pipeline import config as config_mod
-from pipeline.types import Status, to_dict
+from pipeline import reasons
+from pipeline.types import Evaluation, Status, to_dict
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="Write, verify, time and profile CUDA kernels."
@@ -72,8 +73,9 @@ def _user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         from corpora import CorpusError
         from pipeline.candidates import CandidateError
         from pipeline.compile import ToolchainError
-        from pipeline.loop import NoGPUError, OptimizeError
+        from pipeline.loop import OptimizeError
         from pipeline.runlog import RunLogError
+        from pipeline.stages import NoGPUError
         from pipeline.tasks import TaskError
 
         # index.store.StoreError is a RuntimeError: caught below without importing chromadb for every command.
@@ -161,7 +163,7 @@ def eval_cmd(
     home: HomeOpt = None,
 ) -> None:
     """Verify and time candidates against a task and its eager / torch.compile baselines."""
-    from pipeline.loop import evaluate_candidates
+    from pipeline.stages import evaluate_candidates
 
     cfg = config_mod.load(home=home, energy=energy, trials=trials, device=device, baselines=_modes(baselines))
     bar, update = _progress(json_out)
@@ -188,10 +190,10 @@ def _folder_name(path: Path) -> str:
     return Path(path).resolve().name or str(path)
 
 
-def _result_json(r, folder: str) -> dict[str, Any]:
+def _result_json(r: Evaluation, folder: str) -> dict[str, Any]:
     m = r.measurement
     return {
-        "candidate": r.candidate.key,
+        "candidate": r.key,
         "folder": folder,
         "build": to_dict(r.build) if r.build else None,
         "verdict": to_dict(r.verdict),
@@ -202,7 +204,7 @@ def _result_json(r, folder: str) -> dict[str, Any]:
     }
 
 
-def _print_results(results, names: list[str]) -> None:
+def _print_results(results: list[Evaluation], names: list[str]) -> None:
     table = Table(title="kernelpro eval")
     cols = ("candidate", "key", "status", "kind", "ms (median)", "calls checked", "vs eager", "vs compile")
     for col in (*cols, "of floor", "J/call"):
@@ -212,7 +214,7 @@ def _print_results(results, names: list[str]) -> None:
         t = m.timing if m else None
         table.add_row(
             escape(name),
-            r.candidate.key,
+            r.key,
             r.verdict.status.value,
             r.verdict.kind.value if r.verdict.kind else "-",
             f"{t.median_ms:.4f} ±{100 * t.spread:.1f}%" if t else "-",
@@ -246,20 +248,15 @@ def baseline(
     home: HomeOpt = None,
 ) -> None:
     """Time the task's eager and torch.compile baselines (compile time reported apart)."""
-    from pipeline.loop import run_baselines
+    from pipeline.stages import run_baselines
 
     cfg = config_mod.load(home=home, baselines=_modes(modes), energy=energy)
-    task_info, data = run_baselines(task, cfg)
+    task_info, base = run_baselines(task, cfg)
     record = {
         "task": task_info.id,
         "flops": task_info.flops,
         "min_bytes": task_info.min_bytes,
-        "floor_ms": data.get("floor_ms"),
-        "timings": {k: to_dict(v) for k, v in data["timings"].items()},
-        "compile_s": data.get("compile_s"),
-        "energy_eager": data.get("energy_eager"),
-        "notes": data.get("notes"),
-        "environment": data.get("environment"),
+        **to_dict(base),
     }
     path = cfg.home / "baselines" / f"{task_info.id}-{task_info.source_hash[:10]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -270,18 +267,18 @@ def baseline(
     table = Table(title=f"baselines: {escape(task_info.id)}")
     for col in ("mode", "ms (median)", "spread", "compile s", "of floor"):
         table.add_column(col)
-    floor = data.get("floor_ms")
-    for mode, t in data["timings"].items():
+    floor = base.floor_ms
+    for mode, t in base.timings.items():
         table.add_row(
             escape(mode),
             f"{t.median_ms:.4f}",
             f"{100 * t.spread:.1f}%",
-            f"{data['compile_s'].get(mode, 0):.1f}",
+            f"{base.compile_s.get(mode, 0):.1f}",
             f"{100 * floor / t.median_ms:.0f}%" if floor else "-",
         )
     out.print(table)
-    for note in data.get("notes") or []:
-        _say(f"  note: {note}")
+    for note in base.notes:
+        _say(f"  {reasons.as_note(note)}")
 
 
 @app.command()
@@ -292,7 +289,7 @@ def calibrate(
     home: HomeOpt = None,
 ) -> None:
     """Measure this GPU's ceilings (copy bandwidth; fp32, tf32, bf16 matmul rates) once and cache them."""
-    from pipeline.loop import ceilings, open_pool
+    from pipeline.stages import ceilings, open_pool
 
     cfg = config_mod.load(home=home)
     if cfg.device != "cuda":
@@ -352,7 +349,7 @@ def selfcheck(
     cfg = selfcheck_mod.sweep_config(config_mod.load(home=home))
 
     def on_row(row: dict[str, Any]) -> None:
-        first = next((r for r in row["reasons"] if not r.startswith("note:")), "")
+        first = next((r for r in row["reasons"] if not reasons.is_note(r)), "")
         _say(f"{row['key']}: {row['status']} in {row['seconds']:.1f} s {first[:120]}".rstrip(), err)
 
     result = selfcheck_mod.run_suite(paths, cfg, store, budget_s=budget_s, on_row=on_row)
@@ -409,8 +406,8 @@ def profile(
     home: HomeOpt = None,
 ) -> None:
     """Verify a candidate, collect counters (ncu), SASS and a system profile, and print the tools' advice."""
-    from pipeline.loop import profile_candidate
     from pipeline.profile.advice import Feedback, advice_block, analyze, as_json, raw_block
+    from pipeline.stages import profile_candidate
 
     mode = Feedback(_value(feedback))
     cfg = config_mod.load(home=home, baselines=("eager",))
@@ -418,7 +415,7 @@ def profile(
     for note in pr.notes:
         _say(f"note: {note}", err)
     if pr.evidence is None:
-        _print_results([pr.result], [_folder_name(candidate)])
+        _print_results([pr.evaluation], [_folder_name(candidate)])
         raise typer.Exit(1)
     if mode == Feedback.NONE:
         return
@@ -580,11 +577,11 @@ def show(
     """List runs, or print one run's report (rendered from its log; the run folder is not touched)."""
     from rich.markdown import Markdown
 
-    from pipeline import report, runlog
+    from pipeline import events, report, runstate
 
     cfg = config_mod.load(runs_dir=runs_dir)
     if run_id is None:
-        runs = runlog.list_runs(cfg.runs_dir)
+        runs = runstate.list_runs(cfg.runs_dir)
         if json_out:
             print(json.dumps([to_dict(r) for r in runs], indent=2))
             return
@@ -602,12 +599,10 @@ def show(
     if not (folder / "log.jsonl").is_file():
         raise ValueError(f"no run {run_id} under {cfg.runs_dir}")
     if json_out:
-        view = report.load_view(folder)
-        print(
-            json.dumps(
-                {"run_id": run_id, "end": view.end, "usage": view.usage, "curve": view.curve}, indent=2
-            )
-        )
+        state = report.load_view(folder).state
+        end = events.encode(state.end)[1] if state.end else None
+        usage = {"tokens": state.usage.tokens, "cost_usd": state.usage.cost_usd, "calls": state.usage.calls}
+        print(json.dumps({"run_id": run_id, "end": end, "usage": usage, "curve": state.curve}, indent=2))
         return
     md = Markdown(report.render(folder).markdown)
     if out.is_terminal:

@@ -1,83 +1,24 @@
 """Where the search loop's candidates are evaluated: on this machine's GPUs, or replayed from a run log
 recorded on a GPU (how the loop, resume and the search are tested without one).
 
-Both answer the same three questions: the task and its baselines, a batch of candidates' results, and the
-profile of one verified candidate (stage-1 class, stage-2 findings, the text a policy is shown).
+Both answer the same questions: the task, its baselines and the GPU's ceilings, a batch of candidates'
+evaluations, and the profile of one verified candidate (stage-1 class, stage-2 findings, the text a policy
+is shown).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline import calibrate, reasons, stages
+from pipeline.calibrate import Ceilings
 from pipeline.config import Config
-from pipeline.types import (
-    Build,
-    Candidate,
-    Finding,
-    Measurement,
-    Status,
-    Task,
-    Timing,
-    Verdict,
-    from_dict,
-    to_dict,
-)
-
-
-@dataclass(frozen=True)
-class Baselines:
-    timings: dict[str, Timing]  # eager, compile
-    energy_eager_j: float | None = None
-    floor_ms: float | None = None
-    compile_s: dict[str, float] = field(default_factory=dict)
-    environment: dict[str, str] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "timings": {k: to_dict(v) for k, v in self.timings.items()},
-            "energy_eager_j": self.energy_eager_j,
-            "floor_ms": self.floor_ms,
-            "compile_s": self.compile_s,
-            "environment": self.environment,
-            "notes": list(self.notes),
-        }
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> Baselines:
-        return Baselines(
-            timings={k: from_dict(Timing, v) for k, v in d["timings"].items()},
-            energy_eager_j=d.get("energy_eager_j"),
-            floor_ms=d.get("floor_ms"),
-            compile_s=d.get("compile_s", {}),
-            environment=d.get("environment", {}),
-            notes=tuple(d.get("notes", ())),
-        )
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    """One candidate's evaluation, as the loop logs it."""
-
-    key: str
-    build: Build | None
-    verdict: Verdict
-    measurement: Measurement | None
-
-
-@dataclass(frozen=True)
-class Profiled:
-    key: str
-    ok: bool
-    bound: str = ""  # stage-1 summary
-    bound_class: str = ""  # memory / compute / latency / launch
-    findings: tuple[Finding, ...] = ()
-    feedback: str = ""  # what a policy is shown (advice block, JSON, raw metrics or nothing)
-    notes: tuple[str, ...] = ()
+from pipeline.runlog import read_events
+from pipeline.runstate import fold
+from pipeline.types import Baselines, Candidate, Evaluation, Finding, Profile, Status, Task, Verdict
 
 
 class Evaluator(Protocol):
@@ -85,8 +26,9 @@ class Evaluator(Protocol):
 
     def task(self) -> Task: ...
     def baselines(self) -> Baselines: ...
-    def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluated]: ...
-    def profile(self, candidate: Candidate, result: Evaluated) -> Profiled: ...
+    def ceilings(self) -> Ceilings | None: ...
+    def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluation]: ...
+    def profile(self, candidate: Candidate, evaluation: Evaluation) -> Profile: ...
     def close(self) -> None: ...
 
 
@@ -96,68 +38,55 @@ class GpuEvaluator:
     name = "gpu"
 
     def __init__(self, task_path: Path, cfg: Config, feedback: str = "advice", energy: bool = False) -> None:
-        from pipeline import loop
-
         self.task_path = Path(task_path)
         self.cfg = cfg
         self.feedback = feedback
-        self.pool = loop.open_pool(cfg)  # NoGPUError before anything is written
+        self.pool = stages.open_pool(cfg)  # NoGPUError before anything is written
         # Baselines other than eager are measured once per run (run_baselines); each candidate is timed
         # next to a fresh eager call, so its reward compares like with like.
         self.eval_cfg = cfg.replace(baselines=("eager",), energy=energy)
         self._task: Task | None = None
+        self._baselines: Baselines | None = None
         self.evidence: dict[str, Any] = {}  # candidate key -> Evidence, for the LLM's profiling tool calls
 
     def task(self) -> Task:
-        from pipeline import loop
-
         if self._task is None:
-            self._task = loop.probe_task(self.pool, self.task_path)
+            self._task = stages.probe_task(self.pool, self.task_path)
         return self._task
 
     def baselines(self) -> Baselines:
-        from pipeline import loop
-
         cfg = self.cfg.replace(baselines=("eager", "compile"))
-        _, data = loop.run_baselines(self.task_path, cfg, pool=self.pool)
-        energy = data.get("energy_eager", {}).get("joules_per_call") if data.get("energy_eager") else None
-        return Baselines(
-            timings=data["timings"],
-            energy_eager_j=energy,
-            floor_ms=data.get("floor_ms"),
-            compile_s=data.get("compile_s", {}),
-            environment=data.get("environment", {}),
-            notes=tuple(data.get("notes", ())),
-        )
+        _, self._baselines = stages.run_baselines(self.task_path, cfg, pool=self.pool)
+        return self._baselines
 
-    def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluated]:
-        from pipeline import loop
+    def ceilings(self) -> Ceilings | None:
+        """The calibration the baselines just used, for the report's roofline."""
+        gpu = self._baselines.environment.get("gpu") if self._baselines else None
+        return calibrate.load_cached(self.cfg.home, gpu) if gpu else None
 
-        results = loop.evaluate_candidates(self.task_path, list(candidates), self.eval_cfg, pool=self.pool)
-        return [Evaluated(r.candidate.key, r.build, r.verdict, r.measurement) for r in results]
+    def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluation]:
+        return stages.evaluate_candidates(self.task_path, list(candidates), self.eval_cfg, pool=self.pool)
 
-    def remeasure(self, candidate: Candidate, energy: bool = True) -> Evaluated:
+    def remeasure(self, candidate: Candidate, energy: bool = True) -> Evaluation:
         """The best candidate timed again with energy on: a difference is believed once seen twice."""
-        from pipeline import loop
-
         cfg = self.eval_cfg.replace(energy=energy, baselines=("eager", "compile"))
-        (r,) = loop.evaluate_candidates(self.task_path, [candidate], cfg, pool=self.pool)
-        return Evaluated(r.candidate.key, r.build, r.verdict, r.measurement)
+        (r,) = stages.evaluate_candidates(self.task_path, [candidate], cfg, pool=self.pool)
+        return r
 
-    def profile(self, candidate: Candidate, result: Evaluated) -> Profiled:
-        from pipeline import loop
+    def profile(self, candidate: Candidate, evaluation: Evaluation) -> Profile:
         from pipeline.profile import advice
 
-        res = loop.EvalResult(candidate, result.build, result.verdict, result.measurement)
         try:
-            pr = loop.profile_candidate(self.task_path, candidate, self.eval_cfg, pool=self.pool, result=res)
+            pr = stages.profile_candidate(
+                self.task_path, candidate, self.eval_cfg, pool=self.pool, evaluation=evaluation
+            )
         except Exception as e:  # a profile is advice, not a verdict: the search goes on without it
-            return Profiled(candidate.key, False, notes=(f"profiling failed: {type(e).__name__}: {e}",))
+            return Profile(candidate.key, False, notes=(f"profiling failed: {type(e).__name__}: {e}",))
         if pr.evidence is None:
-            return Profiled(candidate.key, False, notes=pr.notes)
+            return Profile(candidate.key, False, notes=pr.notes)
         cls, findings = advice.analyze(pr.evidence)
         self.evidence[candidate.key] = pr.evidence
-        return Profiled(
+        return Profile(
             candidate.key,
             True,
             bound=cls.summary,
@@ -184,44 +113,45 @@ def feedback_text(mode: str, cls: Any, findings: list[Finding], evidence: Any) -
 
 
 class ReplayEvaluator:
-    """Answers from a run log recorded on a GPU: the same candidate (same key) gets the recorded result and
-    profile. A candidate the recording never saw is rejected with a reason that says so, deterministically."""
+    """Answers from run logs recorded on a GPU: the same candidate (same key) gets the recorded evaluation
+    and profile. A candidate the recordings never saw is rejected with a reason that says so,
+    deterministically. The policy sees the feedback text recorded with each profile, whatever --feedback
+    says now."""
 
     name = "replay"
 
     def __init__(self, log_paths: Sequence[Path] | Path) -> None:
-        # The policy sees the feedback text recorded with each profile, whatever --feedback says now.
-        from pipeline.runlog import read_events
-
         paths = [Path(log_paths)] if isinstance(log_paths, str | Path) else [Path(p) for p in log_paths]
         if not paths:
             raise ValueError("replay needs at least one recorded run log")
-        self.results: dict[str, dict[str, Any]] = {}
-        self.profiles: dict[str, dict[str, Any]] = {}
+        self.results: dict[str, Evaluation] = {}
+        self.profiles: dict[str, Profile] = {}
         self._task: Task | None = None
         self._baselines: Baselines | None = None
-        for path in paths:  # several recordings of one task make one landscape; the first one's baselines
+        self._ceilings: Ceilings | None = None
+        for i, path in enumerate(paths):  # several recordings of one task make one landscape
             if path.is_dir():
                 path = path / "log.jsonl"
             if not path.is_file():
                 raise FileNotFoundError(f"no recorded run log at {path}")
-            events = read_events(path)
-            start = next((e for e in events if e.type == "start"), None)
-            if start is None or "task" not in start.data:
+            state = fold(read_events(path))
+            if not state.header.task:
                 raise ValueError(f"{path}: not a run log (no start event with the task)")
-            task = from_dict(Task, start.data["task"])
+            task = state.header.task_record()
             if self._task is not None and task.source_hash != self._task.source_hash:
                 raise ValueError(f"{path}: recorded for another task than {paths[0]}")
-            base = next((e for e in events if e.type == "baselines"), None)
-            if base is None:
+            if state.baselines is None:
                 raise ValueError(f"{path}: the recording has no baselines")
-            self._task = self._task or task
-            self._baselines = self._baselines or Baselines.from_dict(base.data)
-            for e in events:
-                if e.type == "result":
-                    self.results.setdefault(e.data["key"], e.data)
-                elif e.type == "profile":
-                    self.profiles.setdefault(e.data["key"], e.data)
+            if i == 0:  # the first recording's task, baselines and ceilings
+                self._task, self._baselines = task, state.baselines
+                self._ceilings = state.ceilings
+            for p in state.points:
+                n = state.nodes[p.node]
+                if n.evaluation is not None:
+                    self.results.setdefault(n.evaluation.key, n.evaluation)
+            for n in state.nodes.values():
+                if n.profile is not None:
+                    self.profiles.setdefault(n.profile.key, n.profile)
         self.paths = paths
 
     def task(self) -> Task:
@@ -232,66 +162,26 @@ class ReplayEvaluator:
         assert self._baselines is not None
         return self._baselines
 
-    def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluated]:
+    def ceilings(self) -> Ceilings | None:
+        return self._ceilings
+
+    def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluation]:
         out = []
         for c in candidates:
-            d = self.results.get(c.key)
-            if d is None:
-                v = Verdict(
-                    c.key, Status.REJECTED, reasons=("replay: this candidate is not in the recording",)
-                )
-                out.append(Evaluated(c.key, None, v, None))
-                continue
-            out.append(evaluated_from_dict(d))
+            found = self.results.get(c.key)
+            if found is None:
+                why = f"{reasons.REPLAY}: this candidate is not in the recording"
+                found = Evaluation(c.key, None, Verdict(c.key, Status.REJECTED, reasons=(why,)), None)
+            out.append(found)
         return out
 
-    def profile(self, candidate: Candidate, result: Evaluated) -> Profiled:
-        d = self.profiles.get(candidate.key)
-        if d is None:
-            return Profiled(candidate.key, False, notes=("replay: no profile recorded for this candidate",))
-        return profiled_from_dict(d)
+    def profile(self, candidate: Candidate, evaluation: Evaluation) -> Profile:
+        found = self.profiles.get(candidate.key)
+        if found is None:
+            return Profile(
+                candidate.key, False, notes=(f"{reasons.REPLAY}: no profile recorded for this candidate",)
+            )
+        return found
 
     def close(self) -> None:
         pass
-
-
-def profiled_to_dict(p: Profiled) -> dict[str, Any]:
-    return {
-        "key": p.key,
-        "ok": p.ok,
-        "bound": p.bound,
-        "bound_class": p.bound_class,
-        "findings": [to_dict(f) for f in p.findings],
-        "feedback": p.feedback,
-        "notes": list(p.notes),
-    }
-
-
-def profiled_from_dict(d: dict[str, Any]) -> Profiled:
-    return Profiled(
-        d["key"],
-        bool(d.get("ok")),
-        bound=d.get("bound", ""),
-        bound_class=d.get("bound_class", ""),
-        findings=tuple(from_dict(Finding, f) for f in d.get("findings", ())),
-        feedback=d.get("feedback", ""),
-        notes=tuple(d.get("notes", ())),
-    )
-
-
-def evaluated_to_dict(e: Evaluated) -> dict[str, Any]:
-    return {
-        "key": e.key,
-        "build": to_dict(e.build) if e.build else None,
-        "verdict": to_dict(e.verdict),
-        "measurement": to_dict(e.measurement) if e.measurement else None,
-    }
-
-
-def evaluated_from_dict(d: dict[str, Any]) -> Evaluated:
-    return Evaluated(
-        d["key"],
-        from_dict(Build, d["build"]) if d.get("build") else None,
-        from_dict(Verdict, d["verdict"]),
-        from_dict(Measurement, d["measurement"]) if d.get("measurement") else None,
-    )

@@ -8,7 +8,8 @@
     speed sanity            faster than the roofline floor, or than suspicious_speedup x eager
     energy                  NVML loop over fresh sets, sampled outputs checked, loop speed vs timed median
 
-Each failure raises verify.CandidateFailure with a reason code; the caller turns it into the verdict.
+Each failure raises verify.CandidateFailure with a reason code (pipeline/reasons.py); the caller turns it into
+the verdict.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 
 import torch
 
-from pipeline import gpu_memory, verify
-from pipeline.types import Energy, Kind, Status, Task, Timing
+from pipeline import gpu_memory, reasons, verify
+from pipeline.calibrate import Ceilings, floor_ms
+from pipeline.jobs import Settings
+from pipeline.types import Energy, Kind, Status, Task, Timing, speedup
 
 SUSPICIOUS_FLOOR_MARGIN = 0.8  # faster than 80% of the roofline floor is physically doubtful
 NO_WORK_FRACTION = (
@@ -38,6 +41,7 @@ class Outcome:
     floor_ms: float | None = None
     library: list[str] = field(default_factory=list)  # library kernels that ran (hybrid candidates)
     reasons: list[str] = field(default_factory=list)
+    below_floor: bool = False  # SUSPICIOUS for beating the roofline floor, not only for beating eager
 
 
 class Session:
@@ -50,13 +54,13 @@ class Session:
         factory: Any,
         device: torch.device,
         task: Task,
-        settings: dict[str, Any],
+        settings: Settings,
         proto: verify.ProtocolResult,
     ):
         from pipeline import timing
 
         self.module, self.device, self.task, self.s, self.proto = module, device, task, settings, proto
-        seed = settings["seed"]
+        seed = settings.seed
         self.reference = verify.build_reference(module, init_args, seed, device, redraw_constant=False)
         self.candidate, _ = verify.build_candidate(factory, init_args, seed, device, self.reference)
         self.flusher = timing.L2Flusher(device)
@@ -72,25 +76,23 @@ class Session:
         with torch.no_grad():
             expected = verify.as_list(self.reference(*inputs))
         t = self.task
-        reasons = verify.check_outputs(
-            verify.as_list(outputs), expected, t.atol, t.rtol, t.norm_tol, self.proto
-        )
+        why = verify.check_outputs(verify.as_list(outputs), expected, t.atol, t.rtol, t.norm_tol, self.proto)
         self.checked += 1
-        if reasons:
+        if why:
             raise verify.CandidateFailure(
                 Status.MISMATCH,
-                f"timed_output_mismatch: a measured call (one of {self.checked} checked) returned a wrong "
-                f"result: {reasons[0]}",
+                f"{reasons.TIMED_OUTPUT_MISMATCH}: a measured call (one of {self.checked} checked) returned "
+                f"a wrong result: {why[0]}",
             )
 
     def timing_kwargs(self) -> dict[str, Any]:
         s = self.s
-        return dict(
-            trials=s["timing_trials"], budget_s=s["timing_budget_s"], warmup=s["warmup"], flusher=self.flusher
-        )
+        return dict(trials=s.timing_trials, budget_s=s.timing_budget_s, warmup=s.warmup, flusher=self.flusher)
 
 
-def measure(session: Session, kind: Kind, kernel_names: tuple[str, ...], ceilings: dict | None) -> Outcome:
+def measure(
+    session: Session, kind: Kind, kernel_names: tuple[str, ...], ceilings: Ceilings | None
+) -> Outcome:
     """Everything after verification, in the order of the module docstring."""
     from pipeline import timing
 
@@ -98,47 +100,44 @@ def measure(session: Session, kind: Kind, kernel_names: tuple[str, ...], ceiling
     s = session.s
     try:
         out.timing = timing.time_cuda(
-            session.candidate,
-            session.inputs_for,
-            check=session.check,
-            check_fraction=s.get("check_fraction", 1.0),
-            **session.timing_kwargs(),
+            session.candidate, session.inputs_for, check=session.check, **session.timing_kwargs()
         )
     except verify.CandidateFailure:
         raise
     except Exception as e:
         st = Status.LAUNCH_ERROR if verify.cuda_alive() else Status.CRASH
-        raise verify.CandidateFailure(st, f"{st.value}: timing runs raised {verify._describe(e)}") from None
+        raise verify.raised(e, "timing runs", st) from None
     hidden = timing.hidden_work(out.timing)
     if hidden:
         out.status = Status.REJECTED
         out.reasons.append(hidden)
         return out
-    if "eager" in s.get("baselines", []):
+    if "eager" in s.baselines:
         out.baselines["eager"] = timing.time_cuda(
             session.reference, session.inputs_for, **session.timing_kwargs()
         )
-    bandwidth = ceilings["copy_bytes_per_s"] if ceilings else 3e12
+    bandwidth = ceilings.copy_bytes_per_s if ceilings else 3e12
     if ceilings:
-        from pipeline.calibrate import Ceilings, floor_ms
-
-        out.floor_ms = floor_ms(session.task, Ceilings(**ceilings))
-    status, reasons, out.library = profile_check(session, kernel_names, bandwidth, kind)
-    out.reasons += reasons
+        out.floor_ms = floor_ms(session.task, ceilings)
+    status, why, out.library = profile_check(session, kernel_names, bandwidth, kind)
+    out.reasons += why
     if status != Status.OK:
         out.status = status
         return out
     median = out.timing.median_ms
+    eager = out.baselines.get("eager")
+    over_eager = speedup(eager.median_ms if eager else None, median)
     if out.floor_ms is not None and median < SUSPICIOUS_FLOOR_MARGIN * out.floor_ms:
-        out.status = Status.SUSPICIOUS
-        out.reasons.append(f"too_fast: {median:.4f} ms is below the roofline floor of {out.floor_ms:.4f} ms")
-    elif "eager" in out.baselines and out.baselines["eager"].median_ms / median > s["suspicious_speedup"]:
+        out.status, out.below_floor = Status.SUSPICIOUS, True
+        out.reasons.append(
+            f"{reasons.TOO_FAST}: {median:.4f} ms is below the roofline floor of {out.floor_ms:.4f} ms"
+        )
+    elif over_eager is not None and over_eager > s.suspicious_speedup:
         out.status = Status.SUSPICIOUS
         out.reasons.append(
-            f"too_fast: {out.baselines['eager'].median_ms / median:.1f}x over eager "
-            f"(above {s['suspicious_speedup']:g}x)"
+            f"{reasons.TOO_FAST}: {over_eager:.1f}x over eager (above {s.suspicious_speedup:g}x)"
         )
-    if s.get("energy") and out.status in (Status.OK, Status.SUSPICIOUS):
+    if s.energy and out.status in (Status.OK, Status.SUSPICIOUS):
         out.energy = energy(session, median, out.reasons)
     return out
 
@@ -181,7 +180,7 @@ def profile_check(
         return (
             Status.REJECTED,
             [
-                f"kernels_not_run: the profiler saw none of {list(kernel_names)} "
+                f"{reasons.KERNELS_NOT_RUN}: the profiler saw none of {list(kernel_names)} "
                 f"(saw {len(others)} other kernels: {sorted(others)[:3]})"
             ],
             library,
@@ -200,7 +199,7 @@ def profile_check(
         return (
             Status.REJECTED,
             [
-                f"kernels_no_work: our kernels ran {ours_us:.1f} us against {what} ({floor_us:.1f} us); "
+                f"{reasons.KERNELS_NO_WORK}: our kernels ran {ours_us:.1f} us against {what} ({floor_us:.1f} us); "
                 "the work was done elsewhere"
             ],
             library,
@@ -209,7 +208,7 @@ def profile_check(
         return (
             Status.REJECTED,
             [
-                f"undeclared_library_work: library kernels ran {others_us:.1f} us against "
+                f"{reasons.UNDECLARED_LIBRARY_WORK}: library kernels ran {others_us:.1f} us against "
                 f"{ours_us:.1f} us in ours: {library}"
             ],
             library,
@@ -217,7 +216,7 @@ def profile_check(
     return Status.OK, [], library if kind == Kind.HYBRID else []
 
 
-def energy(session: Session, call_ms: float, reasons: list[str]) -> Energy | None:
+def energy(session: Session, call_ms: float, notes: list[str]) -> Energy | None:
     from pipeline.energy import EnergyUnavailable, LoopMismatch, measure_energy
 
     s = session.s
@@ -229,15 +228,15 @@ def energy(session: Session, call_ms: float, reasons: list[str]) -> Energy | Non
             session.candidate,
             session.inputs_for,
             call_ms=call_ms,
-            window_s=s["energy_window_s"],
-            repeats=s["energy_repeats"],
+            window_s=s.energy_window_s,
+            repeats=s.energy_repeats,
             check=session.check,
             set_bytes=set_bytes,
             out_bytes=out_bytes,
             free_bytes=gpu_memory.free_bytes(session.device),
         )
     except EnergyUnavailable as e:
-        reasons.append(f"note: energy not measured: {e}")
+        notes.append(f"{reasons.NOTE}: energy not measured: {e}")
     except LoopMismatch as e:
         raise verify.CandidateFailure(Status.REJECTED, str(e)) from None
     return None

@@ -7,14 +7,18 @@ renders it in memory (`render`), so a report never disagrees with its log and re
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.types import Status
+from pipeline.calibrate import Ceilings
+from pipeline.runlog import RunLogError, read_events
+from pipeline.runstate import ROOT, MalformedEvent, NodeState, NotOneTree, Point, RunState, fold
+from pipeline.types import Baselines, Status, Timing, speedup
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-# One colour per status, shared by the plots and the HTML (every Status has one; "pending": not evaluated).
+PENDING = "pending"  # a node proposed and not evaluated (yet)
+# One colour per status, shared by the plots and the HTML (every Status has one, and "pending").
 COLOURS = {
     Status.OK.value: "#2e7d32",
     Status.MISMATCH.value: "#ef6c00",
@@ -25,51 +29,19 @@ COLOURS = {
     Status.CRASH.value: "#6a1b9a",
     Status.TIMEOUT.value: "#4527a0",
     Status.REJECTED.value: "#616161",
-    "pending": "#9e9e9e",
+    PENDING: "#9e9e9e",
 }
 
 
-@dataclass
-class _Node:
-    id: int
-    parent: int | None
-    edit: str
-    key: str = ""
-    status: str = "pending"
-    speedup: float | None = None  # over eager, measured alongside
-    time_ms: float | None = None
-    reward: float | None = None
-    children: list[int] = field(default_factory=list)
-    bound: str = ""
-    top_finding: str = ""
-    kind: str = ""
-
-
 @dataclass(frozen=True)
-class Evaluation:
-    n: int  # 1-based, in the order the run evaluated
-    node: int
-    edit: str
-    status: str
-    time_ms: float | None
-    speedup: float | None  # over eager, measured alongside
-    energy_j: float | None
-
-
-@dataclass
 class RunView:
     run_id: str
-    header: dict[str, Any]
-    nodes: dict[int, _Node]
-    baselines: dict[str, Any]
-    curve: list[tuple[int, float]]
-    end: dict[str, Any] | None
-    final: dict[str, Any] | None
-    usage: dict[str, float]
-    interrupted: int
-    exported: bool = False
-    evaluations: list[Evaluation] = field(default_factory=list)
-    ceilings: dict[str, Any] | None = None  # the GPU's measured ceilings, when the run logged them
+    state: RunState
+    exported: bool = False  # a standalone best_model_new.py beside the log
+
+    @property
+    def baselines(self) -> Baselines:
+        return self.state.baselines or Baselines({})
 
 
 @dataclass(frozen=True)
@@ -79,166 +51,114 @@ class Report:
 
 
 def load_view(folder: Path) -> RunView:
-    """One fold of the run's events. A log that does not make one search tree is a RunLogError in one line."""
-    from pipeline.runlog import RunLogError, read_events, tree_problem
-
+    """The run's state, from the one fold of its events; a log that does not fold is a RunLogError in one
+    line."""
     folder = Path(folder)
-    events = read_events(folder / "log.jsonl")
-    problem = tree_problem(events)
-    if problem:
-        raise RunLogError(f"run {folder.name}: its log does not make one search tree: {problem}")
     try:
-        return _fold(folder, events)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        state = fold(read_events(folder / "log.jsonl"))
+    except NotOneTree as e:
+        raise RunLogError(f"run {folder.name}: its log does not make one search tree: {e}") from None
+    except MalformedEvent as e:
         raise RunLogError(
-            f"run {folder.name}: an event in its log lacks what the report needs ({e!r})"
+            f"run {folder.name}: an event in its log lacks what the report needs ({e})"
         ) from None
+    return RunView(folder.name, state, (folder / "best_model_new.py").is_file())
 
 
-def _fold(folder: Path, events: list[Any]) -> RunView:
-    header = events[0].data if events else {}
-    nodes: dict[int, _Node] = {0: _Node(0, None, "reference (PyTorch eager)", status="ok", speedup=1.0)}
-    baselines: dict[str, Any] = {}
-    curve: list[tuple[int, float]] = []
-    evaluations: list[Evaluation] = []
-    best = 0.0
-    end = final = ceilings = None
-    usage = {"tokens": 0.0, "cost_usd": 0.0, "calls": 0.0}
-    interrupted = 0
-    for e in events:
-        d = e.data
-        if e.type == "baselines":
-            baselines = d
-        elif e.type == "ceilings":
-            ceilings = d
-        elif e.type == "proposal":
-            key = (d.get("candidate") or {}).get("key", "")
-            nodes[d["node"]] = _Node(d["node"], d["parent"], d.get("edit", ""), key=key)
-            nodes[d["parent"]].children.append(d["node"])
-        elif e.type == "result":
-            n = nodes[d["node"]]
-            n.status = d["verdict"]["status"]
-            n.reward = d.get("reward")
-            n.kind = d["verdict"].get("kind") or ""
-            m = d.get("measurement")
-            if m and m.get("timing") and n.status == "ok":
-                n.time_ms = m["timing"]["median_ms"]
-                eager = (m.get("baselines") or {}).get("eager")
-                n.speedup = eager["median_ms"] / n.time_ms if eager and n.time_ms else None
-            energy = (m or {}).get("energy") or {}
-            evaluations.append(
-                Evaluation(len(evaluations) + 1, n.id, n.edit, n.status, n.time_ms, n.speedup,
-                           energy.get("joules_per_call"))
-            )  # fmt: skip
-            if n.speedup and n.speedup > best:
-                best = n.speedup
-            if best:
-                curve.append((len(evaluations), best))
-        elif e.type == "profile":
-            n = nodes[d["node"]]
-            n.bound = d.get("bound", "")
-            if d.get("findings"):
-                f = d["findings"][0]
-                n.top_finding = f"[{f['tool']}] {f['diagnosis']}"
-        elif e.type == "llm":
-            usage["tokens"] += d.get("prompt_tokens", 0) + d.get("completion_tokens", 0)
-            usage["cost_usd"] += d.get("cost_usd", 0.0)
-            usage["calls"] += d.get("calls", 0)
-        elif e.type == "final":
-            final = d
-        elif e.type == "end":
-            end = d
-        elif e.type == "resume":
-            end = None  # continued after it ended (`--resume --more N`): not finished until it ends again
-        elif e.type == "interrupted":
-            interrupted += 1
-    exported = (folder / "best_model_new.py").is_file()
-    return RunView(
-        folder.name, header, nodes, baselines, curve, end, final, usage, interrupted, exported,
-        evaluations, ceilings,
-    )  # fmt: skip
+def _status(n: NodeState) -> str:
+    return n.status.value if n.status else PENDING
 
 
-def _best(view: RunView) -> _Node | None:
-    ok = [n for n in view.nodes.values() if n.id and n.status == "ok" and n.speedup]
+def _edit(n: NodeState) -> str:
+    return "reference (PyTorch eager)" if n.id == ROOT else n.edit
+
+
+def _kind(n: NodeState) -> str:
+    kind = n.evaluation.verdict.kind if n.evaluation else None
+    return kind.value if kind else ""
+
+
+def _bound(n: NodeState) -> str:
+    return n.profile.bound if n.profile else ""
+
+
+def _best(view: RunView) -> NodeState | None:
+    ok = [n for n in view.state.nodes.values() if n.id and n.status == Status.OK and n.speedup]
     return max(ok, key=lambda n: (n.speedup, -n.id), default=None)
 
 
-def _improvements(view: RunView) -> list[tuple[_Node, _Node]]:
+def _improvements(view: RunView) -> list[tuple[NodeState, NodeState]]:
     """(parent, child) pairs where the child beat its parent: the advice and edit that paid off."""
     out = []
-    for n in sorted(view.nodes.values(), key=lambda n: n.id):
-        if not n.id or n.parent is None or n.status != "ok" or not n.speedup:
+    for n in sorted(view.state.nodes.values(), key=lambda n: n.id):
+        if not n.id or n.parent is None or n.status != Status.OK or not n.speedup:
             continue
-        p = view.nodes[n.parent]
+        p = view.state.nodes[n.parent]
         if p.speedup and n.speedup > p.speedup * 1.02:
             out.append((p, n))
     return out
 
 
-def _tree_lines(view: RunView, nid: int = 0, depth: int = 0) -> list[str]:
-    n = view.nodes[nid]
-    sp = f"{n.speedup:.2f}x" if n.speedup else n.status
-    lines = [f"{'  ' * depth}- #{n.id} {n.edit} — {sp}"]
+def _tree_lines(view: RunView, nid: int = ROOT, depth: int = 0) -> list[str]:
+    n = view.state.nodes[nid]
+    sp = f"{n.speedup:.2f}x" if n.speedup else _status(n)
+    lines = [f"{'  ' * depth}- #{n.id} {_edit(n)} — {sp}"]
     for c in n.children:
         lines += _tree_lines(view, c, depth + 1)
     return lines
 
 
-def _ms(t: dict[str, Any] | None) -> str:
-    return f"{t['median_ms']:.4f} ms" if t else "–"
+def _ms(t: Timing | None) -> str:
+    return f"{t.median_ms:.4f} ms" if t else "–"
 
 
 def markdown(view: RunView) -> str:
-    h = view.header
-    task = h.get("task", {})
-    timings = view.baselines.get("timings", {})
+    h, state = view.state.header, view.state
+    timings = view.baselines.timings
     best = _best(view)
     lines = [f"# kernelpro run {view.run_id}", ""]
-    lines.append(f"- task: `{task.get('id', '?')}` ({h.get('task_path', '')})")
-    lines.append(
-        f"- policy: {h.get('policy')}, search: {h.get('search')}, objective: {h.get('config', {}).get('objective')}"
-    )
-    if h.get("replay"):
-        lines.append(f"- evaluations replayed from recordings: {', '.join(f'`{r}`' for r in h['replay'])}")
+    lines.append(f"- task: `{h.task.get('id', '?')}` ({h.task_path})")
+    lines.append(f"- policy: {h.policy}, search: {h.search}, objective: {h.config.get('objective')}")
+    if h.replay:
+        lines.append(f"- evaluations replayed from recordings: {', '.join(f'`{r}`' for r in h.replay)}")
     lines.append(f"- eager: {_ms(timings.get('eager'))}; torch.compile: {_ms(timings.get('compile'))}")
-    if view.end:
-        lines.append(f"- stopped: {view.end.get('reason')}; {view.end.get('evaluations')} evaluations")
+    if state.end:
+        lines.append(f"- stopped: {state.end.reason}; {state.end.evaluations} evaluations")
     else:
         lines.append("- the run has not finished (interrupted or still running): resume it with `--resume`")
-    if view.usage["calls"]:
-        lines.append(
-            f"- LLM: {view.usage['tokens']:.0f} tokens, ${view.usage['cost_usd']:.2f}, {view.usage['calls']:.0f} requests"
-        )
+    u = state.usage
+    if u.calls:
+        lines.append(f"- LLM: {u.tokens:.0f} tokens, ${u.cost_usd:.2f}, {u.calls:.0f} requests")
     lines += ["", "## Best candidate", ""]
-    if best is None:
+    if best is None or best.speedup is None or best.time_ms is None:
         lines.append("No correct candidate was faster than nothing: see the tree for the statuses.")
     else:
         comp = timings.get("compile")
-        vs_comp = f"{comp['median_ms'] / best.time_ms:.2f}x" if comp and best.time_ms else "–"
-        lines.append(f"- node #{best.id} `{best.key}` ({best.kind or 'custom'}): {best.time_ms:.4f} ms, "
-                     f"{best.speedup:.2f}x over eager, {vs_comp} over torch.compile")  # fmt: skip
-        floor = view.baselines.get("floor_ms")
+        vs_comp = speedup(comp.median_ms if comp else None, best.time_ms)
+        lines.append(f"- node #{best.id} `{best.key}` ({_kind(best) or 'custom'}): {best.time_ms:.4f} ms, "
+                     f"{best.speedup:.2f}x over eager, {f'{vs_comp:.2f}x' if vs_comp else '–'} over torch.compile")  # fmt: skip
+        floor = view.baselines.floor_ms
         if floor and best.time_ms:
             lines.append(
                 f"- roofline: floor {floor:.4f} ms, the best kernel at {100 * floor / best.time_ms:.0f}% of it"
             )
-        if best.bound:
-            lines.append(f"- stage-1 class: {best.bound}")
-        if view.final and view.final.get("measurement"):
-            m = view.final["measurement"]
-            t = m.get("timing") or {}
-            lines.append(f"- re-measured at the end: {t.get('median_ms', float('nan')):.4f} ms")
-            if m.get("energy"):
+        if _bound(best):
+            lines.append(f"- stage-1 class: {_bound(best)}")
+        m = state.final.evaluation.measurement if state.final else None
+        if m:
+            lines.append(
+                f"- re-measured at the end: {m.timing.median_ms if m.timing else float('nan'):.4f} ms"
+            )
+            if m.energy:
                 lines.append(
-                    f"- energy: {1e3 * m['energy']['joules_per_call']:.2f} mJ per call at {m['energy']['avg_power_w']:.0f} W"
+                    f"- energy: {1e3 * m.energy.joules_per_call:.2f} mJ per call at {m.energy.avg_power_w:.0f} W"
                 )
         files = ["`best/kernel.cu`", "`best/launcher.py`"]
         if view.exported:
             files.append("`best_model_new.py` (standalone drop-in `ModelNew`)")
         lines.append(f"- files: {', '.join(files)}")
     lines += ["", "## Best speedup over eager, by evaluation", ""]
-    lines.append(" → ".join(f"{i}: {s:.2f}x" for i, s in _thin(view.curve)) or "no correct candidate yet")
+    lines.append(" → ".join(f"{i}: {s:.2f}x" for i, s in _thin(state.curve)) or "no correct candidate yet")
     lines += ["", "## What paid off", ""]
     imps = _improvements(view)
     if not imps:
@@ -249,8 +169,8 @@ def markdown(view: RunView) -> str:
             f"- #{p.id} → #{c.id}: `{c.edit}` ({p.speedup or 1:.2f}x → {c.speedup:.2f}x). Advice: {why}"
         )
     lines += ["", "## Search tree", "", *_tree_lines(view)]
-    env = (view.final or {}).get("measurement", {}) or {}
-    env = env.get("environment") or view.baselines.get("environment") or {}
+    final_m = state.final.evaluation.measurement if state.final else None
+    env = (final_m.environment if final_m else None) or view.baselines.environment
     if env:
         lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in sorted(env.items())]
     return "\n".join(lines) + "\n"
@@ -290,27 +210,27 @@ _RC = {"svg.fonttype": "none", "svg.hashsalt": "kernelpro"}  # text stays text; 
 
 def _baseline_speedups(view: RunView) -> dict[str, float]:
     """Speedups over eager of the fixed references: eager itself, torch.compile and the roofline floor."""
-    timings = view.baselines.get("timings", {})
-    eager = (timings.get("eager") or {}).get("median_ms")
+    timings = view.baselines.timings
+    eager, comp = timings.get("eager"), timings.get("compile")
     out = {"eager": 1.0}
-    comp = (timings.get("compile") or {}).get("median_ms")
-    if eager and comp:
-        out["torch.compile"] = eager / comp
-    floor = view.baselines.get("floor_ms")
-    if eager and floor:
-        out["roofline floor"] = eager / floor
+    vs_comp = speedup(eager.median_ms if eager else None, comp.median_ms if comp else None)
+    if vs_comp:
+        out["torch.compile"] = vs_comp
+    vs_floor = speedup(eager.median_ms if eager else None, view.baselines.floor_ms)
+    if vs_floor:
+        out["roofline floor"] = vs_floor
     return out
 
 
 def progress_svg(view: RunView) -> str:
     """Every evaluation as a point coloured by status, the best so far as a step, the references as lines."""
-    if not view.evaluations:
+    if not view.state.points:
         return ""
     plt = _pyplot()
     with plt.rc_context(_RC):
         fig, ax = plt.subplots(figsize=(7, 3.4))
         seen: set[str] = set()
-        for e in view.evaluations:
+        for e in view.state.points:
             first = e.status not in seen
             seen.add(e.status)
             ax.scatter(
@@ -323,8 +243,8 @@ def progress_svg(view: RunView) -> str:
                 gid=f"eval-{e.n}",
                 label=e.status if first else None,
             )
-        if view.curve:
-            xs, ys = zip(*view.curve, strict=True)
+        if view.state.curve:
+            xs, ys = zip(*view.state.curve, strict=True)
             ax.step(xs, ys, where="post", color="#1565c0", label="best so far", zorder=2)
         styles = {"eager": ("-", "#444"), "torch.compile": ("--", "#777"), "roofline floor": (":", "#b71c1c")}
         for name, y in _baseline_speedups(view).items():
@@ -343,16 +263,16 @@ def progress_svg(view: RunView) -> str:
 def roofline(view: RunView) -> tuple[str, str]:
     """(SVG, caption): the candidates' achieved rate against the task's arithmetic intensity and the GPU's
     measured ceilings when the run logged them; a bandwidth chart for a task that does no arithmetic."""
-    task = view.header.get("task") or {}
+    task = view.state.header.task
     flops, nbytes = float(task.get("flops") or 0), float(task.get("min_bytes") or 0)
-    timed = [e for e in view.evaluations if e.status == "ok" and e.time_ms]
+    timed = [e for e in view.state.points if e.status == Status.OK and e.time_ms]
     if not nbytes or not timed:
         why = "no correct, timed candidate" if nbytes else "the task gives no minimal byte count"
         return "", f"No roofline plot: {why}."
-    timings = view.baselines.get("timings", {})
-    refs = {name: t["median_ms"] for name, t in (("eager", timings.get("eager")),
-                                                 ("torch.compile", timings.get("compile"))) if t}  # fmt: skip
-    ceil = _ceilings(view)
+    timings = view.baselines.timings
+    refs = {name: t.median_ms for name, t in (("eager", timings.get("eager")),
+                                              ("torch.compile", timings.get("compile"))) if t}  # fmt: skip
+    ceil = view.state.ceilings
     plt = _pyplot()
     with plt.rc_context(_RC):
         fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -367,30 +287,23 @@ def roofline(view: RunView) -> tuple[str, str]:
         return _svg(fig), caption
 
 
-def _ceilings(view: RunView) -> Any:
-    from pipeline.calibrate import Ceilings
-
-    try:
-        return Ceilings(**view.ceilings) if view.ceilings else None
-    except TypeError:  # a ceilings event of another shape: plot without it
-        return None
-
-
 _REF_COLOURS = {"eager": "#444", "torch.compile": "#777"}
 
 
-def _flop_roofline(ax: Any, view: RunView, timed: list[Evaluation], refs: dict[str, float], ceil: Any,
+def _flop_roofline(ax: Any, view: RunView, timed: list[Point], refs: dict[str, float], ceil: Ceilings | None,
                    flops: float, nbytes: float, dtype: str) -> str:  # fmt: skip
     import numpy as np
 
     ai = flops / nbytes
     for e in timed:
-        ax.scatter([ai], [flops / (e.time_ms * 1e-3)], s=22, color=COLOURS["ok"], gid=f"roof-{e.n}", zorder=3)
+        ax.scatter(
+            [ai], [flops / (e.time_ms * 1e-3)], s=22, color=COLOURS[Status.OK], gid=f"roof-{e.n}", zorder=3
+        )
     for name, ms in refs.items():
         ax.scatter(
             [ai], [flops / (ms * 1e-3)], marker="s", s=30, color=_REF_COLOURS[name], label=name, zorder=3
         )
-    floor = view.baselines.get("floor_ms")
+    floor = view.baselines.floor_ms
     if floor:
         ax.axhline(flops / (floor * 1e-3), linestyle=":", color="#b71c1c", label="roofline floor")
     if ceil:
@@ -407,16 +320,18 @@ def _flop_roofline(ax: Any, view: RunView, timed: list[Evaluation], refs: dict[s
     )
 
 
-def _bandwidth_chart(ax: Any, view: RunView, timed: list[Evaluation], refs: dict[str, float], ceil: Any,
+def _bandwidth_chart(ax: Any, view: RunView, timed: list[Point], refs: dict[str, float], ceil: Ceilings | None,
                      flops: float, nbytes: float, dtype: str) -> str:  # fmt: skip
     def tbs(ms: float) -> float:
         return nbytes / (ms * 1e-3) / 1e12
 
     for e in timed:
-        ax.scatter([e.n], [tbs(e.time_ms or 0.0)], s=22, color=COLOURS["ok"], gid=f"roof-{e.n}", zorder=3)
+        ax.scatter(
+            [e.n], [tbs(e.time_ms or 0.0)], s=22, color=COLOURS[Status.OK], gid=f"roof-{e.n}", zorder=3
+        )
     for name, ms in refs.items():
         ax.axhline(tbs(ms), linestyle="--", linewidth=1, label=name, color=_REF_COLOURS[name])
-    floor = view.baselines.get("floor_ms")
+    floor = view.baselines.floor_ms
     if floor:
         ax.axhline(tbs(floor), linestyle=":", color="#b71c1c", label="roofline floor")
     if ceil:
@@ -428,11 +343,6 @@ def _bandwidth_chart(ax: Any, view: RunView, timed: list[Evaluation], refs: dict
         "The task does no arithmetic (0 FLOP/byte): its roofline is the memory ceiling. Each green point "
         f"is a correct candidate's bandwidth on the task's {nbytes / 1e6:.0f} MB minimum."
     )
-
-
-def curve_svg(view: RunView) -> str:
-    """Kept for callers of the old name: the progress plot."""
-    return progress_svg(view)
 
 
 # -- HTML -----------------------------------------------------------------------------------------------
@@ -469,23 +379,23 @@ def _md_sections(md: str) -> tuple[dict[str, str], list[tuple[str, str]]]:
     return known, extra
 
 
-def _tree(view: RunView, nid: int = 0) -> dict[str, Any]:
-    n = view.nodes[nid]
+def _tree(view: RunView, nid: int = ROOT) -> dict[str, Any]:
+    n = view.state.nodes[nid]
     return {
         "id": n.id,
-        "edit": n.edit,
-        "status": n.status,
+        "edit": _edit(n),
+        "status": _status(n),
         "speedup": n.speedup,
         "children": [_tree(view, c) for c in n.children],
     }
 
 
 def _energy_rows(view: RunView) -> list[dict[str, Any]]:
-    eager = view.baselines.get("energy_eager_j")
+    eager = view.baselines.energy_eager_j
     rows = []
     if eager:
         rows.append({"what": "eager PyTorch", "joules": eager, "watts": None, "saving": None})
-    measured = [e for e in view.evaluations if e.energy_j]
+    measured = [e for e in view.state.points if e.energy_j]
     if measured:
         low = min(measured, key=lambda e: e.energy_j or 0.0)
         rows.append(
@@ -496,14 +406,15 @@ def _energy_rows(view: RunView) -> list[dict[str, Any]]:
                 "saving": eager / low.energy_j if eager and low.energy_j else None,
             }
         )
-    m = (view.final or {}).get("measurement") or {}
-    if m.get("energy"):
-        j = m["energy"]["joules_per_call"]
+    final = view.state.final
+    m = final.evaluation.measurement if final else None
+    if final and m and m.energy:
+        j = m.energy.joules_per_call
         rows.append(
             {
-                "what": f"best candidate, re-measured (node #{view.final.get('node')})",
+                "what": f"best candidate, re-measured (node #{final.node})",
                 "joules": j,
-                "watts": m["energy"].get("avg_power_w"),
+                "watts": m.energy.avg_power_w,
                 "saving": eager / j if eager and j else None,
             }
         )
@@ -524,14 +435,14 @@ def html_report(view: RunView, md: str) -> str:
     known, extra = _md_sections(md)
     sections = {k: Markup(known.get(k, "")) for k in ("summary", *_SECTIONS.values())}
     roof_svg, roof_note = roofline(view)
-    statuses = {e.status for e in view.evaluations} | {n.status for n in view.nodes.values()}
+    statuses = {e.status.value for e in view.state.points} | {_status(n) for n in view.state.nodes.values()}
     return env.get_template("report.html.j2").render(
         run_id=view.run_id,
         sections=sections,
         extra_sections=[(t, Markup(h)) for t, h in extra],
         progress_svg=Markup(progress_svg(view)),
         has_floor="roofline floor" in _baseline_speedups(view),
-        evaluations=view.evaluations,
+        evaluations=view.state.points,
         roofline_svg=Markup(roof_svg),
         roofline_note=roof_note,
         energy=_energy_rows(view),

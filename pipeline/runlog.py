@@ -5,24 +5,10 @@ Each append is one os.write of a whole line to an O_APPEND fd, then fsync, so a 
 most one torn last line; readers drop it and a writer that reopens the run cuts it off first. One writer at a
 time holds flock on `runs/<run-id>/lock`; the kernel releases it when the process dies, kill -9 included.
 
-Event types and their data (objects in pipeline.types.to_dict form; keys are candidate keys, nodes are ints):
-  start      run_id, task {id, path, source_hash}, config (Config.public()), policy, search, seed, environment
-  baselines  timings {name: Timing}, floor_ms
-  proposal   node, parent, candidate (Candidate | null), edit, status (ProposalStatus), reason, usage (Usage)
-  build      Build
-  result     node, key, verdict (Verdict), measurement (Measurement | null), reward, objective
-             (one for every evaluated candidate, failures included: a compile error has verdict and no
-             measurement)
-  profile    node, key, bound, findings [Finding]
-  llm        the Usage fields (flat, or under "usage"): the token and cost ledger, one per exchange
-  lesson     memory writes (pipeline.generate.base.Lesson)
-  closed     node, reason
-  resume     resumed_at (last seq before), dropped_bytes (the torn tail cut off), pending [keys re-evaluated];
-             the loop's also hold more and budgets (the budgets a later resume keeps)
-  end        reason, best_node, best_key, best_speedup_eager (or summary {best_speedup}), ...
-Any other lower_case type may be appended (the loop adds iteration, proposal_failed, repair_failed,
-interrupted, final, and ceilings: the GPU's measured ceilings, for the report); readers skip types they do
-not know.
+The events' types and data are pipeline/events.py's records (start, baselines, ceilings, proposal, result,
+profile, llm, lesson, closed, iteration, proposal_failed, repair_failed, resume, interrupted, final, end);
+pipeline/runstate.py folds them into the run's state. Any other lower_case type may be appended; readers skip
+types they do not know.
 
 A proposal's usage attributes cost to it; the totals come from "llm" events only, so nothing counts twice.
 Strings holding a configured secret are scrubbed to "***" before they reach the disk, and so is any non-empty
@@ -49,8 +35,6 @@ from typing import Any
 
 from pipeline.types import to_dict
 
-_TYPES = "start baselines proposal build result profile llm lesson closed resume end"
-EVENT_TYPES = frozenset(_TYPES.split())  # the core schema above; append accepts others too
 _TYPE = re.compile(r"[a-z][a-z0-9_]*")
 LOG, LOCK = "log.jsonl", "lock"
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -69,17 +53,6 @@ class Event:
     type: str
     t: float
     data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    task_id: str
-    started: float | None  # unix time of the start event
-    events: int
-    evaluations: int  # result events
-    status: str  # finished | interrupted | running | corrupt
-    best_speedup: float | None = None
 
 
 def new_run_id(task_id: str, now: float | None = None) -> str:
@@ -133,7 +106,7 @@ class RunLog:
         """Reopen a run for appending (resume): takes the lock and cuts off a torn last line."""
         folder = Path(runs_dir) / _check_id(run_id)
         if not (folder / LOG).is_file():
-            names = [r.run_id for r in list_runs(runs_dir)]
+            names = run_ids(runs_dir)
             listing = ", ".join(names[-10:]) if names else "none"
             more = f" (and {len(names) - 10} older)" if len(names) > 10 else ""
             raise RunLogError(f"no run {run_id} under {runs_dir}; runs there: {listing}{more}")
@@ -240,116 +213,10 @@ def read_events(path: Path) -> list[Event]:
     return _parse(path.read_bytes(), path)[0]
 
 
-def completed_results(events: list[Event]) -> dict[str, Event]:
-    """Candidate key -> its "result" event: on resume a candidate already evaluated is never evaluated again."""
-    return {e.data["key"]: e for e in events if e.type == "result"}
-
-
-def pending_proposals(events: list[Event]) -> list[Event]:
-    """Proposals with a candidate but no result yet (in flight when the run died), one per key, in order."""
-    done, closed = completed_results(events), {e.data.get("node") for e in events if e.type == "closed"}
-    out, seen = [], set()
-    for e in events:
-        key = (e.data.get("candidate") or {}).get("key") if e.type == "proposal" else None
-        if key and key not in done and key not in seen and e.data.get("node") not in closed:
-            seen.add(key)
-            out.append(e)
-    return out
-
-
-def usage_totals(events: list[Event]) -> dict[str, Any]:
-    tot = {
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "tokens": 0,
-        "cost_usd": 0.0,
-        "calls": 0,
-        "tool_calls": 0,
-    }
-    for e in events:
-        if e.type == "llm":
-            u = e.data.get("usage", e.data)
-            tot["prompt_tokens"] += u.get("prompt_tokens", 0)
-            tot["completion_tokens"] += u.get("completion_tokens", 0)
-            tot["cost_usd"] += u.get("cost_usd", 0.0)
-            tot["calls"] += u.get("calls", 1)
-            tot["tool_calls"] += len(u.get("tool_calls", ()))
-    tot["tokens"] = tot["prompt_tokens"] + tot["completion_tokens"]
-    return tot
-
-
-def list_runs(runs_dir: Path) -> list[RunSummary]:
-    """Every run under runs_dir, oldest first (ids start with the time)."""
+def run_ids(runs_dir: Path) -> list[str]:
+    """The ids of the runs under runs_dir, oldest first (ids start with the time)."""
     runs_dir = Path(runs_dir)
-    folders = sorted(p for p in runs_dir.iterdir() if (p / LOG).is_file()) if runs_dir.is_dir() else []
-    out = []
-    for folder in folders:
-        try:
-            events = read_events(folder)
-        except (RunLogError, OSError):
-            out.append(RunSummary(folder.name, "?", None, 0, 0, "corrupt"))
-            continue
-        head = events[0].data if events and events[0].type == "start" else {}
-        task = head.get("task")
-        task = task.get("id", "?") if isinstance(task, dict) else str(task or "?")
-        status = _status(folder, events)
-        start = events[0].t if events else None
-        n = sum(e.type == "result" for e in events)
-        out.append(RunSummary(folder.name, task, start, len(events), n, status, _best_speedup(events)))
-    return out
-
-
-def _status(folder: Path, events: list[Event]) -> str:
-    if _locked(folder):
-        return "running"  # its writer holds it: the log may be mid-step
-    if tree_problem(events):
-        return "corrupt"  # not "finished": neither resume nor a report could fold it
-    return "finished" if is_finished(events) else "interrupted"
-
-
-def is_finished(events: list[Event]) -> bool:
-    """An "end" after the last "resume": the run stopped by itself (a resumed run that ended again counts)."""
-    marks = [e.type for e in events if e.type in ("end", "resume")]
-    return bool(marks) and marks[-1] == "end"
-
-
-def tree_problem(events: list[Event]) -> str | None:
-    """Where the events stop making one search tree, in words, or None: a proposal under a node no proposal
-    made, a node proposed twice, an event that names a node that does not exist. Resume, reports and the run
-    list all fold the tree; a log edited by hand or written by other code must fail here, in one line."""
-    nodes = {0}  # the root: the reference
-    for e in events:
-        node = e.data.get("node")
-        if e.type == "proposal":
-            parent = e.data.get("parent")
-            if not isinstance(node, int) or parent not in nodes:
-                return f"event {e.seq} proposes node {node} under node {parent}, which does not exist"
-            if node in nodes:
-                return f"event {e.seq} proposes node {node} a second time"
-            nodes.add(node)
-        elif isinstance(node, int) and node not in nodes:
-            return f"event {e.seq} ({e.type}) names node {node}, which no proposal made"
-        elif e.type == "end" and e.data.get("best_node") not in (None, *nodes):
-            return f"event {e.seq} (end) names node {e.data['best_node']} as the best, which no proposal made"
-    return None
-
-
-def _best_speedup(events: list[Event]) -> float | None:
-    ends = [e for e in events if e.type == "end"]
-    if ends:
-        end = ends[-1].data
-        s = end.get("best_speedup_eager", (end.get("summary") or {}).get("best_speedup"))
-        if s is not None:
-            return s
-    best = None
-    for e in events:
-        m = e.data.get("measurement") if e.type == "result" else None
-        ok = e.type == "result" and (e.data.get("verdict") or {}).get("status") == "ok"
-        if ok and m and m.get("status") == "ok" and m.get("timing") and "eager" in m.get("baselines", {}):
-            ours, base = m["timing"]["median_ms"], m["baselines"]["eager"]["median_ms"]
-            if ours > 0 and (best is None or base / ours > best):
-                best = base / ours
-    return best
+    return sorted(p.name for p in runs_dir.iterdir() if (p / LOG).is_file()) if runs_dir.is_dir() else []
 
 
 def _is_credential(key: str) -> bool:
@@ -380,7 +247,8 @@ def _lock(folder: Path) -> int:
     return fd
 
 
-def _locked(folder: Path) -> bool:
+def is_locked(folder: Path) -> bool:
+    """Whether a writer holds the run (it may be mid-step)."""
     try:
         fd = os.open(folder / LOCK, os.O_RDONLY)
     except FileNotFoundError:

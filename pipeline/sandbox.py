@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline.config import PROJECT_ROOT, SANDBOX_LAYERS, Config, candidate_environ
+from pipeline.jobs import Job
 
 log = logging.getLogger("kernelpro.sandbox")
 
@@ -124,7 +125,7 @@ def worker_plan(cfg: Config, scratch: Path, extra_read: Sequence[str] = ()) -> P
     )
 
 
-def ncu_plan(cfg: Config, scratch: Path, job: Mapping[str, Any]) -> Plan | None:
+def ncu_plan(cfg: Config, scratch: Path, job: Job) -> Plan | None:
     """The ncu tree's plan: the layers cfg.sandbox_ncu_layers names, among those the probe found working.
     The namespaces go on the whole tree (ncu and its target) through the trampoline; Landlock and seccomp
     only on the target, after CUDA's initialisation (ncu itself must exec the target and write its report)."""
@@ -148,16 +149,12 @@ def _grants(cfg: Config, extra: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(os.path.realpath(p) for p in paths))
 
 
-def job_paths(job: Mapping[str, Any]) -> tuple[str, ...]:
+def job_paths(job: Job) -> tuple[str, ...]:
     """The files a job makes a confined process read: the candidate's cubin, and the task file of an ncu
     job (a worker's jobs carry the task's source)."""
-    out = []
-    if job.get("task_path"):
-        out.append(str(job["task_path"]))
-    for cand in (job.get("candidate"), job):
-        if isinstance(cand, Mapping) and cand.get("cubin_path"):
-            out.append(str(cand["cubin_path"]))
-    return tuple(dict.fromkeys(out))
+    task_path: str | None = getattr(job, "task_path", None)
+    cubin_path: str | None = getattr(getattr(job, "candidate", None), "cubin_path", None)
+    return tuple(dict.fromkeys(p for p in (task_path, cubin_path) if p))
 
 
 def user_homes() -> tuple[str, ...]:

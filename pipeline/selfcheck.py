@@ -3,9 +3,9 @@
 `reference_candidate(task)` turns a task file into a hybrid candidate: the reference class renamed
 `ModelNew`, its forward kept as `reference_forward`, and a new forward that passes every output tensor
 through our byte-copy kernel (`kp_selfcheck_copy`, the same kernel.cu for every task). `run_suite` runs
-those candidates through the real pipeline (`loop.evaluate_candidates`, one shared worker pool), one task
+those candidates through the real pipeline (`stages.evaluate_candidates`, one shared worker pool), one task
 at a time, appending one JSON line per task to a store, so a sweep resumes where it stopped. A task whose
-candidate fails is checked again with only the eager reference (`loop.run_baselines`): the pass rate counts
+candidate fails is checked again with only the eager reference (`stages.run_baselines`): the pass rate counts
 the tasks where eager itself runs on this machine.
 
 The launcher is rewritten on the syntax tree and printed with `ast.unparse`: renaming `Model` there cannot
@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline import jobs, reasons, stages
 from pipeline.candidates import make_candidate
 from pipeline.config import Config
+from pipeline.jobs import Job
 from pipeline.types import Candidate, Status, to_dict
 
 KERNEL_NAME = "kp_selfcheck_copy"
@@ -365,9 +367,9 @@ class _Deadline:
         value = getattr(self.pool, name)
         return _CappedWorker(value, self) if callable(getattr(value, "request", None)) else value
 
-    def map(self, jobs: list[dict[str, Any]], timeout_s: float | None = None, on_result: Any = None) -> list:
+    def map(self, batch: list[Job], timeout_s: float | None = None, on_result: Any = None) -> list:
         limit, capped = self.cap(timeout_s)
-        return [self.note(r, capped) for r in self.pool.map(jobs, limit, on_result)]
+        return [self.note(r, capped) for r in self.pool.map(batch, limit, on_result)]
 
     def close(self) -> None:  # the sweep owns the real pool
         pass
@@ -377,7 +379,7 @@ class _CappedWorker:
     def __init__(self, worker: Any, owner: _Deadline):
         self.worker, self.owner = worker, owner
 
-    def request(self, job: dict[str, Any], timeout_s: float | None = None, cpu_s: float | None = None) -> Any:
+    def request(self, job: Job, timeout_s: float | None = None, cpu_s: float | None = None) -> Any:
         limit, capped = self.owner.cap(timeout_s)
         return self.owner.note(self.worker.request(job, limit, cpu_s), capped)
 
@@ -396,8 +398,6 @@ def run_suite(
 
     Tasks already in the store are skipped. With `budget_s`, no task starts with less than `reserve_s`
     left, and a task still running when the budget ends is stopped and left out of the store."""
-    from pipeline import loop
-
     started = time.monotonic()
     deadline = started + budget_s if budget_s is not None else None
     store_path = Path(store_path)
@@ -410,7 +410,7 @@ def run_suite(
     if todo and deadline is not None and budget_s is not None and budget_s < reserve_s:
         stopped = f"budget of {budget_s:g} s is under the {reserve_s:g} s a task is given at least"
     elif todo:
-        pool = loop.open_pool(cfg)
+        pool = stages.open_pool(cfg)
         store = _Store(store_path)
         try:
             env = _environment(pool, cfg)
@@ -443,13 +443,11 @@ def run_suite(
 
 def _environment(pool: Any, cfg: Config) -> dict[str, str]:
     """The worker's environment, for rows whose candidate never reached timing (which records its own)."""
-    r = pool.reference.request({"kind": "environment", "device": cfg.device}, timeout_s=120)
-    return dict(r.data.get("environment", {})) if r.ok else {}
+    r = pool.reference.request(jobs.Environment(cfg.device), timeout_s=120)
+    return dict(r.answer.environment) if isinstance(r.answer, jobs.EnvironmentAnswer) else {}
 
 
 def _run_one(path: Path, cfg: Config, pool: _Deadline, env: dict[str, str]) -> dict[str, Any]:
-    from pipeline import loop
-
     t0 = time.monotonic()
     row: dict[str, Any] = {
         "key": task_key(path),
@@ -457,20 +455,20 @@ def _run_one(path: Path, cfg: Config, pool: _Deadline, env: dict[str, str]) -> d
         "level": path.parent.name,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    status, kind, reasons, result = "error", None, [], None
+    status, kind, why, result = "error", None, [], None
     try:
         cand = reference_candidate(path)
     except SelfcheckError as e:
-        status, reasons = "unbuildable", [f"transform: {e}"]
+        status, why = "unbuildable", [f"transform: {e}"]
     else:
         row["candidate_key"] = cand.key
         try:
-            [result] = loop.evaluate_candidates(path, [cand], cfg, pool=pool)
+            [result] = stages.evaluate_candidates(path, [cand], cfg, pool=pool)  # type: ignore[arg-type]
         except Exception as e:  # a task the harness cannot take is a row, not the end of the sweep
-            reasons = [f"task_error: {type(e).__name__}: {_first_line(e)}"]
+            why = [f"task_error: {type(e).__name__}: {_first_line(e)}"]
         else:
             v = result.verdict
-            status, reasons = v.status.value, list(v.reasons)
+            status, why = v.status.value, list(v.reasons)
             kind = v.kind.value if v.kind else None
             # Every figure the verdict carries (errors, trials, ...), whatever fields it grows.
             row.update({k: x for k, x in to_dict(v).items() if isinstance(x, int | float) or x is None})
@@ -481,7 +479,7 @@ def _run_one(path: Path, cfg: Config, pool: _Deadline, env: dict[str, str]) -> d
     row.update(
         status=status,
         kind=kind,
-        reasons=reasons[:12],
+        reasons=why[:12],
         median_ms=m.timing.median_ms if m and m.timing else None,
         timing_trials=m.timing.trials if m and m.timing else None,
         eager_ms=eager.median_ms if eager else None,
@@ -494,8 +492,8 @@ def _run_one(path: Path, cfg: Config, pool: _Deadline, env: dict[str, str]) -> d
         row["eager_runs"], row["eager_error"] = True, None
     else:
         row["eager_runs"], row["eager_error"] = _eager_runs(path, cfg, pool)
-    row["code"] = _code(reasons)
-    row["cause"] = cause_of(status, reasons, row["eager_runs"])
+    row["code"] = _code(why)
+    row["cause"] = cause_of(status, why, row["eager_runs"])
     row["seconds"] = round(time.monotonic() - t0, 3)
     return row
 
@@ -509,13 +507,12 @@ def _eager_runs(path: Path, cfg: Config, pool: _Deadline) -> tuple[bool | None, 
     The baseline job starts with the harness's probe (on the meta device). A task that does not even import
     is broken here, so eager does not run; any other probe failure is the harness's, and eager is unknown:
     such a task stays in the pass rate's denominator."""
-    from pipeline import loop
     from pipeline.tasks import TaskError
 
     if cfg.device != "cuda":
         return None, "not checked: the baseline job needs a CUDA device"
     try:
-        loop.run_baselines(path, cfg.replace(baselines=("eager",), energy=False), pool=pool)  # type: ignore[arg-type]
+        stages.run_baselines(path, cfg.replace(baselines=("eager",), energy=False), pool=pool)  # type: ignore[arg-type]
     except TaskError as e:
         text = _first_line(e)
         if any(m in text for m in _BROKEN_TASK):
@@ -535,17 +532,12 @@ def _first_line(e: BaseException) -> str:
     return lines[0][:300] if lines else "(no message)"
 
 
-def _code(reasons: Sequence[str]) -> str | None:
+def _code(why: Sequence[str]) -> str | None:
     """The code of the first reason that is not a note: "mismatch", "static:try_except", ..."""
-    for r in reasons:
-        head = r.split(":", 2)
-        if head[0] == "note":
-            continue
-        return f"static:{head[1].strip()}" if head[0] == "static" and len(head) > 1 else head[0]
-    return None
+    return next((reasons.code_of(r) for r in why if not reasons.is_note(r)), None)
 
 
-def cause_of(status: str, reasons: Sequence[str], eager_runs: bool | None) -> str | None:
+def cause_of(status: str, why: Sequence[str], eager_runs: bool | None) -> str | None:
     """The category of a failure (one of CAUSES); None for OK."""
     if status == Status.OK.value:
         return None
@@ -553,12 +545,12 @@ def cause_of(status: str, reasons: Sequence[str], eager_runs: bool | None) -> st
         return "transform"
     if eager_runs is False:
         return "eager_fails"
-    code = _code(reasons) or ""
+    code = _code(why) or ""
     if status == "error":
         return "task_error"
     if code.startswith("static:"):
         return "static_check"
-    if any("out of GPU memory" in r or "OutOfMemoryError" in r for r in reasons):
+    if any(reasons.code_of(r) == reasons.OUT_OF_MEMORY for r in why):
         return "out_of_memory"
     by_status = {
         Status.COMPILE_ERROR.value: "compile",
@@ -588,7 +580,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "cause": r.get("cause"),
             "code": r.get("code"),
             "eager_runs": r.get("eager_runs"),
-            "reasons": [x for x in r.get("reasons", []) if not x.startswith("note:")][:2],
+            "reasons": [x for x in r.get("reasons", []) if not reasons.is_note(x)][:2],
         }
         for r in rows
         if r["status"] != Status.OK.value

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,11 +162,11 @@ class Measurement:
 
     @property
     def speedup_eager(self) -> float | None:
-        return _ratio(self.baselines.get("eager"), self.timing)
+        return speedup(_ms(self.baselines.get("eager")), _ms(self.timing))
 
     @property
     def speedup_compile(self) -> float | None:
-        return _ratio(self.baselines.get("compile"), self.timing)
+        return speedup(_ms(self.baselines.get("compile")), _ms(self.timing))
 
     @property
     def fraction_of_floor(self) -> float | None:
@@ -171,10 +175,16 @@ class Measurement:
         return self.floor_ms / self.timing.median_ms
 
 
-def _ratio(base: Timing | None, ours: Timing | None) -> float | None:
-    if base is None or ours is None or ours.median_ms <= 0:
+def speedup(baseline: float | None, ours: float | None) -> float | None:
+    """How many times better than the baseline a figure is, for figures where lower is better (ms, J, J*ms):
+    baseline / ours, or None unless both are finite and positive. The one definition of a speedup."""
+    if baseline is None or ours is None or not 0 < baseline < math.inf or not 0 < ours < math.inf:
         return None
-    return base.median_ms / ours.median_ms
+    return baseline / ours
+
+
+def _ms(t: Timing | None) -> float | None:
+    return t.median_ms if t is not None else None
 
 
 @dataclass(frozen=True)
@@ -200,6 +210,47 @@ class Node:
     pruned: bool = False
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """One candidate through the stages (static check, compile, verify, time): the one record the stages,
+    the evaluators, the search loop, the CLI and the run log ("result" events) all pass around."""
+
+    key: str  # the candidate's
+    build: Build | None  # None when the static check rejected it before compiling
+    verdict: Verdict
+    measurement: Measurement | None
+
+    @property
+    def status(self) -> Status:
+        return self.verdict.status
+
+
+@dataclass(frozen=True)
+class Baselines:
+    """The task's reference, timed once per run: eager and torch.compile, and eager's energy per call."""
+
+    timings: dict[str, Timing]  # "eager", "compile", "max-autotune-no-cudagraphs"
+    energy_eager_j: float | None = None
+    floor_ms: float | None = None  # roofline floor, from the GPU's measured ceilings
+    compile_s: dict[str, float] = field(default_factory=dict)  # compile time of each torch.compile mode
+    environment: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What profiling one verified candidate told the search: stage-1 class, stage-2 findings, and the text
+    a policy is shown."""
+
+    key: str
+    ok: bool = False
+    bound: str = ""  # stage-1 summary
+    bound_class: str = ""  # memory / compute / latency / launch
+    findings: tuple[Finding, ...] = ()
+    feedback: str = ""  # advice block, JSON, raw metrics or nothing
+    notes: tuple[str, ...] = ()
+
+
 def to_dict(obj: Any) -> Any:
     """JSON-ready form of any of the types above (enums as their values, tuples as lists)."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -214,39 +265,39 @@ def to_dict(obj: Any) -> Any:
 
 
 def from_dict(cls: type, data: Any) -> Any:
-    """Inverse of to_dict for the types above (used for messages from the worker and for the run log)."""
+    """Inverse of to_dict for any dataclass whose fields are annotated with the types here, containers of
+    them, enums or plain JSON values (messages from the worker, the run log). Unknown keys are ignored;
+    a missing field without a default is a TypeError."""
     if data is None:
         return None
-    hints = {f.name: f.type for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for name, value in data.items():
-        if name not in hints:
-            continue
-        kwargs[name] = _convert(hints[name], value)
-    return cls(**kwargs)
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__}: expected an object, got {type(data).__name__}")
+    hints = _hints(cls)
+    return cls(**{name: _convert(hints[name], value) for name, value in data.items() if name in hints})
 
 
-_TYPES = {
-    "Status": Status,
-    "Kind": Kind,
-    "TensorSpec": TensorSpec,
-    "KernelResources": KernelResources,
-    "Timing": Timing,
-    "Energy": Energy,
-}
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return {k: v for k, v in typing.get_type_hints(cls).items() if k in names}
 
 
-def _convert(hint: str, value: Any) -> Any:
+def _convert(hint: Any, value: Any) -> Any:
     if value is None:
         return None
-    hint = hint.replace(" | None", "")
-    if hint in _TYPES:
-        t = _TYPES[hint]
-        return t(value) if issubclass(t, enum.Enum) else from_dict(t, value)
-    if hint.startswith("tuple["):
-        inner = hint[len("tuple[") : -1].split(",")[0].strip()
-        return tuple(_convert(inner, v) for v in value)
-    if hint.startswith("dict[str, "):
-        inner = hint[len("dict[str, ") : -1]
-        return {k: _convert(inner, v) for k, v in value.items()}
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) != 1:
+            return value
+        hint = options[0]
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return from_dict(hint, value)
+    if origin is tuple:
+        return tuple(_convert(args[0], v) for v in value) if args else tuple(value)
+    if origin is dict and len(args) == 2:
+        return {k: _convert(args[1], v) for k, v in value.items()}
     return value

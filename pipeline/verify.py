@@ -2,7 +2,8 @@
 
 Runs inside the worker. Device-agnostic where it can be, so that CI exercises it on the CPU with Python
 stand-in candidates; the GPU-only parts (allocator poisoning, the profiler) are skipped on the CPU.
-Every failure is a reason string that starts with a code (`mismatch: ...`), matched on by tests and reports.
+Every failure is a reason string that starts with a code (`mismatch: ...`, pipeline/reasons.py), matched
+on by tests and reports.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pipeline import gpu_memory, tolerance
+from pipeline import gpu_memory, reasons, tolerance
 from pipeline.types import Status
 
 
@@ -42,6 +43,16 @@ class CandidateFailure(Exception):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+def raised(e: BaseException, what: str, status: Status = Status.LAUNCH_ERROR) -> CandidateFailure:
+    """`what` raised `e`. An out-of-memory has a code of its own: the worker restarts after it."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return CandidateFailure(
+            Status.LAUNCH_ERROR, f"{reasons.OUT_OF_MEMORY}: out of GPU memory: {what} raised {_describe(e)}"
+        )
+    code = reasons.CRASH if status == Status.CRASH else reasons.LAUNCH_ERROR
+    return CandidateFailure(status, f"{code}: {what} raised {_describe(e)}")
 
 
 def seed_all(seed: int) -> None:
@@ -94,9 +105,7 @@ def build_candidate(
             model = factory(*init_args)
         model = model.to(device).eval()
     except Exception as e:
-        raise CandidateFailure(
-            Status.LAUNCH_ERROR, f"launch_error: ModelNew(...) raised {_describe(e)}"
-        ) from None
+        raise raised(e, "ModelNew(...)") from None
     ref_state = reference.state_dict()
     if ref_state:
         cand_state = model.state_dict()
@@ -120,12 +129,10 @@ def run_candidate(model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
             torch.cuda.synchronize()
     except torch.OutOfMemoryError as e:
         raise CandidateFailure(
-            Status.LAUNCH_ERROR, f"launch_error: out of GPU memory: {_describe(e)}"
+            Status.LAUNCH_ERROR, f"{reasons.OUT_OF_MEMORY}: out of GPU memory: {_describe(e)}"
         ) from None
     except Exception as e:
-        status = Status.LAUNCH_ERROR if cuda_alive() else Status.CRASH
-        code = "launch_error" if status == Status.LAUNCH_ERROR else "crash"
-        raise CandidateFailure(status, f"{code}: forward raised {_describe(e)}") from None
+        raise raised(e, "forward", Status.LAUNCH_ERROR if cuda_alive() else Status.CRASH) from None
     new_threads = [
         t
         for t in threading.enumerate()
@@ -134,7 +141,7 @@ def run_candidate(model: torch.nn.Module, inputs: list) -> list[torch.Tensor]:
     if new_threads:
         raise CandidateFailure(
             Status.REJECTED,
-            f"background_thread: forward left threads running: {[t.name for t in new_threads]}",
+            f"{reasons.BACKGROUND_THREAD}: forward left threads running: {[t.name for t in new_threads]}",
         )
     return as_list(out)
 
@@ -216,15 +223,15 @@ def check_aliasing(outputs: list, inputs: list) -> list[str]:
     spans = [
         (i, storage_span(x)) for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.numel() > 0
     ]
-    reasons = []
+    found = []
     for j, o in enumerate(outputs):
         if not isinstance(o, torch.Tensor) or o.numel() == 0:
             continue
         lo, hi = storage_span(o)
         for i, (a, b) in spans:
             if lo < b and a < hi:
-                reasons.append(f"output_aliases_input: output {j} shares memory with input {i}")
-    return reasons
+                found.append(f"{reasons.OUTPUT_ALIASES_INPUT}: output {j} shares memory with input {i}")
+    return found
 
 
 # -- the reference ----------------------------------------------------------------------------------------
@@ -402,13 +409,13 @@ def run_protocol(
                 )
             inputs = make_inputs(task_module, seed + 17 * (t + 1), device, getter)
         except ValueError as e:
-            result.status, result.reasons = Status.REJECTED, [f"bad_task: {e}"]
+            result.status, result.reasons = Status.REJECTED, [f"{reasons.BAD_TASK}: {e}"]
             return result
         try:
             if init not in models:
                 candidate, notes = build_candidate(factory, init_args, seed + 1000 * init, device, reference)
                 models[init] = (reference, candidate)
-                result.reasons += [f"note: {n}" for n in notes]
+                result.reasons += [f"{reasons.NOTE}: {n}" for n in notes]
             reference, candidate = models[init]
             ok = _trial(t, reference, candidate, inputs, device, atol, rtol, norm_tol, out_bytes, result)
         except CandidateFailure as f:
@@ -472,7 +479,7 @@ def _trial(
         del second
     ref = plan_reference(reference, inputs, native, peak, device, atol, rtol)
     if ref.note:
-        result.reasons.append(f"note: {ref.note}")
+        result.reasons.append(f"{reasons.NOTE}: {ref.note}")
     result.reference_mode = ref.mode
     anchors = [tolerance.OutputStats() for _ in native]
     stats = {label: [tolerance.OutputStats() for _ in native] for label in runs}
@@ -499,11 +506,11 @@ def _trial(
             if not s.integer:
                 result.worst_rel_error = max(result.worst_rel_error or 0.0, s.rel_error)
                 result.worst_abs_error = max(result.worst_abs_error or 0.0, s.max_abs)
-            reasons = s.reasons(j, atol, rtol, norm_tol, anchor, tolerance.REF_ERROR_MULTIPLE)
-            if reasons:
+            why = s.reasons(j, atol, rtol, norm_tol, anchor, tolerance.REF_ERROR_MULTIPLE)
+            if why:
                 ok = False
                 result.status = Status.MISMATCH
-                result.reasons += [f"{r} (trial {t}, {label})" for r in reasons]
+                result.reasons += [f"{r} (trial {t}, {label})" for r in why]
     return ok
 
 
@@ -554,9 +561,9 @@ def check_outputs(
 ) -> list[str]:
     """A timed call's outputs against eager's on the same inputs. Eager is itself up to E from float64, so
     the allowance is one E more than verification's (see tolerance.py)."""
-    reasons = tolerance.structure_reasons(as_list(outputs), expected)
-    if reasons:
-        return reasons
+    why = tolerance.structure_reasons(as_list(outputs), expected)
+    if why:
+        return why
     multiple = tolerance.REF_ERROR_MULTIPLE + 1
     for j, (o, e) in enumerate(zip(as_list(outputs), expected, strict=True)):
         stats = tolerance.OutputStats()
@@ -565,8 +572,8 @@ def check_outputs(
             abs_max=proto.ref_abs[j] if j < len(proto.ref_abs) else 0.0,
             rel_norm=proto.ref_rel[j] if j < len(proto.ref_rel) else 0.0,
         )
-        reasons += stats.reasons(j, atol, rtol, norm_tol + anchor.rel_norm, anchor, multiple)
-    return reasons
+        why += stats.reasons(j, atol, rtol, norm_tol + anchor.rel_norm, anchor, multiple)
+    return why
 
 
 def _dedupe(items: list[str]) -> list[str]:

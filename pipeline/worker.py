@@ -15,7 +15,7 @@ pool's reference worker: same secret-free environment, not confined, never hande
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
 import select
 import signal
@@ -26,19 +26,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pipeline import sandbox
+from pipeline import jobs, sandbox
 from pipeline.config import Config
+from pipeline.jobs import Answer, Job
 from pipeline.types import Status
 
 _HEADER = struct.Struct("<Q")
 _MAX_FRAME = 256 * 2**20
 _POLL_S = 0.05
-TRUSTED_JOBS = frozenset({"probe", "environment", "calibrate", "baseline"})  # the reference worker's
-MODULES_FIELD = "loaded_modules"  # in an answer: cubins the worker holds loaded (never unloaded)
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ class JobResult:
     """What came back for one job: the handler's answer, or why the worker failed to give one."""
 
     ok: bool
-    data: dict[str, Any] = field(default_factory=dict)
+    answer: Answer | None = None  # jobs.Failed when the handler could not do the job
     status: Status | None = None  # CRASH or TIMEOUT when the worker died or was killed
     reason: str = ""
     seconds: float = 0.0
@@ -140,17 +138,15 @@ class Worker:
         return "\n".join(text[-lines:])
 
     # -- one job -----------------------------------------------------------------------------------------
-    def request(
-        self, job: dict[str, Any], timeout_s: float | None = None, cpu_s: float | None = None
-    ) -> JobResult:
-        if self.trusted and job.get("kind") not in TRUSTED_JOBS | {"ping"}:
+    def request(self, job: Job, timeout_s: float | None = None, cpu_s: float | None = None) -> JobResult:
+        if self.trusted and type(job) not in jobs.TRUSTED:
             return JobResult(
-                False, reason=f"refused: the unconfined {self.name} worker runs no {job.get('kind')!r} job"
+                False, reason=f"refused: the unconfined {self.name} worker runs no {job.KIND!r} job"
             )
         with self._lock:
             return self._request(job, timeout_s or self.cfg.job_timeout_s, cpu_s or self.cfg.job_cpu_s)
 
-    def _grant(self, job: dict[str, Any]) -> None:
+    def _grant(self, job: Job) -> None:
         """A confined worker reads only what it was started with: a job naming a file outside that (a cubin
         outside the kernelpro home, in a user's home) restarts it with a read grant for that one file."""
         if not self.confined:
@@ -161,7 +157,7 @@ class Worker:
             self._extra_read += missing
             self.kill()
 
-    def _request(self, job: dict[str, Any], timeout_s: float, cpu_s: float) -> JobResult:
+    def _request(self, job: Job, timeout_s: float, cpu_s: float) -> JobResult:
         self._grant(job)
         if not self.alive():
             self.kill()
@@ -170,7 +166,7 @@ class Worker:
         t0 = time.monotonic()
         cpu0 = _cpu_seconds(self.proc.pid)
         try:
-            _write_frame(self._to_child, json.dumps(job).encode())
+            _write_frame(self._to_child, jobs.encode(job))
         except (BrokenPipeError, OSError):
             return self._died(t0, "before it took the job")
         buf = bytearray()
@@ -224,26 +220,28 @@ class Worker:
     def _answer(self, raw: bytes, t0: float) -> JobResult:
         seconds = time.monotonic() - t0
         try:
-            data = json.loads(raw)
-        except ValueError:
+            answer = jobs.decode(raw)
+        except jobs.JobFormatError:
+            answer = None
+        if not isinstance(answer, Answer):
             self.kill()
             return JobResult(
                 False, status=Status.CRASH, reason="worker sent a malformed answer", seconds=seconds
             )
-        report = data.pop("sandbox", None)
-        if isinstance(report, dict):
-            self.sandbox = {str(k): str(v) for k, v in report.items()}
+        if answer.sandbox is not None:
+            self.sandbox = {str(k): str(v) for k, v in answer.sandbox.items()}
             sandbox.note(self.sandbox)
-        if data.get("exit"):
+        modules = answer.loaded_modules
+        if answer.exit:
             # The handler saw a sticky CUDA error or an out-of-memory: this process is spent, start afresh.
             self.kill()
-        elif isinstance(data.get(MODULES_FIELD), int) and data[MODULES_FIELD] >= self.cfg.worker_max_modules:
+        elif isinstance(modules, int) and modules >= self.cfg.worker_max_modules:
             # Loaded modules are never unloaded (the profiler then names kernels wrongly): start afresh.
             self.kill()
             self.recycles += 1
-        if "error" in data:
-            return JobResult(False, data=data, reason=str(data["error"]), seconds=seconds)
-        return JobResult(True, data=data, seconds=seconds)
+        if isinstance(answer, jobs.Failed):
+            return JobResult(False, answer, reason=answer.error, seconds=seconds)
+        return JobResult(True, answer, seconds=seconds)
 
     def _died(self, t0: float, when: str) -> JobResult:
         assert self.proc is not None
@@ -263,7 +261,7 @@ class Worker:
 
 class WorkerPool:
     """One worker per GPU; `map` runs jobs in parallel, one at a time per worker, results in order.
-    `reference` is the trusted worker (started on first use, on the first GPU) for TRUSTED_JOBS."""
+    `reference` is the trusted worker (started on first use, on the first GPU) for jobs.TRUSTED."""
 
     def __init__(self, cfg: Config, gpus: list[str | None]):
         self.workers = [Worker(cfg, gpu, name=f"worker{i}") for i, gpu in enumerate(gpus or [None])]
@@ -285,18 +283,18 @@ class WorkerPool:
 
     @property
     def reference(self) -> Worker:
-        """Not confined: only for jobs that run no candidate code (TRUSTED_JOBS). It shares the first GPU
+        """Not confined: only for jobs that run no candidate code (jobs.TRUSTED). It shares the first GPU
         with a confined worker, so its jobs must leave no cached allocator memory behind."""
         return self._reference
 
     def map(
         self,
-        jobs: list[dict[str, Any]],
+        batch: list[Job],
         timeout_s: float | None = None,
         on_result: Callable[[int, JobResult], None] | None = None,
     ) -> list[JobResult]:
-        results: list[JobResult | None] = [None] * len(jobs)
-        next_index = iter(range(len(jobs)))
+        results: list[JobResult | None] = [None] * len(batch)
+        next_index = iter(range(len(batch)))
         lock = threading.Lock()
 
         def drain(worker: Worker) -> None:
@@ -305,7 +303,7 @@ class WorkerPool:
                     i = next(next_index, None)
                 if i is None:
                     return
-                results[i] = worker.request(jobs[i], timeout_s)
+                results[i] = worker.request(batch[i], timeout_s)
                 if on_result is not None:
                     on_result(i, results[i])
 
@@ -409,13 +407,16 @@ def serve(
         if raw is None:
             return
         try:
-            answer = worker_jobs.handle(json.loads(raw))
+            job = jobs.decode(raw)
+            if not isinstance(job, Job):
+                raise jobs.JobFormatError(f"a {job.KIND!r} answer sent as a job")
+            answer = worker_jobs.handle(job)
         except Exception as e:
-            answer = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
+            answer = jobs.Failed(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
         if report is not None:
-            answer["sandbox"], report = report, None
-        _write_frame(fd_out, json.dumps(answer, default=str).encode())
-        if answer.get("exit"):
+            answer, report = dataclasses.replace(answer, sandbox=report), None
+        _write_frame(fd_out, jobs.encode(answer))
+        if answer.exit:
             os._exit(3)
 
 

@@ -1,6 +1,6 @@
 """The jobs a worker runs (child side of worker.py): probe a task, evaluate a candidate, time baselines,
-calibrate. Each takes and returns JSON-ready dicts; candidate failures come back as statuses, and a job
-that leaves the CUDA context unusable asks to be restarted (`"exit": true`).
+calibrate. Each takes its job record and returns an answer record (pipeline/jobs.py); candidate failures
+come back as statuses, and a job that leaves the CUDA context unusable asks to be restarted (`exit`).
 """
 
 from __future__ import annotations
@@ -11,42 +11,43 @@ from typing import Any
 
 import torch
 
-from pipeline import gpu_memory, tasks, verify
-from pipeline.types import Kind, Measurement, Status, Task, Verdict, from_dict, to_dict
+from pipeline import gpu_memory, jobs, reasons, tasks, verify
+from pipeline.jobs import Answer, CandidateCode, Job
+from pipeline.types import Baselines, Measurement, Status, Task, Timing, Verdict
 
 _compiled: dict[tuple[str, str], tuple[Any, float]] = {}  # (task hash, mode) -> (compiled model, compile s)
 
 
-def handle(job: dict[str, Any]) -> dict[str, Any]:
-    kind = job.get("kind")
-    if kind == "ping":
-        return {"pong": True}
-    if kind == "probe":
-        return _probe(job)
-    if kind == "environment":
-        return {"environment": environment(job.get("device", "cuda"))}
-    if kind == "calibrate":
-        from pipeline.calibrate import measure_ceilings
+def handle(job: Job) -> Answer:
+    match job:
+        case jobs.Ping():
+            return jobs.Pong()
+        case jobs.Probe():
+            return _probe(job)
+        case jobs.Environment():
+            return jobs.EnvironmentAnswer(environment=environment(job.device))
+        case jobs.Calibrate():
+            from pipeline.calibrate import measure_ceilings
 
-        reference_precision()
-        try:
-            return {"ceilings": measure_ceilings(environment("cuda")).__dict__}
-        finally:
-            _release_memory()
-    if kind == "evaluate":
-        return _evaluate(job)
-    if kind == "baseline":
-        return _baseline(job)
-    if kind == "system_profile":
-        return _system_profile(job)
-    return {"error": f"unknown job kind {kind!r}"}
+            reference_precision()
+            try:
+                return jobs.Calibrated(ceilings=measure_ceilings(environment("cuda")))
+            finally:
+                _release_memory()
+        case jobs.Evaluate():
+            return _evaluate(job)
+        case jobs.Baseline():
+            return _baseline(job)
+        case jobs.SystemProfile():
+            return _system_profile(job)
+    return jobs.Failed(error=f"a worker runs no {job.KIND!r} job")
 
 
-def _probe(job: dict[str, Any]) -> dict[str, Any]:
+def _probe(job: jobs.Probe) -> Answer:
     try:
-        return {"task": to_dict(tasks.probe(job["path"]))}
+        return jobs.Probed(task=tasks.probe(job.path))
     except tasks.TaskError as e:
-        return {"error": str(e), "task_error": True}
+        return jobs.Failed(error=str(e), task_error=True)
 
 
 def reference_precision() -> None:
@@ -99,24 +100,24 @@ def load_launcher(source: str, kernels: Any, key: str) -> type:
     model_new = module.__dict__.get("ModelNew")
     if not isinstance(model_new, type):
         raise verify.CandidateFailure(
-            Status.REJECTED, "static:no_model_new: the launcher defines no class ModelNew"
+            Status.REJECTED, f"{reasons.STATIC}:no_model_new: the launcher defines no class ModelNew"
         )
     return model_new
 
 
-def candidate_factory(cand: dict[str, Any]) -> type:
-    """ModelNew of a candidate record (launcher, key, cubin_path, kernel_names): cubin loaded, launcher run."""
+def candidate_factory(cand: CandidateCode) -> type:
+    """ModelNew of a candidate: its cubin loaded, its launcher run."""
     kernels = None
-    if cand.get("cubin_path"):
+    if cand.cubin_path:
         from pipeline.runtime import Kernels
 
-        kernels = Kernels.from_file(cand["cubin_path"], tuple(cand.get("kernel_names", ())))
+        kernels = Kernels.from_file(cand.cubin_path, cand.kernel_names)
         # Modules stay loaded for the worker's life: an unloaded module's code address is reused by the
         # next one, and the profiler then reports the new kernels under the old kernels' names (seen on
         # the H200: a candidate's kernel listed as its parent's, failing the kernels-ran check). Answers
         # carry the count, and the orchestrator recycles a worker that reaches MAX_LOADED_MODULES.
         _LOADED.append(kernels)
-    return load_launcher(cand["launcher"], kernels, cand["key"])
+    return load_launcher(cand.launcher, kernels, cand.key)
 
 
 MAX_LOADED_MODULES = 4096  # cubins of generated kernels are tens of KB; a worker restart frees them all
@@ -124,23 +125,21 @@ _LOADED: list[Any] = []
 verify.install_thread_origins()  # this module is imported only where candidates run
 
 
-def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
+def _evaluate(job: jobs.Evaluate) -> Answer:
     """Verify (pipeline/verify.py), then measure (pipeline/measure.py: timed calls checked, hidden work, eager,
     profiler confirmation, speed sanity, energy), then re-verify a suspiciously fast result on other shapes."""
-    s = job["settings"]
-    task = from_dict(Task, job["task"])
-    cand = job["candidate"]
-    key = cand["key"]
-    device = torch.device(s["device"])
+    s, task, cand = job.settings, job.task, job.candidate
+    key = cand.key
+    device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        return {"error": "no CUDA device visible to the worker"}
+        return jobs.Failed(error="no CUDA device visible to the worker")
     reference_precision()
     module = tasks.module_from_task(task)
     init_args = list(module.get_init_inputs())
-    kind = Kind(cand.get("kind", "custom"))
-    library_ops = list(cand.get("library_ops", []))
+    kind = cand.kind
+    library_ops = list(cand.library_ops)
 
-    def verdict(status: Status, reasons: list[str], proto: verify.ProtocolResult | None = None) -> Verdict:
+    def verdict(status: Status, why: list[str], proto: verify.ProtocolResult | None = None) -> Verdict:
         return Verdict(
             candidate_key=key,
             status=status,
@@ -151,28 +150,22 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
             ref_rel_error=max(proto.ref_rel) if proto and proto.ref_rel else None,
             kind=kind,
             library_ops=tuple(library_ops),
-            reasons=tuple(reasons),
+            reasons=tuple(why),
         )
 
-    def answer(v: Verdict, m: Measurement | None = None) -> dict[str, Any]:
-        spent = v.status == Status.CRASH or any("out of GPU memory" in r for r in v.reasons)
-        return {
-            "verdict": to_dict(v),
-            "measurement": to_dict(m) if m else None,
-            "exit": spent,
-            "loaded_modules": len(_LOADED),
-        }
+    def answer(v: Verdict, m: Measurement | None = None) -> Answer:
+        oom = any(reasons.code_of(r) == reasons.OUT_OF_MEMORY for r in v.reasons)
+        return jobs.Evaluated(
+            verdict=v, measurement=m, exit=v.status == Status.CRASH or oom, loaded_modules=len(_LOADED)
+        )
 
     try:
         factory = candidate_factory(cand)
     except verify.CandidateFailure as f:
         return answer(verdict(f.status, [f.reason]))
     except Exception as e:
-        return answer(
-            verdict(
-                Status.LAUNCH_ERROR, [f"launch_error: loading the candidate raised {verify._describe(e)}"]
-            )
-        )
+        f = verify.raised(e, "loading the candidate")
+        return answer(verdict(f.status, [f.reason]))
 
     out_bytes = sum(o.numel * _itemsize(o.dtype) for o in task.outputs)
     proto = verify.run_protocol(
@@ -180,28 +173,30 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
         init_args,
         factory,
         device,
-        trials=s["trials"],
-        seed=s["seed"],
+        trials=s.trials,
+        seed=s.seed,
         atol=task.atol,
         rtol=task.rtol,
         norm_tol=task.norm_tol,
         out_bytes=out_bytes,
     )
-    reasons = list(proto.reasons)
-    if proto.status != Status.OK or device.type != "cuda" or not s.get("time", True):
-        return answer(verdict(proto.status, reasons, proto))
+    why = list(proto.reasons)
+    if proto.status != Status.OK or device.type != "cuda" or not s.time:
+        return answer(verdict(proto.status, why, proto))
 
     from pipeline import measure
 
     try:
         session = measure.Session(module, init_args, factory, device, task, s, proto)
-        outcome = measure.measure(session, kind, tuple(cand.get("kernel_names", ())), job.get("ceilings"))
+        outcome = measure.measure(session, kind, cand.kernel_names, job.ceilings)
     except verify.CandidateFailure as f:
-        return answer(verdict(f.status, [*reasons, f.reason], proto))
-    reasons += outcome.reasons
+        return answer(verdict(f.status, [*why, f.reason], proto))
+    why += outcome.reasons
     library_ops += [k for k in outcome.library if k not in library_ops]
     status = outcome.status
-    if status == Status.SUSPICIOUS and _alt_verifies(module, init_args, factory, device, s, task, reasons):
+    if status == Status.SUSPICIOUS and _alt_verifies(
+        module, init_args, factory, device, s, task, why, outcome.below_floor
+    ):
         status = Status.OK
     m = Measurement(
         candidate_key=key,
@@ -211,16 +206,16 @@ def _evaluate(job: dict[str, Any]) -> dict[str, Any]:
         energy=outcome.energy,
         floor_ms=outcome.floor_ms,
         environment=environment("cuda"),
-        reasons=tuple(reasons),
+        reasons=tuple(why),
     )
-    return answer(verdict(status, reasons, proto), m)
+    return answer(verdict(status, why, proto), m)
 
 
 def _itemsize(dtype: str) -> int:
     return torch.empty((), dtype=getattr(torch, dtype)).element_size()
 
 
-def _compile(task: Task, reference, mode: str, reasons: list[str]):
+def _compile(task: Task, reference, mode: str, notes: list[str]):
     """torch.compile'd reference, compiled once per worker; compile time kept out of the timing."""
     import time
 
@@ -237,18 +232,20 @@ def _compile(task: Task, reference, mode: str, reasons: list[str]):
                 compiled(*warm)
             torch.cuda.synchronize()
         except Exception as e:
-            reasons.append(f"note: baseline {mode} failed: {verify._describe(e)}")
+            notes.append(f"{reasons.NOTE}: baseline {mode} failed: {verify._describe(e)}")
             return None
         _compiled[key] = (compiled, time.perf_counter() - t0)
     return _compiled[key][0]
 
 
-def _alt_verifies(module, init_args, factory, device, s, task: Task, reasons: list[str]) -> bool:
+def _alt_verifies(
+    module, init_args, factory, device, s: jobs.Settings, task: Task, why: list[str], below_floor: bool
+) -> bool:
     """Re-verify a too-fast candidate on the task's other shapes; only a pass on all of them clears it."""
     if not hasattr(module, "get_alt_inputs"):
-        reasons.append("note: the task has no get_alt_inputs() to re-verify on other shapes")
+        why.append(f"{reasons.NOTE}: the task has no get_alt_inputs() to re-verify on other shapes")
         return False
-    if any(r.startswith("too_fast") and "roofline floor" in r for r in reasons):
+    if below_floor:
         return False  # faster than physics allows: no shape makes that right
     count = len(module.get_alt_inputs())
     for i in range(count):
@@ -259,80 +256,81 @@ def _alt_verifies(module, init_args, factory, device, s, task: Task, reasons: li
             factory,
             device,
             trials=1,
-            seed=s["seed"] + 500 + i,
+            seed=s.seed + 500 + i,
             atol=task.atol,
             rtol=task.rtol,
             norm_tol=task.norm_tol,
             out_bytes=1 << 28,
         )
         if proto.status != Status.OK:
-            reasons.append(
-                f"too_fast: re-verification on alt shape {i} failed: {'; '.join(proto.reasons[:2])}"
+            why.append(
+                f"{reasons.TOO_FAST}: re-verification on alt shape {i} failed: {'; '.join(proto.reasons[:2])}"
             )
             return False
-    reasons.append(
-        f"note: faster than {s['suspicious_speedup']:g}x over eager; re-verified on {count} other shapes"
+    why.append(
+        f"{reasons.NOTE}: faster than {s.suspicious_speedup:g}x over eager; re-verified on {count} other shapes"
     )
     return True
 
 
-def _baseline(job: dict[str, Any]) -> dict[str, Any]:
+def _baseline(job: jobs.Baseline) -> Answer:
     """Eager and torch.compile timings of the reference (the reference worker: torch.compile execs ptxas)."""
     from pipeline import timing
 
-    s = job["settings"]
+    s, task = job.settings, job.task
     if not torch.cuda.is_available():
-        return {"error": "no CUDA device visible to the worker"}
+        return jobs.Failed(error="no CUDA device visible to the worker")
     reference_precision()
-    task = from_dict(Task, job["task"])
     module = tasks.module_from_task(task)
     init_args = list(module.get_init_inputs())
     device = torch.device("cuda")
-    reference = verify.build_reference(module, init_args, s["seed"], device, redraw_constant=False)
-    seed = s["seed"] + 101
+    reference = verify.build_reference(module, init_args, s.seed, device, redraw_constant=False)
+    seed = s.seed + 101
 
     def inputs_for(call: int) -> list:
         return verify.make_inputs(module, seed + 7919 * call, device)
 
     flusher = timing.L2Flusher(device)
-    out: dict[str, Any] = {"timings": {}, "compile_s": {}, "notes": []}
+    timings: dict[str, Timing] = {}
+    compile_s: dict[str, float] = {}
+    notes: list[str] = []
+    energy_j = None
     try:
-        for mode in s["baselines"]:
-            model = reference if mode == "eager" else _compile(task, reference, mode, out["notes"])
+        for mode in s.baselines:
+            model = reference if mode == "eager" else _compile(task, reference, mode, notes)
             if model is None:
                 continue
-            t = timing.time_cuda(
+            timings[mode] = timing.time_cuda(
                 model,
                 inputs_for,
-                trials=s["timing_trials"],
-                budget_s=s["timing_budget_s"],
-                warmup=s["warmup"],
+                trials=s.timing_trials,
+                budget_s=s.timing_budget_s,
+                warmup=s.warmup,
                 flusher=flusher,
             )
-            out["timings"][mode] = to_dict(t)
             if mode != "eager":
-                out["compile_s"][mode] = _compiled[(task.source_hash, mode)][1]
-        if s.get("energy"):
+                compile_s[mode] = _compiled[(task.source_hash, mode)][1]
+        if s.energy:
             from pipeline.energy import EnergyUnavailable, LoopMismatch, measure_energy
 
             try:
-                e = measure_energy(
+                energy_j = measure_energy(
                     reference,
                     inputs_for,
-                    call_ms=out["timings"]["eager"]["median_ms"],
-                    window_s=s["energy_window_s"],
-                    repeats=s["energy_repeats"],
+                    call_ms=timings["eager"].median_ms,
+                    window_s=s.energy_window_s,
+                    repeats=s.energy_repeats,
                     set_bytes=sum(spec.numel * _itemsize(spec.dtype) for spec in task.inputs),
                     free_bytes=gpu_memory.free_bytes(device),
-                )
-                out["energy_eager"] = to_dict(e)
+                ).joules_per_call
             except (EnergyUnavailable, LoopMismatch, KeyError) as e:
-                out["notes"].append(f"energy not measured: {e}")
-        out["environment"] = environment("cuda")
+                notes.append(f"energy not measured: {e}")
+        env = environment("cuda")
     finally:
         del reference, flusher
         _release_memory()
-    return out
+    base = Baselines(timings, energy_j, None, compile_s, env, tuple(notes))
+    return jobs.BaselinesAnswer(baselines=base)
 
 
 def _release_memory() -> None:
@@ -344,19 +342,17 @@ def _release_memory() -> None:
     torch.cuda.empty_cache()
 
 
-def _system_profile(job: dict[str, Any]) -> dict[str, Any]:
+def _system_profile(job: jobs.SystemProfile) -> Answer:
     """Kernels per call, GPU busy time and launch gaps of a (verified) candidate, or of the reference."""
     from pipeline.profile.system import system_profile
 
     reference_precision()
-    task = from_dict(Task, job["task"])
-    module = tasks.module_from_task(task)
+    module = tasks.module_from_task(job.task)
     init_args = list(module.get_init_inputs())
     device = torch.device("cuda")
-    seed = job["settings"]["seed"]
+    seed = job.settings.seed
     model = verify.build_reference(module, init_args, seed, device, redraw_constant=False)
-    cand = job.get("candidate")
-    if cand:
-        model, _ = verify.build_candidate(candidate_factory(cand), init_args, seed, device, model)
+    if job.candidate is not None:
+        model, _ = verify.build_candidate(candidate_factory(job.candidate), init_args, seed, device, model)
     inputs = verify.make_inputs(module, seed + 101, device)
-    return {"system": system_profile(model, inputs), "loaded_modules": len(_LOADED)}
+    return jobs.SystemProfiled(system=system_profile(model, inputs), loaded_modules=len(_LOADED))

@@ -11,10 +11,11 @@ A code `static:X` is the static check of the launcher (pipeline/static_check/, v
 other codes are the runtime checks of the worker (pipeline/verify.py, measure.py, energy.py). A case
 whose checks name a static code must be caught by the static check alone; the runtime codes beside it are
 the backstop should that rule ever be relaxed. A case with only runtime codes must pass the static check,
-or the GPU test would never reach the runtime check it is there to exercise.
+or the GPU test would never reach the runtime check it is there to exercise. The runtime codes and the status
+each carries come from the harness's registry (pipeline/reasons.py).
 
 CPU tests: the folders are complete and consistent, every kernel compiles with the real nvcc, and the static
-check agrees with expect.toml. The GPU test runs every case through pipeline.loop.evaluate_candidates.
+check agrees with expect.toml. The GPU test runs every case through pipeline.stages.evaluate_candidates.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline import reasons
 from pipeline.static_check import CODES
+from pipeline.types import Status
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES_DIR = Path(__file__).resolve().parent / "adversarial"
@@ -41,17 +44,10 @@ STATUSES = ("rejected", "mismatch", "suspicious", "ok")
 # Every reason code the harness gives for a cheat, by the status it carries.
 STATIC_CODES = CODES
 CODES_BY_STATUS: dict[str, tuple[str, ...]] = {
-    "rejected": (
-        *(f"static:{c}" for c in STATIC_CODES),
-        "input_mutated", "output_aliases_input", "background_thread", "hidden_work",
-        "kernels_not_run", "kernels_no_work", "undeclared_library_work", "energy_loop_faster",
-    ),
-    "mismatch": (
-        "shape_mismatch", "dtype_mismatch", "device_mismatch",
-        "unwritten_output", "mismatch", "near_constant", "timed_output_mismatch",
-    ),
-    "suspicious": ("too_fast",),
-}  # fmt: skip
+    "rejected": (*(f"{reasons.STATIC}:{c}" for c in STATIC_CODES), *reasons.checks(Status.REJECTED)),
+    "mismatch": reasons.checks(Status.MISMATCH),
+    "suspicious": reasons.checks(Status.SUSPICIOUS),
+}
 CODE_STATUS = {code: status for status, codes in CODES_BY_STATUS.items() for code in codes}
 
 MIN_CHEATS = 14
@@ -254,7 +250,7 @@ def gpu_cfg(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="module")
 def gpu_pool(gpu_cfg):
     """One worker pool for the module (a worker restarts by itself after a crash or timeout)."""
-    from pipeline.loop import open_pool
+    from pipeline.stages import open_pool
 
     with open_pool(gpu_cfg) as pool:
         yield pool
@@ -264,19 +260,18 @@ def gpu_pool(gpu_cfg):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", NAMES)
 def test_harness_verdict(name: str, gpu_cfg, gpu_pool) -> None:
-    from pipeline.loop import evaluate_candidates
-    from pipeline.types import Status
+    from pipeline.stages import evaluate_candidates
 
     case = load_case(name)
     [result] = evaluate_candidates(case.task_path, [case.folder], gpu_cfg, pool=gpu_pool)
     verdict = result.verdict
-    reasons = list(verdict.reasons)
+    why = list(verdict.reasons)
     assert verdict.status == Status(case.status), (
-        f"{name} ({case.exploit}): got {verdict.status.value}, expected {case.status}; reasons: {reasons}"
+        f"{name} ({case.exploit}): got {verdict.status.value}, expected {case.status}; reasons: {why}"
     )
     if case.honest:
         assert result.build is not None and result.build.status == Status.OK
         return
-    assert any(r.startswith(f"{code}:") for r in reasons for code in case.checks), (
-        f"{name}: no reason starts with one of {list(case.checks)}; reasons: {reasons}"
+    assert any(reasons.code_of(r) in case.checks for r in why), (
+        f"{name}: no reason starts with one of {list(case.checks)}; reasons: {why}"
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import loop
+from pipeline import stages
 from pipeline.config import load
 from pipeline.profile.advice import advice_block, analyze
 from pipeline.profile.roofline import Bound
@@ -27,13 +27,13 @@ def pool(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     cfg = load(home=tmp_path_factory.mktemp("prof-home"), baselines=("eager",), energy=False)
-    with loop.open_pool(cfg) as p:
+    with stages.open_pool(cfg) as p:
         yield cfg, p
 
 
 def test_profile_softmax_example(pool):
     cfg, p = pool
-    pr = loop.profile_candidate(
+    pr = stages.profile_candidate(
         ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax", cfg, pool=p
     )
     assert pr.evidence is not None, pr.notes
@@ -55,5 +55,5 @@ def test_profile_refuses_an_unverified_candidate(pool, tmp_path):
     src = ROOT / "tests" / "adversarial" / "partial_write"
     for f in ("kernel.cu", "launcher.py"):
         (bad / f).write_text((src / f).read_text())
-    pr = loop.profile_candidate(ROOT / "tasks" / "elementwise_chain.py", bad, cfg, pool=p)
+    pr = stages.profile_candidate(ROOT / "tasks" / "elementwise_chain.py", bad, cfg, pool=p)
     assert pr.evidence is None and "not profiled" in pr.notes[0]

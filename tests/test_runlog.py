@@ -17,17 +17,8 @@ import pytest
 
 from pipeline.config import PROJECT_ROOT, Config
 from pipeline.generate.base import ProposalStatus, Usage
-from pipeline.runlog import (
-    LOG,
-    RunLog,
-    RunLogError,
-    completed_results,
-    list_runs,
-    new_run_id,
-    pending_proposals,
-    read_events,
-    usage_totals,
-)
+from pipeline.runlog import LOG, RunLog, RunLogError, new_run_id, read_events
+from pipeline.runstate import fold, list_runs
 from pipeline.types import (
     Build,
     Candidate,
@@ -340,18 +331,23 @@ def test_helpers_on_a_constructed_log(tmp_path: Path):
         log.append("result", result(2, "b", ok=False))
         log.append("closed", {"node": 4, "reason": "pruned"})
         events = log.events()
-    assert set(completed_results(events)) == {"a", "b"}
-    assert completed_results(events)["b"].data["verdict"]["status"] == "compile_error"
-    assert [e.data["candidate"]["key"] for e in pending_proposals(events)] == ["c"]
-    assert usage_totals(events) == {
-        "prompt_tokens": 1010,
-        "completion_tokens": 205,
-        "tokens": 1215,
-        "cost_usd": pytest.approx(0.051),
-        "calls": 3,
-        "tool_calls": 2,
-    }
+    state = fold(events)
+    done = {n.key: n.evaluation for n in state.nodes.values() if n.evaluation}
+    assert set(done) == {"a", "b"} and done["b"].status == Status.COMPILE_ERROR
+    assert state.pending == [3, 4, 6]  # proposed with a candidate, never evaluated; 5 had no candidate
+    assert state.statuses == {Status.OK: 1, Status.COMPILE_ERROR: 1}
+    u = state.usage  # the "llm" events' ledger, nested under "usage" here, flat as the loop writes it
+    assert (u.prompt_tokens, u.completion_tokens, u.tokens, u.calls, len(u.tool_calls)) == (
+        1010,
+        205,
+        1215,
+        3,
+        2,
+    )
+    assert u.cost_usd == pytest.approx(0.051)
+    assert [c["op"] for c in state.calls] == ["add"] * 6 + ["record", "record", "close"]
     with RunLog.create(tmp_path, "20260102-000000-gemm-bbbb", {"task": {"id": "gemm"}}) as log:
+        log.append("proposal", {"node": 1, "parent": 0, "candidate": cand("x"), "edit": "x"})
         log.append("result", result(1, "x", timing=Timing(0.25, 0.25, 0.25, 0.25, 0.25, 10)))
         log.append("end", {"reason": "budget", "best_key": "x", "best_speedup_eager": 4.0})
         log.append("resume", {"resumed_at": 2})
@@ -364,7 +360,7 @@ def test_helpers_on_a_constructed_log(tmp_path: Path):
     summary = [(r.task_id, r.events, r.evaluations, r.status, r.best_speedup) for r in runs.values()]
     assert summary == [
         ("softmax", 12, 2, "interrupted", 2.0),
-        ("gemm", 4, 1, "running", 4.0),  # resumed after its end, and still held
+        ("gemm", 5, 1, "running", 4.0),  # resumed after its end, and still held
         ("relu", 1, 0, "running", None),
         ("?", 0, 0, "corrupt", None),
     ]

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import sandbox
+from pipeline import jobs, sandbox
 from pipeline.config import SANDBOX_LAYERS, load
 from pipeline.profile.collect import find_ncu
-from pipeline.types import Status, Task, Verdict, from_dict, to_dict
+from pipeline.types import Status, Task, Verdict
 from pipeline.worker import JobResult, Worker, WorkerPool
 
 pytestmark = pytest.mark.slow
@@ -241,9 +241,9 @@ def arena(tmp_path_factory) -> Iterator[Arena]:
         probe_worker = Worker(load(home=tmp_path_factory.mktemp("probe-home"), device="cpu", sandbox=False))
         tasks = {}
         for name, path in (("small_chain", FIX / "small_chain.py"), ("elementwise_chain", twin)):
-            r = probe_worker.request({"kind": "probe", "path": str(path)})
-            assert r.ok, r.reason
-            tasks[name] = from_dict(Task, r.data["task"])
+            r = probe_worker.request(jobs.Probe(str(path)))
+            assert isinstance(r.answer, jobs.Probed), r.reason
+            tasks[name] = r.answer.task
         probe_worker.close()
         twins = {"elementwise_chain": tasks["elementwise_chain"]}
         yield Arena(secret, tcp, unix, tasks["small_chain"], fake_home, twins)
@@ -274,24 +274,17 @@ def confined_worker(arena, tmp_path_factory) -> Iterator[Worker]:
 
 
 def evaluate(worker: Worker, task: Task, source: str, device: str = "cpu", trials: int = 1) -> JobResult:
-    job = {
-        "kind": "evaluate",
-        "task": to_dict(task),
-        "candidate": {
-            "key": "payload",
-            "launcher": source,
-            "cubin_path": None,
-            "kernel_names": [],
-            "kind": "custom",
-            "library_ops": [],
-        },
-        "settings": {"device": device, "trials": trials, "seed": 0, "time": False},
-    }
-    return worker.request(job)
+    settings = jobs.Settings(device=device, trials=trials, seed=0, time=False)
+    return worker.request(jobs.Evaluate(task, jobs.CandidateCode("payload", source), settings))
+
+
+def verdict(r: JobResult) -> Verdict:
+    assert isinstance(r.answer, jobs.Evaluated), r
+    return r.answer.verdict
 
 
 def escaped(payload: Payload, arena: Arena, r: JobResult) -> bool:
-    reasons = " ".join(from_dict(Verdict, r.data["verdict"]).reasons) if r.ok and "verdict" in r.data else ""
+    reasons = " ".join(r.answer.verdict.reasons) if isinstance(r.answer, jobs.Evaluated) else ""
     match payload.evidence:
         case "reason":
             return f"escaped: {payload.name}" in reasons
@@ -342,7 +335,7 @@ def test_honest_candidate_verifies_in_the_confined_worker(confined_worker, arena
     honest = launcher("raise ValueError('tries nothing')", "honest")
     r = evaluate(confined_worker, arena.small_chain, honest, trials=3)
     assert r.ok, r.reason
-    v = from_dict(Verdict, r.data["verdict"])
+    v = verdict(r)
     assert v.status == Status.OK and v.trials_passed == 3, v.reasons
     assert confined_worker.sandbox is not None
 
@@ -354,25 +347,30 @@ def test_threads_still_start_under_seccomp(confined_worker, arena):
     )
     threads += "\nassert box == [1]"
     r = evaluate(confined_worker, arena.small_chain, launcher(threads, "threads"))
-    assert any("escaped: threads" in x for x in from_dict(Verdict, r.data["verdict"]).reasons), r
+    assert any("escaped: threads" in x for x in verdict(r).reasons), r
 
 
 def test_job_paths_name_the_files_a_job_reads(arena):
-    assert sandbox.job_paths({"kind": "evaluate", "task": to_dict(arena.small_chain)}) == ()  # source travels
-    cand = {"cubin_path": "/x/k.cubin"}
-    assert sandbox.job_paths({"kind": "evaluate", "candidate": cand}) == ("/x/k.cubin",)
-    assert sandbox.job_paths({"task_path": "/t.py", **cand}) == ("/t.py", "/x/k.cubin")
+    settings = jobs.Settings(device="cpu")
+    standin = jobs.CandidateCode("k", "launcher")
+    assert sandbox.job_paths(jobs.Evaluate(arena.small_chain, standin, settings)) == ()  # the source travels
+    cand = jobs.CandidateCode("k", "launcher", "/x/k.cubin", ("k",))
+    assert sandbox.job_paths(jobs.Evaluate(arena.small_chain, cand, settings)) == ("/x/k.cubin",)
+    assert sandbox.job_paths(jobs.SystemProfile(arena.small_chain, settings, cand)) == ("/x/k.cubin",)
+    assert sandbox.job_paths(jobs.Ncu("/t.py", 0, cand)) == ("/t.py", "/x/k.cubin")
+    assert sandbox.job_paths(jobs.Ncu("/t.py", 0)) == ("/t.py",)  # the reference: no cubin
+    assert sandbox.job_paths(jobs.Probe("/t.py")) == ()  # probed by the trusted worker, unconfined
 
 
 def test_the_system_stays_readable(confined_worker, arena):
     # Read after both Landlock layers, through paths granted as a whole (/usr, /etc's other files).
     reads = "open('/etc/passwd').read(1)\nopen(os.path.realpath('/usr/bin/env'), 'rb').read(1)"
     r = evaluate(confined_worker, arena.small_chain, launcher(reads, "reads"))
-    assert r.ok and any("escaped: reads" in x for x in from_dict(Verdict, r.data["verdict"]).reasons), r
+    assert r.ok and any("escaped: reads" in x for x in verdict(r).reasons), r
 
 
 def test_worker_report_matches_the_probe(confined_worker, arena):
-    confined_worker.request({"kind": "ping"})
+    confined_worker.request(jobs.Ping())
     report = confined_worker.sandbox
     assert report is not None
     probed = sandbox.probe()
@@ -391,7 +389,7 @@ def test_each_layer_alone(layer, arena, tmp_path):
     available(layer)
     w = make_worker(tmp_path / "home", sandbox_layers=(layer,))
     try:
-        w.request({"kind": "ping"})
+        w.request(jobs.Ping())
         assert w.sandbox is not None and w.sandbox[layer] == sandbox.APPLIED, w.sandbox
         assert all(w.sandbox[other] == sandbox.OFF for other in SANDBOX_LAYERS if other != layer)
         tried = 0
@@ -470,7 +468,7 @@ def test_two_workers_say_it_once(arena, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(sandbox, "_said", set())
     cfg = load(home=tmp_path / "home", device="cpu", job_timeout_s=60, sandbox_layers=("seccomp",))
     with caplog.at_level(logging.INFO, logger="kernelpro.sandbox"), WorkerPool(cfg, [None, None]) as pool:
-        results = pool.map([{"kind": "ping"}, {"kind": "ping"}])
+        results = pool.map([jobs.Ping(), jobs.Ping()])
         assert all(r.ok for r in results)
         assert [w.sandbox for w in pool.workers] == [pool.workers[0].sandbox] * 2
     said = [r.getMessage() for r in caplog.records if r.name == "kernelpro.sandbox"]
@@ -489,12 +487,18 @@ def test_reference_worker_is_not_confined(tmp_path):
     task.write_text(STANDIN_RUNS_A_PROGRAM)
     cfg = load(home=tmp_path / "home", device="cpu", job_timeout_s=60, sandbox_read=(str(tmp_path),))
     with WorkerPool(cfg, [None]) as pool:
-        trusted = pool.reference.request({"kind": "probe", "path": str(task)})
-        confined = pool.first.request({"kind": "probe", "path": str(task)})
+        trusted = pool.reference.request(jobs.Probe(str(task)))
+        confined = pool.first.request(jobs.Probe(str(task)))
         assert pool.reference.trusted and pool.reference.sandbox is None
         assert pool.first.sandbox is not None
-        refused = pool.reference.request({"kind": "evaluate"})  # candidate code never goes there
-        assert not refused.ok and refused.reason.startswith("refused:")
+        small = pool.reference.request(jobs.Probe(str(FIX / "small_chain.py"))).answer
+        assert isinstance(small, jobs.Probed)
+        evaluate = jobs.Evaluate(small.task, jobs.CandidateCode("k", "launcher"), jobs.Settings(device="cpu"))
+        refused = pool.reference.request(evaluate)  # candidate code never goes there
+        assert (
+            not refused.ok
+            and refused.reason == "refused: the unconfined reference worker runs no 'evaluate' job"
+        )
     assert "ran a program: exit 0" in trusted.reason
     assert "ran a program" not in confined.reason and "Operation not permitted" in confined.reason
 
@@ -502,14 +506,12 @@ def test_reference_worker_is_not_confined(tmp_path):
 # Patches the worker's job handler from inside the worker (a probe runs the "task" file): every later answer
 # then carries a growing module count, as the evaluate answers of worker_jobs do.
 STANDIN_COUNTS_MODULES = """
-import itertools
+import dataclasses, itertools
 from pipeline import worker_jobs
 count = itertools.count(1)
 original = worker_jobs.handle
 def handle(job):
-    answer = original(job)
-    answer["loaded_modules"] = next(count)
-    return answer
+    return dataclasses.replace(original(job), loaded_modules=next(count))
 worker_jobs.handle = handle
 raise RuntimeError('patched')
 """
@@ -521,14 +523,14 @@ def test_worker_is_recycled_at_the_module_cap(tmp_path):
     cfg = load(home=tmp_path / "home", device="cpu", job_timeout_s=60, worker_max_modules=2)
     w = Worker(cfg.replace(sandbox_read=(str(tmp_path),)))
     try:
-        assert "patched" in w.request({"kind": "probe", "path": str(task)}).reason
+        assert "patched" in w.request(jobs.Probe(str(task))).reason
         first = w.proc.pid
-        assert w.request({"kind": "ping"}).data["loaded_modules"] == 1
+        assert w.request(jobs.Ping()).answer.loaded_modules == 1
         assert w.alive() and w.recycles == 0
-        assert w.request({"kind": "ping"}).data["loaded_modules"] == 2
+        assert w.request(jobs.Ping()).answer.loaded_modules == 2
         assert not w.alive() and w.recycles == 1  # recycled after the answer, before the next job
-        again = w.request({"kind": "ping"})
-        assert again.ok and "loaded_modules" not in again.data  # a fresh, unpatched worker
+        again = w.request(jobs.Ping())
+        assert again.ok and again.answer.loaded_modules is None  # a fresh, unpatched worker
         assert w.proc.pid != first
     finally:
         w.close()
@@ -542,12 +544,17 @@ def test_a_cubin_outside_the_grants_restarts_the_worker_with_a_grant(arena, tmp_
     cubin.write_bytes(b"not really a cubin")
     w = make_worker(tmp_path / "home")
     try:
-        w.request({"kind": "ping"})
+        w.request(jobs.Ping())
         plan = sandbox.worker_plan(w.cfg, w.scratch)
         assert plan is not None and not plan.readable(cubin) and not plan.readable(arena.home / "secret.txt")
         pid = w.proc.pid
-        job = {"kind": "ping", "candidate": {"cubin_path": str(cubin)}}
-        assert w.request(job).ok
+        # The bogus cubin fails to load (a launch error, no escape): what matters is the grant before it.
+        job = jobs.Evaluate(
+            arena.small_chain,
+            jobs.CandidateCode("k", "launcher", str(cubin), ("k",)),
+            jobs.Settings(device="cpu"),
+        )
+        assert verdict(w.request(job)).status == Status.LAUNCH_ERROR
         assert w.proc.pid != pid and w._extra_read == [str(cubin)]
         plan = sandbox.worker_plan(w.cfg, w.scratch, w._extra_read)
         assert plan.readable(cubin) and not plan.readable(arena.home / "secret.txt")
@@ -603,7 +610,7 @@ def test_trampoline_puts_a_program_in_its_own_network(arena, tmp_path):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     cfg = load(home=tmp_path / "home", sandbox_ncu_layers=("userns", "netns"))
-    plan = sandbox.ncu_plan(cfg, scratch, {})
+    plan = sandbox.ncu_plan(cfg, scratch, jobs.Ncu(str(FIX / "small_chain.py"), 0))
     assert plan is not None and plan.loopback and set(plan.layers) <= {"userns", "netns"}
     port = str(arena.tcp.sock.getsockname()[1])
     argv = [sys.executable, "-c", TRAMPOLINED, port]
@@ -662,7 +669,7 @@ def test_gpu_payloads(arena, tmp_path):
     try:
         honest = evaluate(shut_w, arena.small_chain, launcher("raise ValueError('honest')", "honest"), "cuda")
         assert honest.ok, honest.reason
-        assert from_dict(Verdict, honest.data["verdict"]).status == Status.OK, honest.data
+        assert verdict(honest).status == Status.OK, honest
         assert shut_w.sandbox is not None and all(
             shut_w.sandbox[x] == sandbox.APPLIED for x in SANDBOX_LAYERS
         )
@@ -695,32 +702,27 @@ def test_gpu_reach_launchers(arena, tmp_path):
     try:
         tasks: dict[str, Task] = {}
         for name in sorted({reach_task(case) for case in REACH}):
-            r = probe_w.request({"kind": "probe", "path": str(ROOT / "tasks" / f"{name}.py")})
-            assert r.ok, r.reason
-            tasks[name] = from_dict(Task, r.data["task"])
+            r = probe_w.request(jobs.Probe(str(ROOT / "tasks" / f"{name}.py")))
+            assert isinstance(r.answer, jobs.Probed), r.reason
+            tasks[name] = r.answer.task
         cands = [load_candidate(case, reach_task(case)) for case in REACH]
         wrong: list[str] = []
         builds = compile_candidates(cands, shut_w.cfg)  # into the confined worker's home: readable there
         for case, cand, build in zip(REACH, cands, builds, strict=True):
             assert build.cubin_path, build.log
-            job = {
-                "kind": "evaluate",
-                "task": to_dict(tasks[reach_task(case)]),
-                "candidate": {
-                    "key": cand.key,
-                    "launcher": cand.launcher,
-                    "cubin_path": str(Path(build.cubin_path).resolve()),
-                    "kernel_names": sorted(k.name for k in build.resources),
-                    "kind": "custom",
-                    "library_ops": [],
-                },
-                "settings": {"device": "cuda", "trials": 1, "seed": 0, "time": False},
-            }
+            code = jobs.CandidateCode(
+                cand.key,
+                cand.launcher,
+                str(Path(build.cubin_path).resolve()),
+                tuple(sorted(k.name for k in build.resources)),
+            )
+            settings = jobs.Settings(device="cuda", trials=1, seed=0, time=False)
+            job = jobs.Evaluate(tasks[reach_task(case)], code, settings)
             for worker, escapes in ((open_w, True), (shut_w, False)):
                 reach_clear(arena)
                 r = worker.request(job)
                 if reach_evidence(case, arena) != escapes:
-                    reasons = r.data.get("verdict", {}).get("reasons") if r.ok else r.reason
+                    reasons = r.answer.verdict.reasons if isinstance(r.answer, jobs.Evaluated) else r.reason
                     wrong.append(
                         f"{case.name}: {'no escape from' if escapes else 'escaped'} {worker.name}: {reasons}"
                     )
@@ -738,15 +740,15 @@ def test_gpu_softmax_verifies_confined_and_ncu_profiles_it(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from pipeline import loop
+    from pipeline import stages
 
     task, folder = ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax"
     cfg = load(home=tmp_path / "home", baselines=("eager",), energy=True, job_timeout_s=180)
-    with loop.open_pool(cfg) as pool:
-        (r,) = loop.evaluate_candidates(task, [folder], cfg, pool=pool)
+    with stages.open_pool(cfg) as pool:
+        (r,) = stages.evaluate_candidates(task, [folder], cfg, pool=pool)
         assert r.verdict.status == Status.OK, r.verdict.reasons
         assert pool.first.sandbox is not None and pool.reference.sandbox is None
-        pr = loop.profile_candidate(task, folder, cfg, pool=pool, result=r)
+        pr = stages.profile_candidate(task, folder, cfg, pool=pool, evaluation=r)
     assert pr.evidence is not None and pr.evidence.system is not None, pr.notes
     if find_ncu() is None:
         pytest.skip("ncu not installed")

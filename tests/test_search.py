@@ -17,34 +17,34 @@ from collections.abc import Callable
 import pytest
 
 from pipeline.config import Config
-from pipeline.search import MCTS, Greedy, Objective, make_search, objective_value, reward, speedup
+from pipeline.search import MCTS, Greedy, Objective, make_search, objective_value, reward
 from pipeline.search.reward import FLOOR, SCALE
 from pipeline.search.tree import SearchTree
-from pipeline.types import Status
+from pipeline.types import Status, speedup
 
-Outcome = tuple[str, float]  # (status value, reward)
+Outcome = tuple[Status, float]  # (status, reward)
 
 # ---------------------------------------------------------------------------------------------------------
 # reward
 
 
 def test_reward_orders_failure_below_slower_below_equal_below_faster():
-    fail = [reward(s.value, 1.0, 1.0) for s in Status if s is not Status.OK]
+    fail = [reward(s, 1.0, 1.0) for s in Status if s is not Status.OK]
     assert fail == [0.0] * (len(Status) - 1)
-    slower10, slower2 = reward("ok", 10.0, 1.0), reward("ok", 2.0, 1.0)
-    equal = reward("ok", 1.0, 1.0)
-    faster2, faster8 = reward("ok", 0.5, 1.0), reward("ok", 0.125, 1.0)
+    slower10, slower2 = reward(Status.OK, 10.0, 1.0), reward(Status.OK, 2.0, 1.0)
+    equal = reward(Status.OK, 1.0, 1.0)
+    faster2, faster8 = reward(Status.OK, 0.5, 1.0), reward(Status.OK, 0.125, 1.0)
     assert 0.0 < FLOOR < slower10 < slower2 < equal == 0.5 < faster2 < faster8 < 1.0
     assert slower10 > 0.05  # a correct 10x-slower kernel is still well clear of a failure
     assert faster8 == pytest.approx(0.5 + 0.5 * math.tanh(1.0))  # S = 8: 8x maps to 0.88
-    assert reward(Status.OK, 1.0, 1.0) == 0.5  # the enum itself is accepted
+    assert reward(Status("ok"), 1.0, 1.0) == 0.5  # a status read back from a log
 
 
 def test_reward_is_monotone_and_bounded_over_extreme_ratios():
     speedups = [10.0**k for k in range(-12, 13)] + [1.01, 1.5, 3.0, 0.99, 0.7]
     speedups.sort()
     for obj in Objective:
-        rs = [reward("ok", 1.0 / s, 1.0, obj) for s in speedups]
+        rs = [reward(Status.OK, 1.0 / s, 1.0, obj) for s in speedups]
         assert all(a <= b for a, b in itertools.pairwise(rs)), obj
         # strictly increasing while the ratio is inside the clip (1e-6 .. 1e6)
         inside = [r for s, r in zip(speedups, rs, strict=True) if 1e-6 <= s <= 1e6]
@@ -55,11 +55,11 @@ def test_reward_is_monotone_and_bounded_over_extreme_ratios():
 
 
 def test_reward_without_a_usable_figure():
-    assert reward("ok", None, 1.0) == 0.0  # ok but nothing measured
-    assert reward("ok", 0.0, 1.0) == 0.0  # a zero time is a broken measurement, not an infinite speedup
-    assert reward("ok", float("nan"), 1.0) == 0.0
-    assert reward("ok", 1.0, None) == 0.5  # correct, baseline unknown: no evidence either way
-    assert reward("mismatch", 0.1, None) == 0.0
+    assert reward(Status.OK, None, 1.0) == 0.0  # ok but nothing measured
+    assert reward(Status.OK, 0.0, 1.0) == 0.0  # a zero time is a broken measurement, not an infinite speedup
+    assert reward(Status.OK, float("nan"), 1.0) == 0.0
+    assert reward(Status.OK, 1.0, None) == 0.5  # correct, baseline unknown: no evidence either way
+    assert reward(Status.MISMATCH, 0.1, None) == 0.0
 
 
 def test_objectives():
@@ -74,16 +74,20 @@ def test_objectives():
     assert SCALE[Objective.EDP] == SCALE[Objective.TIME] ** 2
     base = objective_value("edp", 2.0, 2.0)
     fast = objective_value("edp", 1.0, 1.0)
-    assert reward("ok", fast, base, "edp") == pytest.approx(reward("ok", 1.0, 2.0, "time"))
+    assert reward(Status.OK, fast, base, "edp") == pytest.approx(reward(Status.OK, 1.0, 2.0, "time"))
     # Same joules and ms under energy and time give the same reward (same S).
-    assert reward("ok", 0.5, 1.0, "energy") == reward("ok", 0.5, 1.0, "time")
+    assert reward(Status.OK, 0.5, 1.0, "energy") == reward(Status.OK, 0.5, 1.0, "time")
 
 
-def test_speedup():
-    assert speedup(0.5, 2.0) == 4.0
-    assert speedup(None, 2.0) is None
-    assert speedup(1.0, 0.0) is None
-    assert speedup(-1.0, 1.0) is None
+def test_speedup():  # pipeline.types.speedup(baseline, ours): the one definition, used by the search too
+    assert speedup(2.0, 0.5) == 4.0
+    assert speedup(2.0, None) is None and speedup(None, 2.0) is None
+    assert speedup(0.0, 1.0) is None and speedup(1.0, 0.0) is None
+    assert (
+        speedup(1.0, -1.0) is None
+        and speedup(float("inf"), 1.0) is None
+        and speedup(1.0, float("nan")) is None
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -101,20 +105,25 @@ def _plateau(start: float, cap: float, path: list[str]) -> Outcome:
     for e in path:
         i = int(e[1:])
         if i % 4 == 3:
-            return "mismatch", 0.0
+            return Status.MISMATCH, 0.0
         r = min(cap, r + 0.004 * (i % 4 + 1))
-    return "ok", r
+    return Status.OK, r
 
 
 DECEPTIVE_ROOT = {
-    "a": ("ok", 0.70),  # the trap: best first kernel, tops out at 0.72 however deep one climbs
-    "x": ("compile_error", 0.0),
-    "d": ("ok", 0.55),  # a second, lower plateau (0.58)
-    "b": ("ok", 0.40),  # slower than the reference, yet the way to the optimum
-    "y": ("mismatch", 0.0),
-    "z": ("ok", 0.45),
+    "a": (Status.OK, 0.70),  # the trap: best first kernel, tops out at 0.72 however deep one climbs
+    "x": (Status.COMPILE_ERROR, 0.0),
+    "d": (Status.OK, 0.55),  # a second, lower plateau (0.58)
+    "b": (Status.OK, 0.40),  # slower than the reference, yet the way to the optimum
+    "y": (Status.MISMATCH, 0.0),
+    "z": (Status.OK, 0.45),
 }
-DECEPTIVE_B = {"q0": ("ok", 0.45), "q1": ("compile_error", 0.0), "q2": ("ok", 0.41), "q3": ("ok", 0.43)}
+DECEPTIVE_B = {
+    "q0": (Status.OK, 0.45),
+    "q1": (Status.COMPILE_ERROR, 0.0),
+    "q2": (Status.OK, 0.41),
+    "q3": (Status.OK, 0.43),
+}
 
 
 def deceptive_landscape(key: str) -> Outcome:
@@ -148,13 +157,13 @@ def hashed_landscape(key: str) -> Outcome:
     """Synthetic landscape without ties: a fifth of the keys fail, the rest get a reward from their CRC."""
     h = zlib.crc32(key.encode())
     if h % 5 == 0:
-        return "compile_error", 0.0
-    return "ok", 0.3 + 0.6 * (h / 2**32)
+        return Status.COMPILE_ERROR, 0.0
+    return Status.OK, 0.3 + 0.6 * (h / 2**32)
 
 
 def tied_landscape(key: str) -> Outcome:
     """Synthetic landscape where every candidate scores the same: only tie-breaks tell moves apart."""
-    return "ok", 0.6
+    return Status.OK, 0.6
 
 
 def many_moves(key: str) -> list[str]:
@@ -171,7 +180,7 @@ class Recorder:
         self.log.append(json.dumps({"op": "add", "parent": parent, "key": key, "edit": edit}))
         return self.search.add_child(parent, key, edit)
 
-    def record(self, node: int, status: str, r: float) -> None:
+    def record(self, node: int, status: Status, r: float) -> None:
         self.log.append(json.dumps({"op": "record", "node": node, "status": status, "reward": r}))
         self.search.record(node, status, r)
 
@@ -248,7 +257,7 @@ def test_widening_caps_and_boosts():
     kids = [s.add_child(0, f"k{i}", f"e{i}") for i in range(4)]
     assert s.room(0) == 0 and s.select() is None  # pending children count, and are never selected
     for k, r in zip(kids, (0.6, 0.7, 0.0, 0.55), strict=True):
-        s.record(k, "ok" if r else "compile_error", r)
+        s.record(k, Status.OK if r else Status.COMPILE_ERROR, r)
     assert s.best() == kids[1]
     assert s.room(0) == 4  # 4 visits: ceil(2 * 2 * 2) = 8 places, 4 used
     assert s.room(kids[0]) == 2  # ceil(2 * 1): a side branch
@@ -256,7 +265,7 @@ def test_widening_caps_and_boosts():
     assert s.room(kids[2]) == 0  # failed: never expanded by select
     # Fill the root: descent now goes to the best child (its UCT is highest with equal visits).
     for i in range(4, 8):
-        s.record(s.add_child(0, f"k{i}", f"e{i}"), "compile_error", 0.0)
+        s.record(s.add_child(0, f"k{i}", f"e{i}"), Status.COMPILE_ERROR, 0.0)
     assert s.room(0) == math.ceil(2 * 8**0.5 * 2) - 8 == 4
     s2 = MCTS(seed=0, root_boost=1.0, best_boost=1.0)
     assert s2.room(0) == 2
@@ -283,16 +292,16 @@ def test_widening_bound_holds_through_a_search():
 def _tree_with_two_kernels() -> tuple[MCTS, int, int]:
     s = MCTS(seed=0)
     x, y = s.add_child(0, "x", "ex"), s.add_child(0, "y", "ey")
-    s.record(x, "ok", 0.6)
-    s.record(y, "ok", 0.5)
+    s.record(x, Status.OK, 0.6)
+    s.record(y, Status.OK, 0.5)
     return s, x, y
 
 
 def test_dead_end_is_pruned_with_its_subtree():
     s, x, _ = _tree_with_two_kernels()
     keep = s.add_child(x, "x1", "e1")
-    s.record(keep, "ok", 0.55)  # did not improve on 0.6: count 1
-    for i, st in enumerate(("compile_error", "mismatch")):
+    s.record(keep, Status.OK, 0.55)  # did not improve on 0.6: count 1
+    for i, st in enumerate((Status.COMPILE_ERROR, Status.MISMATCH)):
         assert not s.node(x).pruned
         s.record(s.add_child(x, f"x{i + 2}", f"e{i + 2}"), st, 0.0)
     assert s.node(x).pruned and "pruned" in s.closed(x)  # type: ignore[operator]
@@ -305,16 +314,22 @@ def test_dead_end_is_pruned_with_its_subtree():
 
 def test_improvement_resets_the_dead_end_count():
     s, x, _ = _tree_with_two_kernels()
-    for st, r in (("crash", 0.0), ("timeout", 0.0), ("ok", 0.7), ("ok", 0.6), ("mismatch", 0.0)):
+    for st, r in (
+        (Status.CRASH, 0.0),
+        (Status.TIMEOUT, 0.0),
+        (Status.OK, 0.7),
+        (Status.OK, 0.6),
+        (Status.MISMATCH, 0.0),
+    ):
         s.record(s.add_child(x, f"k{r}{st}", st), st, r)
     assert not s.node(x).pruned  # 0.7 beat 0.6, so only the last two count
-    s.record(s.add_child(x, "k-last", "e"), "launch_error", 0.0)
+    s.record(s.add_child(x, "k-last", "e"), Status.LAUNCH_ERROR, 0.0)
     assert s.node(x).pruned
 
 
 def test_root_is_never_pruned_and_failures_stop_the_search():
     s = MCTS(seed=0)
-    evals, picks = drive(s, lambda k: ("compile_error", 0.0), many_moves, budget=100)
+    evals, picks = drive(s, lambda k: (Status.COMPILE_ERROR, 0.0), many_moves, budget=100)
     assert not s.node(0).pruned
     assert set(picks) == {0}  # failed nodes are never expanded
     # the root widens as sqrt(visits) while its children fail, until the cap stops it (16 here)
@@ -328,7 +343,7 @@ def test_close_stops_a_node_but_not_its_subtree():
     assert s.select() == x  # descends to the better child
     s.close(x, "no move")
     c = s.add_child(y, "y1", "e")
-    s.record(c, "ok", 0.8)
+    s.record(c, Status.OK, 0.8)
     s.close(y, "no move")
     assert s.select() == c  # below a closed node, still searchable
     s.close(c, "no move")
@@ -338,11 +353,11 @@ def test_close_stops_a_node_but_not_its_subtree():
 def test_repair_under_a_failed_node_is_reachable():
     s = MCTS(seed=0)
     f = s.add_child(0, "f", "e")
-    s.record(f, "compile_error", 0.0)
+    s.record(f, Status.COMPILE_ERROR, 0.0)
     s.close(0, "no move")
     assert s.room(f) == 0 and s.select() is None  # a failure is never expanded
     fixed = s.add_child(f, "f-fixed", "repair")  # the loop's repair round
-    s.record(fixed, "ok", 0.7)
+    s.record(fixed, Status.OK, 0.7)
     assert s.select() == fixed and s.best() == fixed
     assert s.node(f).value == 0.7 and s.path(fixed) == (0, f, fixed)
 
@@ -351,23 +366,23 @@ def test_memory_and_validation():
     s, x, y = _tree_with_two_kernels()
     z = s.add_child(x, "z", "tile 64")
     assert s.tried_edits(x) == {"tile 64"}  # pending edits count: the policy must not repeat them
-    s.record(z, "mismatch", 0.0)
+    s.record(z, Status.MISMATCH, 0.0)
     assert s.history() == [
-        (0, x, "ex", "ok", 0.6),
-        (0, y, "ey", "ok", 0.5),
-        (x, z, "tile 64", "mismatch", 0.0),
+        (0, x, "ex", Status.OK, 0.6),
+        (0, y, "ey", Status.OK, 0.5),
+        (x, z, "tile 64", Status.MISMATCH, 0.0),
     ]
     assert s.status(z) is Status.MISMATCH and s.status(0) is Status.OK
     assert s.node(0).value == 0.5 and s.node(0).candidate_key == ""
     with pytest.raises(ValueError):
-        s.record(z, "ok", 0.5)  # twice
+        s.record(z, Status.OK, 0.5)  # twice
     with pytest.raises(ValueError):
-        s.record(0, "ok", 0.5)  # the root
+        s.record(0, Status.OK, 0.5)  # the root
     p = s.add_child(y, "p", "e")
     with pytest.raises(ValueError):
         s.add_child(p, "q", "e")  # under a pending node
     with pytest.raises(ValueError):
-        s.record(p, "ok", 1.5)
+        s.record(p, Status.OK, 1.5)
     with pytest.raises(ValueError):
         s.record(p, "fine", 0.5)
     with pytest.raises(KeyError):
@@ -415,7 +430,7 @@ def test_replay_from_a_json_log_rebuilds_the_search(cls):
         if call["op"] == "add":
             fresh.add_child(call["parent"], call["key"], call["edit"])
         elif call["op"] == "record":
-            fresh.record(call["node"], call["status"], call["reward"])
+            fresh.record(call["node"], Status(call["status"]), call["reward"])
         else:
             fresh.close(call["node"], call["reason"])
     assert fresh.nodes() == s.nodes()
@@ -450,15 +465,15 @@ def test_greedy_expands_the_best_node_with_room():
     g = Greedy(width=3)
     assert g.select() == 0 and g.room(0) == 3
     for i in range(3):
-        g.record(g.add_child(0, f"f{i}", f"e{i}"), "compile_error", 0.0)
+        g.record(g.add_child(0, f"f{i}", f"e{i}"), Status.COMPILE_ERROR, 0.0)
     assert g.room(0) == 3 and g.select() == 0  # nothing has worked yet: keep drawing first kernels
     a, b = g.add_child(0, "a", "ea"), g.add_child(0, "b", "eb")
-    g.record(a, "ok", 0.6)
-    g.record(b, "ok", 0.6)
+    g.record(a, Status.OK, 0.6)
+    g.record(b, Status.OK, 0.6)
     assert g.room(0) == 0  # width 3 from now on, and the root has 5
     assert g.select() == a  # ties: the earliest id
     for i in range(3):
-        g.record(g.add_child(a, f"a{i}", f"e{i}"), "ok", 0.55)
+        g.record(g.add_child(a, f"a{i}", f"e{i}"), Status.OK, 0.55)
     assert g.node(a).pruned  # same dead-end rule as MCTS
     assert g.select() == b
 

@@ -310,8 +310,13 @@ def test_cause_of_failures() -> None:
     cause = selfcheck.cause_of
     assert cause("ok", [], True) is None
     assert cause("unbuildable", ["transform: x"], None) == "transform"
-    assert cause("launch_error", ["launch_error: out of GPU memory: x"], False) == "eager_fails"
-    assert cause("launch_error", ["launch_error: out of GPU memory: x"], True) == "out_of_memory"
+    assert cause("launch_error", ["out_of_memory: out of GPU memory: x"], False) == "eager_fails"
+    assert cause("launch_error", ["out_of_memory: out of GPU memory: x"], True) == "out_of_memory"
+    # By code, never by the text: a launch error that mentions memory is a launch error.
+    assert (
+        cause("launch_error", ["launch_error: forward raised RuntimeError: out of GPU memory"], True)
+        == "launch_error"
+    )
     assert cause("rejected", ["static:forbidden_import: line 3: imports einops"], True) == "static_check"
     assert cause("rejected", ["note: hybrid", "kernels_no_work: 2 us"], True) == "runtime_check"
     assert cause("mismatch", ["mismatch: 3 of 9 elements (trial 0, first run)"], True) == "tolerance"
@@ -325,7 +330,7 @@ def test_summary_counts_pass_rate_over_tasks_where_eager_runs() -> None:
     rows = [
         row("level1/1_a", "ok", seconds=2.0),
         row("level1/2_b", "mismatch", reasons=["mismatch: far off (trial 0, first run)"], seconds=4.0),
-        row("level2/1_c", "launch_error", eager=False, reasons=["launch_error: out of GPU memory"]),
+        row("level2/1_c", "launch_error", eager=False, reasons=["out_of_memory: out of GPU memory"]),
         row("level2/2_d", "ok", seconds=10.0),
     ]
     s = selfcheck.summarize(rows)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import gpu_memory, tolerance, verify
-from pipeline.types import Status, Task, Verdict, from_dict, to_dict
+from pipeline import gpu_memory, jobs, tolerance, verify
+from pipeline.types import Status
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "tasks"
@@ -190,9 +190,9 @@ def test_threads_are_attributed_to_the_code_that_started_them():
 
 @pytest.mark.slow
 def test_cpu_worker_accepts_eager_and_rejects_tf32_on_the_cancellation_task(cpu_worker):
-    r = cpu_worker.request({"kind": "probe", "path": str(FIX / "small_cancel_gemm.py")})
-    assert r.ok, r.reason
-    task = from_dict(Task, r.data["task"])
+    r = cpu_worker.request(jobs.Probe(str(FIX / "small_cancel_gemm.py")))
+    assert isinstance(r.answer, jobs.Probed), r.reason
+    task = r.answer.task
     head = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, a, b, c):\n"
     eager = head + "        return a @ b - a @ c\n"
     tf = head + (
@@ -201,15 +201,10 @@ def test_cpu_worker_accepts_eager_and_rejects_tf32_on_the_cancellation_task(cpu_
     )
     verdicts = {}
     for name, launcher in (("eager", eager), ("tf32", tf)):
-        job = {
-            "kind": "evaluate",
-            "task": to_dict(task),
-            "candidate": {"key": name, "launcher": launcher, "cubin_path": None, "kernel_names": []},
-            "settings": {"device": "cpu", "trials": 3, "seed": 0},
-        }
+        job = jobs.Evaluate(task, jobs.CandidateCode(name, launcher), jobs.Settings(device="cpu", trials=3))
         res = cpu_worker.request(job)
-        assert res.ok, res.reason
-        verdicts[name] = from_dict(Verdict, res.data["verdict"])
+        assert isinstance(res.answer, jobs.Evaluated), res.reason
+        verdicts[name] = res.answer.verdict
     assert verdicts["eager"].status == Status.OK, verdicts["eager"].reasons
     assert verdicts["eager"].ref_rel_error > task.norm_tol  # the reference's own error, recorded
     assert verdicts["tf32"].status == Status.MISMATCH

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.types import Kind, Status, Task, Verdict, from_dict, to_dict
+from pipeline import jobs, reasons
+from pipeline.types import Kind, Status, Task, Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,29 +19,26 @@ FIX = ROOT / "tests" / "fixtures" / "tasks"
 def probed(cpu_worker):
     out = {}
     for name in ("small_chain", "small_norm", "small_softmax"):
-        r = cpu_worker.request({"kind": "probe", "path": str(FIX / f"{name}.py")})
-        assert r.ok, r.reason
-        out[name] = from_dict(Task, r.data["task"])
+        r = cpu_worker.request(jobs.Probe(str(FIX / f"{name}.py")))
+        assert isinstance(r.answer, jobs.Probed), r.reason
+        out[name] = r.answer.task
     return out
 
 
 def evaluate(worker, task: Task, launcher: str) -> Verdict:
-    job = {
-        "kind": "evaluate",
-        "task": to_dict(task),
-        "candidate": {
-            "key": "standin",
-            "launcher": launcher,
-            "cubin_path": None,
-            "kernel_names": [],
-            "kind": "custom",
-            "library_ops": [],
-        },
-        "settings": {"device": "cpu", "trials": 3, "seed": 0},
-    }
+    job = jobs.Evaluate(
+        task, jobs.CandidateCode("standin", launcher), jobs.Settings(device="cpu", trials=3, seed=0)
+    )
     r = worker.request(job)
-    assert r.ok, r.reason
-    return from_dict(Verdict, r.data["verdict"])
+    assert isinstance(r.answer, jobs.Evaluated), r.reason
+    v = r.answer.verdict
+    # Every reason starts with a registered code, and a failure names one that carries its status.
+    assert all(
+        reasons.code_of(x) in reasons.CODES or reasons.code_of(x).startswith("static:") for x in v.reasons
+    )
+    if v.status != Status.OK:
+        assert any(reasons.status_of(reasons.code_of(x)) == v.status for x in v.reasons), v.reasons
+    return v
 
 
 HEADER = "import torch\nimport torch.nn as nn\n\n"

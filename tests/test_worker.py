@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from pipeline import jobs
 from pipeline.config import load
 from pipeline.types import Status
 from pipeline.worker import Worker, WorkerPool
@@ -34,10 +35,10 @@ STANDINS = {
 }
 
 
-def probe_job(tmp_path, name: str) -> dict:
+def probe_job(tmp_path, name: str) -> jobs.Probe:
     path = tmp_path / f"{name}.py"
     path.write_text(STANDINS[name])
-    return {"kind": "probe", "path": str(path)}
+    return jobs.Probe(str(path))
 
 
 @pytest.fixture
@@ -51,23 +52,23 @@ def worker(tmp_path):
 
 @pytest.mark.parametrize("name", ["segfault", "abort"])
 def test_crash_kills_only_the_worker_and_it_restarts(worker, tmp_path, name):
-    assert worker.request({"kind": "ping"}).ok
+    assert worker.request(jobs.Ping()).ok
     first_pid = worker.proc.pid
     r = worker.request(probe_job(tmp_path, name))
     assert not r.ok and r.status == Status.CRASH
     assert "SIGSEGV" in r.reason or "SIGABRT" in r.reason
     assert not worker.alive()
-    again = worker.request({"kind": "ping"})
-    assert again.ok and again.data == {"pong": True}
+    again = worker.request(jobs.Ping())
+    assert again.ok and isinstance(again.answer, jobs.Pong)
     assert worker.proc.pid != first_pid and worker.restarts == 1
 
 
 def test_hang_times_out_and_the_process_is_gone(worker, tmp_path):
-    worker.request({"kind": "ping"})
-    r = worker.request({**probe_job(tmp_path, "sleep")}, timeout_s=3)
+    worker.request(jobs.Ping())
+    r = worker.request(probe_job(tmp_path, "sleep"), timeout_s=3)
     assert r.status == Status.TIMEOUT and "no answer within 3 s" in r.reason
     assert r.seconds < 10
-    assert worker.request({"kind": "ping"}).ok
+    assert worker.request(jobs.Ping()).ok
 
 
 def test_cpu_time_limit(worker, tmp_path):
@@ -79,7 +80,7 @@ def test_cpu_time_limit(worker, tmp_path):
 def test_memory_limit(worker, tmp_path):
     r = worker.request(probe_job(tmp_path, "memory"), timeout_s=30)
     assert r.status == Status.CRASH and "resident memory" in r.reason
-    assert worker.request({"kind": "ping"}).ok
+    assert worker.request(jobs.Ping()).ok
 
 
 def test_environment_is_scrubbed_and_cwd_is_scratch(tmp_path, monkeypatch):
@@ -101,20 +102,40 @@ def test_environment_is_scrubbed_and_cwd_is_scratch(tmp_path, monkeypatch):
 
 def test_pool_keeps_order_and_survives_a_crash(tmp_path):
     cfg = load(home=tmp_path / "home", device="cpu", job_timeout_s=30)
-    jobs = [{"kind": "ping"}, probe_job(tmp_path, "abort"), {"kind": "ping"}, {"kind": "nonsense"}]
+    batch = [jobs.Ping(), probe_job(tmp_path, "abort"), jobs.Ping(), jobs.Probe(str(tmp_path / "none.py"))]
     with WorkerPool(cfg, [None, None]) as pool:
         t0 = time.monotonic()
-        results = pool.map(jobs)
+        results = pool.map(batch)
         assert time.monotonic() - t0 < 60
     assert [r.ok for r in results] == [True, False, True, False]
-    assert results[1].status == Status.CRASH
-    assert "unknown job kind" in results[3].reason
+    assert results[1].status == Status.CRASH and isinstance(results[0].answer, jobs.Pong)
+    failed = results[3].answer  # the handler's own refusal comes back typed, the worker alive
+    assert isinstance(failed, jobs.Failed) and failed.task_error and "not found" in results[3].reason
 
 
 def test_closing_leaves_no_process(tmp_path):
     w = Worker(load(home=tmp_path / "home", device="cpu"))
-    w.request({"kind": "ping"})
+    w.request(jobs.Ping())
     pid = w.proc.pid
     w.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+# A stand-in "task" that, once probed, makes the worker's answers unreadable: every answer the worker sends
+# from then on (this probe's own included) is a message of a kind no one knows.
+STANDIN_GARBLES_ANSWERS = """
+from pipeline import jobs
+jobs.encode = lambda message: b'{"kind": "nonsense"}'
+raise RuntimeError('garbled')
+"""
+
+
+def test_an_answer_that_does_not_decode_is_a_crash_and_the_worker_restarts(worker, tmp_path):
+    path = tmp_path / "garbles.py"
+    path.write_text(STANDIN_GARBLES_ANSWERS)
+    r = worker.request(jobs.Probe(str(path)))
+    assert not r.ok and r.answer is None
+    assert r.status == Status.CRASH and r.reason == "worker sent a malformed answer"
+    assert not worker.alive()
+    assert isinstance(worker.request(jobs.Ping()).answer, jobs.Pong)  # a fresh, unpatched worker

@@ -8,8 +8,8 @@ against `ncu --query-metrics` where ncu is installed, and the parser reports whi
 
 from __future__ import annotations
 
+import dataclasses
 import glob
-import json
 import os
 import re
 import shutil
@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import sandbox
+from pipeline import jobs, sandbox
 from pipeline.config import Config
 from pipeline.types import Status
 
@@ -166,13 +166,13 @@ def ncu_command(
 
 
 def run_ncu(
-    job: dict,
+    job: jobs.Ncu,
     cfg: Config,
     metrics: tuple[str, ...] | None = None,
     timeout_s: float = 300.0,
     launch_count: int = PER_CONFIG,
 ) -> NcuResult:
-    """Profile one candidate (or the reference, with job["reference"]) under ncu in an isolated process."""
+    """Profile one candidate (or the reference, when the job names none) under ncu in an isolated process."""
     ncu = find_ncu()
     if ncu is None:
         return NcuResult(Status.LAUNCH_ERROR, log="ncu (Nsight Compute) not found on this machine")
@@ -182,9 +182,9 @@ def run_ncu(
     scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=scratch_root)).resolve()
     job_path = scratch / "job.json"
     # The namespaces go on ncu's whole tree through the trampoline; the target applies Landlock and seccomp
-    # itself once CUDA is up (job["sandbox"]), since ncu must exec it and talk to its injected library.
+    # itself once CUDA is up (job.sandbox), since ncu must exec it and talk to its injected library.
     plan = sandbox.ncu_plan(cfg, scratch, job)
-    job_path.write_text(json.dumps({**job, "sandbox": plan.to_json()} if plan else job))
+    job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
     log_path = scratch / "ncu.csv"
     t0 = time.monotonic()
     proc = sandbox.spawn(

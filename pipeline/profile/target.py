@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline import sandbox
+from pipeline import jobs, sandbox
 
 WARMUP_CALLS = 2
 
@@ -26,25 +26,28 @@ def main(job_path: str) -> int:
     from pipeline import runtime, tasks, verify  # noqa: F401 - loaded before the sandbox closes
     from pipeline.worker_jobs import candidate_factory, reference_precision
 
-    job = json.loads(Path(job_path).read_text())
+    job = jobs.decode(Path(job_path).read_bytes())
+    if not isinstance(job, jobs.Ncu):
+        raise jobs.JobFormatError(f"{job_path}: a {job.KIND!r} message, not an ncu job")
     reference_precision()
     device = torch.device("cuda")
-    module = tasks.load_module(job["task_path"])
+    module = tasks.load_module(job.task_path)
     init_args = list(module.get_init_inputs())
-    reference = verify.build_reference(module, init_args, job["seed"], device, redraw_constant=False)
+    reference = verify.build_reference(module, init_args, job.seed, device, redraw_constant=False)
     torch.cuda.synchronize()
-    if job.get("sandbox"):
+    if job.sandbox:
         import cupy
 
         cupy.cuda.Device(torch.cuda.current_device()).use()
-        plan = sandbox.Plan.from_json(job["sandbox"])
+        plan = sandbox.Plan.from_json(job.sandbox)
         report = sandbox.apply_late(plan, _early_report(plan))
         Path(plan.scratch, "sandbox.json").write_text(json.dumps(report))
-    if job.get("reference"):
+    if job.candidate is None:
         model = reference
     else:
-        model, _ = verify.build_candidate(candidate_factory(job), init_args, job["seed"], device, reference)
-    inputs = verify.make_inputs(module, job["seed"] + 101, device)
+        factory = candidate_factory(job.candidate)
+        model, _ = verify.build_candidate(factory, init_args, job.seed, device, reference)
+    inputs = verify.make_inputs(module, job.seed + 101, device)
     with torch.no_grad():
         for _ in range(WARMUP_CALLS):
             model(*inputs)

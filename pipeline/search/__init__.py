@@ -6,7 +6,7 @@ from typing import Any
 
 from pipeline.search.greedy import Greedy
 from pipeline.search.mcts import MCTS
-from pipeline.search.reward import Objective, objective_value, reward, speedup
+from pipeline.search.reward import Objective, objective_value, reward
 from pipeline.search.tree import SearchTree
 
 KINDS = ("mcts", "greedy")
@@ -20,7 +20,6 @@ __all__ = [
     "make_search",
     "objective_value",
     "reward",
-    "speedup",
 ]
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import enum
 import math
 
-OK = "ok"  # pipeline.types.Status.OK; compared as text so callers may pass the enum or its value
+from pipeline.types import Status
+
 NEUTRAL = 0.5  # the reference itself (the root of the tree)
 FLOOR = 0.05  # infimum of a correct candidate's reward
 MAX_RATIO = 1e6
@@ -56,15 +57,8 @@ def _usable(x: float | None) -> bool:
     return x is not None and math.isfinite(x) and x > 0
 
 
-def speedup(value: float | None, baseline: float | None) -> float | None:
-    """baseline / value (>1: better than the baseline); None unless both are finite and positive."""
-    if not _usable(value) or not _usable(baseline):
-        return None
-    return baseline / value  # type: ignore[operator]
-
-
 def reward(
-    status: str,
+    status: Status,
     value: float | None,
     baseline: float | None,
     objective: Objective | str = Objective.TIME,
@@ -74,7 +68,7 @@ def reward(
     A correct candidate with no usable baseline scores NEUTRAL: there is no evidence that it is better or
     worse than the reference, and it must still rank above every failure.
     """
-    if str(status) != OK or not _usable(value):
+    if Status(status) is not Status.OK or not _usable(value):
         return 0.0
     if not _usable(baseline):
         return NEUTRAL

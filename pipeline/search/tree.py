@@ -27,7 +27,7 @@ from pipeline.search.reward import NEUTRAL
 from pipeline.types import Node, Status, to_dict
 
 ROOT = 0
-History = tuple[int, int, str, str, float | None]  # (parent id, child id, edit, status, reward as given)
+History = tuple[int, int, str, Status, float | None]  # (parent id, child id, edit, status, reward as given)
 
 
 @dataclass
@@ -163,7 +163,7 @@ class SearchTree:
         self._calls.append({"op": "add", "parent": parent, "key": candidate_key, "edit": edit})
         return cid
 
-    def record(self, node_id: int, status: str, reward: float | None) -> None:
+    def record(self, node_id: int, status: Status, reward: float | None) -> None:
         """The evaluation of a pending child: backpropagate and update the parent's dead-end count."""
         rec = self._get(node_id)
         if node_id == ROOT:
@@ -197,7 +197,7 @@ class SearchTree:
             b = self._best
             if b is None or own > self._recs[b].reward or (own == self._recs[b].reward and node_id < b):  # type: ignore[operator]
                 self._best = node_id
-        self._history.append((rec.parent, node_id, rec.edit, st.value, reward))  # type: ignore[arg-type]
+        self._history.append((rec.parent, node_id, rec.edit, st, reward))  # type: ignore[arg-type]
         self._calls.append({"op": "record", "node": node_id, "status": st.value, "reward": reward})
 
     def close(self, node_id: int, reason: str) -> None:
@@ -215,7 +215,7 @@ class SearchTree:
         if op == "add":
             return self.add_child(int(call["parent"]), str(call["key"]), str(call["edit"]))
         if op == "record":
-            self.record(int(call["node"]), str(call["status"]), call["reward"])
+            self.record(int(call["node"]), Status(call["status"]), call["reward"])
         elif op == "close":
             self.close(int(call["node"]), str(call["reason"]))
         else:
