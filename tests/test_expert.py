@@ -16,6 +16,7 @@ from pipeline.config import Config
 from pipeline.generate.base import Context, ProposalStatus, Tried
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
 from pipeline.generate.expert.edits import base_plan, legal_edits
+from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.static_check import check_launcher
 from pipeline.tasks import TaskError, load_module, probe
@@ -274,7 +275,7 @@ EXPECTED_REGIONS = {
 def test_builtin_tasks_capture_into_expected_regions(name):
     low = prepare(capture(TASKS / f"{name}.py"))
     assert [r.kind for r in low.regions] == EXPECTED_REGIONS[name]
-    ew = [r for r in low.regions if r.kind == "ew"]
+    ew = [r for r in low.regions if r.kind is RegionKind.EW]
     if name in HYBRID:  # the epilogue overwrites the library's fresh output in place
         assert ew[0].inplace and ew[0].inplace[0][1] == low.regions[0].outputs[0]
     if name == "elementwise_chain":  # the whole chain, both uses of x, is one region
@@ -300,7 +301,7 @@ def test_capture_covers_family_cases(cases):
         low = prepare(capture(path))
         kinds = {r.kind for r in low.regions}
         assert kinds == FAMILIES[name], (name, kinds, low.notes)
-        assert not [r for r in low.regions if r.kind == "torch"], (name, low.notes)
+        assert not [r for r in low.regions if r.kind is RegionKind.TORCH], (name, low.notes)
 
 
 def test_unsupported_op_alone_is_unsupported_with_reason(tmp_path):
@@ -502,7 +503,7 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
 
 def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms: int = 64) -> list[str]:
     """Each candidate's outputs against the float64 reference: same shapes and dtypes, values within tol."""
-    from pipeline.generate.expert.emulate import build, load_model
+    from cuda_emulator import build, load_model
 
     module = load_module(path)
     torch.manual_seed(0)

@@ -12,11 +12,15 @@ import pytest
 
 from pipeline.compile import _cutlass, compile_candidates
 from pipeline.config import Config
-from pipeline.generate.base import Context, ProposalStatus
+from pipeline.generate.base import Context, Outcome, ProposalStatus
 from pipeline.generate.expert import ExpertPolicy, atoms, capture, plan_of
 from pipeline.generate.expert.edits import base_plan, legal_edits, safer
+from pipeline.generate.expert.families import gemm16
+from pipeline.generate.expert.families.gemm16 import GemmPlan
+from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.generate.expert.templates import gemm
+from pipeline.generate.expert.templates.code import CUTE_FLAGS
 from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
 from pipeline.types import Kind, Status
@@ -127,8 +131,8 @@ def test_which_linear_layers_the_template_takes(tmp_path):
     }
     for name, (path, why) in cases.items():
         low = prepare(capture(path))
-        (lib,) = [r for r in low.regions if r.kind == "library"]
-        reason = gemm.eligible(lib, low)
+        (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+        reason = gemm16.eligible(lib, low)
         assert (why in reason and reason) if why else reason == "", (name, reason)
 
 
@@ -147,16 +151,16 @@ def test_which_products_the_template_takes_and_how_their_operands_lie(tmp_path):
     }
     for name, (a, b, expr, want) in cases.items():
         low = prepare(capture(product(tmp_path, name, a, b, expr)))
-        (lib,) = [r for r in low.regions if r.kind == "library"]
-        got = gemm.form(lib, low)
+        (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+        got = gemm16.form(lib, low)
         assert got == want if isinstance(want, gemm.Form) else want in got, (name, got)
 
 
 def test_the_epilogue_indexes_bias_scale_and_scalars(tmp_path):
     path = linear(tmp_path, "epi", expr="torch.relu(self.linear(x)) * self.s + 0.5")
     low = prepare(capture(path))
-    (lib,) = [r for r in low.regions if r.kind == "library"]
-    epi = gemm.epilogue(lib, low)
+    (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+    epi = gemm16.epilogue(lib, low)
     assert epi is not None and epi.out_dtype == "bfloat16"
     assert sorted(cls for _, _, cls in epi.operands) == ["col", "col"]  # the bias and the per-feature scale
 
@@ -165,8 +169,8 @@ def test_a_16_bit_epilogue_takes_the_hardware_tanh_and_an_fp32_one_the_exact_tan
     for expr, out_dt, mufu in (("torch.tanh(self.linear(x)) * self.s", "bfloat16", True),
                                ("torch.tanh(self.linear(x)).float()", "float32", False)):  # fmt: skip
         low = prepare(capture(linear(tmp_path, f"tanh_{out_dt}", expr=expr)))
-        (lib,) = [r for r in low.regions if r.kind == "library"]
-        epi = gemm.epilogue(lib, low)
+        (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+        epi = gemm16.epilogue(lib, low)
         assert epi is not None and epi.out_dtype == out_dt
         source, _ = render(low, base_plan(low, True))
         chain = source[source.index("void kp_linear_f(") :]
@@ -177,7 +181,7 @@ def test_plans_edits_and_repairs(tmp_path):
     low = prepare(capture(ROOT / "tasks" / "matmul_bias_gelu.py"))
     plain, tuned = base_plan(low, False), base_plan(low, True)
     assert not uses_cute(plain) and uses_cute(tuned)  # cuBLAS first, then our kernel
-    g = next(rp for rp in tuned.regions if rp.family == "wgmma")
+    g = next(rp for rp in tuned.regions if isinstance(rp, GemmPlan))
     assert (g.bn, g.stages, g.epilogue) == (256, gemm.max_stages(256), "linear")
     labels = [label for label, _ in legal_edits(tuned, low)]
     assert "more_parallelism(linear_mm: bn=128, stages=4)" in labels
@@ -197,7 +201,7 @@ def test_a_lone_linear_layer_is_ours_and_cites_its_building_blocks(tmp_path):
     assert all(p.status == ProposalStatus.OK for p in props)
     for p in props:
         c = p.candidate
-        assert uses_cute(plan_of(c.source)) and c.flags == gemm.CUTE_FLAGS
+        assert uses_cute(plan_of(c.source)) and c.flags == CUTE_FLAGS
         assert any("MMA_64x" in b and "F16F16_SS" in b for b in c.blocks)
         assert re.search(r"// building block: SM90_TMA_LOAD_3D \(cute/arch/copy_sm90_tma.hpp:\d+\)", c.source)
         assert (
@@ -252,6 +256,22 @@ def test_gemm_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK, (c.edit, b.log)
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
+
+
+def test_a_failed_gemm_is_repaired_back_to_cublas():
+    t = probe(ROOT / "tasks" / "matmul_bias_gelu.py")
+    policy = ExpertPolicy()
+    tuned = policy.propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    assert uses_cute(plan_of(tuned.source))
+    fixed = policy.repair(
+        Context(task=t, reference=t.source, parent=None), tuned, Outcome(tuned.key, "mismatch")
+    )
+    assert fixed.status == ProposalStatus.OK, fixed.reason
+    assert (
+        fixed.edit == "repair: plain parameters for linear, linear_mm after mismatch"
+    )  # the GEMM left the plan
+    plan = plan_of(fixed.candidate.source)
+    assert not uses_cute(plan) and fixed.candidate.flags == () and "torch.matmul(" in fixed.candidate.launcher
 
 
 def test_before_hopper_the_linear_layer_stays_in_cublas():

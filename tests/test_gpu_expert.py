@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import loop
+from pipeline import stages
 from pipeline.config import load
 from pipeline.generate.base import Context, ProposalStatus
 from pipeline.generate.expert import ExpertPolicy
@@ -40,7 +40,7 @@ def pool(home):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    with loop.open_pool(cfg_for(home)) as p:
+    with stages.open_pool(cfg_for(home)) as p:
         yield p
 
 
@@ -295,13 +295,13 @@ def proposals(path: Path) -> list:
     return out
 
 
-def assert_ok(results, hybrid: bool) -> None:
+def assert_ok(cands, results, hybrid: bool) -> None:
     """Every candidate compiles and verifies; hybrid unless our own kernels (a WGMMA GEMM) do all of it."""
-    for r in results:
-        edit = r.candidate.edit
+    for c, r in zip(cands, results, strict=True):
+        edit = c.edit
         assert r.build is not None and r.build.status == Status.OK, (edit, r.build and r.build.log)
         assert r.verdict.status == Status.OK, (edit, r.verdict.reasons)
-        ours = uses_cute(plan_of(r.candidate.source))
+        ours = uses_cute(plan_of(c.source))
         assert r.verdict.kind == (Kind.HYBRID if hybrid and not ours else Kind.CUSTOM), (
             edit,
             r.verdict.library_ops,
@@ -311,16 +311,18 @@ def assert_ok(results, hybrid: bool) -> None:
 @pytest.mark.parametrize(("name", "shape"), [(name, shape) for name in FAMILIES for shape in SHAPES[name]])
 def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, shape):
     path = family_task(tmp_path, name, shape)
-    results = loop.evaluate_candidates(path, proposals(path), cfg_for(home), pool=pool)
-    assert_ok(results, hybrid=name in GEMMS or name == "conv_epilogue")
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=name in GEMMS or name == "conv_epilogue")
     if name in GEMMS:  # the tuned plan runs our WGMMA kernel
-        assert any(uses_cute(plan_of(r.candidate.source)) for r in results)
+        assert any(uses_cute(plan_of(c.source)) for c in cands)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"
-    results = loop.evaluate_candidates(path, proposals(path), cfg_for(home), pool=pool)
-    assert_ok(results, hybrid=task_id in HYBRID)
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=task_id in HYBRID)
     for r in results:
         assert r.measurement is not None and r.measurement.timing is not None

@@ -1,13 +1,15 @@
 """The offline expert policy: rule-based CUDA kernels written from a task's PyTorch reference.
 
-graph.capture (torch.export on the meta device) -> regions.lower (canonical ops, fusible regions) ->
-edits.base_plan / edits.legal_edits (a Plan per candidate) -> render.render (templates/) -> Candidate.
+graph.capture (torch.export on the meta device) -> render.prepare (regions.lower: canonical ops, fusible
+regions; the op families of families/ claim them) -> edits.base_plan / edits.legal_edits (a Plan per
+candidate, each region's knobs and edits its family's) -> render.render (the families' templates/) ->
+Candidate.
 """
 
 from pipeline.generate.expert.graph import CaptureError, Graph, capture
 from pipeline.generate.expert.plan import Plan, RegionPlan, plan_of
 from pipeline.generate.expert.policy import ExpertPolicy, supports
-from pipeline.generate.expert.regions import Region, lower
+from pipeline.generate.expert.regions import Region, RegionKind, lower
 
 __all__ = [
     "CaptureError",
@@ -15,6 +17,7 @@ __all__ = [
     "Graph",
     "Plan",
     "Region",
+    "RegionKind",
     "RegionPlan",
     "capture",
     "lower",

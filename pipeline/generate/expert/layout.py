@@ -3,27 +3,38 @@
 Elementwise regions see their output as rows x cols, where cols are the trailing `k` dimensions; each
 tensor operand is `full` (same shape as the output), `scalar` (one element), `row` (varies along the leading
 dimensions only: read once per row), `col` (varies along the trailing ones) or `dense` (any other broadcast:
-the launcher expands it to full). Row-wise ops (reductions, softmax, norms, scans) see (outer, R, inner):
-`row` family when the reduced dimensions are the trailing ones (inner is 1), `col` family otherwise.
+the launcher expands it to full). Row-wise ops (reductions, softmax, norms, scans) see (outer, R, inner),
+`trailing` when the reduced dimensions are the last ones.
 Sizes themselves are read at run time by the launcher, so any batch size works.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+
+
+class Bcast(enum.StrEnum):
+    """How an operand of an elementwise region broadcasts against the region's (rows x cols) output."""
+
+    FULL = "full"
+    SCALAR = "scalar"
+    ROW = "row"
+    COL = "col"
+    DENSE = "dense"
 
 
 @dataclass(frozen=True)
 class Operand:
     name: str  # the value read
     dtype: str
-    cls: str  # full scalar row col dense
+    cls: Bcast
 
 
 @dataclass(frozen=True)
@@ -41,22 +52,22 @@ def _aligned(shape: tuple[int, ...], nd: int) -> tuple[int, ...]:
     return (1,) * (nd - len(shape)) + tuple(shape)
 
 
-def operand_class(shape: tuple[int, ...], out: tuple[int, ...], split: int) -> str:
+def operand_class(shape: tuple[int, ...], out: tuple[int, ...], split: int) -> Bcast:
     nd = len(out)
     dims = _aligned(shape, nd)
     if dims == tuple(out):
-        return "full"
+        return Bcast.FULL
     if math.prod(dims) == 1:
-        return "scalar"
+        return Bcast.SCALAR
     live = [i for i in range(nd) if dims[i] != 1]
     a, b = live[0], live[-1] + 1
     if any(dims[i] != out[i] for i in range(a, b)):
-        return "dense"
+        return Bcast.DENSE
     if b <= split:
-        return "row"
+        return Bcast.ROW
     if a >= split:
-        return "col"
-    return "dense"
+        return Bcast.COL
+    return Bcast.DENSE
 
 
 def ew_layout(region: Region, low: Lowered) -> EwLayout:
@@ -70,9 +81,9 @@ def ew_layout(region: Region, low: Lowered) -> EwLayout:
         for i in names:
             c = operand_class(shapes[i], out, split)
             dims = _aligned(shapes[i], nd)
-            if c == "dense":
+            if c is Bcast.DENSE:
                 cost += 100
-            elif c == "col":
+            elif c is Bcast.COL:
                 live = [d for d in range(nd) if dims[d] != 1]
                 cost += 0 if (live[0] == split and live[-1] == nd - 1) else 10
         cols = math.prod(out[split:]) if out else 1
@@ -84,7 +95,7 @@ def ew_layout(region: Region, low: Lowered) -> EwLayout:
         Operand(i, low.by_name[i].dtype or "float32", operand_class(shapes[i], out, split)) for i in names
     )
     outputs = tuple((o, _node(region, o).dtype or "float32") for o in region.outputs)
-    sizes = [ops.ITEMSIZE.get(d, 4) for d in (*(o.dtype for o in operands if o.cls in ("full", "dense")),
+    sizes = [ops.ITEMSIZE.get(d, 4) for d in (*(o.dtype for o in operands if o.cls in (Bcast.FULL, Bcast.DENSE)),
                                               *(d for _, d in outputs))]  # fmt: skip
     return EwLayout(
         k=nd - split,
@@ -106,7 +117,7 @@ class RowLayout:
     """A reduction, softmax, norm or scan over the dims [d0, d1) of its input, seen as (outer, R, inner)."""
 
     op: str  # reduce kind (sum, argmax, ...), softmax, log_softmax, layer_norm, rms_norm, group_norm, cumsum...
-    family: str  # row (inner == 1) or col
+    trailing: bool  # the reduced dims are the last ones (so inner == 1)
     dims: tuple[int, ...]  # reduced dims as written (may be negative); () for norms' static description
     outer: int
     reduced: int
@@ -136,7 +147,7 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
     nd = len(shape)
     in_dt = x.dtype or "float32"
     out_dt = n.dtype or in_dt
-    if region.kind == "reduce":
+    if region.kind is RegionKind.REDUCE:
         red = ops.reduction_of(n)
         if red is None:
             return None
@@ -154,7 +165,7 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             out_dt = in_dt
         return RowLayout(
             op=red.kind,
-            family="row" if d1 == nd else "col",
+            trailing=d1 == nd,
             dims=dims,
             outer=outer,
             reduced=reduced,
@@ -167,12 +178,12 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             static_nd=nd,
             dims_from="all" if red.dims is None else "end" if all(d < 0 for d in red.dims) else "start",
         )
-    if region.kind in ("softmax", "scan"):
+    if region.kind in (RegionKind.SOFTMAX, RegionKind.SCAN):
         d = int(n.args[1]) % nd if nd else 0
         op = n.op.lstrip("_")
         return RowLayout(
             op=op,
-            family="row" if d == nd - 1 else "col",
+            trailing=d == nd - 1,
             dims=(int(n.args[1]),),
             outer=math.prod(shape[:d]),
             reduced=shape[d] if nd else 1,
@@ -181,7 +192,7 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             out_dtype=out_dt,
             static_nd=nd,
         )
-    if region.kind == "norm":
+    if region.kind is RegionKind.NORM:
         lay = _norm_layout(n, shape, in_dt, out_dt)
         if lay is None:
             return None
@@ -202,7 +213,7 @@ def _norm_layout(n: Node, shape: tuple[int, ...], in_dt: str, out_dt: str) -> Ro
         b = a[3] if n.op == "layer_norm" and len(a) > 3 else None
         eps = float(a[4] if n.op == "layer_norm" and len(a) > 4 else a[3] if n.op == "rms_norm" else 1e-5)
         return RowLayout(
-            op=n.op, family="row", dims=(), outer=math.prod(shape[: nd - k]), reduced=math.prod(normalized),
+            op=n.op, trailing=True, dims=(), outer=math.prod(shape[: nd - k]), reduced=math.prod(normalized),
             inner=1, in_dtype=in_dt, out_dtype=out_dt, eps=eps, has_weight=w is not None,
             has_bias=b is not None, norm_dims=k,
         )  # fmt: skip
@@ -219,7 +230,7 @@ def _norm_layout(n: Node, shape: tuple[int, ...], in_dt: str, out_dt: str) -> Ro
         return None
     per_row = math.prod(shape[1:]) // g
     return RowLayout(
-        op="group_norm", family="row", dims=(), outer=shape[0] * g, reduced=per_row, inner=1,
+        op="group_norm", trailing=True, dims=(), outer=shape[0] * g, reduced=per_row, inner=1,
         in_dtype=in_dt, out_dtype=out_dt, eps=eps, has_weight=w is not None, has_bias=b is not None,
         groups=groups,
     )  # fmt: skip

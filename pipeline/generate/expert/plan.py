@@ -1,5 +1,8 @@
 """The expert's plan: one parameter set per region, stored as JSON in the first line of the CUDA source,
 so that a parent's plan comes back from its Candidate alone (runs resume from their logs).
+
+Each op family (families/) subclasses RegionPlan with its own knobs; the JSON names the family by its tag
+and lists the knobs that differ from their defaults.
 """
 
 from __future__ import annotations
@@ -7,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import ClassVar
 
 MARK = "// kernelpro-expert-plan: "
 VERSION = 1
@@ -14,25 +18,36 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class RegionPlan:
+    """One region's parameters: the region's id, then the family's knobs (fields with defaults)."""
+
+    TAG: ClassVar[str] = ""  # the family's name in the JSON
+    SHOWN: ClassVar[tuple[str, ...]] = ()  # knobs `describe` prints even at their defaults
+    ABSORBS: ClassVar[tuple[str, ...]] = ()  # knobs naming regions computed inside this region's kernels
+
     rid: str
-    family: str  # ew, row, col, scan (a reduction/softmax/norm/scan region's family comes from its layout),
-    # or wgmma: a GEMM (linear, matmul, mm, bmm) in our own Hopper kernel instead of cuBLAS
-    vec: int = 1  # elements per vector access (16 bytes at most)
-    threads: int = 256
-    unroll: int = 1  # vector accesses (ew, col) or loop iterations (row) in flight per thread
-    persistent: int = 0  # blocks per SM for a persistent grid-stride grid; 0: a block per piece of work
-    min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
-    warp_reduce: bool = False  # shuffles instead of a shared-memory tree
-    warp_rows: bool = False  # row family: one warp per row (short rows)
-    smem_row: bool = False  # row family: the row is cached in shared memory between passes
-    regs: int = 0  # row family, two-pass ops: the row held in registers, this many vectors per thread
-    splits: int = 0  # reductions: split the reduced dimension to reach this many blocks per SM (0: never)
-    bx: int = 32  # col family: threads along the contiguous inner dimension
-    items: int = 1  # scan: consecutive items per thread
-    prologue: str = ""  # rid of an ew region computed on this region's loads
-    epilogue: str = ""  # rid of an ew region computed on this region's stores
-    bn: int = 0  # wgmma: tile width along N (the tile is 128 x bn x 64)
-    stages: int = 0  # wgmma: shared-memory stages in the TMA ring
+
+    def absorbed(self) -> tuple[str, ...]:
+        """The regions this one's kernels compute besides its own (fused neighbours)."""
+        return tuple(v for name in self.ABSORBS if (v := getattr(self, name)))
+
+    def changed(self) -> dict[str, object]:
+        """The knobs that differ from their defaults."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)[1:]
+            if getattr(self, f.name) != f.default
+        }
+
+    def describe(self) -> str:
+        """A short human-readable summary: the tag, then the knobs in declaration order (flags by name)."""
+        parts = [self.TAG]
+        for f in dataclasses.fields(self)[1:]:
+            v = getattr(self, f.name)
+            if isinstance(v, bool):
+                parts += [f.name] if v else []
+            elif f.name in self.SHOWN or v != f.default:
+                parts.append(f"{f.name}={v}")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -54,26 +69,23 @@ class Plan:
 
     def fused(self) -> set[str]:
         """Regions computed inside another region's kernel."""
-        return {x for r in self.regions for x in (r.prologue, r.epilogue) if x}
+        return {x for r in self.regions for x in r.absorbed()}
 
     def to_json(self) -> str:
-        defaults = RegionPlan("", "")
-        regions = []
-        for r in self.regions:
-            d = {"rid": r.rid, "family": r.family}
-            for f in dataclasses.fields(RegionPlan)[2:]:
-                v = getattr(r, f.name)
-                if v != getattr(defaults, f.name):
-                    d[f.name] = v
-            regions.append(d)
+        regions = [{"rid": r.rid, "family": r.TAG, **r.changed()} for r in self.regions]
         return json.dumps({"v": self.version, "regions": regions}, separators=(",", ":"), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
+        from pipeline.generate.expert.families import by_tag  # the families import this module
+
         data = json.loads(text)
-        known = {f.name for f in dataclasses.fields(RegionPlan)}
-        regions = tuple(RegionPlan(**{k: v for k, v in r.items() if k in known}) for r in data["regions"])
-        return cls(regions, int(data.get("v", VERSION)))
+        regions = []
+        for r in data["regions"]:
+            knobs = by_tag(r["family"]).knobs
+            known = {f.name for f in dataclasses.fields(knobs)}
+            regions.append(knobs(**{k: v for k, v in r.items() if k in known}))
+        return cls(tuple(regions), int(data.get("v", VERSION)))
 
 
 def header(plan: Plan) -> str:
@@ -89,24 +101,3 @@ def plan_of(source: str) -> Plan | None:
         return Plan.from_json(first[len(MARK) :])
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def describe(rp: RegionPlan) -> str:
-    """A short human-readable summary of one region's plan."""
-    if rp.family == "wgmma":
-        tail = f" epilogue={rp.epilogue}" if rp.epilogue else ""
-        return f"wgmma tile=128x{rp.bn}x64 stages={rp.stages} (TMA, 2 consumer warpgroups){tail}"
-    parts = [rp.family, f"vec={rp.vec}", f"threads={rp.threads}"]
-    for name in ("unroll", "persistent", "min_blocks", "splits", "items", "regs"):
-        v = getattr(rp, name)
-        if v and not (name in ("unroll", "items") and v == 1):
-            parts.append(f"{name}={v}")
-    for name in ("warp_reduce", "warp_rows", "smem_row"):
-        if getattr(rp, name):
-            parts.append(name)
-    if rp.family == "col":
-        parts.append(f"bx={rp.bx}")
-    for name in ("prologue", "epilogue"):
-        if getattr(rp, name):
-            parts.append(f"{name}={getattr(rp, name)}")
-    return " ".join(parts)

@@ -15,11 +15,11 @@ from typing import Any
 from pipeline.candidates import make_candidate
 from pipeline.generate.base import Context, Outcome, Proposal, ProposalStatus
 from pipeline.generate.expert import edits
+from pipeline.generate.expert.families import FAMILIES, family_of
 from pipeline.generate.expert.graph import CaptureError, capture, capture_source
-from pipeline.generate.expert.plan import Plan, describe, plan_of
-from pipeline.generate.expert.regions import Lowered, Region
-from pipeline.generate.expert.render import RenderError, prepare, render, uses_cute
-from pipeline.generate.expert.templates.gemm import CUTE_FLAGS, eligible
+from pipeline.generate.expert.plan import Plan, plan_of
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.render import RenderError, nvcc_flags, prepare, render
 from pipeline.static_check import check_launcher
 from pipeline.types import Candidate, Task
 
@@ -83,7 +83,8 @@ class ExpertPolicy:
             return Proposal(
                 ProposalStatus.NO_MOVE, reason=f"already the plainest plan; it failed with {outcome.status}"
             )
-        changed = [rp.rid for rp, old in zip(safe.regions, plan.regions, strict=True) if rp != old]
+        # entries that changed, or went back to the library (which drops them)
+        changed = [rp.rid for rp in plan.regions if safe.get(rp.rid) != rp]
         label = f"repair: plain parameters for {', '.join(changed)} after {outcome.status}"
         if safe == parent_plan:
             return Proposal(
@@ -112,8 +113,7 @@ def _proposals(
     for label, plan in plans:
         if len(out) >= n:
             break
-        if uses_cute(plan) and not ctx.arch.startswith("sm_90"):  # WGMMA and TMA need Hopper: cuBLAS
-            plan = Plan(tuple(rp for rp in plan.regions if rp.family != "wgmma"), plan.version)
+        plan = edits.for_arch(plan, ctx.arch)  # e.g. WGMMA and TMA need Hopper: cuBLAS before it
         try:
             source, launcher = render(low, plan, hunter)
         except RenderError as e:
@@ -123,7 +123,7 @@ def _proposals(
         if not report.ok:  # a template bug, never the user's: say so rather than hand the loop a reject
             errors.append(f"{label}: launcher fails the static check: {report.violations[0]}")
             continue
-        flags = CUTE_FLAGS if uses_cute(plan) else ()
+        flags = nvcc_flags(plan)
         used = tuple(dict.fromkeys(re.findall(r"^// building block: (\S+)", source, re.M)))
         cand = make_candidate(
             ctx.task.id, source, launcher, flags, parent=base.key if base else None, edit=label, blocks=used
@@ -131,7 +131,7 @@ def _proposals(
         if cand.key in seen:
             continue
         seen.add(cand.key)
-        rationale = "; ".join(describe(rp) for rp in plan.regions if rp.rid not in plan.fused())
+        rationale = "; ".join(rp.describe() for rp in plan.regions if rp.rid not in plan.fused())
         out.append(Proposal(ProposalStatus.OK, cand, edit=label, reason=rationale, notes=notes))
     if not out:
         return [Proposal(ProposalStatus.NO_MOVE, reason="; ".join([empty, *errors[:3]]), notes=notes)]
@@ -139,22 +139,18 @@ def _proposals(
 
 
 def _computed_by_us(r: Region, low: Lowered) -> bool:
-    """A region one of our templates computes: ours by kind, or a GEMM our WGMMA kernel takes."""
-    return r.ours or (r.kind == "library" and not eligible(r, low))
+    """A region one of our templates computes (in some plan: a GEMM may stay in cuBLAS in the plain one)."""
+    return family_of(r, low) is not None
 
 
 def _notes(low: Lowered) -> tuple[str, ...]:
-    ours: list[str] = []
-    kept: list[str] = []
-    for r in low.regions:
-        if r.kind == "library":
-            (kept if eligible(r, low) else ours).append(r.node.target)
     notes = list(low.notes)
-    if ours:
-        notes.append(
-            f"our WGMMA kernel (TMA, tensor cores) for {', '.join(ours)} in the tuned plans, cuBLAS in the "
-            "plain one (hybrid)"
-        )
+    for family in FAMILIES:
+        claimed = [r for r in low.regions if family_of(r, low) is family]
+        if claimed and (line := family.note(claimed, low)):
+            notes.append(line)
+    lib = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+    kept = [r.node.target for r in lib if not _computed_by_us(r, low)]
     if kept:
         notes.append(
             f"left to cuBLAS/cuDNN (hybrid): {', '.join(kept)}; everything after them runs in our kernels"
@@ -185,7 +181,7 @@ def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]
     low = prepare(graph)
     ours = [r for r in low.regions if _computed_by_us(r, low)]
     if not ours:
-        lib = [n.target for r in low.regions for n in r.nodes if r.kind == "library"]
+        lib = [n.target for r in low.regions for n in r.nodes if r.kind is RegionKind.LIBRARY]
         why = [*low.notes, *(f"{t} stays in cuBLAS/cuDNN" for t in lib)] or ["the reference is only views"]
         return None, f"nothing for our kernels to compute: {'; '.join(why)}"
     return low, ""

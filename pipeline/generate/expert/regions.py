@@ -11,34 +11,49 @@ turns inference batch norm into elementwise ops and global average pooling into 
   library  GEMM or convolution left to cuBLAS / cuDNN (the candidate is then hybrid)
   view     views and layout changes, done in the launcher with torch's plumbing
   torch    an op we do not cover, left to PyTorch in the launcher (hybrid, with a note)
+
+Which template computes a region is not decided here: the op families (families/) claim regions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.graph import Graph, Node, Ref
 
-FAMILIES = ("ew", "reduce", "softmax", "norm", "scan")  # regions our kernels compute
+
+class RegionKind(enum.StrEnum):
+    """What a region's ops are (not how they are computed: that is the claiming family's business)."""
+
+    EW = "ew"
+    REDUCE = "reduce"
+    SOFTMAX = "softmax"
+    NORM = "norm"
+    SCAN = "scan"
+    LIBRARY = "library"
+    VIEW = "view"
+    TORCH = "torch"
+
+
+# Kinds the launcher can always run with torch itself; a region of any other kind that no family claims
+# is left to PyTorch (its kind becomes TORCH, with a note).
+FALLBACK = frozenset({RegionKind.LIBRARY, RegionKind.VIEW, RegionKind.TORCH})
 
 
 @dataclass(frozen=True)
 class Region:
     rid: str  # stable id: the name of its first node
-    kind: str  # ew reduce softmax norm scan library view torch
+    kind: RegionKind
     nodes: tuple[Node, ...]
     outputs: tuple[str, ...]  # values it writes that others (or forward's return) read
     inputs: tuple[str, ...]  # values it reads from outside
     shape: tuple[int, ...] = ()  # ew: the full (broadcast) shape of its outputs
     inplace: tuple[tuple[str, str], ...] = ()  # ew: (output, input) pairs written into the input's buffer
     note: str = ""
-
-    @property
-    def ours(self) -> bool:
-        return self.kind in FAMILIES
 
     @property
     def node(self) -> Node:
@@ -65,7 +80,8 @@ _FINFO_EPS = {"float32": 1.1920928955078125e-07, "bfloat16": 0.0078125, "float16
 
 
 def lower(graph: Graph) -> Lowered:
-    """Lower and partition; never raises for an op it does not know (it becomes a `torch` region)."""
+    """Lower and partition; never raises for an op it does not know (it becomes a `torch` region, whose
+    note the caller adds once the families have had their say)."""
     by_name: dict[str, Node] = {n.name: n for n in (*graph.inputs, *graph.params)}
     nodes: list[Node] = []
     notes: list[str] = list(graph.notes)
@@ -78,9 +94,6 @@ def lower(graph: Graph) -> Lowered:
         for r in n.refs():
             users.setdefault(r, []).append(n.name)
     regions = _partition(graph, nodes, by_name, {k: tuple(v) for k, v in users.items()})
-    for r in regions:
-        if r.kind == "torch":
-            notes.append(r.note)
     return Lowered(
         graph, tuple(nodes), by_name, regions, tuple(notes), {k: tuple(v) for k, v in users.items()}
     )
@@ -255,26 +268,24 @@ def broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
-def _kind(n: Node, by_name: dict[str, Node]) -> tuple[str, str]:
+def _kind(n: Node, by_name: dict[str, Node]) -> tuple[RegionKind, str]:
     """(region kind, note) of a node after lowering."""
     if n.op.startswith("gemm_") or n.op in ops.CONVS:
-        return "library", ""
+        return RegionKind.LIBRARY, ""
     if ops.is_elementwise(n):
-        return "ew", ""
+        return RegionKind.EW, ""
     if n.op in ops.VIEWS:
-        return "view", ""
+        return RegionKind.VIEW, ""
     src = by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
     floating = n.dtype in ops.FLOAT_DTYPES and src is not None and src.dtype in ops.FLOAT_DTYPES
     if ops.reduction_of(n) is not None and src is not None and src.dtype in ops.FLOAT_DTYPES:
-        return "reduce", ""
+        return RegionKind.REDUCE, ""
     if n.op in ops.SOFTMAX and floating:
-        return "softmax", ""
-    if n.op in ("layer_norm", "rms_norm", "group_norm") and floating:
-        return "norm", ""
-    if n.op == "instance_norm" and floating:
-        return "norm", ""
+        return RegionKind.SOFTMAX, ""
+    if n.op in ("layer_norm", "rms_norm", "group_norm", "instance_norm") and floating:
+        return RegionKind.NORM, ""
     if n.op in ops.SCANS and floating:
-        return "scan", ""
+        return RegionKind.SCAN, ""
     dtypes = {d for d in (n.dtype, src.dtype if src else None) if d and d not in ops.FLOAT_DTYPES}
     known = (
         n.op in ops.SOFTMAX | ops.NORMS | ops.SCANS
@@ -282,7 +293,7 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[str, str]:
         or n.op in ops.ELEMENTWISE
     )
     why = f"dtype {', '.join(sorted(dtypes))}" if known and dtypes else "no template covers it"
-    return "torch", f"{n.target} left to PyTorch ({why})"
+    return RegionKind.TORCH, f"{n.target} left to PyTorch ({why})"
 
 
 def _partition(
@@ -292,7 +303,7 @@ def _partition(
     index = {n.name: i for i, n in enumerate(nodes)}
     group_of: dict[str, int] = {}  # node -> group id
     groups: dict[int, list[Node]] = {}
-    kinds: dict[int, tuple[str, str]] = {}
+    kinds: dict[int, tuple[RegionKind, str]] = {}
     ancestors: dict[str, set[str]] = {}
     for n in nodes:
         anc: set[str] = set()
@@ -306,11 +317,11 @@ def _partition(
         kind, note = _kind(n, by_name)
         groups[gid], kinds[gid] = [n], (kind, note)
         group_of[n.name] = gid
-        if kind != "ew":
+        if kind is not RegionKind.EW:
             continue
         for r in n.refs():
             pg = group_of.get(r)
-            if pg is None or pg == group_of[n.name] or kinds[pg][0] != "ew":
+            if pg is None or pg == group_of[n.name] or kinds[pg][0] is not RegionKind.EW:
                 continue
             mine = group_of[n.name]
             if _can_merge(groups[pg], groups[mine], n, ancestors, group_of, users, outputs, by_name):
@@ -332,7 +343,7 @@ def _partition(
         outs = [
             m.name for m in members if m.name in outputs or any(u not in names for u in users.get(m.name, ()))
         ]
-        if kind == "ew":
+        if kind is RegionKind.EW:
             shape = _full_shape(members)
             regions.append(
                 Region(members[0].name, kind, tuple(members), tuple(outs), tuple(ins), shape, note=note)
@@ -389,7 +400,7 @@ def _toposort(regions: list[Region], index: dict[str, int]) -> list[Region]:
     return done
 
 
-_FRESH = ("ew", "library", "reduce", "softmax", "norm", "scan")
+_FRESH = frozenset(RegionKind) - {RegionKind.VIEW, RegionKind.TORCH}  # kinds that write fresh buffers
 
 
 def _with_inplace(
@@ -401,7 +412,7 @@ def _with_inplace(
 ) -> Region:
     """An ew region may write an output over an input that nothing else reads: a fresh library or kernel
     result of the same shape and dtype (the hybrid epilogue works in place on cuBLAS's / cuDNN's output)."""
-    if r.kind != "ew":
+    if r.kind is not RegionKind.EW:
         return r
     owner = {n.name: q for q in regions for n in q.nodes}
     pairs: list[tuple[str, str]] = []

@@ -6,43 +6,34 @@ import dataclasses
 import math
 from typing import Any
 
-from pipeline.generate.expert import atoms, fusion
+from pipeline.generate.expert.families import family_of, owner
+from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Graph, Node, Ref
-from pipeline.generate.expert.layout import ew_layout, row_layout
-from pipeline.generate.expert.plan import Plan, RegionPlan, header
-from pipeline.generate.expert.regions import Lowered, Region, lower
-from pipeline.generate.expert.templates import colwise, elementwise, gemm, rowwise, scan
-from pipeline.generate.expert.templates.code import GATHER, LAUNCHER_HELPERS, Code
+from pipeline.generate.expert.plan import Plan, header
+from pipeline.generate.expert.regions import FALLBACK, Lowered, RegionKind, lower
+from pipeline.generate.expert.templates.code import CUTE_FLAGS, GATHER, LAUNCHER_HELPERS, Code
 from pipeline.generate.expert.templates.common import PRELUDE
 
-
-class RenderError(Exception):
-    """The plan cannot be rendered for this graph (a stale plan, an argument we cannot write)."""
+__all__ = ["RenderError", "nvcc_flags", "prepare", "render", "uses_cute"]
 
 
 def prepare(graph: Graph) -> Lowered:
-    """Lower the graph; row-wise regions whose static shape no template fits are left to PyTorch."""
+    """Lower the graph and let the families claim its regions: a region of a kind our kernels compute
+    that no family takes (a row-wise op whose static shape no template fits) is left to PyTorch."""
     low = lower(graph)
     regions = []
-    notes = list(low.notes)
+    torch_notes: list[str] = []
+    unfit: list[str] = []
     for r in low.regions:
-        if r.kind in fusion.HOSTS and row_layout(r, low) is None:
+        claimed = family_of(r, low) is not None
+        if not claimed and r.kind not in FALLBACK:
             note = f"{r.node.target} left to PyTorch (its dimensions do not fit a row-wise template)"
-            r = dataclasses.replace(r, kind="torch", note=note)
-            notes.append(note)
+            r = dataclasses.replace(r, kind=RegionKind.TORCH, note=note)
+            unfit.append(note)
+        elif not claimed and r.kind is RegionKind.TORCH:
+            torch_notes.append(r.note)
         regions.append(r)
-    return dataclasses.replace(low, regions=tuple(regions), notes=tuple(notes))
-
-
-def family(region: Region, low: Lowered) -> str | None:
-    if region.kind == "ew":
-        return "ew"
-    if region.kind == "scan":
-        return "scan"
-    if region.kind in fusion.HOSTS:
-        lay = row_layout(region, low)
-        return lay.family if lay else None
-    return None
+    return dataclasses.replace(low, regions=tuple(regions), notes=(*low.notes, *torch_notes, *unfit))
 
 
 def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
@@ -50,16 +41,16 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
     fused = plan.fused()
     codes: dict[str, Code] = {}
     for r in low.regions:
-        rp = plan.get(r.rid)
-        if r.kind == "library" and rp is not None:
-            codes[r.rid] = _render_gemm(r, rp, low, hunter)
+        if r.rid in fused:
             continue
-        if not r.ours or r.rid in fused:
-            continue
-        rp = plan.get(r.rid)
+        family, rp = family_of(r, low), plan.get(r.rid)
         if rp is None:
-            raise RenderError(f"the plan has no entry for region {r.rid}")
-        codes[r.rid] = _render_region(r, rp, low)
+            if family is not None and not family.optional:
+                raise RenderError(f"the plan has no entry for region {r.rid}")
+            continue  # the launcher runs it with torch: a library call, a view, an op we do not cover
+        if family is None or not isinstance(rp, family.knobs):
+            raise RenderError(f"region {r.rid} is not one the plan's {rp.TAG} entry can compute")
+        codes[r.rid] = family.render(r, rp, low, hunter)
     if not codes:
         raise RenderError("no region is computed by our kernels")
     cuda = "\n".join([header(plan), PRELUDE, *(c.cuda for c in codes.values()), GATHER]) + "\n"
@@ -68,44 +59,12 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
 
 def uses_cute(plan: Plan) -> bool:
     """Whether the plan's source includes CuTe (it then needs nvcc's --expt-relaxed-constexpr)."""
-    return any(rp.family == "wgmma" for rp in plan.regions)
+    return any(owner(rp).cute for rp in plan.regions)
 
 
-def _render_gemm(r: Region, rp: RegionPlan, low: Lowered, hunter: Any) -> Code:
-    why = gemm.eligible(r, low)
-    if rp.family != "wgmma" or why:
-        raise RenderError(f"region {r.rid} cannot be our GEMM: {why or rp.family}")
-    epi = gemm.epilogue(r, low) if rp.epilogue else None
-    if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
-        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
-    if not 2 <= rp.stages <= gemm.max_stages(rp.bn) or rp.bn not in gemm.TILE_N:
-        raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
-    try:
-        return gemm.render(r, low, rp, epi, hunter)
-    except atoms.AtomNotFound as e:
-        raise RenderError(str(e)) from None
-
-
-def _render_region(r: Region, rp: RegionPlan, low: Lowered) -> Code:
-    if r.kind == "ew":
-        return elementwise.render(r, ew_layout(r, low), rp)
-    lay = row_layout(r, low)
-    if lay is None:
-        raise RenderError(f"region {r.rid} has no row layout")
-    opts = fusion.options(low).get(r.rid, (None, None))
-    pre = opts[0] if rp.prologue else None
-    post = opts[1] if rp.epilogue else None
-    if (rp.prologue and (pre is None or pre.region.rid != rp.prologue)) or (
-        rp.epilogue and (post is None or post.region.rid != rp.epilogue)
-    ):
-        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
-    if rp.family == "scan":
-        return scan.render(r, lay, rp, pre, post)
-    if rp.family == "row":
-        return rowwise.render(r, lay, rp, pre, post)
-    if rp.family == "col":
-        return colwise.render(r, lay, rp, pre, post)
-    raise RenderError(f"region {r.rid}: unknown family {rp.family}")
+def nvcc_flags(plan: Plan) -> tuple[str, ...]:
+    """The extra nvcc flags the plan's source needs."""
+    return CUTE_FLAGS if uses_cute(plan) else ()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.graph import Ref
 from pipeline.generate.expert.regions import Region
 
+# nvcc flags a source that includes CuTe needs (its headers use constexpr functions from device code).
+CUTE_FLAGS = ("--expt-relaxed-constexpr",)
+
 
 @dataclass(frozen=True)
 class Code:

@@ -8,15 +8,20 @@ merges. Softmax keeps one thread per column (online max and sum, then the write 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.generate.expert.layout import RowLayout
-from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import reduce_ops, shapes
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source
 from pipeline.generate.expert.templates.fused import Fused, identity
+from pipeline.generate.expert.templates.signature import Signature, Variant, i64, kernel, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.colwise import ColPlan
 
 
-def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
+def render(region: Region, lay: RowLayout, rp: ColPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
     kind = reduce_ops.KINDS[lay.op]
     softmax = lay.op in ("softmax", "log_softmax")
@@ -28,51 +33,42 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
     xt = ctype(x_dt)
     yt = "long long" if indices_only else ctype(out_dt)
 
-    params = [f"const {xt}* __restrict__ x", *(pre.params() if pre else []), f"{yt}* __restrict__ y"]
-    names = ["x", *(pre.names() if pre else []), "y"]
+    params = [ptr("x", xt), *(pre.params() if pre else []), ptr("y", yt, const=False)]
     if with_yi:
-        params.append("long long* __restrict__ yi")
-        names.append("yi")
+        params.append(ptr("yi", "long long", const=False))
     if splits:
-        params.append("Acc* __restrict__ ws")
-        names.append("ws")
-    params += ["long long outer", "long long R", "long long inner", "long long rps"]
-    names += ["outer", "R", "inner", "rps"]
-    if post:
-        params += post.params()
-        names += post.names()
+        params.append(ptr("ws", "Acc", const=False))
+    params += [i64("outer"), i64("R", "reduced"), i64("inner"), i64("rps")]
+    sig = Signature((*params, *(post.params() if post else [])))
 
     lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
     if softmax:
-        body = _softmax_body(rid, params, lay, xt, yt, rp, lams)
+        body = _softmax_body(rid, sig, lay, xt, yt, rp, lams)
     else:
-        body = _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only, with_yi)
-    vecs = sorted({1, rp.vec})
+        body = _reduce_body(rid, sig, lay, kind, xt, yt, rp, lams, splits, indices_only, with_yi)
     lb = launch_bounds(rp.threads, rp.min_blocks)
-    kernels = [f"kp_{rid}_v{v}" for v in vecs]
-    wrappers = [
-        f'extern "C" __global__ void {lb}\n{k}({", ".join(params)}) {{\n    kp_{rid}_body<{v}>({", ".join(names)});\n}}'
-        for k, v in zip(kernels, vecs, strict=True)
-    ]
-    combine = ""
+    variants = [Variant(f"kp_{rid}_v{v}", v) for v in sorted({1, rp.vec})]
+    wrappers = [kernel(lb, k.name, sig, f"kp_{rid}_body<{k.vec}>") for k in variants]
+    combine, combine_sig = "", None
     if splits:
-        combine = reduce_ops.combine_kernel(
+        combine, combine_sig = reduce_ops.combine_kernel(
             f"kp_{rid}_combine", lay.op, lay.correction, out_dt if not indices_only else "int64",
-            "yi" if with_yi else None, post.params() if post else [], lams[1], 256,
+            with_yi, post.params() if post else [], lams[1], 256, "outer * inner", "reduced",
         )  # fmt: skip
-        kernels.append(f"kp_{rid}_combine")
     cuda = region_source(
         f"// region {rid}: {lay.op} over a strided dimension (threads along the contiguous inner one)",
         (pre, post), body, wrappers, combine,
     )  # fmt: skip
-    launcher = _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indices_only, with_yi)
-    args = [pre.main if pre else region.node.args[0].name, *(pre.values() if pre else []),
-            *(post.values() if post else [])]  # fmt: skip
+    inputs = [("x", pre.main if pre else region.node.args[0].name), *(pre.inputs() if pre else []),
+              *(post.inputs() if post else [])]  # fmt: skip
+    launcher = _launcher(region, lay, rp, pre, post, inputs, sig, variants, combine_sig, softmax, out_dt,
+                         indices_only, with_yi)  # fmt: skip
+    kernels = (*(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []))
     outs = post.region.outputs if post else region.outputs
-    return Code(cuda, launcher, f"_r_{rid}", tuple(kernels), tuple(args), tuple(outs))
+    return Code(cuda, launcher, f"_r_{rid}", kernels, tuple(v for _, v in inputs), tuple(outs))
 
 
-def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only, with_yi) -> list[str]:
+def _reduce_body(rid, sig, lay, kind, xt, yt, rp, lams, splits, indices_only, with_yi) -> list[str]:
     u = rp.unroll
     shift = kind.shift
     store = reduce_ops.store(lay.op, lay.correction, yt, "t")
@@ -97,7 +93,7 @@ def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only,
 
     return [
         "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* part = reinterpret_cast<Acc*>(kp_smem);  // [blockDim.y][blockDim.x][V]",
         f"    constexpr int U = {u};  // rows loaded before any is merged",
@@ -171,7 +167,7 @@ def _reduce_body(rid, params, lay, kind, xt, yt, rp, lams, splits, indices_only,
     ]
 
 
-def _softmax_body(rid, params, lay, xt, yt, rp, lams) -> list[str]:
+def _softmax_body(rid, sig, lay, xt, yt, rp, lams) -> list[str]:
     f = "expf(v - M[e]) * inv[e]" if lay.op == "softmax" else "v - M[e] - L[e]"
     stats = (
         "M[e] = acc[e].a; inv[e] = 1.0f / acc[e].b;"
@@ -180,7 +176,7 @@ def _softmax_body(rid, params, lay, xt, yt, rp, lams) -> list[str]:
     )
     return [
         "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
         *lams,
         "    const long long col = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * V;",
         "    if (col >= inner) return;  // no barriers below",
@@ -217,10 +213,10 @@ def _softmax_body(rid, params, lay, xt, yt, rp, lams) -> list[str]:
     ]
 
 
-def _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indices_only, with_yi) -> str:
+def _launcher(region, lay, rp, pre, post, inputs, sig, variants, combine, softmax, out_dt, indices_only,
+              with_yi) -> str:  # fmt: skip
     rid = region.rid
-    names = ["x", *(pre.launcher_args() if pre else []), *(post.launcher_args() if post else [])]
-    lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
+    lines = [f"def _r_{rid}(sms, {', '.join(name for name, _ in inputs)}):"]
     if pre:
         lines += pre.prepare("x.shape")
     lines.append("    x = _contig(x)")
@@ -236,7 +232,7 @@ def _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indi
         "    gx, gy = -(-width // bx), min(outer, MAX_GRID_Y)",
         "    splits, rps = 1, reduced",
     ]
-    if splits:
+    if combine:
         lines += [
             f"    want = -(-sms * {rp.splits} // (gx * gy))",
             f"    if want > 1 and reduced >= 2 * by * {4 * rp.unroll}:",
@@ -245,26 +241,23 @@ def _launcher(region, lay, rp, pre, post, kernels, splits, softmax, out_dt, indi
             "        rps = -(-reduced // splits)",
             "    ws = torch.empty((splits * outer * inner * 2,), dtype=torch.int64, device=x.device) if splits > 1 else y",
         ]
-    args = ["x", *(pre.launcher_args() if pre else []), "y", *(["yi"] if with_yi else []), *(["ws"] if splits else []),
-            "numpy.int64(outer)", "numpy.int64(reduced)", "numpy.int64(inner)", "numpy.int64(rps)",
-            *(post.launcher_args() if post else [])]  # fmt: skip
-    lines.append(f"    args = ({', '.join(args)},)")
+    lines.append(f"    args = ({sig.args()},)")
     lines.append("    grid, block = (gx, gy, splits), (bx, by)")
     smem = "0" if softmax else "bx * by * vec * 16"
-    if v > 1:
+    call = "kernels.{}(grid, block, args, shared_mem=" + smem + ")  # noqa: F821"
+    scalar, vector = variants[0], variants[-1]
+    if vector.vec > 1:  # `vec` was worked out above: the inner size and both tensors allow it
         lines.append("    if vec > 1:")
-        lines.append(f"        kernels.{kernels[1]}(grid, block, args, shared_mem={smem})  # noqa: F821")
+        lines.append("        " + call.format(vector.name))
         lines.append("    else:")
-        lines.append(f"        kernels.{kernels[0]}(grid, block, args, shared_mem={smem})  # noqa: F821")
+        lines.append("        " + call.format(scalar.name))
     else:
-        lines.append(f"    kernels.{kernels[0]}(grid, block, args, shared_mem={smem})  # noqa: F821")
-    if splits:
-        comb = ["ws", "y", *(["yi"] if with_yi else []), "numpy.int64(outer * inner)", "numpy.int32(splits)",
-                "numpy.int64(reduced)", *(post.launcher_args() if post else [])]  # fmt: skip
+        lines.append("    " + call.format(scalar.name))
+    if combine:
         lines.append("    if splits > 1:")
         lines.append(
             f"        kernels.kp_{rid}_combine((max(1, min(-(-(outer * inner) // 256), sms * 8)),), (256,), "
-            f"({', '.join(comb)},))  # noqa: F821"
+            f"({combine.args()},))  # noqa: F821"
         )
     lines.append(f"    return {ret}")
     return "\n".join(lines)

@@ -9,49 +9,52 @@ read once per row, col operands (a per-feature bias) by the column index, full o
 
 from __future__ import annotations
 
-from pipeline.generate.expert.layout import EwLayout
-from pipeline.generate.expert.plan import RegionPlan
+from typing import TYPE_CHECKING
+
+from pipeline.generate.expert.layout import Bcast, EwLayout
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, chain_function, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.signature import Signature, Variant, i64, kernel, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.elementwise import EwPlan
+
+_VECTOR = (Bcast.FULL, Bcast.DENSE)  # operands read as whole vectors
+_INDEXED = (Bcast.ROW, Bcast.COL)  # operands indexed through (inner, mid) sizes
 
 
-def render(region: Region, lay: EwLayout, rp: RegionPlan) -> Code:
+def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
     rid = region.rid
     inplace = dict(region.inplace)  # output -> input it overwrites
     target_of = {i: o for o, i in inplace.items()}
     ops_ = lay.operands
     outs = lay.outputs
-    vecs = sorted({1, rp.vec})
 
-    # ---- kernel parameters ----
-    params, names = [], []
-    for i, o in enumerate(ops_):
-        const = "" if o.name in target_of else "const "
-        params.append(f"{const}{ctype(o.dtype)}* __restrict__ p{i}")
-        names.append(f"p{i}")
+    # ---- kernel parameters: the launcher's a<i> are the operands, q<j> the fresh outputs ----
+    params = [
+        ptr(f"p{i}", ctype(o.dtype), f"a{i}", const=o.name not in target_of) for i, o in enumerate(ops_)
+    ]
     store_ptr: list[str] = []
     for j, (out, dt) in enumerate(outs):
         if out in inplace:
             store_ptr.append(f"p{[o.name for o in ops_].index(inplace[out])}")
         else:
-            params.append(f"{ctype(dt)}* __restrict__ q{j}")
-            names.append(f"q{j}")
+            params.append(ptr(f"q{j}", ctype(dt), const=False))
             store_ptr.append(f"q{j}")
-    params += ["long long rows", "long long cols"]
-    names += ["rows", "cols"]
+    params += [i64("rows"), i64("cols")]
     for i, o in enumerate(ops_):
-        if o.cls in ("row", "col"):
-            params += [f"long long in{i}", f"long long md{i}"]
-            names += [f"in{i}", f"md{i}"]
+        if o.cls in _INDEXED:
+            params += [i64(f"in{i}"), i64(f"md{i}")]
+    sig = Signature(tuple(params))
 
     # ---- per-element operand expressions ----
     def operand(i: int, vector: bool) -> str:
         o = ops_[i]
-        if o.cls in ("full", "dense"):
+        if o.cls in _VECTOR:
             return f"ld(x{i}[u].v[e])" if vector else f"ld(p{i}[rs + c])"
-        if o.cls == "scalar":
+        if o.cls is Bcast.SCALAR:
             return f"s{i}"
-        if o.cls == "row":
+        if o.cls is Bcast.ROW:
             return f"w{i}"
         return f"ld(p{i}[(in{i} == 1 && md{i} == cols) ? c : (c / in{i}) % md{i}])"
 
@@ -60,13 +63,13 @@ def render(region: Region, lay: EwLayout, rp: RegionPlan) -> Code:
         args = ", ".join([operand(i, vector) for i in range(len(ops_))] + [f"o{j}" for j in range(len(outs))])
         return [f"float {outs_decl};", f"kp_{rid}_f({args});"]
 
-    full = [i for i, o in enumerate(ops_) if o.cls in ("full", "dense")]
+    full = [i for i, o in enumerate(ops_) if o.cls in _VECTOR]
     body = [
         "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
         f"    constexpr int U = {rp.unroll};  // vector accesses in flight per thread",
     ]
-    body += [f"    const float s{i} = ld(p{i}[0]);" for i, o in enumerate(ops_) if o.cls == "scalar"]
+    body += [f"    const float s{i} = ld(p{i}[0]);" for i, o in enumerate(ops_) if o.cls is Bcast.SCALAR]
     body += [
         "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
@@ -74,7 +77,7 @@ def render(region: Region, lay: EwLayout, rp: RegionPlan) -> Code:
     body += [
         f"        const float w{i} = ld(p{i}[(r / in{i}) % md{i}]);"
         for i, o in enumerate(ops_)
-        if o.cls == "row"
+        if o.cls is Bcast.ROW
     ]
     body += [
         "        const long long head = head_of<V>(rs, cols);",
@@ -125,12 +128,9 @@ def render(region: Region, lay: EwLayout, rp: RegionPlan) -> Code:
         "    }",
         "}",
     ]
-    kernels = [f"kp_{rid}_v{v}" for v in vecs]
-    wrappers = [
-        f'extern "C" __global__ void {launch_bounds(rp.threads, rp.min_blocks)}\n'
-        f"kp_{rid}_v{v}({', '.join(params)}) {{\n    kp_{rid}_body<{v}>({', '.join(names)});\n}}"
-        for v in vecs
-    ]
+    variants = [Variant(f"kp_{rid}_v{v}", v) for v in sorted({1, rp.vec})]
+    bounds = launch_bounds(rp.threads, rp.min_blocks)
+    wrappers = [kernel(bounds, k.name, sig, f"kp_{rid}_body<{k.vec}>") for k in variants]
     summary = ", ".join(n.op for n in region.nodes)
     cuda = "\n".join(
         [
@@ -145,11 +145,11 @@ def render(region: Region, lay: EwLayout, rp: RegionPlan) -> Code:
             "\n\n".join(wrappers),
         ]
     )
-    return Code(cuda, _launcher(region, lay, rp, kernels), f"_r_{rid}", tuple(kernels), tuple(o.name for o in ops_),
-                tuple(o for o, _ in outs))  # fmt: skip
+    return Code(cuda, _launcher(region, lay, rp, sig, variants), f"_r_{rid}", tuple(k.name for k in variants),
+                tuple(o.name for o in ops_), tuple(o for o, _ in outs))  # fmt: skip
 
 
-def _launcher(region: Region, lay: EwLayout, rp: RegionPlan, kernels: list[str]) -> str:
+def _launcher(region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variants: list[Variant]) -> str:
     rid = region.rid
     ops_ = lay.operands
     inplace = dict(region.inplace)
@@ -161,37 +161,35 @@ def _launcher(region: Region, lay: EwLayout, rp: RegionPlan, kernels: list[str])
         "    split = 0" if lay.k == lay.ndim else f"    split = max(0, nd - {lay.k})",
         "    rows, cols = math.prod(shape[:split]), math.prod(shape[split:])",
     ]
-    extra: list[str] = []
     for i, o in enumerate(ops_):
-        if o.cls in ("full", "dense"):
+        if o.cls in _VECTOR:
             lines.append(f"    a{i} = _full(a{i}, shape)")
-        elif o.cls == "scalar":
+        elif o.cls is Bcast.SCALAR:
             lines.append(f"    a{i} = _scalar(a{i})")
         else:
-            lines.append(f"    a{i}, in{i}, md{i} = _bc(a{i}, shape, split, {o.cls == 'row'})")
-            extra += [f"numpy.int64(in{i})", f"numpy.int64(md{i})"]
-    outs, ptrs = [], [f"a{i}" for i in range(len(ops_))]
+            lines.append(f"    a{i}, in{i}, md{i} = _bc(a{i}, shape, split, {o.cls is Bcast.ROW})")
+    outs = []
     for j, (out, dt) in enumerate(lay.outputs):
         if out in inplace:
             outs.append(f"a{[o.name for o in ops_].index(inplace[out])}")
         else:
             lines.append(f"    q{j} = torch.empty(shape, dtype={torch_dtype(dt)}, device=a0.device)")
             outs.append(f"q{j}")
-            ptrs.append(f"q{j}")
     ret = ", ".join(outs)
     lines.append(f"    if rows * cols == 0:\n        return {ret}")
-    args = ", ".join([*ptrs, "numpy.int64(rows)", "numpy.int64(cols)", *extra])
-    lines.append(f"    args = ({args},)")
+    lines.append(f"    args = ({sig.args()},)")
     lines.append(f"    grid = _grid(sms, rows, cols, {rp.vec}, {rp.threads}, {rp.unroll}, {rp.persistent})")
-    vec_tensors = [f"a{i}" for i, o in enumerate(ops_) if o.cls in ("full", "dense")] + [
+    vec_tensors = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR] + [
         f"q{j}" for j, (out, _) in enumerate(lay.outputs) if out not in inplace
     ]
-    if rp.vec > 1:
-        lines.append(f"    if _aligned(({', '.join(vec_tensors)},), {rp.vec}):")
-        lines.append(f"        kernels.{kernels[-1]}(grid, ({rp.threads},), args)  # noqa: F821")
+    call = "kernels.{}(grid, (" + str(rp.threads) + ",), args)  # noqa: F821"
+    scalar, vector = variants[0], variants[-1]
+    if vector.vec > 1:  # the vector kernel when every vector-read tensor is aligned, else the scalar one
+        lines.append(f"    if _aligned(({', '.join(vec_tensors)},), {vector.vec}):")
+        lines.append("        " + call.format(vector.name))
         lines.append("    else:")
-        lines.append(f"        kernels.{kernels[0]}(grid, ({rp.threads},), args)  # noqa: F821")
+        lines.append("        " + call.format(scalar.name))
     else:
-        lines.append(f"    kernels.{kernels[0]}(grid, ({rp.threads},), args)  # noqa: F821")
+        lines.append("    " + call.format(scalar.name))
     lines.append(f"    return {ret}")
     return "\n".join(lines)

@@ -7,42 +7,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.generate.expert.layout import operand_class
-from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.layout import Bcast, operand_class
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import chain_function, ctype
+from pipeline.generate.expert.templates.signature import Param, ptr
 
 
 @dataclass(frozen=True)
 class Fused:
     region: Region
     main: str  # the operand bound to the lambda's `v`
-    extra: tuple[tuple[str, str, str], ...]  # (value, dtype, "full" | "scalar") of the other operands
+    extra: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL or SCALAR) of the other operands
     prefix: str  # "f" for a prologue, "e" for an epilogue (names of its kernel parameters)
     out_dtype: str
     main_dtype: str
 
-    def params(self) -> list[str]:
-        return [
-            f"const {ctype(dt)}* __restrict__ {self.prefix}{k}" for k, (_, dt, _) in enumerate(self.extra)
-        ]
+    def params(self) -> list[Param]:
+        """The host kernel's parameters for the extra operands (the launcher's names for them alike)."""
+        return [ptr(f"{self.prefix}{k}", ctype(dt)) for k, (_, dt, _) in enumerate(self.extra)]
 
-    def names(self) -> list[str]:
-        return [f"{self.prefix}{k}" for k in range(len(self.extra))]
-
-    def launcher_args(self) -> list[str]:
-        return [f"{self.prefix}{k}" for k in range(len(self.extra))]
-
-    def values(self) -> list[str]:
-        return [v for v, _, _ in self.extra]
+    def inputs(self) -> list[tuple[str, str]]:
+        """(launcher name, graph value) of each extra operand, in the order of params()."""
+        return [(f"{self.prefix}{k}", v) for k, (v, _, _) in enumerate(self.extra)]
 
     def prepare(self, shape: str) -> list[str]:
         """Launcher lines making each extra operand contiguous at the host's shape."""
         out = []
         for k, (_, _, cls) in enumerate(self.extra):
             name = f"{self.prefix}{k}"
-            out.append(
-                f"    {name} = _full({name}, {shape})" if cls == "full" else f"    {name} = _scalar({name})"
-            )
+            full = cls is Bcast.FULL
+            out.append(f"    {name} = _full({name}, {shape})" if full else f"    {name} = _scalar({name})")
         return out
 
     def chain(self) -> str:
@@ -57,7 +51,7 @@ class Fused:
             else:
                 k = extra[i]
                 cls = self.extra[k][2]
-                args.append(f"ld({self.prefix}{k}[{'i' if cls == 'full' else '0'}])")
+                args.append(f"ld({self.prefix}{k}[{'i' if cls is Bcast.FULL else '0'}])")
         return (
             f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n"
             f"        float o0;\n        kp_{self.region.rid}_f({', '.join([*args, 'o0'])});\n"
@@ -74,7 +68,7 @@ def identity(name: str) -> str:
 
 def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | None:
     """A Fused view of an ew region around `main`, or None when its operands don't allow it."""
-    if region.kind != "ew" or len(region.outputs) != 1 or main not in region.inputs:
+    if region.kind is not RegionKind.EW or len(region.outputs) != 1 or main not in region.inputs:
         return None
     extra = []
     for i in region.inputs:
@@ -82,7 +76,7 @@ def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | Non
             continue
         node = low.by_name[i]
         cls = operand_class(node.shape or (), region.shape, 0)
-        if cls not in ("full", "scalar"):
+        if cls not in (Bcast.FULL, Bcast.SCALAR):
             return None
         extra.append((i, node.dtype or "float32", cls))
     if low.by_name[main].shape != region.shape and prefix == "e":

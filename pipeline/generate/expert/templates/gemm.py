@@ -1,5 +1,5 @@
 """Our own Hopper GEMM for 16-bit linear layers, matmul and batched matmul, with the elementwise region
-after it fused on its stores.
+after it fused on its stores (which GEMMs it takes, and its plans: families/gemm16.py).
 
 out = epilogue(a @ b), bf16 or fp16 operands, fp32 accumulators. A is (..., M, K), K contiguous. B is a
 linear layer's weight (N, K), K contiguous ("K-major"), or the second operand of mm / matmul / bmm,
@@ -18,21 +18,22 @@ The MMA atom, the TMA copy, the barriers and the swizzled layout are looked up b
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.generate.expert import atoms
-from pipeline.generate.expert.layout import operand_class
-from pipeline.generate.expert.plan import RegionPlan
-from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.layout import Bcast
+from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, chain_function, ctype, torch_dtype
+from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.gemm16 import GemmPlan
 
 BM, BK, GROUP = 128, 64, 8
 TILE_N = (128, 256)
 SMEM_LIMIT = 227 * 1024  # opt-in dynamic shared memory per block on sm_90
-CUTE_FLAGS = ("--expt-relaxed-constexpr",)
-_CUTE_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}
+CUTE_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t"}  # the operand types it takes
 _GATHER = {"bfloat16": "bf16", "float16": "f16"}  # the gather kernels every generated source carries
 
 
@@ -40,7 +41,7 @@ _GATHER = {"bfloat16": "bf16", "float16": "f16"}  # the gather kernels every gen
 class GemmEpilogue:
     region: Region
     main: str  # the GEMM output, bound to the chain's operand
-    operands: tuple[tuple[str, str, str], ...]  # (value, dtype, full | scalar | col | row) of the others
+    operands: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL, SCALAR, COL or ROW) of the others
     out: str
     out_dtype: str
 
@@ -51,47 +52,6 @@ class Form:
 
     b_major: str  # "K": B is a linear layer's (N, K) weight; "MN": B is (..., K, N), row-major
     batched: bool  # (..., M, K) @ (..., K, N) with equal leading dims; otherwise A's leading dims are rows
-
-
-def form(r: Region, low: Lowered) -> Form | str:
-    """The operands' form when our WGMMA kernel can compute this library region, else why not."""
-    n = r.node
-    if r.kind != "library" or n.op not in ("gemm_linear", "gemm_mm", "gemm_bmm", "gemm_matmul"):
-        return "only matmul, mm, bmm and linear layers have a WGMMA template"
-    if n.dtype not in _CUTE_TYPES:
-        return f"WGMMA templates take bf16 or fp16 operands, not {n.dtype}"
-    a, b = (low.by_name.get(getattr(v, "name", "")) for v in n.args[:2])
-    if a is None or b is None or not a.shape or not b.shape:
-        return "the operands' shapes are unknown"
-    if a.dtype != n.dtype or b.dtype != n.dtype:
-        return "mixed operand dtypes"
-    if n.op == "gemm_linear":
-        f, k, cols = Form("K", False), b.shape[-1], b.shape[0]
-        if len(b.shape) != 2 or a.shape[-1] != k:
-            return "the weight is not (N, K)"
-    else:
-        if len(a.shape) < 2 or len(b.shape) < 2:
-            return "a matrix-vector product has no WGMMA template"
-        k, cols = b.shape[-2], b.shape[-1]
-        if len(b.shape) == 2 and n.op != "gemm_bmm":
-            f = Form("MN", False)
-        elif len(a.shape) == len(b.shape) and a.shape[:-2] == b.shape[:-2]:
-            f = Form("MN", True)
-        else:
-            return f"broadcast batch dims ({a.shape} @ {b.shape}) have no WGMMA template"
-        if a.shape[-1] != k:
-            return "the operands' inner dims differ"
-        if cols % 8:
-            return f"N = {cols} is not a multiple of 8 (TMA needs 16-byte rows of B)"
-    if k % 8 or not k:
-        return f"K = {k} is not a positive multiple of 8 (TMA needs 16-byte rows)"
-    return f
-
-
-def eligible(r: Region, low: Lowered) -> str:
-    """ "" when our WGMMA kernel can compute this library region, else why not."""
-    f = form(r, low)
-    return f if isinstance(f, str) else ""
 
 
 def max_stages(bn: int) -> int:
@@ -105,40 +65,7 @@ def smem_bytes(bn: int, stages: int) -> int:
     return tiles + 1024 + 1024
 
 
-def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
-    """The ew region that consumes the GEMM's output only, with operands the epilogue can index."""
-    if host.kind != "library" or len(host.outputs) != 1:
-        return None
-    out = host.outputs[0]
-    users = low.users.get(out, ())
-    if not users or out in low.graph.output_names():
-        return None
-    e = low.region_of(users[0])
-    if e is None or e.kind != "ew" or len(e.outputs) != 1:  # in place or not: we write a fresh output
-        return None
-    if any(low.region_of(u) is not e for u in users) or low.by_name[out].shape != e.shape:
-        return None
-    position = {r.rid: i for i, r in enumerate(low.regions)}
-    split = len(e.shape) - 1
-    operands = []
-    for i in e.inputs:
-        if i == out:
-            continue
-        src = low.region_of(i)
-        if src is not None and position[src.rid] >= position[host.rid]:
-            return None  # computed after the GEMM: not ready when the epilogue runs
-        node = low.by_name[i]
-        cls = operand_class(node.shape or (), e.shape, split)
-        if cls == "dense":
-            return None
-        operands.append((i, node.dtype or "float32", cls))
-    out_dt = next(n.dtype for n in e.nodes if n.name == e.outputs[0]) or "float32"
-    if out_dt not in ("float32", "float16", "bfloat16"):
-        return None
-    return GemmEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
-
-
-def blocks(rp: RegionPlan, dtype: str, f: Form, hunter: Any = None) -> dict[str, atoms.Atom]:
+def blocks(rp: GemmPlan, dtype: str, f: Form, hunter: Any = None) -> dict[str, atoms.Atom]:
     found = {
         "mma": atoms.find(atoms.gmma(rp.bn, dtype), hunter),
         "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
@@ -151,12 +78,11 @@ def blocks(rp: RegionPlan, dtype: str, f: Form, hunter: Any = None) -> dict[str,
     return found
 
 
-def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+def render(r: Region, f: Form, rp: GemmPlan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+    """The kernel and its launcher for a library region in the form `f`; raises atoms.AtomNotFound."""
     rid = r.rid
     dt = r.node.dtype
     bn, stages = rp.bn, rp.stages
-    f = form(r, low)
-    assert isinstance(f, Form), f
     b = blocks(rp, dt, f, hunter)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else dt
@@ -171,7 +97,7 @@ def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hu
         *(f"// building block: {a.cite()}" for a in b.values()),
         f"namespace kp_{rid} {{",
         "using namespace cute;",
-        f"using T = {_CUTE_TYPES[dt]};",
+        f"using T = {CUTE_TYPES[dt]};",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP};",
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
         "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
@@ -194,17 +120,13 @@ def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hu
         if mufu:
             lines.append(_MUFU)
         lines.append(chain_function(epi.region, list(epi.region.inputs), mufu))
-    params = [
-        "const __grid_constant__ CUtensorMap tma_a",
-        "const __grid_constant__ CUtensorMap tma_b",
-        f"{ctype(out_dt)}* __restrict__ out",
-        *(f"const {ctype(d)}* __restrict__ e{k}" for k, (_, d, _) in enumerate(ops_)),
-        "int M",
-        "int N",
-        "int K",
-    ]
+    tmap = "const __grid_constant__ CUtensorMap"
+    sig = Signature((
+        Param("tma_a", tmap, "ta"), Param("tma_b", tmap, "tb"), ptr("out", ctype(out_dt), const=False),
+        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), i32("M", "m"), i32("N", "n"), i32("K", "k"),
+    ))  # fmt: skip
     lines += [
-        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({", ".join(params)}) {{',
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
@@ -213,10 +135,11 @@ def render(r: Region, low: Lowered, rp: RegionPlan, epi: GemmEpilogue | None, hu
         "}",
     ]
     cuda = "\n".join(lines) + "\n"
-    launcher = _launcher(rid, f, epi, rp, smem, dt, out_dt)
-    args = tuple(a.name for a in r.node.args[:2]) + tuple(v for v, _, _ in ops_)
+    a, w = r.node.args[:2]
+    inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
+    launcher = _launcher(rid, f, epi, rp, smem, dt, out_dt, [name for name, _ in inputs], sig)
     outs = (epi.out,) if epi else r.outputs
-    return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), args, outs)
+    return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
 
 
 _BODY = r"""    extern __shared__ char smem_raw[];
@@ -324,7 +247,8 @@ def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
                 continue
             j = next(j for j, (v, _, _) in enumerate(epi.operands) if v == i)
             cls = epi.operands[j][2]
-            idx = {"full": f"r * N + n + {k}", "col": f"n + {k}", "row": "r", "scalar": "0"}[cls]
+            at = {Bcast.FULL: f"r * N + n + {k}", Bcast.COL: f"n + {k}", Bcast.ROW: "r", Bcast.SCALAR: "0"}
+            idx = at[cls]
             args.append(f"kp::ld(e{j}[{idx}])")
         return f"kp_{epi.region.rid}_f({', '.join([*args, f'v{k}'])})"
 
@@ -353,11 +277,9 @@ def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     ]
 
 
-def _launcher(
-    rid: str, f: Form, epi: GemmEpilogue | None, rp: RegionPlan, smem: int, dt: str, out_dt: str
-) -> str:
+def _launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, dt: str, out_dt: str,
+              names: list[str], sig: Signature) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
-    names = ["x", "w", *(f"e{k}" for k in range(len(ops_)))]
     what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
     lines = [
         f"def _gemm_{rid}(sms, {', '.join(names)}):",
@@ -407,11 +329,11 @@ def _launcher(
     ]
     for k, (_, _, cls) in enumerate(ops_):
         e = f"e{k}"
-        if cls == "full":
+        if cls is Bcast.FULL:
             lines.append(f"    {e} = _full({e}, (*lead, n)).reshape(batch * m, n)")
-        elif cls == "col":
+        elif cls is Bcast.COL:
             lines.append(f"    {e} = _contig({e}.reshape(n))")
-        elif cls == "row":
+        elif cls is Bcast.ROW:
             lines.append(f"    {e} = _full({e}, (*lead, 1)).reshape(batch * m)")
         else:
             lines.append(f"    {e} = _scalar({e})")
@@ -421,15 +343,7 @@ def _launcher(
         f"        ta = kernels.tensor_map(a, {BM}, {BK})  # noqa: F821",
         f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
         f"        grid = batch * (-(-m // {BM})) * (-(-n // {rp.bn}))",
-        f"        kernels.kp_{rid}_gemm((grid,), (384,), (ta, tb, out, "
-        + "".join(f"e{k}, " for k in range(len(ops_)))
-        + f"numpy.int32(m), numpy.int32(n), numpy.int32(k)), shared_mem={smem})  # noqa: F821",
+        f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
         "    return out.reshape(*lead, n)",
     ]
     return "\n".join(lines)
-
-
-def with_defaults(rp: RegionPlan) -> RegionPlan:
-    """A wgmma region plan with its tile and stages filled in (the largest ring that fits)."""
-    bn = rp.bn or TILE_N[-1]
-    return dataclasses.replace(rp, bn=bn, stages=min(rp.stages or max_stages(bn), max_stages(bn)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.generate.expert import ops
+from pipeline.generate.expert.templates.signature import Param, Signature, i32, i64, ptr
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,22 @@ def store(kind: str, correction: float, out_ct: str, index: str) -> str:
     return f"y[{index}] = cv<{out_ct}>(post({final(kind, correction)}, {index}));"
 
 
-def combine_kernel(name: str, kind: str, correction: float, out_dt: str, indices: str | None,
-                   post_params: list[str], post_decl: str, threads: int) -> str:  # fmt: skip
-    """Merges the per-split partial accumulators (in split order, so the result is deterministic)."""
+def combine_kernel(name: str, kind: str, correction: float, out_dt: str, indices: bool, post_params: list[Param],
+                   post_decl: str, threads: int, n_out: str, n: str) -> tuple[str, Signature]:  # fmt: skip
+    """Merges the per-split partial accumulators (in split order, so the result is deterministic). `n_out`
+    and `n` are the launcher's expressions for the outputs' count and the reduced count."""
     k = KINDS[kind]
     out_ct = ops.C_TYPES[out_dt]
-    idx_param = ", long long* __restrict__ yi" if indices else ""
-    extra = "".join(f", {p}" for p in post_params)
+    sig = Signature((
+        ptr("ws", "Acc"), ptr("y", out_ct, const=False), *([ptr("yi", "long long", const=False)] if indices else []),
+        i64("n_out", n_out), i32("splits"), i64("n", n), *post_params,
+    ))  # fmt: skip
+    wrap = [p.name for p in sig.params].index("n")  # the declaration goes on over two lines
+    head, tail = Signature(sig.params[:wrap]), Signature(sig.params[wrap:])
     store_i = "            yi[t] = acc.i;\n" if indices else ""
-    return f"""extern "C" __global__ void __launch_bounds__({threads})
-{name}(const Acc* __restrict__ ws, {out_ct}* __restrict__ y{idx_param}, long long n_out, int splits,
-       long long n{extra}) {{
+    source = f"""extern "C" __global__ void __launch_bounds__({threads})
+{name}({head.decls()},
+       {tail.decls()}) {{
 {post_decl}
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < n_out;
          t += (long long)gridDim.x * blockDim.x) {{
@@ -100,3 +106,4 @@ def combine_kernel(name: str, kind: str, correction: float, out_dt: str, indices
         {store(kind, correction, out_ct, "t")}
 {store_i}    }}
 }}"""
+    return source, sig

@@ -10,62 +10,51 @@ partial accumulators in a second small kernel.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import RowLayout
-from pipeline.generate.expert.plan import RegionPlan
-from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.regions import Region, RegionKind
 from pipeline.generate.expert.templates import reduce_ops, shapes
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source
 from pipeline.generate.expert.templates.fused import Fused, identity
+from pipeline.generate.expert.templates.signature import Param, Signature, Variant, i64, kernel, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.rowwise import RowPlan
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
 MAX_REGS = 16  # vectors per thread a register-held row may take (64 fp32 registers at 16-byte vectors)
 
 
-def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
+def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
     kind = reduce_ops.KINDS[lay.op]
     two_pass = lay.op in reduce_ops.TWO_PASS
-    is_reduce = region.kind == "reduce"
+    is_reduce = region.kind is RegionKind.REDUCE
     splits = is_reduce and rp.splits > 0 and not rp.warp_rows
     x_dt = pre.main_dtype if pre else lay.in_dtype
     out_dt = post.out_dtype if post else lay.out_dtype
     warp = rp.warp_reduce or rp.warp_rows
     cache = two_pass and rp.smem_row
-    vecs = sorted({1, rp.vec})
 
-    params = [f"const {ctype(x_dt)}* __restrict__ x"]
-    names = ["x"]
-    if pre:
-        params += pre.params()
-        names += pre.names()
+    params: list[Param] = [ptr("x", ctype(x_dt)), *(pre.params() if pre else [])]
     if lay.has_weight:
-        params.append(f"const {ctype(lay.w_dtype)}* __restrict__ w")
-        names.append("w")
+        params.append(ptr("w", ctype(lay.w_dtype)))
     if lay.has_bias:
-        params.append(f"const {ctype(lay.w_dtype)}* __restrict__ b")
-        names.append("b")
+        params.append(ptr("b", ctype(lay.w_dtype)))
     indices_only = lay.op in ("argmax", "argmin")
-    y_ct = "long long" if indices_only else ctype(out_dt)
-    params.append(f"{y_ct}* __restrict__ y")
-    names.append("y")
+    params.append(ptr("y", "long long" if indices_only else ctype(out_dt), const=False))
     if lay.indices and not indices_only:
-        params.append("long long* __restrict__ yi")
-        names.append("yi")
+        params.append(ptr("yi", "long long", const=False))
     if splits:
-        params.append("Acc* __restrict__ ws")
-        names.append("ws")
-    params += ["long long rows", "long long cols"]
-    names += ["rows", "cols"]
+        params.append(ptr("ws", "Acc", const=False))
+    params += [i64("rows"), i64("cols")]
     if splits:
-        params.append("long long chunk")
-        names.append("chunk")
+        params.append(i64("chunk"))
     if lay.op == "group_norm":
-        params += ["long long groups", "long long cg"]
-        names += ["groups", "cg"]
-    if post:
-        params += post.params()
-        names += post.names()
+        params += [i64("groups"), i64("cg")]
+    sig = Signature((*params, *(post.params() if post else [])))
 
     def push(v: str, c: str) -> list[str]:
         lines = [f"const float v_ = pre({v}, start + {c});"]
@@ -76,7 +65,7 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
 
     body = [
         "template <int V, bool CACHE>",
-        f"__device__ __forceinline__ void kp_{rid}_body({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
     ]
@@ -146,50 +135,48 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
     body += ["    }", "}"]
 
     lb = launch_bounds(rp.threads, rp.min_blocks)
-    kernels, wrappers = [], []
-    for v in vecs:
-        for c in (False, True) if cache else (False,):
-            kname = f"kp_{rid}_v{v}" + ("_smem" if c else "")
-            kernels.append(kname)
-            wrappers.append(
-                f'extern "C" __global__ void {lb}\n{kname}({", ".join(params)}) {{\n'
-                f"    kp_{rid}_body<{v}, {'true' if c else 'false'}>({', '.join(names)});\n}}"
-            )
-    regs = rp.regs if regs_ok(lay, rp, region) else 0
-    if regs:
-        body += _regs_body(rid, params, lay, rp, pre, post, x_dt, out_dt, warp)
-        kname = f"kp_{rid}_v{rp.vec}_regs"
-        kernels.append(kname)
-        wrappers.append(
-            f'extern "C" __global__ void {lb}\n{kname}({", ".join(params)}) {{\n'
-            f"    kp_{rid}_regs<{rp.vec}>({', '.join(names)});\n}}"
-        )
-    combine = ""
+    variants = [
+        Variant(f"kp_{rid}_v{v}" + ("_smem" if c else ""), v, cached=c)
+        for v in sorted({1, rp.vec})
+        for c in ((False, True) if cache else (False,))
+    ]
+    wrappers = [
+        kernel(lb, k.name, sig, f"kp_{rid}_body<{k.vec}, {'true' if k.cached else 'false'}>")
+        for k in variants
+    ]
+    if regs_ok(lay, rp, region):
+        body += _regs_body(rid, sig, lay, rp, pre, post, x_dt, out_dt, warp)
+        variants.append(Variant(f"kp_{rid}_v{rp.vec}_regs", rp.vec, regs=True))
+        wrappers.append(kernel(lb, variants[-1].name, sig, f"kp_{rid}_regs<{rp.vec}>"))
+    combine, combine_sig = "", None
     if splits:
         post_decl = post.lam("post") if post else identity("post")
-        combine = reduce_ops.combine_kernel(
+        combine, combine_sig = reduce_ops.combine_kernel(
             f"kp_{rid}_combine", lay.op, lay.correction, out_dt if not indices_only else "int64",
-            "yi" if lay.indices and not indices_only else None, post.params() if post else [], post_decl, 256,
+            lay.indices and not indices_only, post.params() if post else [], post_decl, 256, "rows", "cols",
         )  # fmt: skip
-        kernels.append(f"kp_{rid}_combine")
     cuda = region_source(
         f"// region {rid}: {lay.op} over rows of the last dims ({'warp' if rp.warp_rows else 'block'} per row)",
         (pre, post), body, wrappers, combine,
     )  # fmt: skip
-    launcher = _launcher(region, lay, rp, pre, post, kernels, splits, cache, out_dt, indices_only)
-    return Code(cuda, launcher, f"_r_{rid}", tuple(kernels), tuple(_args(region, lay, pre, post)),
+    inputs = _inputs(region, lay, pre, post)
+    launcher = _launcher(
+        region, lay, rp, pre, post, inputs, sig, variants, combine_sig, cache, out_dt, indices_only
+    )
+    kernels = (*(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []))
+    return Code(cuda, launcher, f"_r_{rid}", kernels, tuple(v for _, v in inputs),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
 
 
-def regs_ok(lay: RowLayout, rp: RegionPlan, region: Region) -> bool:
+def regs_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     """Whether a row can be held in registers between the passes (block-per-row two-pass ops)."""
     return (
-        lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind != "reduce"
+        lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind is not RegionKind.REDUCE
         and not rp.warp_rows and not rp.smem_row and 0 < rp.regs <= MAX_REGS
     )  # fmt: skip
 
 
-def _regs_body(rid: str, params: list[str], lay: RowLayout, rp: RegionPlan, pre: Fused | None,
+def _regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None,
                post: Fused | None, x_dt: str, out_dt: str, warp: bool) -> list[str]:  # fmt: skip
     """The row read once into registers (R vectors per thread), its statistics in exact passes over the
     registers (softmax: max, then exp and sum, one exp per element; norms: mean, then squared deviations),
@@ -258,7 +245,7 @@ def _regs_body(rid: str, params: list[str], lay: RowLayout, rp: RegionPlan, pre:
             f = f.replace(f"ld({p}[c])", f"ld({p}v.v[e])")
     return [
         "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_regs({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_regs({sig.decls()}) {{",
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
         "    const int tid = threadIdx.x, nt = blockDim.x;",
@@ -297,19 +284,20 @@ def _regs_body(rid: str, params: list[str], lay: RowLayout, rp: RegionPlan, pre:
     ]
 
 
-def _args(region: Region, lay: RowLayout, pre: Fused | None, post: Fused | None) -> list[str]:
-    """The values forward passes: the (pre-)input, prologue extras, weight, bias, epilogue extras."""
+def _inputs(region: Region, lay: RowLayout, pre: Fused | None, post: Fused | None) -> list[tuple[str, str]]:
+    """(launcher name, graph value) of what forward passes: the (pre-)input, prologue extras, weight, bias,
+    epilogue extras."""
     n = region.node
-    x = pre.main if pre else n.args[0].name
-    out = [x, *(pre.values() if pre else [])]
+    out = [("x", pre.main if pre else n.args[0].name), *(pre.inputs() if pre else [])]
     a = n.args
     if lay.op in ("layer_norm", "rms_norm"):
-        out += [r.name for r in a[2 : 4 if lay.op == "layer_norm" else 3] if r is not None]
+        wb = a[2 : 4 if lay.op == "layer_norm" else 3]
     elif lay.op == "group_norm":
         wb = a[2:4] if n.op == "group_norm" else a[1:3]
-        out += [r.name for r in wb if r is not None]
-    out += post.values() if post else []
-    return out
+    else:
+        wb = ()
+    out += [(p, r.name) for p, r in zip(("w", "b"), wb, strict=False) if r is not None]  # wb may be short
+    return out + (post.inputs() if post else [])
 
 
 def _reduce_store(lay: RowLayout, splits: bool, out_ct: str) -> list[str]:
@@ -418,20 +406,17 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
     ]
 
 
-def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None,
-              kernels: list[str], splits: bool, cache: bool, out_dt: str, indices_only: bool) -> str:  # fmt: skip
+def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
+              inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
+              cache: bool, out_dt: str, indices_only: bool) -> str:  # fmt: skip
     rid = region.rid
-    names = ["x"] + (pre.launcher_args() if pre else [])
-    if lay.has_weight:
-        names.append("w")
-    if lay.has_bias:
-        names.append("b")
-    names += post.launcher_args() if post else []
+    names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
     if pre:
         lines += pre.prepare("x.shape")
     lines.append("    x = _contig(x)")
-    lines += [f"    {p} = _contig({p})" for p in ("w", "b") if p in names]
+    wb = [p for p in ("w", "b") if p in names]
+    lines += [f"    {p} = _contig({p})" for p in wb]
     lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
     with_yi = lay.indices and not indices_only
     lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0")
@@ -452,16 +437,11 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
         lines.append(f"    blocks = max(1, min(blocks, sms * {rp.persistent}))")
     red = "0" if rp.warp_rows else ("33 * 16" if rp.warp_reduce else "block * 16")
     lines.append(f"    smem = {red}")
-    extra_ints: list[str] = []
     if lay.op == "group_norm":
         groups = str(lay.groups) if lay.groups else "x.shape[1]"
         lines.append(f"    groups = {groups}")
         lines.append("    cg = x.shape[1] // groups")
-        extra_ints = ["numpy.int64(groups)", "numpy.int64(cg)"]
-    post_args = post.launcher_args() if post else []
-    pre_args = pre.launcher_args() if pre else []
-    wb = [p for p in ("w", "b") if p in names]
-    if splits:
+    if combine:
         lines += [
             f"    splits = 1\n    if rows < sms * {rp.splits}:",
             f"        splits = max(1, min(-(-sms * {rp.splits} // rows), cols // ({rp.threads * rp.vec} * 4), MAX_GRID_Y))",
@@ -471,54 +451,39 @@ def _launcher(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None,
             "    ws = torch.empty((splits * rows * 2,), dtype=torch.int64, device=x.device) if splits > 1 else y",
             "    grid = (blocks, splits)",
         ]
-        args = ["x", *pre_args, *wb, "y", *(["yi"] if with_yi else []), "ws", "numpy.int64(rows)",
-                "numpy.int64(cols)", "numpy.int64(chunk)", *extra_ints, *post_args]  # fmt: skip
     else:
         lines.append("    grid = (blocks,)")
-        args = ["x", *pre_args, *wb, "y", *(["yi"] if with_yi else []), "numpy.int64(rows)", "numpy.int64(cols)",
-                *extra_ints, *post_args]  # fmt: skip
-    lines.append(f"    args = ({', '.join(args)},)")
-    vec_ts = ", ".join(["x", "y"])
-    body: list[str] = []
+    lines.append(f"    args = ({sig.args()},)")
+    rows_per = f"{threads // 32}" if rp.warp_rows else "1"
     if cache:
-        rows_per = f"{threads // 32}" if rp.warp_rows else "1"
-        body.append(f"    cached = cols * 4 * {rows_per} + smem <= {MAX_SMEM_ROW}")
-    conds = []
-    for k in reversed(kernels):
-        if k.endswith("_combine"):
-            continue
-        v = int(k.split("_v")[-1].split("_")[0])
-        c = []
-        if v > 1:
-            c.append(f"_aligned(({vec_ts},), {v})")
-        if k.endswith("_smem"):
-            c.append("cached")
-        if k.endswith("_regs"):  # the row fits the registers and splits into whole vectors
-            c.append(f"cols % {v} == 0 and cols <= {rp.regs * v} * block")
-            if wb and v > 1 and lay.op in ("layer_norm", "rms_norm"):  # vector loads of weight and bias too
-                c.append(f"_aligned(({', '.join(wb)},), {v})")
-        conds.append((" and ".join(c) or "True", k))
+        lines.append(f"    cached = cols * 4 * {rows_per} + smem <= {MAX_SMEM_ROW}")
+    # The most specialised variant whose conditions hold: registers, then shared memory, then vectors.
+    vec_ts = "x, y"  # the tensors read and written as vectors
     first = True
-    for cond, k in conds:
-        smem = (
-            "smem + cols * 4 * " + (f"{threads // 32}" if rp.warp_rows else "1")
-            if k.endswith("_smem")
-            else "smem"
-        )
-        call = f"kernels.{k}(grid, (block,), args, shared_mem={smem})  # noqa: F821"
-        if cond == "True":
-            body.append(("    else:\n        " if not first else "    ") + call)
+    for k in reversed(variants):
+        conds = []
+        if k.vec > 1:
+            conds.append(f"_aligned(({vec_ts},), {k.vec})")
+        if k.cached:
+            conds.append("cached")
+        if k.regs:  # the row fits the registers and splits into whole vectors
+            conds.append(f"cols % {k.vec} == 0 and cols <= {rp.regs * k.vec} * block")
+            if (
+                wb and k.vec > 1 and lay.op in ("layer_norm", "rms_norm")
+            ):  # weight and bias read as vectors too
+                conds.append(f"_aligned(({', '.join(wb)},), {k.vec})")
+        smem = f"smem + cols * 4 * {rows_per}" if k.cached else "smem"
+        call = f"kernels.{k.name}(grid, (block,), args, shared_mem={smem})  # noqa: F821"
+        if not conds:
+            lines.append(("    else:\n        " if not first else "    ") + call)
             break
-        body.append(f"    {'if' if first else 'elif'} {cond}:\n        {call}")
+        lines.append(f"    {'if' if first else 'elif'} {' and '.join(conds)}:\n        {call}")
         first = False
-    lines += body
-    if splits:
-        comb_args = ["ws", "y", *(["yi"] if with_yi else []), "numpy.int64(rows)", "numpy.int32(splits)",
-                     "numpy.int64(cols)", *post_args]  # fmt: skip
+    if combine:
         lines.append("    if splits > 1:")
         lines.append(
             f"        kernels.kp_{rid}_combine((max(1, min(-(-rows // 256), sms * 8)),), (256,), "
-            f"({', '.join(comb_args)},))  # noqa: F821"
+            f"({combine.args()},))  # noqa: F821"
         )
     lines.append(f"    return {ret}")
     return "\n".join(lines)

@@ -8,27 +8,31 @@ thread per column walks down it, so every warp access is one contiguous run.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.generate.expert.layout import RowLayout
-from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import shapes
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source, torch_dtype
 from pipeline.generate.expert.templates.fused import Fused, identity
+from pipeline.generate.expert.templates.signature import Signature, i64, kernel, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.scan import ScanPlan
 
 
-def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, post: Fused | None) -> Code:
+def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
     prod = lay.op == "cumprod"
     ident, op = ("1.0f", "*") if prod else ("0.0f", "+")
     xt = ctype(pre.main_dtype if pre else lay.in_dtype)
     out_dt = post.out_dtype if post else lay.out_dtype
     yt = ctype(out_dt)
-    params = [f"const {xt}* __restrict__ x", *(pre.params() if pre else []), f"{yt}* __restrict__ y",
-              "long long outer", "long long L", "long long inner", *(post.params() if post else [])]  # fmt: skip
-    names = ["x", *(pre.names() if pre else []), "y", "outer", "L", "inner", *(post.names() if post else [])]
+    sig = Signature((ptr("x", xt), *(pre.params() if pre else []), ptr("y", yt, const=False), i64("outer"),
+                     i64("L", "reduced"), i64("inner"), *(post.params() if post else [])))  # fmt: skip
     lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
     row = [
-        f"__device__ __forceinline__ void kp_{rid}_row({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_row_body({sig.decls()}) {{",
         f"    constexpr int ITEMS = {rp.items};",
         "    __shared__ float warp_tot[32];",
         *lams,
@@ -88,7 +92,7 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         "}",
     ]
     col = [
-        f"__device__ __forceinline__ void kp_{rid}_col({', '.join(params)}) {{",
+        f"__device__ __forceinline__ void kp_{rid}_col_body({sig.decls()}) {{",
         *lams,
         "    const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
         "    if (c >= inner) return;",
@@ -96,7 +100,7 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         "        const long long base = o * L * inner + c;",
         f"        float acc = {ident};",
         *([] if prod else ["        float comp = 0.0f;  // the column sum's lost low bits"]),
-        f"#pragma unroll {max(rp.unroll, 1)}",
+        "#pragma unroll 1",  # each step needs the last: unrolling the walk buys nothing
         "        for (long long r = 0; r < L; ++r) {",
         "            const long long i = base + r * inner;",
         *(
@@ -114,23 +118,15 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         "}",
     ]
     lb = launch_bounds(rp.threads, rp.min_blocks)
-    kernels = [f"kp_{rid}_row", f"kp_{rid}_col"]
-    wrappers = [
-        f'extern "C" __global__ void {lb}\n{k}({", ".join(params)}) {{\n    {k}_body({", ".join(names)});\n}}'
-        for k in kernels
-    ]
-    body = [
-        *[line.replace(f"kp_{rid}_row(", f"kp_{rid}_row_body(", 1) for line in row[:1]],
-        *row[1:],
-        *[line.replace(f"kp_{rid}_col(", f"kp_{rid}_col_body(", 1) for line in col[:1]],
-        *col[1:],
-    ]
+    kernels = (f"kp_{rid}_row", f"kp_{rid}_col")
+    wrappers = [kernel(lb, k, sig, f"{k}_body") for k in kernels]
     cuda = region_source(
         f"// region {rid}: {lay.op} (a block per row along the last dim, a thread per column otherwise)",
-        (pre, post), body, wrappers,
+        (pre, post), [*row, *col], wrappers,
     )  # fmt: skip
-    largs = ["x", *(pre.launcher_args() if pre else []), *(post.launcher_args() if post else [])]
-    lines = [f"def _r_{rid}(sms, {', '.join(largs)}):"]
+    inputs = [("x", pre.main if pre else region.node.args[0].name), *(pre.inputs() if pre else []),
+              *(post.inputs() if post else [])]  # fmt: skip
+    lines = [f"def _r_{rid}(sms, {', '.join(name for name, _ in inputs)}):"]
     if pre:
         lines += pre.prepare("x.shape")
     lines.append("    x = _contig(x)")
@@ -138,12 +134,10 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
     lines.append(f"    y = torch.empty(out_shape, dtype={torch_dtype(out_dt)}, device=x.device)")
     if post:
         lines += post.prepare("out_shape")
-    cargs = ["x", *(pre.launcher_args() if pre else []), "y", "numpy.int64(outer)", "numpy.int64(reduced)",
-             "numpy.int64(inner)", *(post.launcher_args() if post else [])]  # fmt: skip
     lines += [
         "    if y.numel() == 0:",
         "        return y",
-        f"    args = ({', '.join(cargs)},)",
+        f"    args = ({sig.args()},)",
         "    if inner == 1:",
         f"        blocks = max(1, min(outer, MAX_GRID_X{f', sms * {rp.persistent}' if rp.persistent else ''}))",
         f"        kernels.kp_{rid}_row((blocks,), ({rp.threads},), args)  # noqa: F821",
@@ -152,7 +146,5 @@ def render(region: Region, lay: RowLayout, rp: RegionPlan, pre: Fused | None, po
         f"        kernels.kp_{rid}_col(grid, ({rp.threads},), args)  # noqa: F821",
         "    return y",
     ]
-    args = [pre.main if pre else region.node.args[0].name, *(pre.values() if pre else []),
-            *(post.values() if post else [])]  # fmt: skip
     outs = post.region.outputs if post else region.outputs
-    return Code(cuda, "\n".join(lines), f"_r_{rid}", tuple(kernels), tuple(args), tuple(outs))
+    return Code(cuda, "\n".join(lines), f"_r_{rid}", kernels, tuple(v for _, v in inputs), tuple(outs))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.generate.expert.layout import RowLayout
-from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.regions import Region, RegionKind
 from pipeline.generate.expert.templates.code import torch_dtype
 
 if TYPE_CHECKING:
@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 
 
 def shape_lines(region: Region, lay: RowLayout) -> list[str]:
-    if region.kind == "reduce":
+    if region.kind is RegionKind.REDUCE:
         return _reduce(lay)
-    if region.kind in ("softmax", "scan"):
+    if region.kind in (RegionKind.SOFTMAX, RegionKind.SCAN):
         return [
             "    shape = tuple(x.shape)",
             f"    d = {lay.dims[0]} % max(len(shape), 1)",

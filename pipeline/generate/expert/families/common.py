@@ -1,0 +1,125 @@
+"""Edits shared by the families of our memory-streaming kernels, and the fusing of elementwise neighbours
+into the kernels that host them (row-wise, strided and scan kernels: a prologue on their loads, an
+epilogue on their stores). Knobs are read by name: a family uses the helpers whose knobs it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.generate.expert import fusion
+from pipeline.generate.expert.families.base import Edit, RenderError, change, changed, label
+from pipeline.generate.expert.plan import Plan
+from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.templates.fused import Fused
+
+MAX_UNROLL = 8
+SM_THREADS = 2048  # resident threads per SM that the occupancy knobs aim for
+
+Moves = Iterator[tuple[str, Plan]]
+
+
+def vec_max(itemsize: int) -> int:
+    """Elements of one 16-byte access."""
+    return max(1, min(8, 16 // itemsize))
+
+
+def pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def blocks_per_sm(threads: int) -> int:
+    return max(1, SM_THREADS // threads)
+
+
+def resized(edit: str, plan: Plan, rp: Any, threads: int, regs: int | None = None) -> Moves:
+    """A new block size; an occupancy bound set earlier follows it (threads x blocks stays 2048 per SM), and
+    a register-held row (`regs`, re-divided by the caller) with it."""
+    changes: dict[str, object] = {"threads": threads}
+    if regs is not None:
+        changes["regs"] = regs
+    if rp.min_blocks:
+        changes["min_blocks"] = blocks_per_sm(threads)
+    yield from change(edit, plan, rp, **changes)
+
+
+def resize_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from resized("resize_grid", plan, rp, threads)
+
+
+def persistent_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    if not rp.persistent:
+        yield from change("persistent_grid", plan, rp, persistent=blocks_per_sm(rp.threads))
+
+
+def increase_occupancy(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    if not rp.min_blocks:
+        yield from change("increase_occupancy", plan, rp, min_blocks=blocks_per_sm(rp.threads))
+
+
+def unroll(edit: str) -> Edit:
+    """More accesses (or loop iterations) in flight per thread."""
+
+    def apply(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+        if rp.unroll * 2 <= MAX_UNROLL:
+            yield from change(edit, plan, rp, unroll=rp.unroll * 2)
+
+    return apply
+
+
+def fewer_registers(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    """Half the accesses in flight, else an occupancy bound (which caps the registers)."""
+    if rp.unroll > 1:
+        yield from change("reduce_registers", plan, rp, unroll=rp.unroll // 2)
+    elif not rp.min_blocks:
+        yield from change("reduce_registers", plan, rp, min_blocks=blocks_per_sm(rp.threads))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hosting elementwise neighbours (knobs `prologue` and `epilogue`: the rids of the fused regions)
+
+
+def fuse(epilogue_first: bool) -> Edit:
+    """fuse_kernels (a prologue first) or fuse_epilogue (an epilogue first): each neighbour that is free."""
+
+    def apply(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+        pre, post = fusion.neighbours(r, low)
+        taken = plan.fused()
+        sides = [("epilogue", post), ("prologue", pre)]
+        for side, f in sides if epilogue_first else sides[::-1]:
+            if f is None or getattr(rp, side) or f.region.rid in taken or plan.get(f.region.rid) is None:
+                continue
+            name = "fuse_epilogue" if side == "epilogue" else "fuse_kernels"
+            yield label(name, rp.rid, **{side: f.region.rid}), changed(plan, rp, **{side: f.region.rid})
+
+    return apply
+
+
+FUSE_EDITS: dict[str, Edit] = {"fuse_kernels": fuse(False), "fuse_epilogue": fuse(True)}
+
+
+def settle_fusions(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
+    """The tuned plan takes the first free prologue, then the first free epilogue."""
+    rp = plan.get(r.rid)
+    if not tuned or rp is None:
+        return plan
+    for apply in FUSE_EDITS.values():
+        for _, p in apply(plan, plan.get(r.rid), r, low):
+            plan = p
+            break
+    return plan
+
+
+def fused_neighbours(r: Region, rp: Any, low: Lowered) -> tuple[Fused | None, Fused | None]:
+    """The prologue and epilogue the entry asks for; RenderError when the graph no longer offers them."""
+    pre, post = fusion.neighbours(r, low)
+    pre = pre if rp.prologue else None
+    post = post if rp.epilogue else None
+    if (rp.prologue and (pre is None or pre.region.rid != rp.prologue)) or (
+        rp.epilogue and (post is None or post.region.rid != rp.epilogue)
+    ):
+        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+    return pre, post

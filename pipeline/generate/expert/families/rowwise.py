@@ -1,0 +1,178 @@
+"""Reductions, softmax / log-softmax and layer / RMS / group / instance norms over the trailing dims of
+their input: a block (or, for short rows, a warp) per row (templates/rowwise.py). It hosts elementwise
+neighbours: a prologue on its loads, an epilogue on its stores.
+
+Edits: fuse_kernels / fuse_epilogue (a neighbour on its loads / stores), vectorize_loads, coarsen_threads
+(the row held in registers when it fits, else unroll x2), pipeline_loads (unroll x2), more_parallelism (a
+reduction split over more blocks, else a warp per short row), tile_shared_memory (two-pass ops keep the
+row in shared memory between the passes), remove_divergence (warp shuffles, then a warp per short row),
+persistent_grid, resize_grid, increase_occupancy, reduce_registers (registers off, else unroll /2, else
+the occupancy bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipeline.generate.expert import ops
+from pipeline.generate.expert.families import common
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.layout import RowLayout, row_layout
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import rowwise
+from pipeline.generate.expert.templates.code import Code
+
+KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
+MAX_SPLITS = 8
+SHORT_ROW = 1024  # a warp per row below this many elements
+
+
+@dataclass(frozen=True)
+class RowPlan(RegionPlan):
+    TAG: ClassVar[str] = "row"
+    SHOWN: ClassVar[tuple[str, ...]] = ("vec", "threads")
+    ABSORBS: ClassVar[tuple[str, ...]] = ("prologue", "epilogue")
+
+    vec: int = 1  # elements per vector access (16 bytes at most)
+    threads: int = 256
+    unroll: int = 1  # loop iterations in flight per thread
+    persistent: int = 0  # blocks per SM for a persistent grid-stride grid; 0: a block per row
+    min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
+    splits: int = 0  # reductions: split a row over blocks to reach this many blocks per SM (0: never)
+    regs: int = 0  # two-pass ops: the row held in registers, this many vectors per thread
+    warp_reduce: bool = False  # shuffles instead of a shared-memory tree
+    warp_rows: bool = False  # one warp per row (short rows)
+    smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
+    prologue: str = ""  # rid of an ew region computed on this region's loads
+    epilogue: str = ""  # rid of an ew region computed on this region's stores
+
+
+def _layout(r: Region, low: Lowered) -> RowLayout | None:
+    lay = row_layout(r, low) if r.kind in KINDS else None
+    return lay if lay is not None and lay.trailing else None
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return _layout(r, low) is not None
+
+
+def _short(lay: RowLayout) -> bool:
+    return lay.reduced <= SHORT_ROW and lay.op != "group_norm"
+
+
+def regs_for(rp: RowPlan, r: Region, low: Lowered, threads: int = 0) -> int:
+    """Vectors per thread that hold a whole row in registers, 0 when the op or the row does not allow it."""
+    lay = _layout(r, low)
+    if lay is None:
+        return 0
+    regs = -(-lay.reduced // (rp.vec * (threads or rp.threads)))
+    return regs if rowwise.regs_ok(lay, dataclasses.replace(rp, regs=regs, smem_row=False), r) else 0
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
+    """Plain: scalar accesses and a shared-memory tree. Tuned: 16-byte vectors, warp shuffles, a warp per
+    short row, a split of long reductions, and a row that fits held in registers."""
+    rp = RowPlan(r.rid)
+    lay = _layout(r, low)
+    if not tuned or lay is None:
+        return rp
+    vmax = common.vec_max(ops.ITEMSIZE.get(lay.in_dtype, 4))
+    short = _short(lay)
+    threads = 256 if short else max(128, min(1024, common.pow2(-(-lay.reduced // (vmax * 4)))))
+    rp = dataclasses.replace(
+        rp, vec=vmax, threads=threads, warp_reduce=True, warp_rows=short,
+        splits=1 if r.kind is RegionKind.REDUCE and not short else 0,
+    )  # fmt: skip
+    # One read of a row that fits in registers, with 256 threads a block: the best of 128 to 1024 for
+    # softmax (4096 columns) and layer norm (8192) on the H200.
+    if regs := regs_for(rp, r, low, 256):
+        rp = dataclasses.replace(rp, threads=256, regs=regs)
+    return rp
+
+
+def render(r: Region, rp: RowPlan, low: Lowered, hunter: object) -> Code:
+    lay = _layout(r, low)
+    if lay is None:
+        raise RenderError(f"region {r.rid} has no row layout")
+    pre, post = common.fused_neighbours(r, rp, low)
+    return rowwise.render(r, lay, rp, pre, post)
+
+
+def _vectorize(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    lay = _layout(r, low)
+    if rp.vec * 2 * (ops.ITEMSIZE.get(lay.in_dtype, 4) if lay else 4) <= 16:
+        yield from change("vectorize_loads", plan, rp, vec=rp.vec * 2)
+
+
+def _coarsen(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    """The row held in registers (instead of a shared-memory copy, if it had one), then more unrolling."""
+    if not rp.regs and (regs := regs_for(rp, r, low)):
+        yield from change(
+            "coarsen_threads", plan, rp, regs=regs, **({"smem_row": False} if rp.smem_row else {})
+        )
+    yield from common.unroll("coarsen_threads")(plan, rp, r, low)
+
+
+def _parallelism(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    """A reduction split over more blocks, else a warp per short row."""
+    lay = _layout(r, low)
+    if r.kind is RegionKind.REDUCE and not rp.warp_rows and (rp.splits * 2 or 1) <= MAX_SPLITS:
+        yield from change("more_parallelism", plan, rp, splits=rp.splits * 2 or 1)
+    elif not rp.warp_rows and lay is not None and _short(lay):
+        yield from change("more_parallelism", plan, rp, warp_rows=True, splits=0)
+
+
+def _tile(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    """Two-pass ops keep the row in shared memory between the passes."""
+    if not rp.smem_row and r.kind in (RegionKind.SOFTMAX, RegionKind.NORM):
+        yield from change("tile_shared_memory", plan, rp, smem_row=True, **({"regs": 0} if rp.regs else {}))
+
+
+def _divergence(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    lay = _layout(r, low)
+    if not rp.warp_reduce:
+        yield from change("remove_divergence", plan, rp, warp_reduce=True)
+    elif not rp.warp_rows and lay is not None and _short(lay):
+        yield from change("remove_divergence", plan, rp, warp_rows=True, splits=0)
+
+
+def _resize(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    """threads x2 and /2; a register-held row is re-divided over the new block (or dropped if it no longer
+    fits)."""
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            regs = regs_for(rp, r, low, threads) if rp.regs else None
+            yield from common.resized("resize_grid", plan, rp, threads, regs)
+
+
+def _registers(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    if rp.regs:
+        yield from change("reduce_registers", plan, rp, regs=0)
+    else:
+        yield from common.fewer_registers(plan, rp, r, low)
+
+
+FAMILY = Family(
+    knobs=RowPlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={
+        **common.FUSE_EDITS,
+        "vectorize_loads": _vectorize,
+        "coarsen_threads": _coarsen,
+        "more_parallelism": _parallelism,
+        "tile_shared_memory": _tile,
+        "remove_divergence": _divergence,
+        "persistent_grid": common.persistent_grid,
+        "pipeline_loads": common.unroll("pipeline_loads"),
+        "resize_grid": _resize,
+        "increase_occupancy": common.increase_occupancy,
+        "reduce_registers": _registers,
+    },
+    order=10,
+    settle=common.settle_fusions,
+)

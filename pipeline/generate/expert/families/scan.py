@@ -1,0 +1,82 @@
+"""Inclusive scans (cumsum, cumprod) along any dimension: a block per row along the last one, a thread
+per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
+
+Edits: fuse_kernels / fuse_epilogue, coarsen_threads (items per thread x2), persistent_grid, resize_grid,
+increase_occupancy, reduce_registers (items /2, else the occupancy bound).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipeline.generate.expert.families import common
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.layout import row_layout
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import scan
+from pipeline.generate.expert.templates.code import Code
+
+MAX_ITEMS = 16
+
+
+@dataclass(frozen=True)
+class ScanPlan(RegionPlan):
+    TAG: ClassVar[str] = "scan"
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+    ABSORBS: ClassVar[tuple[str, ...]] = ("prologue", "epilogue")
+
+    threads: int = 256
+    persistent: int = 0  # blocks per SM for a persistent grid (along the last dim); 0: a block per row
+    min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
+    items: int = 1  # consecutive items per thread (along the last dim)
+    prologue: str = ""  # rid of an ew region computed on this region's loads
+    epilogue: str = ""  # rid of an ew region computed on this region's stores
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return r.kind is RegionKind.SCAN and row_layout(r, low) is not None
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> ScanPlan:
+    """Tuned: eight consecutive items per thread."""
+    return ScanPlan(r.rid, items=8 if tuned else 1)
+
+
+def render(r: Region, rp: ScanPlan, low: Lowered, hunter: object) -> Code:
+    lay = row_layout(r, low)
+    if lay is None:
+        raise RenderError(f"region {r.rid} has no row layout")
+    pre, post = common.fused_neighbours(r, rp, low)
+    return scan.render(r, lay, rp, pre, post)
+
+
+def _coarsen(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
+    if rp.items * 2 <= MAX_ITEMS:
+        yield from change("coarsen_threads", plan, rp, items=rp.items * 2)
+
+
+def _registers(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
+    if rp.items > 1:
+        yield from change("reduce_registers", plan, rp, items=rp.items // 2)
+    elif not rp.min_blocks:
+        yield from change("reduce_registers", plan, rp, min_blocks=common.blocks_per_sm(rp.threads))
+
+
+FAMILY = Family(
+    knobs=ScanPlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={
+        **common.FUSE_EDITS,
+        "coarsen_threads": _coarsen,
+        "persistent_grid": common.persistent_grid,
+        "resize_grid": common.resize_grid,
+        "increase_occupancy": common.increase_occupancy,
+        "reduce_registers": _registers,
+    },
+    order=10,
+    settle=common.settle_fusions,
+)

@@ -1,0 +1,68 @@
+"""One record per kernel parameter, from which both sides of a launch are written: the C parameter list
+(and the forwarding call to the kernel's body) and the launcher's argument tuple. They cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Scalar C types and the numpy type the runtime passes them as (by value, the exact width).
+_SCALARS = {"long long": "numpy.int64", "int": "numpy.int32"}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str  # the C name, used by the kernel body
+    ctype: str  # "const float* __restrict__", "long long", "const __grid_constant__ CUtensorMap"...
+    value: str  # the launcher's Python expression for it: a tensor (or tensor map) name, an int expression
+
+    @property
+    def decl(self) -> str:
+        return f"{self.ctype} {self.name}"
+
+    @property
+    def arg(self) -> str:
+        scalar = _SCALARS.get(self.ctype)
+        return f"{scalar}({self.value})" if scalar else self.value
+
+
+def ptr(name: str, ctype: str, value: str = "", const: bool = True) -> Param:
+    """A pointer to `ctype` elements, restrict-qualified; the launcher passes the tensor `value` (or `name`)."""
+    return Param(name, f"{'const ' if const else ''}{ctype}* __restrict__", value or name)
+
+
+def i64(name: str, value: str = "") -> Param:
+    return Param(name, "long long", value or name)
+
+
+def i32(name: str, value: str = "") -> Param:
+    return Param(name, "int", value or name)
+
+
+@dataclass(frozen=True)
+class Signature:
+    params: tuple[Param, ...]
+
+    def decls(self) -> str:
+        return ", ".join(p.decl for p in self.params)
+
+    def names(self) -> str:
+        return ", ".join(p.name for p in self.params)
+
+    def args(self) -> str:
+        return ", ".join(p.arg for p in self.params)
+
+
+def kernel(bounds: str, name: str, sig: Signature, body: str) -> str:
+    """An extern "C" kernel that forwards its parameters to a device function (or template) `body`."""
+    return f'extern "C" __global__ void {bounds}\n{name}({sig.decls()}) {{\n    {body}({sig.names()});\n}}'
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of a region's kernel and what the launcher checks before it launches it."""
+
+    name: str
+    vec: int = 1  # elements per vector access: the tensors must be aligned to vec elements
+    cached: bool = False  # the row is cached in shared memory: it must fit
+    regs: bool = False  # the row is held in registers: it must fit and split into whole vectors
