@@ -1,6 +1,6 @@
 """Everything the profiling tools may read about one candidate, gathered in one frozen value.
 
-Built on the GPU by `pipeline.loop` (ncu, SASS, system profile, harness timing) or, in the CPU tests, from
+Built on the GPU by `pipeline.stages` (ncu, SASS, system profile, harness timing) or, in the CPU tests, from
 files recorded on the H200 (`load_recorded`). Tools read evidence; they never run anything.
 """
 
