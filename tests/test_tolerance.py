@@ -209,3 +209,17 @@ def test_cpu_worker_accepts_eager_and_rejects_tf32_on_the_cancellation_task(cpu_
     assert verdicts["eager"].ref_rel_error > task.norm_tol  # the reference's own error, recorded
     assert verdicts["tf32"].status == Status.MISMATCH
     assert any(r.startswith("mismatch") for r in verdicts["tf32"].reasons)
+
+
+def test_three_tf32_products_pass_where_one_fails():
+    """3xTF32 (a_hi*b_hi + a_hi*b_lo + a_lo*b_hi, each operand split into TF32 parts) stays within the
+    anchored fp32 rule; a single TF32 product does not: the split is what makes tensor cores fp32-accurate."""
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(128, 4096, generator=g), torch.randn(4096, 128, generator=g)
+    ref = a.double() @ b.double()
+    anchor = tolerance.reference_error(a @ b, ref)
+    a_hi, b_hi = tf32(a), tf32(b)
+    a_lo, b_lo = tf32(a - a_hi), tf32(b - b_hi)
+    three = a_hi @ b_hi + (a_hi @ b_lo + a_lo @ b_hi)
+    assert verdict_of(three, ref, anchor) == []
+    assert verdict_of(a_hi @ b_hi, ref, anchor)
