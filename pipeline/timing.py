@@ -21,6 +21,7 @@ from pipeline.types import Timing
 
 HIDDEN_WORK_RATIO = 1.5  # host time this much above event time (plus slack) means work the events missed
 HIDDEN_WORK_SLACK_MS = 0.2
+HIDDEN_WORK_RETRIES = 2  # more rounds of synchronised calls before a gap is believed
 _MAX_CLOCK_HZ = 2.0e9  # sleep cycles are counted at the SM clock; at a lower clock the cover only lengthens
 
 
@@ -76,8 +77,12 @@ def time_cuda(
         else:
             torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        h0 = time.perf_counter()
         start.record()
+        if (
+            timed is None
+        ):  # the host clock starts once the GPU has reached the call, not while it waits its turn
+            start.synchronize()
+        h0 = time.perf_counter()
         out = fn(*inputs)
         end.record()
         launched = time.perf_counter() - h0
@@ -95,11 +100,17 @@ def time_cuda(
         # Synchronised calls first: host wall time against events (launch overhead in both), for the
         # hidden-work check, and the host's launch time, which the timed trials below must cover.
         host_ms, synced_ms, launch_s = [], [], []
-        for _ in range(check_trials):
-            ev, host, launched = run()
-            synced_ms.append(ev)
-            host_ms.append(host)
-            launch_s.append(launched)
+        # Work hidden from the events delays every call; another process on the GPU delays some calls by a
+        # time slice (about 2 ms). Before a gap is believed the synchronised calls are repeated, up to twice,
+        # and the check reads the medians over all of them.
+        for _ in range(1 + HIDDEN_WORK_RETRIES):
+            for _ in range(check_trials):
+                ev, host, launched = run()
+                synced_ms.append(ev)
+                host_ms.append(host)
+                launch_s.append(launched)
+            if not _gap(host_ms, synced_ms):
+                break
         # Timed trials: the GPU is kept busy (flush, then a sleep longer than the host's launch work), so the
         # events measure the kernels and the gaps between them on the device, not the Python that issued them.
         cover = 2 * statistics.median(launch_s) + 20e-6
@@ -134,13 +145,18 @@ def summarize(
     )
 
 
+def _gap(host_ms: list[float], synced_ms: list[float]) -> bool:
+    host, events = statistics.median(host_ms), statistics.median(synced_ms)
+    return host > HIDDEN_WORK_RATIO * events + HIDDEN_WORK_SLACK_MS
+
+
 def hidden_work(t: Timing) -> str | None:
     """A reason string when the host saw much more time than the events on the current stream did."""
     if t.host_median_ms is None or t.synced_median_ms is None:
         return None
-    if t.host_median_ms > HIDDEN_WORK_RATIO * t.synced_median_ms + HIDDEN_WORK_SLACK_MS:
+    if _gap([t.host_median_ms], [t.synced_median_ms]):
         return (
             f"hidden_work: host time {t.host_median_ms:.3f} ms against {t.synced_median_ms:.3f} ms of events on the "
-            "current stream: work on another stream or after return"
+            "current stream: work on another stream or after return (or another process time-slicing this GPU)"
         )
     return None

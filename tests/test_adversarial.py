@@ -3,7 +3,8 @@
 Each case is a folder under tests/adversarial/ holding a candidate (kernel.cu, launcher.py) and expect.toml:
 
     task = "elementwise_chain"          # a file under tasks/, or else under tests/fixtures/tasks/
-    status = "rejected"                 # the verdict's status: rejected | mismatch | suspicious | ok
+    status = "rejected"                 # the verdict's status: rejected | mismatch | suspicious | ok, or a
+                                        # list when checks of two statuses may catch it first
     checks = ["static:try_except"]      # reason codes, any one of which may catch it; [] for honest controls
     exploit = "one line: what it tries"
 
@@ -60,13 +61,17 @@ class Case:
     name: str
     folder: Path
     task: str
-    status: str
+    statuses: tuple[str, ...]
     checks: tuple[str, ...]
     exploit: str
 
     @property
+    def status(self) -> str:
+        return "|".join(self.statuses)
+
+    @property
     def honest(self) -> bool:
-        return self.status == "ok"
+        return self.statuses == ("ok",)
 
     @property
     def static_codes(self) -> tuple[str, ...]:
@@ -87,6 +92,10 @@ class Case:
         return (self.folder / "kernel.cu").read_text()
 
 
+def statuses_of(status: str | list[str]) -> tuple[str, ...]:
+    return (status,) if isinstance(status, str) else tuple(status)
+
+
 def case_names() -> list[str]:
     return sorted(p.name for p in CASES_DIR.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
 
@@ -98,7 +107,7 @@ def load_case(name: str) -> Case:
         name=name,
         folder=folder,
         task=data["task"],
-        status=data["status"],
+        statuses=statuses_of(data["status"]),
         checks=tuple(data["checks"]),
         exploit=data["exploit"],
     )
@@ -133,7 +142,9 @@ def test_case_folder(name: str) -> None:
     assert set(data) == keys, f"{name}: expect.toml has keys {sorted(data)}, want {sorted(keys)}"
     case = load_case(name)
     assert case.task_path.is_file(), f"{name}: no task file {case.task_path}"
-    assert case.status in STATUSES, f"{name}: status {case.status!r} is not one of {STATUSES}"
+    assert case.statuses and set(case.statuses) <= set(STATUSES), (
+        f"{name}: status {case.status!r} not in {STATUSES}"
+    )
     assert isinstance(data["checks"], list) and all(isinstance(c, str) for c in data["checks"])
     assert isinstance(case.exploit, str) and case.exploit.strip() and "\n" not in case.exploit
     if case.honest:
@@ -142,8 +153,10 @@ def test_case_folder(name: str) -> None:
     assert case.checks, f"{name}: a cheat names the checks that may catch it"
     unknown = [c for c in case.checks if c not in CODE_STATUS]
     assert not unknown, f"{name}: unknown check codes {unknown}"
-    inconsistent = [c for c in case.checks if CODE_STATUS[c] != case.status]
+    inconsistent = [c for c in case.checks if CODE_STATUS[c] not in case.statuses]
     assert not inconsistent, f"{name}: {inconsistent} give another status than {case.status!r}"
+    unused = [s for s in case.statuses if s not in {CODE_STATUS[c] for c in case.checks}]
+    assert not unused, f"{name}: no check gives status {unused}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -266,12 +279,12 @@ def test_harness_verdict(name: str, gpu_cfg, gpu_pool) -> None:
     [result] = evaluate_candidates(case.task_path, [case.folder], gpu_cfg, pool=gpu_pool)
     verdict = result.verdict
     why = list(verdict.reasons)
-    assert verdict.status == Status(case.status), (
+    assert verdict.status.value in case.statuses, (
         f"{name} ({case.exploit}): got {verdict.status.value}, expected {case.status}; reasons: {why}"
     )
     if case.honest:
         assert result.build is not None and result.build.status == Status.OK
         return
-    assert any(reasons.code_of(r) in case.checks for r in why), (
-        f"{name}: no reason starts with one of {list(case.checks)}; reasons: {why}"
-    )
+    assert any(
+        reasons.code_of(r) in case.checks and CODE_STATUS[reasons.code_of(r)] == verdict.status for r in why
+    ), f"{name}: no reason starts with one of {list(case.checks)}; reasons: {why}"

@@ -223,3 +223,13 @@ def test_three_tf32_products_pass_where_one_fails():
     three = a_hi @ b_hi + (a_hi @ b_lo + a_lo @ b_hi)
     assert verdict_of(three, ref, anchor) == []
     assert verdict_of(a_hi @ b_hi, ref, anchor)
+
+
+def test_a_scalar_near_zero_is_judged_by_atol_not_by_its_ratio():
+    """A sum that cancels to nearly zero: an honest error of 3e-5 is a ratio of 3e-4, above norm_tol, but
+    within atol; the same output 1e-3 off still fails."""
+    ref = torch.tensor([0.1], dtype=torch.float64)
+    anchor = tolerance.RefError(abs_max=1e-6, rel_norm=1e-5)
+    assert verdict_of(torch.tensor([0.1 + 3e-5]), ref, anchor) == []
+    reasons = verdict_of(torch.tensor([0.1 + 1e-3]), ref, anchor)
+    assert any("relative error norm" in r for r in reasons), reasons
