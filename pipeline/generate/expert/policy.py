@@ -34,7 +34,7 @@ class ExpertPolicy:
         low, why = _lowered(ctx.task)
         if low is None:
             return [Proposal(ProposalStatus.UNSUPPORTED, reason=why)]
-        notes = _notes(low)
+        notes = _notes(low, ctx.arch)
         parent_plan = plan_of(ctx.parent.source) if ctx.parent is not None else None
         parent_key = ctx.parent.key if ctx.parent is not None else ""  # the root's key in the search memory
         done = {t.edit for t in ctx.tried if t.parent == parent_key}
@@ -92,7 +92,12 @@ class ExpertPolicy:
                 reason=f"the plainest form of this edit is the parent itself; it failed with {outcome.status}",
             )
         return _proposals(
-            ctx, [(label, safe)], 1, _notes(low), empty="the repair plan does not render", hunter=self.hunter
+            ctx,
+            [(label, safe)],
+            1,
+            _notes(low, ctx.arch),
+            empty="the repair plan does not render",
+            hunter=self.hunter,
         )[0]
 
 
@@ -138,19 +143,23 @@ def _proposals(
     return out
 
 
-def _computed_by_us(r: Region, low: Lowered) -> bool:
-    """A region one of our templates computes (in some plan: a GEMM may stay in cuBLAS in the plain one)."""
-    return family_of(r, low) is not None
+def _computed_by_us(r: Region, low: Lowered, arch: str | None = None) -> bool:
+    """A region one of our templates computes (in some plan: a GEMM may stay in cuBLAS in the plain one),
+    on `arch` when given (a WGMMA GEMM does not run before Hopper)."""
+    family = family_of(r, low)
+    return family is not None and (arch is None or family.runs_on(arch))
 
 
-def _notes(low: Lowered) -> tuple[str, ...]:
+def _notes(low: Lowered, arch: str | None = None) -> tuple[str, ...]:
     notes = list(low.notes)
     for family in FAMILIES:
+        if arch is not None and not family.runs_on(arch):
+            continue
         claimed = [r for r in low.regions if family_of(r, low) is family]
         if claimed and (line := family.note(claimed, low)):
             notes.append(line)
     lib = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
-    kept = [r.node.target for r in lib if not _computed_by_us(r, low)]
+    kept = [r.node.target for r in lib if not _computed_by_us(r, low, arch)]
     if kept:
         notes.append(
             f"left to cuBLAS/cuDNN (hybrid): {', '.join(kept)}; everything after them runs in our kernels"
