@@ -1,11 +1,11 @@
 """The expert's own WGMMA GEMM on each operand form, through the harness (verify, then time against eager
 with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product; the floor is the task's FLOPs at the
-measured bf16 matmul ceiling.
+measured bf16 matmul ceiling. The fp32 cases (`*_f32_*`) run our 3xTF32 kernel against cuBLAS's fp32 path.
 
     python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2]
 
 Each case is a small task file written into DIR/tasks; the candidates are the expert's tuned plan
-(128 x 256 tiles) and its 128 x 128 child. With --repeat 2 every candidate is evaluated twice, in two
+(its widest tile) and up to two children with another tile or ring depth. With --repeat 2 every candidate is evaluated twice, in two
 separate passes, so that a difference is only believed when both passes agree. Writes DIR/results.json.
 """
 
@@ -57,6 +57,21 @@ CASES = {
         2 * 8 * 16 * 2048 * 2048 * 128,
     ),
 }  # fmt: skip
+# fp32 (TF32 off, as PyTorch's default): eager is cuBLAS's fp32 path, ours the 3xTF32 WGMMA kernel.
+for _n in (4096, 8192):
+    _k = _n // 1024
+    CASES[f"linear_f32_{_k}k"] = (
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        f"        self.linear = nn.Linear({_n}, {_n}, bias=False)\n\n"
+        "    def forward(self, x):\n        return self.linear(x)\n",
+        [f"torch.randn({_n}, {_n})"],
+        2 * _n**3,
+    )
+    CASES[f"mm_f32_{_k}k"] = (
+        "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.mm(a, b)\n",
+        [f"torch.randn({_n}, {_n})", f"torch.randn({_n}, {_n})"],
+        2 * _n**3,
+    )
 
 
 def write_task(folder: Path, name: str) -> Path:
@@ -70,14 +85,18 @@ def write_task(folder: Path, name: str) -> Path:
 
 
 def candidates(path: Path) -> list:
-    """The tuned plan (our GEMM, 128 x 256) and its child with 128 x 128 tiles."""
+    """The tuned plan (our GEMM, its widest tile) and its children with another tile or ring depth."""
     task = probe(path)
     policy = ExpertPolicy()
     first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
-    tuned = first[1].candidate
+    tuned = first[-1].candidate
     kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 8)
-    narrow = [k.candidate for k in kids if k.status == ProposalStatus.OK and "bn=128" in k.edit][:1]
-    return [c for c in (tuned, *narrow) if uses_cute(plan_of(c.source))]
+    moved = [
+        k.candidate
+        for k in kids
+        if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
+    ]
+    return [c for c in (tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
 
 
 def main() -> int:

@@ -15,11 +15,13 @@ from pipeline.config import Config
 from pipeline.generate.base import Context, Outcome, ProposalStatus
 from pipeline.generate.expert import ExpertPolicy, atoms, capture, plan_of
 from pipeline.generate.expert.edits import base_plan, legal_edits, safer
-from pipeline.generate.expert.families import gemm16
+from pipeline.generate.expert.families import gemm16, gemm_tf32
 from pipeline.generate.expert.families.gemm16 import GemmPlan
+from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.generate.expert.templates import gemm
+from pipeline.generate.expert.templates import gemm_tf32 as tf32_template
 from pipeline.generate.expert.templates.code import CUTE_FLAGS
 from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
@@ -280,6 +282,8 @@ def test_before_hopper_the_linear_layer_stays_in_cublas():
     assert props and all(p.status == ProposalStatus.OK for p in props)
     assert not any(uses_cute(plan_of(p.candidate.source)) for p in props)
     assert any("vec=8" in p.reason for p in props)  # the tuned epilogue pass is still offered
+    notes = {n for p in props for n in p.notes}  # and the notes say where the GEMM runs on that GPU
+    assert not any("WGMMA" in n for n in notes) and any(n.startswith("left to cuBLAS") for n in notes), notes
 
 
 def test_a_tensor_map_needs_a_gpu_tensor():
@@ -289,3 +293,95 @@ def test_a_tensor_map_needs_a_gpu_tensor():
 
     with pytest.raises(KernelArgumentError, match="5-D GPU tensor"):
         Kernels.tensor_map(torch.zeros(4, 64, dtype=torch.bfloat16), 128, 64)
+
+
+# ------------------------------------------------------------------------------------ fp32: 3xTF32
+
+
+def test_fp32_products_go_to_the_3xtf32_template_and_16_bit_ones_do_not(tmp_path):
+    K, MN = gemm.Form("K", False), gemm.Form("MN", False)
+    f32 = ".to(torch.float32)"
+    cases = {
+        "linear": (linear(tmp_path, "l32", k=1036, dt="float32"), K),
+        "mm": (
+            task(
+                tmp_path,
+                "mm32",
+                PRODUCT.format(expr="torch.mm(a, b)"),
+                f"torch.randn(5, 1028){f32}, torch.randn(1028, 12){f32}",
+            ),
+            MN,
+        ),
+        "odd_k": (
+            linear(tmp_path, "k1030", k=1030, dt="float32"),
+            "K = 1030 is not a positive multiple of 4",
+        ),
+        "bf16": (linear(tmp_path, "l16"), "takes fp32 operands, not bfloat16"),
+    }
+    for name, (path, want) in cases.items():
+        low = prepare(capture(path))
+        (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+        got = gemm_tf32.form(lib, low)
+        assert got == want if isinstance(want, gemm.Form) else want in got, (name, got)
+
+
+def test_each_3xtf32_tile_has_a_ring_that_fits_shared_memory():
+    K, MN = gemm.Form("K", False), gemm.Form("MN", True)
+    assert tf32_template.tiles(K) == tf32_template.tiles(MN) == (128, 256)
+    assert [tf32_template.max_stages(bn, K) for bn in (128, 256)] == [3, 2]
+    for f in (K, MN):
+        for bn in tf32_template.tiles(f):
+            top = tf32_template.max_stages(bn, f)
+            assert top >= 2 and tf32_template.smem_bytes(bn, top, f) <= gemm.SMEM_LIMIT
+            assert tf32_template.smem_bytes(bn, top + 1, f) > gemm.SMEM_LIMIT
+
+
+def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_tuned_plan(tmp_path):
+    path = linear(tmp_path, "l32e", k=1036, dt="float32", expr="torch.relu(self.linear(x)) * self.s")
+    low = prepare(capture(path))
+    plain, tuned = base_plan(low, False), base_plan(low, True)
+    assert not uses_cute(plain) and uses_cute(tuned)  # cuBLAS's fp32 path first, then ours
+    (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
+    assert (g.bn, g.stages, g.epilogue) == (256, 2, "linear")
+    labels = [label for label, _ in legal_edits(tuned, low)]
+    assert "more_parallelism(linear_mm: bn=128, stages=2)" in labels
+    source, launcher = render(low, tuned)
+    assert "F32TF32TF32_SS_TN" in source and "fence_view_async_shared" in source
+    assert "kernels.tensor_map(a, 128, 32)" in launcher and "kernels.tensor_map(b, 256, 32)" in launcher
+    assert check_launcher(launcher).ok
+    assert not uses_cute(safer(tuned, None))  # a failed fp32 GEMM goes back to cuBLAS
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
+    f32 = ".to(torch.float32)"
+    paths = [
+        linear(tmp_path, "l32", k=1036, dt="float32", expr="torch.relu(self.linear(x)) * self.s"),
+        task(
+            tmp_path,
+            "mm32",
+            PRODUCT.format(expr="torch.mm(a, b)"),
+            f"torch.randn(300, 1028){f32}, torch.randn(1028, 1000){f32}",
+        ),
+        task(
+            tmp_path,
+            "bmm32",
+            PRODUCT.format(expr="torch.relu(torch.bmm(a, b)) - c[0]"),
+            f"torch.randn(3, 257, 516){f32}, torch.randn(3, 516, 388){f32}, torch.randn(3, 257, 1){f32}",
+        ),
+    ]
+    cands = []
+    for path in paths:
+        t = probe(path)
+        policy = ExpertPolicy()
+        tuned = policy.propose(Context(task=t, reference=t.source, parent=None), 2)[-1].candidate
+        kids = policy.propose(Context(task=t, reference=t.source, parent=tuned), 8)
+        cands += [tuned, *(k.candidate for k in kids if "bn=" in k.edit or "stages=" in k.edit)][:2]
+    # K-major B read in place; a row-major one gathered K-major by our kernel first (tf32 reads K-major only)
+    gathered = {"_contig(w.transpose(-1, -2))" in c.launcher for c in cands}
+    assert gathered == {False, True} and all("GMMA::Major" not in c.source for c in cands)
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK, (c.edit, b.log)
+        (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
+        assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)

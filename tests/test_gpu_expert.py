@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import stages
+from pipeline.candidates import make_candidate
 from pipeline.config import load
 from pipeline.generate.base import Context, ProposalStatus
 from pipeline.generate.expert import ExpertPolicy
@@ -221,6 +222,33 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "linear_f32_epilogue": (  # fp32: our 3xTF32 kernel, K-major weight, bias and activation on the stores
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(1036, 1001)
+            def forward(self, x):
+                return F.gelu(self.linear(x)) * 0.5 + 1.0
+        """,
+        "[]",
+    ),
+    "matmul_f32": (  # fp32, B row-major (K, N): staged and transposed by the splitters
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a, b)
+        """,
+        "[]",
+    ),
+    "bmm_f32_epilogue": (  # fp32, one GEMM per batch, a per-row term
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, c):
+                return torch.relu(torch.bmm(a, b)) - c
+        """,
+        "[]",
+    ),
     "conv_epilogue": (
         """
         class Model(nn.Module):
@@ -262,6 +290,10 @@ SHAPES = {
     "matmul_4d_f16": ["(2, 3, 77, 128); (2, 3, 128, 200); (2, 3, 77, 200)"],
     "addmm": ["(513, 1024); (1024, 264); (264,)"],
     "matmul_misaligned": ["(300 * 1024 + 1,); (1024, 264)"],
+    # fp32 (3xTF32): no size a multiple of any tile; K a multiple of 4 but not of the 32-deep k-tile
+    "linear_f32_epilogue": ["(999, 1036)", "(3, 7, 1036)", "(1, 1036)"],
+    "matmul_f32": ["(300, 1028); (1028, 1000)", "(3, 7, 4100); (4100, 132)", "(1, 4); (4, 4)"],
+    "bmm_f32_epilogue": ["(3, 257, 516); (3, 516, 388); (3, 257, 1)"],
 }
 BF16 = {"bf16", "linear_epilogue", "linear_odd", "matmul_lone", "bmm_epilogue", "addmm", "matmul_misaligned"}
 F16 = {"linear_lone_f16", "matmul_4d_f16"}
@@ -326,3 +358,31 @@ def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     assert_ok(cands, results, hybrid=task_id in HYBRID)
     for r in results:
         assert r.measurement is not None and r.measurement.timing is not None
+
+
+# The two correction passes of the 3xTF32 kernel: without them it is one tf32 product.
+_LO_PASSES = (
+    "for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tAl(_, _, kb, st), tB(_, _, kb, st), acc);",
+    "for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tBl(_, _, kb, st), acc);",
+)
+
+
+def test_one_tf32_pass_is_rejected_where_the_3xtf32_split_passes(pool, home, tmp_path):
+    """The split is what makes our fp32 GEMM pass the harness's fp32 rule: the same kernel with a single
+    tf32 product is a mismatch on the same inputs."""
+    path = family_task(tmp_path, "matmul_f32", "(512, 4096); (4096, 512)")
+    t = probe(path)
+    (ours,) = [
+        p.candidate
+        for p in ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 1)
+        if uses_cute(plan_of(p.candidate.source))
+    ]
+    assert all(line in ours.source for line in _LO_PASSES)
+    one_pass = ours.source
+    for line in _LO_PASSES:
+        one_pass = one_pass.replace(line, "")
+    single = make_candidate(t.id, one_pass, ours.launcher, flags=ours.flags, edit="one tf32 pass")
+    results = stages.evaluate_candidates(path, [ours, single], cfg_for(home), pool=pool)
+    assert results[0].verdict.status == Status.OK, results[0].verdict.reasons
+    assert results[1].build is not None and results[1].build.status == Status.OK
+    assert results[1].verdict.status == Status.MISMATCH, results[1].verdict.reasons

@@ -44,7 +44,7 @@ class Need:
     ptx: str  # a fragment of the inline PTX the definition must contain
     files: tuple[str, ...]  # header globs under the include directory
     name: str = r"\w+"  # regex the symbol's name must match (e.g. SS, not RS, operands)
-    kind: str = "struct"  # struct, or "using" for a layout alias matched on its definition text
+    kind: str = "struct"  # struct, "function", or "using" for a layout alias matched on its definition text
     queries: tuple[str, ...] = ()  # what the source hunter is asked (CUTLASS's own words); `what` by default
 
 
@@ -58,6 +58,28 @@ def gmma(n: int, dtype: str) -> Need:
         name=r"\w*_SS(?:_TN)?",
         queries=(f"64x{n}x16 F32{t.upper()}{t.upper()} SS", f"GMMA 64x{n}x16 F32{t.upper()}{t.upper()} SS"),
     )
+
+
+def gmma_tf32(n: int) -> Need:
+    """The warpgroup MMA atom 64 x n x 8 on tf32 operands, fp32 accumulators, both from shared memory (tf32
+    takes K-major operands only: "TN")."""
+    return Need(
+        f"warpgroup MMA atom 64x{n}x8 F32 TF32 TF32 SS shared-memory operands",
+        f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32",
+        ("cute/arch/mma_sm90_gmma.hpp", "cute/arch/mma_sm90_gmma_ext.hpp"),
+        name=r"\w*_SS_TN",
+        queries=(f"64x{n}x8 F32TF32TF32 SS TN", f"GMMA 64x{n}x8 F32TF32TF32 SS"),
+    )
+
+
+FENCE_ASYNC_SHARED = Need(  # generic-proxy writes to shared memory made visible to WGMMA's async proxy
+    "fence making shared-memory writes visible to the async proxy",
+    "fence.proxy.async.shared::cta",
+    ("cutlass/arch/barrier.h",),
+    name=r"fence_view_async_shared",
+    kind="function",
+    queries=("fence view async shared proxy",),
+)
 
 
 TMA_LOAD_3D = Need(  # (col, row, batch): a plain GEMM is a batch of one
@@ -160,6 +182,7 @@ class _Def:
 
 _STRUCT = re.compile(r"\b(?:struct|class)\s+(\w+)\s*(?::[^{;]*)?\{")
 _USING = re.compile(r"\busing\s+(\w+)\s*=\s*([^;]*);")
+_FUNCTION = re.compile(r"\bvoid\s+(\w+)\s*\([^;{)]*\)\s*\{")
 
 
 @functools.lru_cache(maxsize=16)
@@ -195,6 +218,13 @@ def _scan(text: str, header: str, kind: str) -> list[_Def]:
                 continue
         if kind == "struct" and c in "sc" and (i == 0 or not (code[i - 1].isalnum() or code[i - 1] == "_")):
             m = _STRUCT.match(code, i)
+            if m:
+                end = _matching_brace(code, m.end() - 1)
+                out.append(_def(m.group(1), stack, header, text, i, text[i:end]))
+                i = end
+                continue
+        if kind == "function" and c == "v" and (i == 0 or not (code[i - 1].isalnum() or code[i - 1] == "_")):
+            m = _FUNCTION.match(code, i)
             if m:
                 end = _matching_brace(code, m.end() - 1)
                 out.append(_def(m.group(1), stack, header, text, i, text[i:end]))

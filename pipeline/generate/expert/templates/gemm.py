@@ -28,7 +28,7 @@ from pipeline.generate.expert.templates.code import Code, chain_function, ctype,
 from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
 
 if TYPE_CHECKING:
-    from pipeline.generate.expert.families.gemm16 import GemmPlan
+    from pipeline.generate.expert.families.gemm_kit import GemmPlan
 
 BM, BK, GROUP = 128, 64, 8
 TILE_N = (128, 256)
@@ -113,33 +113,25 @@ def render(r: Region, f: Form, rp: GemmPlan, epi: GemmEpilogue | None, hunter: A
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
     ]
     lines.append(f"}}  // namespace kp_{rid}")
-    if epi:  # at global scope, beside the prelude's helpers it calls
-        # A 16-bit output keeps about 2^-9 of each value: the hardware tanh (error about 2^-11) is
-        # exact enough, and the exact tanhf costs the epilogue, which does not overlap the MMAs, ~6%.
-        mufu = out_dt in ("bfloat16", "float16")
-        if mufu:
-            lines.append(_MUFU)
-        lines.append(chain_function(epi.region, list(epi.region.inputs), mufu))
-    tmap = "const __grid_constant__ CUtensorMap"
-    sig = Signature((
-        Param("tma_a", tmap, "ta"), Param("tma_b", tmap, "tb"), ptr("out", ctype(out_dt), const=False),
-        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), i32("M", "m"), i32("N", "n"), i32("K", "k"),
-    ))  # fmt: skip
+    lines += epilogue_function(epi, out_dt)
+    sig = signature(epi, out_dt)
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
-        _BODY.replace("LOAD_B", _LOAD_B[f.b_major]).replace("TMA_COPY", b["tma"].name),
-        *_store(epi, out_dt),
+        _BODY.replace("LOAD_B", _LOAD_B[f.b_major]).replace("TMA_COPY", b["tma"].name) + EPILOGUE_HEAD,
+        *store(epi, out_dt),
         "}",
     ]
     cuda = "\n".join(lines) + "\n"
     a, w = r.node.args[:2]
     inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
-    launcher = _launcher(rid, f, epi, rp, smem, dt, out_dt, [name for name, _ in inputs], sig)
+    launcher_src = launcher(
+        rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, boxes(f, rp, dt)
+    )
     outs = (epi.out,) if epi else r.outputs
-    return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
+    return Code(cuda, launcher_src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
 
 
 _BODY = r"""    extern __shared__ char smem_raw[];
@@ -198,10 +190,32 @@ LOAD_B
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
-    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+"""
+# After the main loop, before the stores: where each accumulator lies in the output.
+EPILOGUE_HEAD = r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;
     const long long r0 = (long long)batch * M;  // the batch's first row of the output (and of row operands)
     const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned"""
+
+
+def epilogue_function(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
+    """The fused chain as a device function, at global scope beside the prelude's helpers it calls."""
+    if epi is None:
+        return []
+    # A 16-bit output keeps about 2^-9 of each value: the hardware tanh (error about 2^-11) is
+    # exact enough, and the exact tanhf costs the epilogue, which does not overlap the MMAs, ~6%.
+    mufu = out_dt in ("bfloat16", "float16")
+    return [*([MUFU] if mufu else []), chain_function(epi.region, list(epi.region.inputs), mufu)]
+
+
+def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
+    """The kernel's parameters: both tensor maps, the output, the epilogue's operands, the sizes."""
+    tmap = "const __grid_constant__ CUtensorMap"
+    ops_ = epi.operands if epi else ()
+    return Signature((
+        Param("tma_a", tmap, "ta"), Param("tma_b", tmap, "tb"), ptr("out", ctype(out_dt), const=False),
+        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), i32("M", "m"), i32("N", "n"), i32("K", "k"),
+    ))  # fmt: skip
 
 
 def _smem_b(f: Form, b: dict[str, atoms.Atom]) -> str:
@@ -217,7 +231,7 @@ def _smem_b(f: Form, b: dict[str, atoms.Atom]) -> str:
     )
 
 
-_MUFU = r"""__device__ __forceinline__ float kp_tanh_mufu(float x) {
+MUFU = r"""__device__ __forceinline__ float kp_tanh_mufu(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
@@ -233,7 +247,7 @@ _LOAD_B = {
 }
 
 
-def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
+def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     """The epilogue: accumulator pairs (i, i + 1) are adjacent columns of one row in the GMMA layout."""
     ot = ctype(out_dt)
 
@@ -277,13 +291,30 @@ def _store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     ]
 
 
-def _launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, dt: str, out_dt: str,
-              names: list[str], sig: Signature) -> str:  # fmt: skip
+@dataclass(frozen=True)
+class Boxes:
+    """What the launcher needs of a kernel's tiles: TMA boxes (rows, cols) and the 16-byte row rule."""
+
+    a: tuple[int, int]
+    b: tuple[int, int]
+    align: int  # elements per 16 bytes: K (and N of a row-major B) must be multiples of it
+    gather: str  # the gather kernel that copies a misaligned operand
+    kind: str  # how the doc line names the kernel
+    transpose_b: bool = False  # the kernel reads B K-major only: a row-major B is gathered K-major first
+
+
+def boxes(f: Form, rp: GemmPlan, dt: str) -> Boxes:
+    b = (rp.bn, BK) if f.b_major == "K" else (BK, 64)
+    return Boxes((BM, BK), b, 8, _GATHER[dt], "WGMMA kernel")
+
+
+def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
+              names: list[str], sig: Signature, bx: Boxes) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
     what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
     lines = [
         f"def _gemm_{rid}(sms, {', '.join(names)}):",
-        f'    """{what}{" and the fused epilogue" if epi else ""}: our WGMMA kernel (TMA, 128 x {rp.bn} tiles, '
+        f'    """{what}{" and the fused epilogue" if epi else ""}: our {bx.kind} (TMA, 128 x {rp.bn} tiles, '
         f'{rp.stages} stages)."""',
         "",
         "    def tma_ready(t):  # contiguous on a 16-byte aligned base, as TMA needs: else our gather copies it",
@@ -294,7 +325,7 @@ def _launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: i
         "        pad = 8 - t.dim()",
         "        args = (t, c, numpy.int64(t.numel()), numpy.int32(t.dim()),",
         "                *(numpy.int64(v) for v in (*t.shape, *[1] * pad, *t.stride(), *[0] * pad)))",
-        f"        kernels.kp_gather_{_GATHER[dt]}((max(1, min(-(-t.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
+        f"        kernels.kp_gather_{bx.gather}((max(1, min(-(-t.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
         "  # noqa: F821",
         "        return c",
         "",
@@ -307,23 +338,18 @@ def _launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: i
             "    batch, m = 1, x.numel() // k",
             "    b = tma_ready(w).reshape(1, n, k)",
         ]
-    elif not f.batched:
-        lines += [
-            "    n = w.shape[-1]",
-            "    batch, m = 1, x.numel() // k",
-            "    b = tma_ready(w).reshape(1, k, n)",
-        ]
     else:
-        lines += [
-            "    n = w.shape[-1]",
-            "    batch, m = math.prod(lead[:-1]), lead[-1]",
-            "    b = tma_ready(w).reshape(batch, k, n)",
-        ]
-    rows16 = "k % 8" if f.b_major == "K" else "k % 8 or n % 8"  # rows of A and B that TMA reads
+        rows = "1, x.numel() // k" if not f.batched else "math.prod(lead[:-1]), lead[-1]"
+        lead_b = "batch" if f.batched else "1"
+        b = f"tma_ready(_contig(w.transpose(-1, -2))).reshape({lead_b}, n, k)" if bx.transpose_b else (
+            f"tma_ready(w).reshape({lead_b}, k, n)")  # fmt: skip
+        lines += ["    n = w.shape[-1]", f"    batch, m = {rows}", f"    b = {b}"]
+    q = bx.align
+    rows16 = f"k % {q}" if f.b_major == "K" else f"k % {q} or n % {q}"  # rows of A and B that TMA reads
     lines += [
         f"    if {rows16}:",
-        "        raise ValueError(f'kernelpro expert: our WGMMA kernel needs 16-byte rows for TMA (K, and N of a "
-        "row-major B, multiples of 8), not K={k}, N={n}')",
+        f"        raise ValueError(f'kernelpro expert: our {bx.kind} needs 16-byte rows for TMA (K, and N of a "
+        f"row-major B, multiples of {q}), not K={{k}}, N={{n}}')",
         "    a = tma_ready(x).reshape(batch, m, k)",
         f"    out = torch.empty((batch * m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
@@ -337,11 +363,10 @@ def _launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: i
             lines.append(f"    {e} = _full({e}, (*lead, 1)).reshape(batch * m)")
         else:
             lines.append(f"    {e} = _scalar({e})")
-    box_b = f"{rp.bn}, {BK}" if f.b_major == "K" else f"{BK}, 64"
     lines += [
         "    if batch and m and n:",
-        f"        ta = kernels.tensor_map(a, {BM}, {BK})  # noqa: F821",
-        f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
+        f"        ta = kernels.tensor_map(a, {bx.a[0]}, {bx.a[1]})  # noqa: F821",
+        f"        tb = kernels.tensor_map(b, {bx.b[0]}, {bx.b[1]})  # noqa: F821",
         f"        grid = batch * (-(-m // {BM})) * (-(-n // {rp.bn}))",
         f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
         "    return out.reshape(*lead, n)",

@@ -1,0 +1,248 @@
+"""What every GEMM family on our Hopper kernels shares: which library regions a template can take and how
+their operands lie, the elementwise epilogue it fuses, its plan knobs (tile width, ring stages, the fused
+region) and its edits. A GEMM family (gemm16.py, gemm_tf32.py) is a Spec: its operand dtypes, its
+template, its tiles and ring depths; `family(spec)` makes the Family the registry finds.
+
+Edits: use_wgmma / use_tensor_cores / use_tma (from cuBLAS into our kernel), fuse_epilogue (the
+elementwise region after it, on its stores), more_parallelism / reduce_registers / resize_grid (128 x 128
+tiles: twice the blocks, half the accumulators), coarsen_threads / tile_shared_memory (128 x 256 tiles:
+more reuse of each A tile), pipeline_loads (one more stage in the TMA ring, as many as fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert import atoms
+from pipeline.generate.expert.families.base import Edit, Family, RenderError, change, changed, label
+from pipeline.generate.expert.layout import Bcast, operand_class
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.gemm import Form, GemmEpilogue
+
+OPS = ("gemm_linear", "gemm_mm", "gemm_bmm", "gemm_matmul")
+
+
+@dataclass(frozen=True)
+class GemmPlan(RegionPlan):
+    TAG: ClassVar[str] = "wgmma"
+    ABSORBS: ClassVar[tuple[str, ...]] = ("epilogue",)
+    BK: ClassVar[int] = 64  # the template's k-tile, for describe
+
+    bn: int = 0  # tile width along N (the tile is 128 x bn x BK)
+    stages: int = 0  # shared-memory stages in the TMA ring
+    epilogue: str = ""  # rid of the ew region computed on the accumulators before the one store
+
+    def describe(self) -> str:
+        tail = f" epilogue={self.epilogue}" if self.epilogue else ""
+        return (
+            f"{self.TAG} tile=128x{self.bn}x{self.BK} stages={self.stages} (TMA, 2 consumer warpgroups){tail}"
+        )
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One GEMM family: what it takes, and its template's limits."""
+
+    knobs: type[GemmPlan]
+    dtypes: tuple[str, ...]  # operand dtypes its template takes
+    what: str  # the dtypes in words, for the reason a region is not taken
+    align: int  # elements per 16 bytes: TMA's row rule for K (and N of a row-major B)
+    tiles: Callable[[Form], tuple[int, ...]]  # tile widths along N that fit, narrowest first
+    max_stages: Callable[[int, Form], int]  # the deepest ring that fits a tile width
+    render: Callable[[Region, Form, Any, GemmEpilogue | None, Any], Code]  # the template
+    kernel: str  # how notes name the kernel
+    order: int = 20
+
+
+def form(r: Region, low: Lowered, spec: Spec) -> Form | str:
+    """The operands' form when the family's template can compute this library region, else why not."""
+    n = r.node
+    if r.kind is not RegionKind.LIBRARY or n.op not in OPS:
+        return "only matmul, mm, bmm and linear layers have a WGMMA template"
+    if n.dtype not in spec.dtypes:
+        return f"this WGMMA template takes {spec.what} operands, not {n.dtype}"
+    a, b = (low.by_name.get(getattr(v, "name", "")) for v in n.args[:2])
+    if a is None or b is None or not a.shape or not b.shape:
+        return "the operands' shapes are unknown"
+    if a.dtype != n.dtype or b.dtype != n.dtype:
+        return "mixed operand dtypes"
+    q = spec.align
+    if n.op == "gemm_linear":
+        f, k, cols = Form("K", False), b.shape[-1], b.shape[0]
+        if len(b.shape) != 2 or a.shape[-1] != k:
+            return "the weight is not (N, K)"
+    else:
+        if len(a.shape) < 2 or len(b.shape) < 2:
+            return "a matrix-vector product has no WGMMA template"
+        k, cols = b.shape[-2], b.shape[-1]
+        if len(b.shape) == 2 and n.op != "gemm_bmm":
+            f = Form("MN", False)
+        elif len(a.shape) == len(b.shape) and a.shape[:-2] == b.shape[:-2]:
+            f = Form("MN", True)
+        else:
+            return f"broadcast batch dims ({a.shape} @ {b.shape}) have no WGMMA template"
+        if a.shape[-1] != k:
+            return "the operands' inner dims differ"
+        if cols % q:
+            return f"N = {cols} is not a multiple of {q} (TMA needs 16-byte rows of B)"
+    if k % q or not k:
+        return f"K = {k} is not a positive multiple of {q} (TMA needs 16-byte rows)"
+    if not spec.tiles(f):
+        return "no tile of this template fits shared memory for this operand form"
+    return f
+
+
+def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
+    """The ew region that consumes the GEMM's output only, with operands the epilogue can index."""
+    if host.kind is not RegionKind.LIBRARY or len(host.outputs) != 1:
+        return None
+    out = host.outputs[0]
+    users = low.users.get(out, ())
+    if not users or out in low.graph.output_names():
+        return None
+    e = low.region_of(users[0])
+    if e is None or e.kind is not RegionKind.EW or len(e.outputs) != 1:  # in place or not: we write afresh
+        return None
+    if any(low.region_of(u) is not e for u in users) or low.by_name[out].shape != e.shape:
+        return None
+    position = {r.rid: i for i, r in enumerate(low.regions)}
+    split = len(e.shape) - 1
+    operands = []
+    for i in e.inputs:
+        if i == out:
+            continue
+        src = low.region_of(i)
+        if src is not None and position[src.rid] >= position[host.rid]:
+            return None  # computed after the GEMM: not ready when the epilogue runs
+        node = low.by_name[i]
+        cls = operand_class(node.shape or (), e.shape, split)
+        if cls is Bcast.DENSE:
+            return None
+        operands.append((i, node.dtype or "float32", cls))
+    out_dt = next(n.dtype for n in e.nodes if n.name == e.outputs[0]) or "float32"
+    if out_dt not in ("float32", "float16", "bfloat16"):
+        return None
+    return GemmEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
+
+
+def family(spec: Spec) -> Family:
+    """The Family of a GEMM spec: cuBLAS in the plain plan, our kernel with its epilogue in the tuned one."""
+
+    def form_of(r: Region, low: Lowered) -> Form:
+        f = form(r, low, spec)
+        if not isinstance(f, Form):
+            raise RenderError(f"region {r.rid} cannot be our GEMM: {f}")
+        return f
+
+    def with_defaults(rp: GemmPlan, f: Form) -> GemmPlan:
+        """A plan entry with its tile and stages filled in (the widest tile, the largest ring that fits)."""
+        bn = rp.bn or spec.tiles(f)[-1]
+        top = spec.max_stages(bn, f)
+        return spec.knobs(rp.rid, bn, min(rp.stages or top, top), rp.epilogue)
+
+    def claims(r: Region, low: Lowered) -> bool:
+        return isinstance(form(r, low, spec), Form)
+
+    def first(r: Region, low: Lowered, tuned: bool) -> None:
+        return None  # the library until settle (or an edit) takes it
+
+    def render(r: Region, rp: GemmPlan, low: Lowered, hunter: Any) -> Code:
+        f = form_of(r, low)
+        epi = epilogue(r, low) if rp.epilogue else None
+        if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
+            raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+        if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= spec.max_stages(rp.bn, f):
+            raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
+        try:
+            return spec.render(r, f, rp, epi, hunter)
+        except atoms.AtomNotFound as e:
+            raise RenderError(str(e)) from None
+
+    def take(edit: str) -> Edit:
+        """From the library into our kernel (use_wgmma, use_tensor_cores, use_tma)."""
+
+        def apply(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
+            if rp is None:
+                rp = with_defaults(spec.knobs(r.rid), form_of(r, low))
+                yield label(edit, r.rid, bn=rp.bn, stages=rp.stages), plan.add(rp)
+
+        return apply
+
+    def fuse(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
+        epi = epilogue(r, low)
+        if rp is None or rp.epilogue or epi is None:
+            return
+        rid = epi.region.rid
+        if rid not in plan.fused() and plan.get(rid) is not None:
+            yield label("fuse_epilogue", r.rid, epilogue=rid), changed(plan, rp, epilogue=rid)
+
+    def tile(edit: str, widest: bool) -> Edit:
+        def apply(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
+            if rp is None:
+                return
+            f = form_of(r, low)
+            tiles = spec.tiles(f)
+            bn = tiles[-1] if widest else tiles[0]
+            if rp.bn != bn:
+                top = spec.max_stages(bn, f)
+                yield from change(edit, plan, rp, bn=bn, stages=min(rp.stages, top) if rp.bn > bn else top)
+
+        return apply
+
+    def stages(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
+        if rp is None:
+            return
+        top = spec.max_stages(rp.bn, form_of(r, low))
+        if rp.stages < top:
+            yield from change("pipeline_loads", plan, rp, stages=rp.stages + 1)
+        elif rp.stages > 3:  # at the limit: a shorter ring is the only other way to go
+            yield from change("pipeline_loads", plan, rp, stages=rp.stages - 1)
+
+    def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
+        """Tuned: our kernel with everything after it fused on its stores. Plain: the library, unless no
+        other region is ours (then our kernel with the narrowest tiles, nothing fused)."""
+        if tuned:
+            for _, p in take("use_wgmma")(plan, plan.get(r.rid), r, low):
+                plan = p
+            for _, p in fuse(plan, plan.get(r.rid), r, low):
+                plan = p
+        elif all(isinstance(rp, GemmPlan) for rp in plan.regions):
+            for _, p in take("use_wgmma")(plan, plan.get(r.rid), r, low):
+                f = form_of(r, low)
+                bn = spec.tiles(f)[0]
+                plan = changed(p, p.get(r.rid), bn=bn, stages=min(4, spec.max_stages(bn, f)))
+        return plan
+
+    def note(regions: list[Region], low: Lowered) -> str:
+        targets = ", ".join(r.node.target for r in regions)
+        return f"our {spec.kernel} for {targets} in the tuned plans, cuBLAS in the plain one (hybrid)"
+
+    return Family(
+        knobs=spec.knobs,
+        claims=claims,
+        first=first,
+        render=render,
+        edits={
+            "use_wgmma": take("use_wgmma"),
+            "use_tensor_cores": take("use_tensor_cores"),
+            "use_tma": take("use_tma"),
+            "fuse_epilogue": fuse,
+            "more_parallelism": tile("more_parallelism", False),
+            "reduce_registers": tile("reduce_registers", False),
+            "resize_grid": tile("resize_grid", False),
+            "coarsen_threads": tile("coarsen_threads", True),
+            "tile_shared_memory": tile("tile_shared_memory", True),
+            "pipeline_loads": stages,
+        },
+        order=spec.order,
+        settle=settle,
+        plainest=lambda rp: None,
+        note=note,
+        cute=True,
+        runs_on=lambda arch: arch.startswith("sm_90"),  # WGMMA and TMA
+        optional=True,
+    )

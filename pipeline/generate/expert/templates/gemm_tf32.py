@@ -1,0 +1,218 @@
+"""Our own Hopper GEMM for fp32 operands at fp32 accuracy on the tensor cores: 3xTF32 (which GEMMs it takes,
+and its plans: families/gemm_tf32.py).
+
+tf32 WGMMA reads an fp32 value's sign, exponent and top 10 mantissa bits and ignores the other 13. Each
+operand is split as x = hi + lo, hi = x with its low 13 bits cleared (what the hardware reads of x itself)
+and lo = x - hi (exact in fp32), and a.b is accumulated in fp32 as a_lo.b + a.b_lo + a.b. The dropped
+a_lo.b_lo and the truncation of lo are each below 2^-20 of |a||b|: the error stays near fp32's own (the
+harness's anchored tolerance holds it to a small multiple of eager's), at a third of the tf32 rate, about
+three times the H200's fp32 CUDA-core rate. A single tf32 product (10 bits) would not pass.
+
+384 threads. Warpgroup 0 is the producer: its first thread issues TMA loads of fp32 tiles (A: 128 x 32,
+B: BN x 32, 128-byte swizzle) into a ring of STAGES; its other three warps split each stage once it lands,
+writing lo beside it in the same swizzled layout (so the element at offset i has its lo at offset i).
+Memory traffic stays one read of each operand. Two consumer warpgroups wait for the split stage, run the
+three WGMMA passes on 64 x BN each and release it. The epilogue (the fused elementwise chain, guarded
+stores) is the 16-bit kernel's.
+
+tf32 WGMMA reads K-major operands only. A row-major (K, N) B ("MN-major") is first copied K-major by our
+gather kernel: one more read and write of B (about 1% of an 8192^3 product). A transposing split inside the
+kernel (a staging tile, 4 x 4 register transposes) was tried on the H200 and gave tf32-sized errors in about
+1% of the outputs; it is not used until that is understood.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.generate.expert import atoms
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import gemm
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT, Boxes, Form, GemmEpilogue
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
+
+BK = 32  # one 128-byte swizzle row of fp32
+TILE_N = (128, 256)
+SPLITTERS = 96  # the producer warpgroup's warps 1-3
+_FLOAT = 4
+
+
+def stage_bytes(bn: int, f: Form) -> int:
+    """A and its lo, B (K-major, whatever the form: a row-major B is gathered K-major first) and its lo."""
+    return (2 * BM + 2 * bn) * BK * _FLOAT
+
+
+def max_stages(bn: int, f: Form) -> int:
+    return (SMEM_LIMIT - 2048) // stage_bytes(bn, f)
+
+
+def tiles(f: Form) -> tuple[int, ...]:
+    """Tile widths with a ring of at least two stages."""
+    return tuple(bn for bn in TILE_N if max_stages(bn, f) >= 2)
+
+
+def smem_bytes(bn: int, stages: int, f: Form) -> int:
+    """sizeof(Smem) (tiles in 1024-byte aligned arrays, then the barriers) plus 1024 for aligning the base."""
+    return stage_bytes(bn, f) * stages + 1024 + 1024
+
+
+def blocks(rp: Tf32Plan, f: Form, hunter: Any = None) -> dict[str, atoms.Atom]:
+    return {
+        "mma": atoms.find(atoms.gmma_tf32(rp.bn), hunter),
+        "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
+        "full": atoms.find(atoms.TX_BARRIER, hunter),
+        "empty": atoms.find(atoms.ARRIVE_BARRIER, hunter),
+        "smem": atoms.find(atoms.SW128_K, hunter),
+        "fence": atoms.find(atoms.FENCE_ASYNC_SHARED, hunter),
+    }
+
+
+def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+    """The kernel and its launcher for an fp32 library region in the form `f`; raises atoms.AtomNotFound."""
+    rid = r.rid
+    bn, stages = rp.bn, rp.stages
+    b = blocks(rp, f, hunter)
+    smem = smem_bytes(bn, stages, f)
+    out_dt = epi.out_dtype if epi else "float32"
+    ops_ = epi.operands if epi else ()
+    headers = sorted({a.header for a in b.values()})
+    lines = [
+        "#include <cuda.h>",
+        *(f"#include <{h}>" for h in headers),
+        "#include <cute/tensor.hpp>",
+        "#include <cutlass/arch/reg_reconfig.h>",
+        "",
+        *(f"// building block: {a.cite()}" for a in b.values()),
+        f"namespace kp_{rid} {{",
+        "using namespace cute;",
+        "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
+        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
+        f"SPLITTERS = {SPLITTERS};",
+        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}{{}}, Layout<Shape<_2, _1, _1>>{{}}));",
+        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        "struct Smem {",
+        "    alignas(1024) float a[cosize_v<SmemA>];",
+        "    alignas(1024) float alo[cosize_v<SmemA>];",
+        "    alignas(1024) float b[cosize_v<SmemB>];",
+        "    alignas(1024) float blo[cosize_v<SmemB>];",
+        "    uint64_t full[STAGES];",
+        "    uint64_t ready[STAGES];",
+        "    uint64_t empty[STAGES];",
+        "};",
+        f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
+        _LO,
+        f"}}  // namespace kp_{rid}",
+        *gemm.epilogue_function(epi, out_dt),
+    ]
+    sig = gemm.signature(epi, out_dt)
+    body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    lines += [
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
+        f"    using namespace kp_{rid};",
+        f"    using Full = {b['full'].name};",
+        f"    using Barrier = {b['empty'].name};",
+        body + gemm.EPILOGUE_HEAD,
+        *gemm.store(epi, out_dt),
+        "}",
+    ]
+    cuda = "\n".join(lines) + "\n"
+    a, w = r.node.args[:2]
+    inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
+    bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
+    launcher = gemm.launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, bx)
+    outs = (epi.out,) if epi else r.outputs
+    return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
+
+
+_LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
+__device__ __forceinline__ float lo(float x) { return x - __uint_as_float(__float_as_uint(x) & 0xffffe000u); }
+__device__ __forceinline__ float4 lo4(float4 v) { return make_float4(lo(v.x), lo(v.y), lo(v.z), lo(v.w)); }
+// lo of one stage's tile, written at the same offsets (the same swizzled layout).
+__device__ __forceinline__ void split_same(const float* x, float* l, int n, int t) {
+    for (int i = t; i < n / 4; i += SPLITTERS)
+        reinterpret_cast<float4*>(l)[i] = lo4(reinterpret_cast<const float4*>(x)[i]);
+}"""
+
+_BODY = r"""    extern __shared__ char smem_raw[];
+    Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    const int wg = threadIdx.x / 128;
+    const int ktiles = (K + BK - 1) / BK;
+    // Grouped rasterisation within each batch: GROUP row-tiles run together and share B tiles in L2.
+    const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
+    const int batch = blockIdx.x / (mt * nt), tile = blockIdx.x % (mt * nt);
+    const int per_group = GROUP * nt;
+    const int first = (tile / per_group) * GROUP;
+    const int rows = min(mt - first, GROUP);
+    const int m_blk = first + (tile % per_group) % rows;
+    const int n_blk = (tile % per_group) / rows;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
+            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        cutlass::arch::warpgroup_reg_dealloc<56>();
+        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
+                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
+                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
+                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
+            }
+        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
+            const int t = threadIdx.x - 32;
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                Full::wait(&s.full[st], (kt / STAGES) & 1);
+                split_same(s.a + st * BM * BK, s.alo + st * BM * BK, BM * BK, t);
+                split_same(s.b + st * BN * BK, s.blo + st * BN * BK, BN * BK, t);
+                FENCE();  // our writes, visible to the WGMMAs' async proxy
+                Barrier::arrive(&s.ready[st]);
+            }
+        }
+        return;
+    }
+    cutlass::arch::warpgroup_reg_alloc<224>();
+    TiledMma mma;
+    auto thr = mma.get_slice(threadIdx.x - 128);
+    Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.a)), SmemA{});
+    Tensor sAl = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.alo)), SmemA{});
+    Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.b)), SmemB{});
+    Tensor sBl = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.blo)), SmemB{});
+    Tensor tA = thr.make_fragment_A(thr.partition_A(sA));
+    Tensor tAl = thr.make_fragment_A(thr.partition_A(sAl));
+    Tensor tB = thr.make_fragment_B(thr.partition_B(sB));
+    Tensor tBl = thr.make_fragment_B(thr.partition_B(sBl));
+    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    clear(acc);
+    for (int kt = 0; kt < ktiles; ++kt) {
+        const int st = kt % STAGES;
+        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
+        warpgroup_fence_operand(acc);
+        warpgroup_arrive();
+        // The small products first, then the large one: a_lo.b + a.b_lo + a.b
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tAl(_, _, kb, st), tB(_, _, kb, st), acc);
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tBl(_, _, kb, st), acc);
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tB(_, _, kb, st), acc);
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
+        warpgroup_fence_operand(acc);
+        if (kt > 0 && threadIdx.x % 128 == 0) Barrier::arrive(&s.empty[(kt - 1) % STAGES]);
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+"""
