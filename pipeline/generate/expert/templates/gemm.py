@@ -86,17 +86,8 @@ def render(r: Region, f: Form, rp: GemmPlan, epi: GemmEpilogue | None, hunter: A
     b = blocks(rp, dt, f, hunter)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else dt
-    ops_ = epi.operands if epi else ()
-    headers = sorted({a.header for a in b.values()})
     lines = [
-        "#include <cuda.h>",
-        *(f"#include <{h}>" for h in headers),
-        "#include <cute/tensor.hpp>",
-        "#include <cutlass/arch/reg_reconfig.h>",
-        "",
-        *(f"// building block: {a.cite()}" for a in b.values()),
-        f"namespace kp_{rid} {{",
-        "using namespace cute;",
+        *preamble(rid, b),
         f"using T = {CUTE_TYPES[dt]};",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP};",
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
@@ -124,17 +115,39 @@ def render(r: Region, f: Form, rp: GemmPlan, epi: GemmEpilogue | None, hunter: A
         *store(epi, out_dt),
         "}",
     ]
-    cuda = "\n".join(lines) + "\n"
+    return code(r, f, epi, rp, lines, smem, out_dt, sig, boxes(f, rp, dt))
+
+
+def preamble(rid: str, b: dict[str, atoms.Atom]) -> list[str]:
+    """The includes the building blocks need, where each is defined, and the kernel's namespace opened."""
+    headers = sorted({a.header for a in b.values()})
+    return [
+        "#include <cuda.h>",
+        *(f"#include <{h}>" for h in headers),
+        "#include <cute/tensor.hpp>",
+        "#include <cutlass/arch/reg_reconfig.h>",
+        "",
+        *(f"// building block: {a.cite()}" for a in b.values()),
+        f"namespace kp_{rid} {{",
+        "using namespace cute;",
+    ]
+
+
+def code(r: Region, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, lines: list[str], smem: int, out_dt: str,
+         sig: Signature, bx: Boxes) -> Code:  # fmt: skip
+    """The region's Code: the kernel's lines, and the launcher that feeds it x, w and the epilogue's operands."""
+    rid = r.rid
     a, w = r.node.args[:2]
+    ops_ = epi.operands if epi else ()
     inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
-    launcher_src = launcher(
-        rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, boxes(f, rp, dt)
-    )
+    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, bx)
     outs = (epi.out,) if epi else r.outputs
-    return Code(cuda, launcher_src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
+    cuda = "\n".join(lines) + "\n"
+    return Code(cuda, src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
 
 
-_BODY = r"""    extern __shared__ char smem_raw[];
+# The shared memory, this block's tile and batch: the start of every WGMMA kernel body here.
+PROLOGUE = r"""    extern __shared__ char smem_raw[];
     Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
     const int wg = threadIdx.x / 128;
     const int ktiles = (K + BK - 1) / BK;
@@ -146,7 +159,10 @@ _BODY = r"""    extern __shared__ char smem_raw[];
     const int rows = min(mt - first, GROUP);
     const int m_blk = first + (tile % per_group) % rows;
     const int n_blk = (tile % per_group) / rows;
-    if (threadIdx.x == 0) {
+"""
+_BODY = (
+    PROLOGUE
+    + r"""    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
             Empty::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
@@ -191,6 +207,7 @@ LOAD_B
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
 """
+)
 # After the main loop, before the stores: where each accumulator lies in the output.
 EPILOGUE_HEAD = r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;

@@ -77,17 +77,8 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     b = blocks(rp, f, hunter)
     smem = smem_bytes(bn, stages, f)
     out_dt = epi.out_dtype if epi else "float32"
-    ops_ = epi.operands if epi else ()
-    headers = sorted({a.header for a in b.values()})
     lines = [
-        "#include <cuda.h>",
-        *(f"#include <{h}>" for h in headers),
-        "#include <cute/tensor.hpp>",
-        "#include <cutlass/arch/reg_reconfig.h>",
-        "",
-        *(f"// building block: {a.cite()}" for a in b.values()),
-        f"namespace kp_{rid} {{",
-        "using namespace cute;",
+        *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
         f"SPLITTERS = {SPLITTERS};",
@@ -121,13 +112,8 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         *gemm.store(epi, out_dt),
         "}",
     ]
-    cuda = "\n".join(lines) + "\n"
-    a, w = r.node.args[:2]
-    inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
-    launcher = gemm.launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, bx)
-    outs = (epi.out,) if epi else r.outputs
-    return Code(cuda, launcher, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
+    return gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
 
 
 _LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
@@ -139,19 +125,9 @@ __device__ __forceinline__ void split_same(const float* x, float* l, int n, int 
         reinterpret_cast<float4*>(l)[i] = lo4(reinterpret_cast<const float4*>(x)[i]);
 }"""
 
-_BODY = r"""    extern __shared__ char smem_raw[];
-    Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    const int wg = threadIdx.x / 128;
-    const int ktiles = (K + BK - 1) / BK;
-    // Grouped rasterisation within each batch: GROUP row-tiles run together and share B tiles in L2.
-    const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
-    const int batch = blockIdx.x / (mt * nt), tile = blockIdx.x % (mt * nt);
-    const int per_group = GROUP * nt;
-    const int first = (tile / per_group) * GROUP;
-    const int rows = min(mt - first, GROUP);
-    const int m_blk = first + (tile % per_group) % rows;
-    const int n_blk = (tile % per_group) / rows;
-    if (threadIdx.x == 0) {
+_BODY = (
+    gemm.PROLOGUE
+    + r"""    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
             Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
@@ -216,3 +192,4 @@ _BODY = r"""    extern __shared__ char smem_raw[];
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
 """
+)
