@@ -212,6 +212,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "gemv": (  # fp32 matrix-vector products: a row-wise dot product with the product on its loads
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Linear(40, 1)
+            def forward(self, a, b, x):
+                return torch.matmul(a, b), torch.relu(self.head(x)) * 2.0, torch.mv(a, b[:, 0]) - 1.0
+        """,
+        "[torch.randn(9, 301), torch.randn(301, 1), torch.randn(2, 3, 40)]",
+        "[]",
+        1e-5,
+    ),
     "transposed": (
         """
         class Model(nn.Module):
@@ -246,6 +259,7 @@ FAMILIES = {
     "bmm_epilogue": {"library", "ew"},
     "conv_batchnorm": {"library", "view", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
+    "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},
     "transposed": {"view", "ew", "reduce"},
 }
@@ -282,6 +296,27 @@ def test_builtin_tasks_capture_into_expected_regions(name):
         assert len(ew[0].nodes) == 7 and ew[0].inputs == ("x",)
     ok, why = supports(TASKS / f"{name}.py")
     assert ok, why
+
+
+def test_an_fp32_matrix_vector_product_lowers_to_a_row_wise_dot_product(cases, tmp_path):
+    low = prepare(capture(cases["gemv"]))
+    assert not [r for r in low.regions if r.kind is RegionKind.LIBRARY]  # no 1-column GEMM left to cuBLAS
+    dots = [r for r in low.regions if r.kind is RegionKind.REDUCE]
+    assert [r.node.shape for r in dots] == [(9, 1), (2, 3, 1), (9,)]
+    tuned = base_plan(low, True)
+    fused = {rp.rid: rp.prologue for rp in tuned.regions if getattr(rp, "prologue", "")}
+    assert fused == {
+        "matmul": "matmul_prod",
+        "linear_dot": "linear_prod",
+        "mv": "mv_prod",
+    }  # x * v on the loads
+    # A product with more than one column, or in bf16, stays a GEMM
+    body = "class Model(nn.Module):\n    def forward(self, a, b, c):\n        return a @ b, c @ c[:, :1]"
+    path = task_file(
+        tmp_path, "not_gemv", body, "[torch.randn(9, 64), torch.randn(64, 2), torch.randn(64, 64).bfloat16()]"
+    )
+    kinds = [r.kind for r in prepare(capture(path)).regions]
+    assert kinds.count(RegionKind.LIBRARY) == 2 and RegionKind.REDUCE not in kinds
 
 
 def test_capture_keeps_shapes_parameters_and_signatures():

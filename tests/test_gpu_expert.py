@@ -249,6 +249,14 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "gemv_f32": (  # matrix-vector products: row-wise dot products, the product on their loads
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a, b), torch.mv(a, b[:, 0]) * 0.5
+        """,
+        "[]",
+    ),
     "conv_epilogue": (
         """
         class Model(nn.Module):
@@ -294,6 +302,7 @@ SHAPES = {
     "linear_f32_epilogue": ["(999, 1036)", "(3, 7, 1036)", "(1, 1036)"],
     "matmul_f32": ["(300, 1028); (1028, 1000)", "(3, 7, 4100); (4100, 132)", "(1, 4); (4, 4)"],
     "bmm_f32_epilogue": ["(3, 257, 516); (3, 516, 388); (3, 257, 1)"],
+    "gemv_f32": ["(257, 131075); (131075, 1)", "(4099, 1027); (1027, 1)", "(1, 3); (3, 1)"],
 }
 BF16 = {"bf16", "linear_epilogue", "linear_odd", "matmul_lone", "bmm_epilogue", "addmm", "matmul_misaligned"}
 F16 = {"linear_lone_f16", "matmul_4d_f16"}

@@ -113,8 +113,40 @@ def _bias_view(name: str, bias: Ref, channels: int, spatial: int, dtype: str) ->
     return _mk(name, "reshape", (bias, shape), shape, dtype)
 
 
+def _gemv(n: Node, x: object, v: object, by_name: dict[str, Node], bias: object = None) -> list[Node] | None:
+    """An fp32 matrix-vector product (`mm` / `matmul` by a (K, 1) or (K,) operand, a linear layer with one
+    output) as a row-wise dot product: x * v, summed over the last dim. It is bound by reading x once; the
+    row reductions do that at memory speed with the product computed on their loads (a prologue), where a
+    GEMM tile would be 1 column wide."""
+    xs, vs = (by_name.get(r.name) if isinstance(r, Ref) else None for r in (x, v))
+    if xs is None or vs is None or xs.shape is None or vs.shape is None or n.shape is None:
+        return None
+    if not (n.dtype == xs.dtype == vs.dtype == "float32") or len(xs.shape) < 1 or not n.shape:
+        return None
+    k = xs.shape[-1]
+    if k < 1 or vs.shape not in (((1, k),) if n.op == "linear" else ((k,), (k, 1))):
+        return None
+    keep = len(n.shape) == len(xs.shape)  # (..., M, 1) out of a (K, 1) operand; (..., M) out of a (K,) one
+    if n.shape != (*xs.shape[:-1], *((1,) if keep else ())):
+        return None
+    dt = n.dtype
+    vec = _mk(f"{n.name}_vec", "reshape", (v, (k,)), (k,), dt)
+    prod = _mk(f"{n.name}_prod", "mul", (x, Ref(vec.name)), xs.shape, dt, "Tensor")
+    name = f"{n.name}_dot" if bias is not None else n.name
+    dot = dataclasses.replace(
+        _mk(name, "sum", (Ref(prod.name), (-1,), keep), n.shape, dt, _OVERLOAD["sum"]), target=n.target
+    )
+    if bias is None:
+        return [vec, prod, dot]
+    return [vec, prod, dot, _mk(n.name, "add", (Ref(dot.name), bias), n.shape, dt, "Tensor")]
+
+
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
+    if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
+        return gemv
+    if n.op in ("mm", "matmul", "mv") and (gemv := _gemv(n, a[0], a[1], by_name)):
+        return gemv
     if n.op == "linear":
         mm = dataclasses.replace(
             _mk(f"{n.name}_mm", "gemm_linear", (a[0], a[1]), n.shape, n.dtype), target=n.target

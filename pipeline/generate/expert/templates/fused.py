@@ -1,6 +1,7 @@
 """An elementwise region computed inside another region's kernel: on its loads (a prologue, `pre`) or on
-its stores (an epilogue, `post`). Its other operands are one-element tensors or tensors of the same shape,
-read at the same flat index, so the host kernel's indexing needs no change.
+its stores (an epilogue, `post`). Its other operands are one-element tensors, tensors of the same shape
+(read at the same flat index) or vectors along its trailing dims (read at the flat index modulo their
+size: the vector of a matrix-vector product), so the host kernel's indexing needs no change.
 """
 
 from __future__ import annotations
@@ -10,21 +11,27 @@ from dataclasses import dataclass
 from pipeline.generate.expert.layout import Bcast, operand_class
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import chain_function, ctype
-from pipeline.generate.expert.templates.signature import Param, ptr
+from pipeline.generate.expert.templates.signature import Param, i64, ptr
 
 
 @dataclass(frozen=True)
 class Fused:
     region: Region
     main: str  # the operand bound to the lambda's `v`
-    extra: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL or SCALAR) of the other operands
+    extra: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL, SCALAR or trailing COL) of the others
     prefix: str  # "f" for a prologue, "e" for an epilogue (names of its kernel parameters)
     out_dtype: str
     main_dtype: str
 
     def params(self) -> list[Param]:
         """The host kernel's parameters for the extra operands (the launcher's names for them alike)."""
-        return [ptr(f"{self.prefix}{k}", ctype(dt)) for k, (_, dt, _) in enumerate(self.extra)]
+        out = []
+        for k, (_, dt, cls) in enumerate(self.extra):
+            name = f"{self.prefix}{k}"
+            out.append(ptr(name, ctype(dt)))
+            if cls is Bcast.COL:  # its length: the flat index wraps around it
+                out.append(i64(f"{name}n", f"{name}.numel()"))
+        return out
 
     def inputs(self) -> list[tuple[str, str]]:
         """(launcher name, graph value) of each extra operand, in the order of params()."""
@@ -35,8 +42,12 @@ class Fused:
         out = []
         for k, (_, _, cls) in enumerate(self.extra):
             name = f"{self.prefix}{k}"
-            full = cls is Bcast.FULL
-            out.append(f"    {name} = _full({name}, {shape})" if full else f"    {name} = _scalar({name})")
+            if cls is Bcast.FULL:
+                out.append(f"    {name} = _full({name}, {shape})")
+            elif cls is Bcast.COL:
+                out.append(f"    {name} = _contig({name}.reshape(-1))")
+            else:
+                out.append(f"    {name} = _scalar({name})")
         return out
 
     def chain(self) -> str:
@@ -51,7 +62,9 @@ class Fused:
             else:
                 k = extra[i]
                 cls = self.extra[k][2]
-                args.append(f"ld({self.prefix}{k}[{'i' if cls is Bcast.FULL else '0'}])")
+                operand = f"{self.prefix}{k}"
+                at = {Bcast.FULL: "i", Bcast.COL: f"i % {operand}n"}.get(cls, "0")
+                args.append(f"ld({operand}[{at}])")
         return (
             f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n"
             f"        float o0;\n        kp_{self.region.rid}_f({', '.join([*args, 'o0'])});\n"
@@ -66,6 +79,13 @@ def identity(name: str) -> str:
     )
 
 
+def trailing(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Whether `shape` broadcasts to `out` along its leading dims only (it varies with the last ones)."""
+    dims = (1,) * (len(out) - len(shape)) + tuple(shape)
+    live = [i for i, d in enumerate(dims) if d != 1]
+    return bool(live) and live[-1] == len(out) - 1 and dims[live[0] :] == tuple(out[live[0] :])
+
+
 def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | None:
     """A Fused view of an ew region around `main`, or None when its operands don't allow it."""
     if region.kind is not RegionKind.EW or len(region.outputs) != 1 or main not in region.inputs:
@@ -76,7 +96,9 @@ def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | Non
             continue
         node = low.by_name[i]
         cls = operand_class(node.shape or (), region.shape, 0)
-        if cls not in (Bcast.FULL, Bcast.SCALAR):
+        if cls is Bcast.COL and not trailing(node.shape or (), region.shape):
+            return None
+        if cls not in (Bcast.FULL, Bcast.SCALAR, Bcast.COL):
             return None
         extra.append((i, node.dtype or "float32", cls))
     if low.by_name[main].shape != region.shape and prefix == "e":
