@@ -1,12 +1,15 @@
-"""The expert's own WGMMA GEMM on each operand form, through the harness (verify, then time against eager
-with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product; the floor is the task's FLOPs at the
-measured bf16 matmul ceiling. The fp32 cases (`*_f32_*`) run our 3xTF32 kernel against cuBLAS's fp32 path.
+"""The expert's own GEMM kernels on each operand form, through the harness (verify, then time against eager
+with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product. The floor is the larger of the task's
+FLOPs at the measured tensor-core ceiling of its dtype (tf32 for fp32) and its bytes at the measured copy
+bandwidth (what bounds a GEMV). The fp32 cases (`*_f32_*`) run our 3xTF32 kernel against cuBLAS's fp32
+path; `gemv_f32_*` run our row-wise dot products.
 
     python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2]
 
-Each case is a small task file written into DIR/tasks; the candidates are the expert's tuned plan
-(its widest tile) and up to two children with another tile or ring depth. With --repeat 2 every candidate is evaluated twice, in two
-separate passes, so that a difference is only believed when both passes agree. Writes DIR/results.json.
+Each case is a small task file written into DIR/tasks; the candidates are the expert's tuned plan (its
+widest tile) and up to two children with another tile or ring depth (for a GEMV, its plain and tuned
+plans). With --repeat 2 every candidate is evaluated twice, in two separate passes, so that a difference is
+only believed when both passes agree. Writes DIR/results.json.
 """
 
 from __future__ import annotations
@@ -74,6 +77,15 @@ for _n in (4096, 8192):
     )
 
 
+# fp32 matrix-vector products: row-wise dot products in our reduction kernels, bound by reading A once.
+for _m, _k in ((256, 131072), (8192, 8192)):
+    CASES[f"gemv_f32_{_m}x{_k}"] = (
+        "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a, b)\n",
+        [f"torch.randn({_m}, {_k})", f"torch.randn({_k}, 1)"],
+        2 * _m * _k,
+    )
+
+
 def write_task(folder: Path, name: str) -> Path:
     body, inputs, _ = CASES[name]
     path = folder / f"{name}.py"
@@ -96,7 +108,8 @@ def candidates(path: Path) -> list:
         for k in kids
         if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
     ]
-    return [c for c in (tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
+    ours = [c for c in (tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
+    return ours or [p.candidate for p in first]  # no GEMM kernel (a GEMV): the plain and tuned plans
 
 
 def main() -> int:
