@@ -78,10 +78,8 @@ def time_cuda(
             torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        if (
-            timed is None
-        ):  # the host clock starts once the GPU has reached the call, not while it waits its turn
-            start.synchronize()
+        if timed is None:
+            start.synchronize()  # the host clock starts once the GPU reaches the call, not while it waits its turn
         h0 = time.perf_counter()
         out = fn(*inputs)
         end.record()
