@@ -325,15 +325,17 @@ def test_fp32_products_go_to_the_3xtf32_template_and_16_bit_ones_do_not(tmp_path
         assert got == want if isinstance(want, gemm.Form) else want in got, (name, got)
 
 
-def test_each_3xtf32_tile_has_a_ring_that_fits_shared_memory():
-    K, MN = gemm.Form("K", False), gemm.Form("MN", True)
-    assert tf32_template.tiles(K) == tf32_template.tiles(MN) == (128, 256)
-    assert [tf32_template.max_stages(bn, K) for bn in (128, 256)] == [3, 2]
-    for f in (K, MN):
-        for bn in tf32_template.tiles(f):
-            top = tf32_template.max_stages(bn, f)
-            assert top >= 2 and tf32_template.smem_bytes(bn, top, f) <= gemm.SMEM_LIMIT
-            assert tf32_template.smem_bytes(bn, top + 1, f) > gemm.SMEM_LIMIT
+def test_each_3xtf32_tile_has_a_ring_that_fits_shared_memory(tmp_path):
+    assert tf32_template.TILE_N == (128, 256)
+    assert [tf32_template.max_stages(bn) for bn in (128, 256)] == [3, 2]
+    for bn in tf32_template.TILE_N:
+        top = tf32_template.max_stages(bn)
+        assert top >= 2 and tf32_template.smem_bytes(bn, top) <= gemm.SMEM_LIMIT
+        assert tf32_template.smem_bytes(bn, top + 1) > gemm.SMEM_LIMIT
+    f32 = linear(tmp_path, "l32t", k=1036, dt="float32")
+    low = prepare(capture(f32))
+    (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+    assert gemm_tf32.SPEC.tiles(gemm_tf32.form(lib, low)) == tf32_template.TILE_N  # what the family offers
 
 
 def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_tuned_plan(tmp_path):

@@ -14,13 +14,12 @@ from typing import ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.base import Family, change
 from pipeline.generate.expert.families.rowwise import KINDS, MAX_SPLITS
 from pipeline.generate.expert.layout import RowLayout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import colwise
-from pipeline.generate.expert.templates.code import Code
 
 
 @dataclass(frozen=True)
@@ -59,12 +58,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> ColPlan:
     return ColPlan(r.rid, vec=vec, unroll=4, splits=1 if r.kind is RegionKind.REDUCE else 0)
 
 
-def render(r: Region, rp: ColPlan, low: Lowered, hunter: object) -> Code:
-    lay = _layout(r, low)
-    if lay is None:
-        raise RenderError(f"region {r.rid} has no row layout")
-    pre, post = common.fused_neighbours(r, rp, low)
-    return colwise.render(r, lay, rp, pre, post)
+render = common.hosted_render(_layout, colwise.render)
 
 
 def _vectorize(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:

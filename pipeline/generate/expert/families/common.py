@@ -5,13 +5,14 @@ epilogue on their stores). Knobs are read by name: a family uses the helpers who
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.generate.expert import fusion
 from pipeline.generate.expert.families.base import Edit, RenderError, change, changed, label
 from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.fused import Fused
 
 MAX_UNROLL = 8
@@ -123,3 +124,19 @@ def fused_neighbours(r: Region, rp: Any, low: Lowered) -> tuple[Fused | None, Fu
     ):
         raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
     return pre, post
+
+
+def hosted_render(
+    layout: Callable[[Region, Lowered], Any], template: Callable[..., Code]
+) -> Callable[[Region, Any, Lowered, object], Code]:
+    """The render function of a family whose kernel hosts fused neighbours: the region's row layout, the
+    prologue and epilogue its entry asks for, then the template."""
+
+    def render(r: Region, rp: Any, low: Lowered, hunter: object) -> Code:
+        lay = layout(r, low)
+        if lay is None:
+            raise RenderError(f"region {r.rid} has no row layout")
+        pre, post = fused_neighbours(r, rp, low)
+        return template(r, lay, rp, pre, post)
+
+    return render

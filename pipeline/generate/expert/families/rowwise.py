@@ -18,12 +18,11 @@ from typing import ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.base import Family, change
 from pipeline.generate.expert.layout import RowLayout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import rowwise
-from pipeline.generate.expert.templates.code import Code
 
 KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
 MAX_SPLITS = 8
@@ -93,12 +92,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
     return rp
 
 
-def render(r: Region, rp: RowPlan, low: Lowered, hunter: object) -> Code:
-    lay = _layout(r, low)
-    if lay is None:
-        raise RenderError(f"region {r.rid} has no row layout")
-    pre, post = common.fused_neighbours(r, rp, low)
-    return rowwise.render(r, lay, rp, pre, post)
+render = common.hosted_render(_layout, rowwise.render)
 
 
 def _vectorize(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.base import Family, change
 from pipeline.generate.expert.layout import row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import scan
-from pipeline.generate.expert.templates.code import Code
 
 MAX_ITEMS = 16
 
@@ -44,12 +43,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> ScanPlan:
     return ScanPlan(r.rid, items=8 if tuned else 1)
 
 
-def render(r: Region, rp: ScanPlan, low: Lowered, hunter: object) -> Code:
-    lay = row_layout(r, low)
-    if lay is None:
-        raise RenderError(f"region {r.rid} has no row layout")
-    pre, post = common.fused_neighbours(r, rp, low)
-    return scan.render(r, lay, rp, pre, post)
+render = common.hosted_render(row_layout, scan.render)
 
 
 def _coarsen(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:

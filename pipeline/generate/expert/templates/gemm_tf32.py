@@ -35,31 +35,26 @@ if TYPE_CHECKING:
     from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 
 BK = 32  # one 128-byte swizzle row of fp32
-TILE_N = (128, 256)
+TILE_N = (128, 256)  # each with a ring of at least two stages (tests/test_gemm.py)
 SPLITTERS = 96  # the producer warpgroup's warps 1-3
 _FLOAT = 4
 
 
-def stage_bytes(bn: int, f: Form) -> int:
+def stage_bytes(bn: int) -> int:
     """A and its lo, B (K-major, whatever the form: a row-major B is gathered K-major first) and its lo."""
     return (2 * BM + 2 * bn) * BK * _FLOAT
 
 
-def max_stages(bn: int, f: Form) -> int:
-    return (SMEM_LIMIT - 2048) // stage_bytes(bn, f)
+def max_stages(bn: int) -> int:
+    return (SMEM_LIMIT - 2048) // stage_bytes(bn)
 
 
-def tiles(f: Form) -> tuple[int, ...]:
-    """Tile widths with a ring of at least two stages."""
-    return tuple(bn for bn in TILE_N if max_stages(bn, f) >= 2)
-
-
-def smem_bytes(bn: int, stages: int, f: Form) -> int:
+def smem_bytes(bn: int, stages: int) -> int:
     """sizeof(Smem) (tiles in 1024-byte aligned arrays, then the barriers) plus 1024 for aligning the base."""
-    return stage_bytes(bn, f) * stages + 1024 + 1024
+    return stage_bytes(bn) * stages + 1024 + 1024
 
 
-def blocks(rp: Tf32Plan, f: Form, hunter: Any = None) -> dict[str, atoms.Atom]:
+def blocks(rp: Tf32Plan, hunter: Any = None) -> dict[str, atoms.Atom]:
     return {
         "mma": atoms.find(atoms.gmma_tf32(rp.bn), hunter),
         "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
@@ -74,8 +69,8 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     """The kernel and its launcher for an fp32 library region in the form `f`; raises atoms.AtomNotFound."""
     rid = r.rid
     bn, stages = rp.bn, rp.stages
-    b = blocks(rp, f, hunter)
-    smem = smem_bytes(bn, stages, f)
+    b = blocks(rp, hunter)
+    smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else "float32"
     lines = [
         *gemm.preamble(rid, b),
