@@ -412,7 +412,11 @@ def serve(
                 raise jobs.JobFormatError(f"a {job.KIND!r} answer sent as a job")
             answer = worker_jobs.handle(job)
         except Exception as e:
-            answer = jobs.Failed(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8))
+            # A handler that raised left this process in a state nobody checked (a CUDA error that surfaced
+            # outside the candidate's own calls leaves a broken context behind it): start a fresh one.
+            answer = jobs.Failed(
+                error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(limit=8), exit=True
+            )
         if report is not None:
             answer, report = dataclasses.replace(answer, sandbox=report), None
         _write_frame(fd_out, jobs.encode(answer))

@@ -168,18 +168,21 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         return answer(verdict(f.status, [f.reason]))
 
     out_bytes = sum(o.numel * _itemsize(o.dtype) for o in task.outputs)
-    proto = verify.run_protocol(
-        module,
-        init_args,
-        factory,
-        device,
-        trials=s.trials,
-        seed=s.seed,
-        atol=task.atol,
-        rtol=task.rtol,
-        norm_tol=task.norm_tol,
-        out_bytes=out_bytes,
-    )
+    try:
+        proto = verify.run_protocol(
+            module,
+            init_args,
+            factory,
+            device,
+            trials=s.trials,
+            seed=s.seed,
+            atol=task.atol,
+            rtol=task.rtol,
+            norm_tol=task.norm_tol,
+            out_bytes=out_bytes,
+        )
+    except Exception as e:
+        return answer(verdict(*_crashed(e, "verifying the candidate")))
     why = list(proto.reasons)
     if proto.status != Status.OK or device.type != "cuda" or not s.time:
         return answer(verdict(proto.status, why, proto))
@@ -191,6 +194,9 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         outcome = measure.measure(session, kind, cand.kernel_names, job.ceilings)
     except verify.CandidateFailure as f:
         return answer(verdict(f.status, [*why, f.reason], proto))
+    except Exception as e:
+        status, crash = _crashed(e, "measuring the candidate")
+        return answer(verdict(status, [*why, *crash], proto))
     why += outcome.reasons
     library_ops += [k for k in outcome.library if k not in library_ops]
     status = outcome.status
@@ -209,6 +215,16 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         reasons=tuple(why),
     )
     return answer(verdict(status, why, proto), m)
+
+
+def _crashed(e: Exception, what: str) -> tuple[Status, list[str]]:
+    """A CUDA error from the candidate's kernels can surface at any later call (launches are asynchronous),
+    outside the calls that are checked one by one: with the context broken it is the candidate's crash (and
+    the worker restarts); with the context alive the harness itself failed, and that is raised."""
+    if verify.cuda_alive():
+        raise e
+    f = verify.raised(e, what, Status.CRASH)
+    return f.status, [f.reason]
 
 
 def _itemsize(dtype: str) -> int:

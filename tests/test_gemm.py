@@ -326,8 +326,8 @@ def test_fp32_products_go_to_the_3xtf32_template_and_16_bit_ones_do_not(tmp_path
 
 
 def test_each_3xtf32_tile_has_a_ring_that_fits_shared_memory(tmp_path):
-    assert tf32_template.TILE_N == (128, 256)
-    assert [tf32_template.max_stages(bn) for bn in (128, 256)] == [3, 2]
+    assert tf32_template.TILE_N == (128,)  # 256 spills once the promoted sums double the accumulators
+    assert tf32_template.max_stages(128) == 3
     for bn in tf32_template.TILE_N:
         top = tf32_template.max_stages(bn)
         assert top >= 2 and tf32_template.smem_bytes(bn, top) <= gemm.SMEM_LIMIT

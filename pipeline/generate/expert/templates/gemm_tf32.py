@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 
 BK = 32  # one 128-byte swizzle row of fp32
-TILE_N = (128, 256)  # each with a ring of at least two stages (tests/test_gemm.py)
+# 128 only: the promoted sums double the accumulators' registers, and at 256 they spilled (512 B a thread)
+# and ran at half the speed of 128 on the H200.
+TILE_N = (128,)  # with a ring of at least two stages (tests/test_gemm.py)
+PROMOTE = 4  # k tiles (128 of K) accumulated by the tensor cores before their sum is added on the CUDA cores
 SPLITTERS = 96  # the producer warpgroup's warps 1-3
 _FLOAT = 4
 
@@ -76,7 +79,7 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
-        f"SPLITTERS = {SPLITTERS};",
+        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE};",
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}{{}}, Layout<Shape<_2, _1, _1>>{{}}));",
         f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
         "Int<STAGES>{})));",
@@ -166,7 +169,10 @@ _BODY = (
     Tensor tB = thr.make_fragment_B(thr.partition_B(sB));
     Tensor tBl = thr.make_fragment_B(thr.partition_B(sBl));
     Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    Tensor sum = make_fragment_like(acc);  // the chunks' sums, added on the CUDA cores (rounded to nearest)
     clear(acc);
+    clear(sum);
+    int held = -1;  // a k tile whose stage this warpgroup has not released (its MMAs may still run)
     for (int kt = 0; kt < ktiles; ++kt) {
         const int st = kt % STAGES;
         Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
@@ -180,11 +186,27 @@ _BODY = (
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tB(_, _, kb, st), acc);
         warpgroup_commit_batch();
-        warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
-        warpgroup_fence_operand(acc);
-        if (kt > 0 && threadIdx.x % 128 == 0) Barrier::arrive(&s.empty[(kt - 1) % STAGES]);
+        if (kt % PROMOTE == PROMOTE - 1 || kt == ktiles - 1) {  // the chunk's end: promote it
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc);
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); ++i) {
+                sum(i) += acc(i);
+                acc(i) = 0.f;
+            }
+            if (threadIdx.x % 128 == 0) {
+                if (held >= 0) Barrier::arrive(&s.empty[held % STAGES]);
+                Barrier::arrive(&s.empty[st]);
+            }
+            held = -1;
+        } else {
+            warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
+            warpgroup_fence_operand(acc);
+            if (held >= 0 && threadIdx.x % 128 == 0) Barrier::arrive(&s.empty[held % STAGES]);
+            held = kt;
+        }
     }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
 """
 )
