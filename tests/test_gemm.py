@@ -344,12 +344,12 @@ def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_t
     plain, tuned = base_plan(low, False), base_plan(low, True)
     assert not uses_cute(plain) and uses_cute(tuned)  # cuBLAS's fp32 path first, then ours
     (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
-    assert (g.bn, g.stages, g.epilogue) == (256, 2, "linear")
-    labels = [label for label, _ in legal_edits(tuned, low)]
-    assert "more_parallelism(linear_mm: bn=128, stages=2)" in labels
+    assert (g.bn, g.stages, g.epilogue) == (128, 3, "linear")  # one tile, its deepest ring
+    assert not any("bn=256" in label for label, _ in legal_edits(tuned, low))
     source, launcher = render(low, tuned)
     assert "F32TF32TF32_SS_TN" in source and "fence_view_async_shared" in source
-    assert "kernels.tensor_map(a, 128, 32)" in launcher and "kernels.tensor_map(b, 256, 32)" in launcher
+    assert "PROMOTE = 4" in source and "sum(i) += acc(i);" in source  # chunk sums added on the CUDA cores
+    assert "kernels.tensor_map(a, 128, 32)" in launcher and "kernels.tensor_map(b, 128, 32)" in launcher
     assert check_launcher(launcher).ok
     assert not uses_cute(safer(tuned, None))  # a failed fp32 GEMM goes back to cuBLAS
 

@@ -233,7 +233,7 @@ FAMILIES = {
         """,
         "[]",
     ),
-    "matmul_f32": (  # fp32, B row-major (K, N): staged and transposed by the splitters
+    "matmul_f32": (  # fp32, B row-major (K, N): gathered K-major before our kernel
         """
         class Model(nn.Module):
             def forward(self, a, b):

@@ -27,6 +27,12 @@ STANDINS = {
         "for _ in range(2):\n    threading.Thread(target=spin, daemon=True).start()\n"
         "import time\ntime.sleep(600)\n"
     ),
+    # Breaks the worker's own state, so that its handler raises (a broken CUDA context does the same on a GPU)
+    "corrupts": (
+        "import torch\nimport pipeline.tasks\npipeline.tasks.MAX_TASK_BYTES = 'corrupted'\n"
+        "class Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+        "def get_inputs():\n    return [torch.randn(4)]\ndef get_init_inputs():\n    return []\n"
+    ),
     "secrets": (
         "import os, json\n"
         "open('env.json', 'w').write(json.dumps({k: v for k, v in os.environ.items()}))\n"
@@ -60,6 +66,20 @@ def test_crash_kills_only_the_worker_and_it_restarts(worker, tmp_path, name):
     assert not worker.alive()
     again = worker.request(jobs.Ping())
     assert again.ok and isinstance(again.answer, jobs.Pong)
+    assert worker.proc.pid != first_pid and worker.restarts == 1
+
+
+def test_a_handler_that_raised_leaves_the_worker_spent_and_the_next_job_gets_a_fresh_one(worker, tmp_path):
+    assert worker.request(jobs.Ping()).ok
+    first_pid = worker.proc.pid
+    r = worker.request(probe_job(tmp_path, "corrupts"))
+    assert not r.ok and isinstance(r.answer, jobs.Failed) and r.answer.exit
+    assert "TypeError" in r.reason
+    assert not worker.alive()
+    task = tmp_path / "ok.py"
+    task.write_text(STANDINS["corrupts"].replace("pipeline.tasks.MAX_TASK_BYTES = 'corrupted'\n", ""))
+    again = worker.request(jobs.Probe(str(task)))  # the fresh worker's state is whole again
+    assert again.ok and isinstance(again.answer, jobs.Probed), again.reason
     assert worker.proc.pid != first_pid and worker.restarts == 1
 
 

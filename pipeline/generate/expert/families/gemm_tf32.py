@@ -2,8 +2,8 @@
 kernel (templates/gemm_tf32.py), with the elementwise region after it fused on its stores. Left to
 cuBLAS's fp32 path they run on the CUDA cores (about 50 TFLOP/s on the H200). The plain plan keeps
 cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a repair. Knobs and edits:
-gemm_kit.py (tiles 128 x 128 or 128 x 256, 32 deep). A row-major B is gathered K-major before the kernel
-(tf32 WGMMA reads K-major operands only).
+gemm_kit.py (tiles 128 x 128, 32 deep; templates/gemm_tf32.py says why not 256). A row-major B is
+gathered K-major before the kernel (tf32 WGMMA reads K-major operands only).
 """
 
 from __future__ import annotations

@@ -15,10 +15,15 @@ Memory traffic stays one read of each operand. Two consumer warpgroups wait for 
 three WGMMA passes on 64 x BN each and release it. The epilogue (the fused elementwise chain, guarded
 stores) is the 16-bit kernel's.
 
+The tensor cores' fp32 accumulation is not fp32's rounded add: summing all of K in the WGMMA accumulator
+was off by up to 9e-3 on randn @ randn at K = 4096 (eager: 1e-4; docs/benchmarks.md), an error that grows
+with |acc| and keeps its sign. So the accumulator holds PROMOTE k tiles from zero, and each such chunk is
+added to fp32 registers on the CUDA cores, rounded to nearest (DeepSeek-V3's promotion for fp8).
+
 tf32 WGMMA reads K-major operands only. A row-major (K, N) B ("MN-major") is first copied K-major by our
 gather kernel: one more read and write of B (about 1% of an 8192^3 product). A transposing split inside the
-kernel (a staging tile, 4 x 4 register transposes) was tried on the H200 and gave tf32-sized errors in about
-1% of the outputs; it is not used until that is understood.
+kernel (a staging tile, 4 x 4 register transposes) was tried on the H200 before the promotion above and
+failed the same way; it may be right, and is not retried yet.
 """
 
 from __future__ import annotations
