@@ -2,7 +2,7 @@
 with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product. The floor is the larger of the task's
 FLOPs at the measured tensor-core ceiling of its dtype (tf32 for fp32) and its bytes at the measured copy
 bandwidth (what bounds a GEMV). The fp32 cases (`*_f32_*`) run our 3xTF32 kernel against cuBLAS's fp32
-path; `gemv_f32_*` run our row-wise dot products.
+path; `gemv_f32_*` run our row-wise dot products; `conv*_f32_*` our implicit-GEMM convolution against cuDNN.
 
     python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2]
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -83,6 +84,23 @@ for _m, _k in ((256, 131072), (8192, 8192)):
         "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a, b)\n",
         [f"torch.randn({_m}, {_k})", f"torch.randn({_k}, 1)"],
         2 * _m * _k,
+    )
+
+
+# fp32 convolutions: eager is cuDNN's fp32 path, ours the implicit GEMM on the 3xTF32 kernel.
+for _name, (_b, _ci, _co, _sp, _k, _s, _p) in {
+    "conv2d_f32_64to128": (32, 64, 128, (128, 128), 3, 1, 1),  # tasks/conv_bias_relu_scale.py's convolution
+    "conv2d_f32_stem": (64, 3, 64, (224, 224), 7, 2, 3),  # a 3-channel image stem: K = 147
+    "conv3d_f32_16to64": (16, 16, 64, (32, 64, 64), 3, 1, 1),
+}.items():
+    _d = len(_sp)
+    _out = [(n + 2 * _p - _k) // _s + 1 for n in _sp]
+    CASES[_name] = (
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        f"        self.conv = nn.Conv{_d}d({_ci}, {_co}, {_k}, stride={_s}, padding={_p}, bias=False)\n\n"
+        "    def forward(self, x):\n        return self.conv(x)\n",
+        [f"torch.randn({_b}, {_ci}, {', '.join(map(str, _sp))})"],
+        2 * _b * _co * _ci * _k**_d * math.prod(_out),
     )
 
 

@@ -257,6 +257,40 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "conv2d_f32": (  # fp32 implicit GEMM: strides, padding and dilation per axis, K = 45 (rows padded to 48)
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(5, 40, 3, stride=(2, 1), padding=(1, 2), dilation=(1, 2))
+                self.s = nn.Parameter(torch.rand(40, 1, 1) + 0.5)
+            def forward(self, x):
+                return torch.relu(self.conv(x)) * self.s
+        """,
+        "[]",
+    ),
+    "conv3d_f32": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv3d(3, 24, 3, padding=1)
+            def forward(self, x):
+                return torch.tanh(self.conv(x))
+        """,
+        "[]",
+    ),
+    "conv1d_f32": (  # 130 channels: two tiles of 96, the second mostly past N
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv1d(16, 130, 5, stride=2, bias=False)
+            def forward(self, x):
+                return self.conv(x)
+        """,
+        "[]",
+    ),
     "conv_epilogue": (
         """
         class Model(nn.Module):
@@ -288,6 +322,9 @@ SHAPES = {
     "linear_lone_f16": ["(300, 1024)", "(1, 1024)", "(4099, 1024)"],
     "linear_odd": ["(77, 1032)", "(1, 1032)", "(2, 1300, 1032)"],
     "conv_epilogue": ["(3, 16, 37, 53)", "(1, 16, 5, 7)"],
+    "conv2d_f32": ["(3, 5, 37, 53)", "(1, 5, 2, 9)"],
+    "conv3d_f32": ["(2, 3, 9, 17, 13)"],
+    "conv1d_f32": ["(4, 16, 301)"],
     # products: the shapes of each input, ";"-separated
     "matmul_lone": ["(300, 1024); (1024, 1000)", "(3, 7, 1032); (1032, 136)", "(1, 64); (64, 8)"],
     "bmm_epilogue": [
@@ -307,6 +344,7 @@ SHAPES = {
 BF16 = {"bf16", "linear_epilogue", "linear_odd", "matmul_lone", "bmm_epilogue", "addmm", "matmul_misaligned"}
 F16 = {"linear_lone_f16", "matmul_4d_f16"}
 GEMMS = {n for n in FAMILIES if n.startswith("linear") or "mm" in n or "matmul" in n}
+CONVS = {n for n in FAMILIES if n.startswith("conv")}  # fp32: our implicit GEMM in the tuned plan
 
 
 def family_task(folder: Path, name: str, shape: str) -> Path:
@@ -354,8 +392,8 @@ def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, 
     path = family_task(tmp_path, name, shape)
     cands = proposals(path)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
-    assert_ok(cands, results, hybrid=name in GEMMS or name == "conv_epilogue")
-    if name in GEMMS:  # the tuned plan runs our WGMMA kernel
+    assert_ok(cands, results, hybrid=name in GEMMS or name in CONVS)
+    if name in GEMMS or name in CONVS:  # the tuned plan runs our WGMMA kernel
         assert any(uses_cute(plan_of(c.source)) for c in cands)
 
 

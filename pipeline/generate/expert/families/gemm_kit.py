@@ -51,11 +51,15 @@ class Spec:
     dtypes: tuple[str, ...]  # operand dtypes its template takes
     what: str  # the dtypes in words, for the reason a region is not taken
     align: int  # elements per 16 bytes: TMA's row rule for K (and N of a row-major B)
-    tiles: Callable[[Form], tuple[int, ...]]  # tile widths along N that fit, narrowest first
-    max_stages: Callable[[int, Form], int]  # the deepest ring that fits a tile width
-    render: Callable[[Region, Form, Any, GemmEpilogue | None, Any], Code]  # the template
+    tiles: Callable[[Any], tuple[int, ...]]  # tile widths along N that fit (for a form), narrowest first
+    max_stages: Callable[[int, Any], int]  # the deepest ring that fits a tile width
+    render: Callable[[Region, Any, Any, Any, Any], Code]  # the template: region, form, plan, epilogue, hunter
     kernel: str  # how notes name the kernel
     order: int = 20
+    # Another anchor than a GEMM (a convolution): its operand form (or why not) and its fusable epilogue.
+    form_of: Callable[[Region, Lowered], Any] | None = None
+    epilogue_of: Callable[[Region, Lowered], Any] | None = None
+    library: str = "cuBLAS"  # what computes the region in the plain plan
 
 
 def form(r: Region, low: Lowered, spec: Spec) -> Form | str:
@@ -96,8 +100,8 @@ def form(r: Region, low: Lowered, spec: Spec) -> Form | str:
     return f
 
 
-def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
-    """The ew region that consumes the GEMM's output only, with operands the epilogue can index."""
+def consumer(host: Region, low: Lowered) -> Region | None:
+    """The ew region that alone reads a library region's one output (its epilogue, when its operands allow)."""
     if host.kind is not RegionKind.LIBRARY or len(host.outputs) != 1:
         return None
     out = host.outputs[0]
@@ -109,14 +113,28 @@ def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
         return None
     if any(low.region_of(u) is not e for u in users) or low.by_name[out].shape != e.shape:
         return None
+    return e
+
+
+def ready_before(value: str, host: Region, low: Lowered) -> bool:
+    """Whether a value is computed before the host region runs (an input, or an earlier region's output)."""
+    src = low.region_of(value)
     position = {r.rid: i for i, r in enumerate(low.regions)}
+    return src is None or position[src.rid] < position[host.rid]
+
+
+def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
+    """The ew region that consumes the GEMM's output only, with operands the epilogue can index."""
+    e = consumer(host, low)
+    if e is None:
+        return None
+    out = host.outputs[0]
     split = len(e.shape) - 1
     operands = []
     for i in e.inputs:
         if i == out:
             continue
-        src = low.region_of(i)
-        if src is not None and position[src.rid] >= position[host.rid]:
+        if not ready_before(i, host, low):
             return None  # computed after the GEMM: not ready when the epilogue runs
         node = low.by_name[i]
         cls = operand_class(node.shape or (), e.shape, split)
@@ -132,27 +150,33 @@ def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
 def family(spec: Spec) -> Family:
     """The Family of a GEMM spec: cuBLAS in the plain plan, our kernel with its epilogue in the tuned one."""
 
-    def form_of(r: Region, low: Lowered) -> Form:
-        f = form(r, low, spec)
-        if not isinstance(f, Form):
-            raise RenderError(f"region {r.rid} cannot be our GEMM: {f}")
+    def form_or_why(r: Region, low: Lowered) -> Any:
+        return spec.form_of(r, low) if spec.form_of else form(r, low, spec)
+
+    def epilogue_any(r: Region, low: Lowered) -> Any:
+        return spec.epilogue_of(r, low) if spec.epilogue_of else epilogue(r, low)
+
+    def form_of(r: Region, low: Lowered) -> Any:
+        f = form_or_why(r, low)
+        if isinstance(f, str):
+            raise RenderError(f"region {r.rid} cannot be our {spec.kernel}: {f}")
         return f
 
-    def with_defaults(rp: GemmPlan, f: Form) -> GemmPlan:
+    def with_defaults(rp: GemmPlan, f: Any) -> GemmPlan:
         """A plan entry with its tile and stages filled in (the widest tile, the largest ring that fits)."""
         bn = rp.bn or spec.tiles(f)[-1]
         top = spec.max_stages(bn, f)
         return spec.knobs(rp.rid, bn, min(rp.stages or top, top), rp.epilogue)
 
     def claims(r: Region, low: Lowered) -> bool:
-        return isinstance(form(r, low, spec), Form)
+        return not isinstance(form_or_why(r, low), str)
 
     def first(r: Region, low: Lowered, tuned: bool) -> None:
         return None  # the library until settle (or an edit) takes it
 
     def render(r: Region, rp: GemmPlan, low: Lowered, hunter: Any) -> Code:
         f = form_of(r, low)
-        epi = epilogue(r, low) if rp.epilogue else None
+        epi = epilogue_any(r, low) if rp.epilogue else None
         if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
             raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
         if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= spec.max_stages(rp.bn, f):
@@ -173,7 +197,7 @@ def family(spec: Spec) -> Family:
         return apply
 
     def fuse(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
-        epi = epilogue(r, low)
+        epi = epilogue_any(r, low)
         if rp is None or rp.epilogue or epi is None:
             return
         rid = epi.region.rid
@@ -219,7 +243,7 @@ def family(spec: Spec) -> Family:
 
     def note(regions: list[Region], low: Lowered) -> str:
         targets = ", ".join(r.node.target for r in regions)
-        return f"our {spec.kernel} for {targets} in the tuned plans, cuBLAS in the plain one (hybrid)"
+        return f"our {spec.kernel} for {targets} in the tuned plans, {spec.library} in the plain one (hybrid)"
 
     return Family(
         knobs=spec.knobs,

@@ -73,18 +73,10 @@ def blocks(rp: Tf32Plan, hunter: Any = None) -> dict[str, atoms.Atom]:
     }
 
 
-def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
-    """The kernel and its launcher for an fp32 library region in the form `f`; raises atoms.AtomNotFound."""
-    rid = r.rid
-    bn, stages = rp.bn, rp.stages
-    b = blocks(rp, hunter)
-    smem = smem_bytes(bn, stages)
-    out_dt = epi.out_dtype if epi else "float32"
-    lines = [
-        *gemm.preamble(rid, b),
-        "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
-        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
-        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE};",
+def split_stages(b: dict[str, atoms.Atom], smem: int) -> list[str]:
+    """The MMA, the ring of swizzled K-major A and B stages with their lo halves beside them, its barriers and
+    the split helpers: the 3xTF32 kernel's (and the implicit-GEMM convolution's) shared memory."""
+    return [
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}{{}}, Layout<Shape<_2, _1, _1>>{{}}));",
         f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
         "Int<STAGES>{})));",
@@ -100,7 +92,23 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         "    uint64_t empty[STAGES];",
         "};",
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
-        _LO,
+        LO,
+    ]
+
+
+def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+    """The kernel and its launcher for an fp32 library region in the form `f`; raises atoms.AtomNotFound."""
+    rid = r.rid
+    bn, stages = rp.bn, rp.stages
+    b = blocks(rp, hunter)
+    smem = smem_bytes(bn, stages)
+    out_dt = epi.out_dtype if epi else "float32"
+    lines = [
+        *gemm.preamble(rid, b),
+        "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
+        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
+        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE};",
+        *split_stages(b, smem),
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
     ]
@@ -119,7 +127,7 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     return gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
 
 
-_LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
+LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
 __device__ __forceinline__ float lo(float x) { return x - __uint_as_float(__float_as_uint(x) & 0xffffe000u); }
 __device__ __forceinline__ float4 lo4(float4 v) { return make_float4(lo(v.x), lo(v.y), lo(v.z), lo(v.w)); }
 // lo of one stage's tile, written at the same offsets (the same swizzled layout).
@@ -128,42 +136,9 @@ __device__ __forceinline__ void split_same(const float* x, float* l, int n, int 
         reinterpret_cast<float4*>(l)[i] = lo4(reinterpret_cast<const float4*>(x)[i]);
 }"""
 
-_BODY = (
-    gemm.PROLOGUE
-    + r"""    if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; ++i) {
-            Full::init(&s.full[i], 1);
-            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
-            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
-        }
-        cutlass::arch::fence_barrier_init();
-    }
-    __syncthreads();
-    if (wg == 0) {
-        cutlass::arch::warpgroup_reg_dealloc<56>();
-        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
-            for (int kt = 0; kt < ktiles; ++kt) {
-                const int st = kt % STAGES;
-                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
-                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
-                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
-                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
-            }
-        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
-            const int t = threadIdx.x - 32;
-            for (int kt = 0; kt < ktiles; ++kt) {
-                const int st = kt % STAGES;
-                Full::wait(&s.full[st], (kt / STAGES) & 1);
-                split_same(s.a + st * BM * BK, s.alo + st * BM * BK, BM * BK, t);
-                split_same(s.b + st * BN * BK, s.blo + st * BN * BK, BN * BK, t);
-                FENCE();  // our writes, visible to the WGMMAs' async proxy
-                Barrier::arrive(&s.ready[st]);
-            }
-        }
-        return;
-    }
-    cutlass::arch::warpgroup_reg_alloc<224>();
-    TiledMma mma;
+# The consumer warpgroups: wait for a split stage, three WGMMA passes on it, release it; every PROMOTE k tiles
+# the tensor cores' sum is added to fp32 registers (the module doc says why). Shared with the convolution.
+CONSUMERS = r"""    TiledMma mma;
     auto thr = mma.get_slice(threadIdx.x - 128);
     Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.a)), SmemA{});
     Tensor sAl = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.alo)), SmemA{});
@@ -214,4 +189,42 @@ _BODY = (
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
 """
+
+_BODY = (
+    gemm.PROLOGUE
+    + r"""    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
+            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        cutlass::arch::warpgroup_reg_dealloc<56>();
+        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
+                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
+                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
+                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
+            }
+        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
+            const int t = threadIdx.x - 32;
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                Full::wait(&s.full[st], (kt / STAGES) & 1);
+                split_same(s.a + st * BM * BK, s.alo + st * BM * BK, BM * BK, t);
+                split_same(s.b + st * BN * BK, s.blo + st * BN * BK, BN * BK, t);
+                FENCE();  // our writes, visible to the WGMMAs' async proxy
+                Barrier::arrive(&s.ready[st]);
+            }
+        }
+        return;
+    }
+    cutlass::arch::warpgroup_reg_alloc<224>();
+"""
+    + CONSUMERS
 )

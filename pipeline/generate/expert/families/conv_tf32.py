@@ -1,0 +1,153 @@
+"""fp32 convolutions (conv1d, conv2d, conv3d; groups 1) on the tensor cores at fp32 accuracy: an implicit GEMM
+on our 3xTF32 WGMMA kernel (templates/conv_tf32.py), with the elementwise region after it (the conv's own
+bias among it) fused on its stores. Left to cuDNN, an fp32 convolution runs on the CUDA cores (about 38
+TFLOP/s measured on the H200, docs/benchmarks.md). The plain plan keeps cuDNN, the tuned one takes our
+kernel, a failing one goes back to cuDNN in a repair (gemm_kit.py: the same plans and edits as a GEMM).
+
+The GEMM: rows are output pixels (batch and spatial dims), columns are output channels, K is the input
+channels times the kernel's taps. The tile along the channels is sized to them (a multiple of 8, at most
+128), so a 16-channel convolution does not compute 112 channels of zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families.gemm_kit import GemmPlan
+from pipeline.generate.expert.graph import Ref
+from pipeline.generate.expert.layout import Bcast
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import conv_tf32
+from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm
+
+CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
+
+
+@dataclass(frozen=True)
+class ConvPlan(GemmPlan):
+    TAG: ClassVar[str] = "wgmma_conv_3xtf32"
+    BK: ClassVar[int] = conv_tf32.BK
+
+
+def _triple(v: object, dims: int, default: int) -> tuple[int, ...] | None:
+    """A stride / padding / dilation argument as (depth, height, width): 1-D and 2-D convolutions are 3-D ones
+    with unit extents in front."""
+    if v is None:
+        v = default
+    if isinstance(v, int) and not isinstance(v, bool):
+        t = (v,) * dims
+    elif isinstance(v, list | tuple) and len(v) in (1, dims) and all(isinstance(x, int) for x in v):
+        t = tuple(v) * (dims // len(v))
+    else:
+        return None
+    return (1 if default == 1 else 0,) * (3 - dims) + t
+
+
+def form(r: Region, low: Lowered) -> ConvForm | str:
+    """The convolution's geometry when our implicit-GEMM kernel can compute this library region, else why not."""
+    n = r.node
+    dims = CONV_OPS.get(n.op)
+    if r.kind is not RegionKind.LIBRARY or dims is None:
+        return "only conv1d, conv2d and conv3d have an implicit-GEMM template"
+    if n.overload != "default":
+        return f"padding given as {n.overload!r} has no implicit-GEMM template yet"
+    if n.dtype != "float32":
+        return f"the 3xTF32 convolution takes fp32 operands, not {n.dtype}"
+    a = list(n.args) + [None] * (7 - len(n.args))
+    x, w = (low.by_name.get(v.name) if isinstance(v, Ref) else None for v in a[:2])
+    if x is None or w is None or not x.shape or not w.shape or not n.shape:
+        return "the operands' shapes are unknown"
+    if x.dtype != "float32" or w.dtype != "float32":
+        return "mixed operand dtypes"
+    groups = a[6] if a[6] is not None else n.kw("groups", 1)
+    if groups != 1:
+        return f"groups = {groups}: grouped and depthwise convolutions have no implicit-GEMM template yet"
+    if len(x.shape) != dims + 2 or len(w.shape) != dims + 2 or x.shape[1] != w.shape[1]:
+        return "the input is not (N, C, *spatial) with the weight's channels"
+    stride, pad, dil = (_triple(v, dims, d) for v, d in ((a[3], 1), (a[4], 0), (a[5], 1)))
+    if stride is None or pad is None or dil is None:
+        return "stride, padding or dilation is not a list of ints"
+    one3 = (1,) * (3 - dims)
+    f = ConvForm(
+        dims=dims,
+        cin=x.shape[1],
+        cout=w.shape[0],
+        size=one3 + tuple(x.shape[2:]),
+        kernel=one3 + tuple(w.shape[2:]),
+        stride=stride,
+        pad=pad,
+        dil=dil,
+        out=one3 + tuple(n.shape[2:]),
+    )
+    if any(o <= 0 for o in f.out) or math.prod(n.shape) == 0:
+        return "an empty output"
+    if n.shape[1] != f.cout or tuple(f.out) != tuple(conv_tf32.out_size(f)):
+        return "the output shape does not follow from the geometry"
+    return f
+
+
+def _operand(name: str, low: Lowered, out_shape: tuple[int, ...]) -> tuple[str, Bcast] | None:
+    """(the value the launcher passes, how it broadcasts over the output) for one epilogue operand: per
+    channel (COL: the GEMM's columns are the channels), one scalar, or the output's own shape."""
+    node = low.by_name[name]
+    value = name
+    src = node.args[0] if node.op in ("reshape", "view") and node.args else None
+    if isinstance(src, Ref) and low.region_of(src.name) is None:
+        value = src.name  # a reshaped parameter (the conv's bias as (C, 1, 1)): the same memory, in order
+    shape = node.shape or ()
+    nd = len(out_shape)
+    if len(shape) > nd:
+        return None
+    dims = (1,) * (nd - len(shape)) + tuple(shape)
+    if all(d == 1 for d in dims):
+        return value, Bcast.SCALAR
+    if dims[1] == out_shape[1] and all(d == 1 for i, d in enumerate(dims) if i != 1):
+        return value, Bcast.COL
+    if dims == tuple(out_shape):
+        return name, Bcast.FULL
+    return None
+
+
+def epilogue(host: Region, low: Lowered) -> ConvEpilogue | None:
+    """The ew region that consumes the convolution's output only, with operands the stores can index."""
+    e = gemm_kit.consumer(host, low)
+    if e is None:
+        return None
+    out = host.outputs[0]
+    operands = []
+    for i in e.inputs:
+        if i == out:
+            continue
+        got = _operand(i, low, e.shape)
+        if got is None:
+            return None
+        value, cls = got
+        if not gemm_kit.ready_before(value, host, low):
+            return None  # computed after the convolution: not ready when its stores run
+        operands.append((i, value, low.by_name[i].dtype or "float32", cls))
+    out_dt = next(n.dtype for n in e.nodes if n.name == e.outputs[0]) or "float32"
+    if out_dt not in ("float32", "float16", "bfloat16"):
+        return None
+    return ConvEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
+
+
+SPEC = gemm_kit.Spec(
+    knobs=ConvPlan,
+    dtypes=("float32",),
+    what="fp32",
+    align=4,
+    tiles=lambda f: (conv_tf32.tile_n(f.cout),),
+    max_stages=lambda bn, f: conv_tf32.max_stages(bn),
+    render=conv_tf32.render,
+    kernel="implicit-GEMM 3xTF32 convolution (fp32 accuracy on the tensor cores)",
+    order=22,
+    form_of=form,
+    epilogue_of=epilogue,
+    library="cuDNN",
+)
+FAMILY = gemm_kit.family(SPEC)
+
+__all__ = ["FAMILY", "SPEC", "ConvPlan", "epilogue", "form"]

@@ -1,0 +1,322 @@
+"""Our own Hopper convolution for fp32 operands at fp32 accuracy: an implicit GEMM on the 3xTF32 WGMMA kernel
+of templates/gemm_tf32.py (which convolutions it takes, and its plans: families/conv_tf32.py).
+
+out[n, co, z, y, x] = sum over (ci, kz, ky, kx) of in[n, ci, z*s - p + kz*d, ...] * w[co, ci, kz, ky, kx]: a
+GEMM whose rows are output pixels (M = batch x output volume), whose columns are output channels (N), and
+whose K runs over input channels and taps, in the weight's own order (w is (N, K), K contiguous: read by
+TMA as it lies, rows zero-padded to a multiple of 4 first when K is not). 1-D and 2-D convolutions are 3-D
+ones with unit extents in front; the geometry is compiled in, the batch size is not.
+
+384 threads. Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one output pixel, its
+input window decoded once), reads its 32 taps straight from the NCDHW input (zero in the padding and past
+K; consecutive threads read consecutive pixels, so a warp's loads coalesce at stride 1), and writes them,
+and their low parts, in the 128-byte swizzled K-major layout the WGMMAs read (16-byte chunk c of row t at
+chunk c ^ (t % 8)). Its thread 0 also issues the TMA load of the weight tile; once it lands the warpgroup
+splits it too. The input is read once from L2 per tap (no im2col copy in memory). The two consumer
+warpgroups are the 3xTF32 GEMM's (three passes, sums promoted to the CUDA cores every 128 of K). No
+register reallocation: at tiles up to 128 channels every warpgroup fits in the launch's 168 registers.
+
+The stores write NCDHW: accumulator (pixel, channel) goes to n * N * P + co * P + pixel-in-image, with the
+fused elementwise chain (per-channel, scalar or full-size operands) applied first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.generate.expert.layout import Bcast
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import gemm, gemm_tf32
+from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
+from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT
+from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.gemm_kit import GemmPlan
+
+BK = gemm_tf32.BK
+MAX_TILE_N = 128  # the promoted sums double the accumulators: 128 columns is the widest without spills
+TILE_WIDTHS = (8, 16, 32, 64, 96, 128)
+MAX_STAGES = 8
+
+
+@dataclass(frozen=True)
+class ConvForm:
+    """A convolution's geometry, as (depth, height, width) triples (unit extents in front below 3-D)."""
+
+    dims: int  # 1, 2 or 3: the convolution's own spatial dims
+    cin: int
+    cout: int
+    size: tuple[int, ...]  # the input's spatial extents
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad: tuple[int, ...]
+    dil: tuple[int, ...]
+    out: tuple[int, ...]  # the output's spatial extents
+
+    @property
+    def k(self) -> int:
+        return self.cin * math.prod(self.kernel)
+
+
+@dataclass(frozen=True)
+class ConvEpilogue:
+    region: Region
+    main: str  # the convolution's output, bound to the chain's operand
+    operands: tuple[tuple[str, str, str, Bcast], ...]  # (chain input, launcher value, dtype, COL/SCALAR/FULL)
+    out: str
+    out_dtype: str
+
+
+def out_size(f: ConvForm) -> tuple[int, ...]:
+    """PyTorch's output extents for the geometry."""
+    return tuple(
+        (i + 2 * p - d * (k - 1) - 1) // s + 1
+        for i, k, s, p, d in zip(f.size, f.kernel, f.stride, f.pad, f.dil, strict=True)
+    )
+
+
+def tile_n(cout: int) -> int:
+    """The channel tile: as few tiles of at most 128 as cover the channels, each the narrowest MMA width
+    that covers its share (the widths CuTe's main GMMA header has; the others need its extension headers)."""
+    tiles = -(-cout // MAX_TILE_N)
+    per_tile = -(-cout // tiles)
+    return next(n for n in TILE_WIDTHS if n >= per_tile)
+
+
+def stage_bytes(bn: int) -> int:
+    """A (gathered) and its lo, B (the weight tile) and its lo."""
+    return (2 * BM + 2 * bn) * BK * 4
+
+
+def max_stages(bn: int) -> int:
+    return min(MAX_STAGES, (SMEM_LIMIT - 2048) // stage_bytes(bn))
+
+
+def smem_bytes(bn: int, stages: int) -> int:
+    return stage_bytes(bn) * stages + 1024 + 1024
+
+
+def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunter: Any = None) -> Code:
+    """The kernel and its launcher for an fp32 convolution region; raises atoms.AtomNotFound."""
+    rid = r.rid
+    bn, stages = rp.bn, rp.stages
+    b = gemm_tf32.blocks(rp, hunter)
+    smem = smem_bytes(bn, stages)
+    out_dt = epi.out_dtype if epi else "float32"
+    lines = [
+        *gemm.preamble(rid, b),
+        "using T = cutlass::tfloat32_t;  // the MMA's operand type; the gatherers move the raw fp32 bits",
+        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
+        f"SPLITTERS = 128, PROMOTE = {gemm_tf32.PROMOTE};",
+        geometry(f),
+        *gemm_tf32.split_stages(b, smem),
+        f"}}  // namespace kp_{rid}",
+        *gemm.epilogue_function(epi, out_dt),
+        PAD,
+    ]
+    sig = signature(epi, out_dt)
+    body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    lines += [
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_conv({sig.decls()}) {{',
+        f"    using namespace kp_{rid};",
+        f"    using Full = {b['full'].name};",
+        f"    using Barrier = {b['empty'].name};",
+        body,
+        *store(epi, out_dt),
+        "}",
+    ]
+    ops_ = epi.operands if epi else ()
+    x, w = r.node.args[:2]
+    inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
+    src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig)
+    outs = (epi.out,) if epi else r.outputs
+    kernels = (f"kp_{rid}_conv", "kp_pad_rows_f32")
+    return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs)
+
+
+def signature(epi: ConvEpilogue | None, out_dt: str) -> Signature:
+    ops_ = epi.operands if epi else ()
+    return Signature((
+        Param("tma_w", "const __grid_constant__ CUtensorMap", "tw"), ptr("x", "float"),
+        ptr("out", ctype(out_dt), const=False),
+        *(ptr(f"e{j}", ctype(d)) for j, (_, _, d, _) in enumerate(ops_)), i32("M", "m"), i32("N", "n"), i32("K", "k"),
+    ))  # fmt: skip
+
+
+def geometry(f: ConvForm) -> str:
+    """The convolution's geometry as compile-time constants, and the three index maps of the kernel: an output
+    pixel's input window, one tap of it, and where an output element lies (plain C++: tests run it on the
+    CPU against PyTorch's convolution)."""
+    (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
+    return "\n".join([
+        f"constexpr int CIN = {f.cin}, ID = {f.size[0]}, IH = {f.size[1]}, IW = {f.size[2]};",
+        f"constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};",
+        f"constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};",
+        f"constexpr int OD = {f.out[0]}, OH = {f.out[1]}, OW = {f.out[2]};",
+        "constexpr long long P = (long long)OD * OH * OW, IMAGE = (long long)CIN * ID * IH * IW;",
+        _MAPS,
+    ])  # fmt: skip
+
+
+_MAPS = r"""// Output pixel p's window: its image's first input element, its corner (which may lie in the padding).
+struct Window {
+    long long base;
+    int z0, y0, x0;
+    bool row;  // p is a pixel (the last tile's rows past M gather zeros)
+};
+__device__ __forceinline__ Window window(long long p, long long M) {
+    const long long img = p / P;
+    const int q = (int)(p - img * P);
+    return {img * IMAGE, (q / (OH * OW)) * SD - PD, ((q / OW) % OH) * SH - PH, (q % OW) * SW - PW, p < M};
+}
+// Tap k of a window (k runs over input channels, then the kernel's depth, rows and columns, as the weight
+// lies): the input element under it, or 0 in the padding and past K.
+__device__ __forceinline__ float tap(const float* __restrict__ x, const Window& w, int k, int K) {
+    const int ci = k / (KD * KH * KW), r = k % (KD * KH * KW);
+    const int z = w.z0 + (r / (KH * KW)) * DD, y = w.y0 + ((r / KW) % KH) * DH, xx = w.x0 + (r % KW) * DW;
+    const bool in = w.row && k < K && (unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH
+                    && (unsigned)xx < (unsigned)IW;
+    return in ? x[w.base + (((long long)ci * ID + z) * IH + y) * IW + xx] : 0.f;
+}
+// Where output element (pixel p, channel co) lies in the NCDHW output of N channels.
+__device__ __forceinline__ long long out_at(long long p, int co, int N) {
+    const long long img = p / P;
+    return (img * N + co) * P + (p - img * P);
+}"""
+
+# The weight's rows, zero-padded to K4 columns (TMA needs rows of a multiple of 16 bytes).
+PAD = r"""extern "C" __global__ void __launch_bounds__(256)
+kp_pad_rows_f32(const float* __restrict__ src, float* __restrict__ dst, long long n, int k, int k4) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / k4;
+        const int col = (int)(i - row * k4);
+        dst[i] = col < k ? src[row * k + col] : 0.f;
+    }
+}"""
+
+_BODY = (
+    gemm.PROLOGUE
+    + r"""    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Barrier::init(&s.ready[i], 128);  // every gatherer arrives once its writes are fenced
+            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        const int t = threadIdx.x;
+        const Window win = window((long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
+        for (int kt = 0; kt < ktiles; ++kt) {
+            const int st = kt % STAGES;
+            if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
+            if (t == 0) {
+                Full::arrive_and_expect_tx(&s.full[st], BN * BK * sizeof(float));
+                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);  // batch 0
+            }
+            float* ah = s.a + st * BM * BK + t * BK;
+            float* al = s.alo + st * BM * BK + t * BK;
+            #pragma unroll
+            for (int c = 0; c < BK / 4; ++c) {
+                const int k = kt * BK + 4 * c;
+                const float4 v = make_float4(tap(x, win, k, K), tap(x, win, k + 1, K), tap(x, win, k + 2, K),
+                                             tap(x, win, k + 3, K));
+                const int at = (c ^ (t % 8)) * 4;  // the 128-byte swizzle of a K-major row
+                *reinterpret_cast<float4*>(ah + at) = v;
+                *reinterpret_cast<float4*>(al + at) = lo4(v);
+            }
+            Full::wait(&s.full[st], (kt / STAGES) & 1);
+            split_same(s.b + st * BN * BK, s.blo + st * BN * BK, BN * BK, t);
+            FENCE();  // our writes, visible to the WGMMAs' async proxy
+            Barrier::arrive(&s.ready[st]);
+        }
+        return;
+    }
+"""
+    + gemm_tf32.CONSUMERS
+    + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+    const long long m0 = (long long)m_blk * BM;
+    const int n0 = n_blk * BN;"""
+)
+
+
+def store(epi: ConvEpilogue | None, out_dt: str) -> list[str]:
+    """One store per accumulator: NCDHW output, the chain's operands indexed per channel, once, or like it."""
+    ot = ctype(out_dt)
+    if epi is None:
+        value = "v = acc(i)"
+    else:
+        args = []
+        for name in epi.region.inputs:
+            if name == epi.main:
+                args.append("acc(i)")
+                continue
+            j = next(j for j, op in enumerate(epi.operands) if op[0] == name)
+            idx = {Bcast.FULL: "o", Bcast.COL: "co", Bcast.SCALAR: "0"}[epi.operands[j][3]]
+            args.append(f"kp::ld(e{j}[{idx}])")
+        value = f"kp_{epi.region.rid}_f({', '.join([*args, 'v'])})"
+    return [
+        "    CUTE_UNROLL",
+        "    for (int i = 0; i < size(acc); ++i) {",
+        "        const long long p = m0 + get<0>(tCcC(i));",
+        "        const int co = n0 + get<1>(tCcC(i));",
+        "        if (p >= M || co >= N) continue;",
+        "        const long long o = out_at(p, co, N);",
+        "        float v;",
+        f"        {value};",
+        f"        out[o] = kp::cv<{ot}>(v);",
+        "    }",
+    ]
+
+
+def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
+             names: list[str], sig: Signature) -> str:  # fmt: skip
+    dims = f.dims
+    in_shape = (f.cin, *f.size[3 - dims :])
+    w_shape = (f.cout, f.cin, *f.kernel[3 - dims :])
+    k, k4 = f.k, -(-f.k // 4) * 4
+    lines = [
+        f"def _conv_{rid}(sms, {', '.join(names)}):",
+        f'    """The convolution as an implicit GEMM: our 3xTF32 WGMMA kernel (128 pixels x {rp.bn} channels, '
+        f'{rp.stages} stages){" and the fused epilogue" if epi else ""}."""',
+        f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
+        "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
+        f"{', '.join(map(str, in_shape))}) and a weight {w_shape}, not {{tuple(x.shape)}} and "
+        "{tuple(w.shape)}')",
+        "    x = _contig(x)",
+        "    nb = x.shape[0]",
+        f"    m, n, k = nb * {math.prod(f.out)}, {f.cout}, {k}",
+        "    if m >= 2**31:",
+        "        raise ValueError('kernelpro expert: more than 2^31 output pixels for one convolution')",
+        "    w = _contig(w)",
+    ]
+    if k4 != k:
+        lines += [
+            f"    wk = torch.empty((1, n, {k4}), dtype=torch.float32, device=x.device)",
+            f"    kernels.kp_pad_rows_f32((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), "
+            f"(w, wk, numpy.int64(n * {k4}), numpy.int32(k), numpy.int32({k4})))  # noqa: F821",
+        ]
+    else:
+        lines.append(f"    wk = w.reshape(1, n, {k})")
+    out_shape = f"(nb, n, {', '.join(str(o) for o in f.out[3 - dims :])})"
+    lines.append(f"    out = torch.empty({out_shape}, dtype={torch_dtype(out_dt)}, device=x.device)")
+    for j, (_, _, _, cls) in enumerate(epi.operands if epi else ()):
+        e = f"e{j}"
+        if cls is Bcast.FULL:
+            lines.append(f"    {e} = _full({e}, out.shape)")
+        elif cls is Bcast.COL:
+            lines.append(f"    {e} = _contig({e}.reshape(n))")
+        else:
+            lines.append(f"    {e} = _scalar({e})")
+    lines += [
+        "    if m:",
+        f"        tw = kernels.tensor_map(wk, {rp.bn}, {BK})  # noqa: F821",
+        f"        grid = (-(-m // {BM})) * (-(-n // {rp.bn}))",
+        f"        kernels.kp_{rid}_conv((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
+        "    return out",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+"""The implicit-GEMM fp32 convolution (families/conv_tf32.py, templates/conv_tf32.py) on the CPU: which
+convolutions it takes, its index maps run by the CUDA emulator against PyTorch's convolution, its plans and
+launcher, and its kernels compiled for sm_90a without spills (the GPU runs it in tests/test_gpu_expert.py)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy
+import pytest
+import torch
+import torch.nn.functional as F
+from cuda_emulator import build
+
+from pipeline.compile import _cutlass, compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, capture, plan_of
+from pipeline.generate.expert.edits import base_plan
+from pipeline.generate.expert.families import conv_tf32
+from pipeline.generate.expert.regions import RegionKind
+from pipeline.generate.expert.render import prepare, render, uses_cute
+from pipeline.generate.expert.templates import conv_tf32 as template
+from pipeline.static_check import check_launcher
+from pipeline.tasks import probe
+from pipeline.types import Kind, Status
+
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
+CONV = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv{d}d({cin}, {cout}, {k}, stride={s}, padding={p}, dilation={dl}, groups={g},
+                               bias={bias}, dtype=torch.{dt})
+        self.b = nn.Parameter(torch.randn({cout}, {ones}) * 0.1)
+    def forward(self, x):
+        return {expr}
+"""
+
+
+def conv_task(folder: Path, name: str, d=2, cin=5, cout=24, k=3, s=1, p=1, dl=1, g=1, bias=True, dt="float32",
+              size=(13, 11), batch=2, expr="torch.relu(self.conv(x) + self.b) * 0.5") -> Path:  # fmt: skip
+    body = CONV.format(d=d, cin=cin, cout=cout, k=k, s=s, p=p, dl=dl, g=g, bias=bias, dt=dt,
+                       ones=", ".join(["1"] * d), expr=expr)  # fmt: skip
+    shape = ", ".join(str(v) for v in (batch, cin, *size))
+    path = folder / f"{name}.py"
+    path.write_text(
+        HEADER + textwrap.dedent(body).strip() + f"\n\n\ndef get_inputs():\n    return [torch.randn({shape}, "
+        f"dtype=torch.{dt})]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+def conv_region(path: Path):
+    low = prepare(capture(path))
+    (r,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+    return r, low
+
+
+# ----------------------------------------------------------------------------------------- what it takes
+
+
+@pytest.mark.parametrize(
+    ("kw", "want"),
+    [
+        (dict(d=1, size=(17,), k=5, s=2, p=2), ((1, 1, 17), (1, 1, 5), (1, 1, 2), (0, 0, 2), (1, 1, 9))),
+        (
+            dict(d=2, k=3, s=(2, 1), p=(0, 2), dl=2),
+            ((1, 13, 11), (1, 3, 3), (1, 2, 1), (0, 0, 2), (1, 5, 11)),
+        ),
+        (dict(d=3, size=(4, 6, 5), k=2), ((4, 6, 5), (2, 2, 2), (1, 1, 1), (1, 1, 1), (5, 7, 6))),
+    ],
+)
+def test_the_geometry_of_1d_2d_and_3d_convolutions(tmp_path, kw, want):
+    r, low = conv_region(conv_task(tmp_path, "c", **kw))
+    f = conv_tf32.form(r, low)
+    assert isinstance(f, template.ConvForm), f
+    assert (f.size, f.kernel, f.stride, f.pad, f.out) == want
+    assert f.dims == kw["d"] and f.cin == 5 and f.cout == 24
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        (dict(g=5, cout=25), "groups = 5"),
+        (dict(dt="bfloat16"), "fp32 operands"),
+        (dict(p="'same'"), "padding given as"),
+    ],
+)
+def test_what_the_implicit_gemm_does_not_take_says_why(tmp_path, kw, why):
+    r, low = conv_region(conv_task(tmp_path, "c", **kw))
+    got = conv_tf32.form(r, low)
+    assert isinstance(got, str) and why in got, got
+    assert not conv_tf32.FAMILY.claims(r, low)
+
+
+def test_the_channel_tile_covers_the_channels_in_multiples_of_8():
+    assert [template.tile_n(c) for c in (1, 16, 24, 64, 100, 128, 129, 192, 256, 300)] == [
+        8, 16, 32, 64, 128, 128, 96, 96, 128, 128,
+    ]  # fmt: skip
+    for bn in (8, 64, 128):
+        top = template.max_stages(bn)
+        assert 2 <= top <= template.MAX_STAGES and template.smem_bytes(bn, top) <= 227 * 1024
+
+
+# ---------------------------------------------------------------------- its index maps, on the emulator
+
+_PROBE = r"""
+extern "C" __global__ void __launch_bounds__(64) im2col(const float* __restrict__ x, float* __restrict__ a,
+                                                        int M, int K, int K4) {
+    const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
+    const Window w = window(p, M);  // rows past M (a whole block of them here) must gather zeros
+    for (int k = 0; k < K4; ++k) a[p * K4 + k] = tap(x, w, k, K);
+}
+extern "C" __global__ void __launch_bounds__(64) scatter(const float* __restrict__ c, float* __restrict__ out,
+                                                         int M, int N) {
+    const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
+    if (p < M)
+        for (int co = 0; co < N; ++co) out[out_at(p, co, N)] = c[p * N + co];
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(d=2, k=3, p=1),
+        dict(d=2, k=3, s=(2, 1), p=(0, 2), dl=2, cin=3),  # K = 27: rows padded to 28 for TMA
+        dict(d=1, size=(17,), k=5, s=2, p=2),
+        dict(d=3, size=(4, 6, 5), k=2, s=(1, 2, 1), p=1),
+        dict(d=2, k=1, p=0, size=(3, 7)),
+    ],
+)
+def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
+    """window/tap (the gather) and out_at (the stores), compiled from the template's own text, build the
+    implicit GEMM on the CPU; a float64 product of it is PyTorch's convolution."""
+    r, low = conv_region(conv_task(tmp_path, "c", batch=3, **kw))
+    f = conv_tf32.form(r, low)
+    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PROBE + template.PAD
+    emu = build(src, tmp_path)
+    x = torch.randn(3, f.cin, *f.size[3 - f.dims :])
+    w = torch.randn(f.cout, f.cin, *f.kernel[3 - f.dims :])
+    m, k = 3 * int(numpy.prod(f.out)), f.k
+    k4 = -(-k // 4) * 4
+    blocks = -(-m // 64) + 1  # one block of rows past M
+    a = torch.full((blocks * 64, k4), float("nan"))
+    emu.im2col((blocks,), (64,), (x, a, numpy.int32(m), numpy.int32(k), numpy.int32(k4)))
+    assert torch.all(a[m:] == 0) and torch.all(a[:, k:] == 0)
+    wk = torch.full((f.cout, k4), float("nan"))
+    emu.kp_pad_rows_f32((4,), (256,), (w, wk, numpy.int64(f.cout * k4), numpy.int32(k), numpy.int32(k4)))
+    assert torch.equal(wk[:, :k], w.reshape(f.cout, k)) and torch.all(wk[:, k:] == 0)
+    c = (a[:m].double() @ wk.double().t()).float().contiguous()
+    out = torch.full((3, f.cout, *f.out[3 - f.dims :]), float("nan"))
+    emu.scatter((blocks,), (64,), (c, out, numpy.int32(m), numpy.int32(f.cout)))
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[f.dims]
+    d = f.dims
+    ref = conv(x.double(), w.double(), None, f.stride[3 - d :], f.pad[3 - d :], f.dil[3 - d :])
+    assert torch.allclose(out.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- plans and the launcher
+
+
+def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path):
+    path = conv_task(tmp_path, "c", cout=40)
+    low = prepare(capture(path))
+    plain, tuned = base_plan(low, False), base_plan(low, True)
+    assert not uses_cute(plain) and uses_cute(tuned)  # cuDNN first, then ours
+    (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
+    assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
+    source, launcher = render(low, tuned)
+    assert "F32TF32TF32_SS_TN" in source and "kp_pad_rows_f32" in launcher  # K = 45: rows padded to 48
+    assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source
+    rep = check_launcher(launcher)
+    assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
+    # the conv's bias, a (C, 1, 1) view of its (C,) parameter, is read per channel from the parameter itself
+    assert launcher.count(".reshape(n))") == 2
+
+
+def test_an_epilogue_operand_of_another_layout_is_not_fused(tmp_path):
+    path = conv_task(tmp_path, "c", expr="self.conv(x) * x.mean(1, keepdim=True)", cout=5)
+    r, low = conv_region(path)
+    assert conv_tf32.epilogue(r, low) is None  # (N, 1, H, W) varies per pixel, not per channel
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
+    paths = [
+        conv_task(tmp_path, "c2", cin=16, cout=128),
+        conv_task(tmp_path, "c1", d=1, size=(40,), cin=3, cout=16, k=5, s=2, p=2),
+        conv_task(tmp_path, "c3", d=3, size=(5, 9, 7), cin=4, cout=72, k=3, expr="self.conv(x) - self.b"),
+    ]
+    cands = []
+    for path in paths:
+        t = probe(path)
+        (tuned,) = [
+            p.candidate
+            for p in ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+            if uses_cute(plan_of(p.candidate.source))
+        ]
+        cands.append(tuned)
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for b in builds:
+        assert b.status == Status.OK and not b.log, b.log  # not even a warning
+        (k,) = [r for r in b.resources if r.name.endswith("_conv")]
+        assert k.spill_stores == 0 and k.registers <= 168, k
