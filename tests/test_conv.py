@@ -137,7 +137,7 @@ def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
     implicit GEMM on the CPU; a float64 product of it is PyTorch's convolution."""
     r, low = conv_region(conv_task(tmp_path, "c", batch=3, **kw))
     f = conv_tf32.form(r, low)
-    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PROBE + template.PAD
+    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PROBE + template.pad_kernel("t")
     emu = build(src, tmp_path)
     x = torch.randn(3, f.cin, *f.size[3 - f.dims :])
     w = torch.randn(f.cout, f.cin, *f.kernel[3 - f.dims :])
@@ -148,7 +148,7 @@ def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
     emu.im2col((blocks,), (64,), (x, a, numpy.int32(m), numpy.int32(k), numpy.int32(k4)))
     assert torch.all(a[m:] == 0) and torch.all(a[:, k:] == 0)
     wk = torch.full((f.cout, k4), float("nan"))
-    emu.kp_pad_rows_f32((4,), (256,), (w, wk, numpy.int64(f.cout * k4), numpy.int32(k), numpy.int32(k4)))
+    emu.kp_t_pad((4,), (256,), (w, wk, numpy.int64(f.cout * k4), numpy.int32(k), numpy.int32(k4)))
     assert torch.equal(wk[:, :k], w.reshape(f.cout, k)) and torch.all(wk[:, k:] == 0)
     c = (a[:m].double() @ wk.double().t()).float().contiguous()
     out = torch.full((3, f.cout, *f.out[3 - f.dims :]), float("nan"))
@@ -170,7 +170,7 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
     assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
     source, launcher = render(low, tuned)
-    assert "F32TF32TF32_SS_TN" in source and "kp_pad_rows_f32" in launcher  # K = 45: rows padded to 48
+    assert "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_pad" in launcher  # K = 45: rows padded to 48
     assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source
     rep = check_launcher(launcher)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left

@@ -115,7 +115,7 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
         *gemm_tf32.split_stages(b, smem),
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
-        PAD,
+        pad_kernel(rid),
     ]
     sig = signature(epi, out_dt)
     body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
@@ -133,7 +133,7 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
     inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
     src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig)
     outs = (epi.out,) if epi else r.outputs
-    kernels = (f"kp_{rid}_conv", "kp_pad_rows_f32")
+    kernels = (f"kp_{rid}_conv", f"kp_{rid}_pad")
     return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs)
 
 
@@ -187,7 +187,12 @@ __device__ __forceinline__ long long out_at(long long p, int co, int N) {
     return (img * N + co) * P + (p - img * P);
 }"""
 
-# The weight's rows, zero-padded to K4 columns (TMA needs rows of a multiple of 16 bytes).
+def pad_kernel(rid: str) -> str:
+    """The weight's rows, zero-padded to K4 columns (TMA needs rows of a multiple of 16 bytes); named for its
+    region, since a graph may hold several convolutions."""
+    return PAD.replace("kp_pad_rows_f32", f"kp_{rid}_pad")
+
+
 PAD = r"""extern "C" __global__ void __launch_bounds__(256)
 kp_pad_rows_f32(const float* __restrict__ src, float* __restrict__ dst, long long n, int k, int k4) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -297,7 +302,7 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
     if k4 != k:
         lines += [
             f"    wk = torch.empty((1, n, {k4}), dtype=torch.float32, device=x.device)",
-            f"    kernels.kp_pad_rows_f32((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), "
+            f"    kernels.kp_{rid}_pad((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), "
             f"(w, wk, numpy.int64(n * {k4}), numpy.int32(k), numpy.int32({k4})))  # noqa: F821",
         ]
     else:
