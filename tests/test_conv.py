@@ -137,7 +137,13 @@ def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
     implicit GEMM on the CPU; a float64 product of it is PyTorch's convolution."""
     r, low = conv_region(conv_task(tmp_path, "c", batch=3, **kw))
     f = conv_tf32.form(r, low)
-    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PROBE + template.pad_kernel("t")
+    src = (
+        "namespace g {\n"
+        + template.geometry(f)
+        + "\n}\nusing namespace g;\n"
+        + _PROBE
+        + template.pad_kernel("t")
+    )
     emu = build(src, tmp_path)
     x = torch.randn(3, f.cin, *f.size[3 - f.dims :])
     w = torch.randn(f.cout, f.cin, *f.kernel[3 - f.dims :])

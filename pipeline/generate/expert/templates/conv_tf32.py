@@ -187,6 +187,7 @@ __device__ __forceinline__ long long out_at(long long p, int co, int N) {
     return (img * N + co) * P + (p - img * P);
 }"""
 
+
 def pad_kernel(rid: str) -> str:
     """The weight's rows, zero-padded to K4 columns (TMA needs rows of a multiple of 16 bytes); named for its
     region, since a graph may hold several convolutions."""
