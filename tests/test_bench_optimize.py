@@ -1,0 +1,49 @@
+"""The optimize sweep's bookkeeping (benchmarks/bench_optimize.py) on the CPU: which suite tasks it takes, and
+the summary of a store, over rows made from run logs recorded on the H200 (tests/fixtures/runs/)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_optimize  # noqa: E402
+
+RUNS = ROOT / "tests" / "fixtures" / "runs"
+
+
+def test_a_suite_sweep_takes_the_matching_tasks_of_its_levels_in_order(tmp_path):
+    source = (ROOT / "tasks" / "softmax.py").read_text()
+    for level, name in [("level2", "12_Gemm_ReLU"), ("level2", "3_Conv2d_Tanh"), ("level2", "7_Softmax"),
+                        ("level3", "1_Conv2d_MLP")]:  # fmt: skip
+        (tmp_path / level).mkdir(exist_ok=True)
+        (tmp_path / level / f"{name}.py").write_text(source)
+    args = argparse.Namespace(suite=[tmp_path], levels=["level2"], match="Conv|Gemm", limit=None, tasks="")
+    got = bench_optimize.task_paths(args)
+    assert list(got) == ["level2/3_Conv2d_Tanh", "level2/12_Gemm_ReLU"]  # problem number order
+    assert all(p.is_file() for p in got.values())
+    args.limit = 1
+    assert list(bench_optimize.task_paths(args)) == ["level2/3_Conv2d_Tanh"]
+
+
+def test_the_summary_of_a_store_made_from_recorded_runs(tmp_path, capsys):
+    rows = []
+    for i, log in enumerate(sorted(RUNS.glob("*/*/log.jsonl"))):
+        row = bench_optimize.summarise(log.parent)
+        rows.append({**row, "key": f"fixture/{log.parent.parent.name}-{i}"})
+    rows.append({"key": "fixture/eager-fails", "error": "the reference ran out of memory"})
+    timed = [r for r in rows if r.get("speedup_eager")]
+    assert len(timed) >= 2, "the recordings hold timed runs"
+    store = tmp_path / "store.jsonl"
+    store.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"key": "cut short by a ki')
+    assert bench_optimize.main(["--summary", str(store)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["tasks"] == len(rows) and got["timed"] == len(timed) and got["errors"] == 1
+    want = math.exp(sum(math.log(r["speedup_eager"]) for r in timed) / len(timed))
+    assert math.isclose(got["ours_over_eager"], want, rel_tol=1e-12)
+    assert got["slower_than_eager"] == sorted(r["key"] for r in timed if r["speedup_eager"] < 1)
