@@ -31,8 +31,8 @@ CONV = """
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv{d}d({cin}, {cout}, {k}, stride={s}, padding={p}, dilation={dl}, groups={g},
-                               bias={bias}, dtype=torch.{dt})
+        self.conv = nn.Conv{t}{d}d({cin}, {cout}, {k}, stride={s}, padding={p}, dilation={dl}, groups={g},
+                               bias={bias}, dtype=torch.{dt}{op})
         self.b = nn.Parameter(torch.randn({cout}, {ones}) * 0.1)
     def forward(self, x):
         return {expr}
@@ -40,9 +40,11 @@ class Model(nn.Module):
 
 
 def conv_task(folder: Path, name: str, d=2, cin=5, cout=24, k=3, s=1, p=1, dl=1, g=1, bias=True, dt="float32",
-              size=(13, 11), batch=2, expr="torch.relu(self.conv(x) + self.b) * 0.5") -> Path:  # fmt: skip
+              size=(13, 11), batch=2, expr="torch.relu(self.conv(x) + self.b) * 0.5", op=None) -> Path:  # fmt: skip
+    """A convolution task; with `op` (its output padding) a transposed one."""
     body = CONV.format(d=d, cin=cin, cout=cout, k=k, s=s, p=p, dl=dl, g=g, bias=bias, dt=dt,
-                       ones=", ".join(["1"] * d), expr=expr)  # fmt: skip
+                       ones=", ".join(["1"] * d), expr=expr, t="" if op is None else "Transpose",
+                       op="" if op is None else f", output_padding={op}")  # fmt: skip
     shape = ", ".join(str(v) for v in (batch, cin, *size))
     path = folder / f"{name}.py"
     path.write_text(
@@ -70,6 +72,10 @@ def conv_region(path: Path):
             ((1, 13, 11), (1, 3, 3), (1, 2, 1), (0, 0, 2), (1, 5, 11)),
         ),
         (dict(d=3, size=(4, 6, 5), k=2), ((4, 6, 5), (2, 2, 2), (1, 1, 1), (1, 1, 1), (5, 7, 6))),
+        (
+            dict(d=2, k=3, s=2, p=1, op=1),
+            ((1, 13, 11), (1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 26, 22)),
+        ),  # transposed
     ],
 )
 def test_the_geometry_of_1d_2d_and_3d_convolutions(tmp_path, kw, want):
@@ -77,7 +83,7 @@ def test_the_geometry_of_1d_2d_and_3d_convolutions(tmp_path, kw, want):
     f = conv_tf32.form(r, low)
     assert isinstance(f, template.ConvForm), f
     assert (f.size, f.kernel, f.stride, f.pad, f.out) == want
-    assert f.dims == kw["d"] and f.cin == 5 and f.cout == 24
+    assert f.dims == kw["d"] and f.cin == 5 and f.cout == 24 and f.transposed == ("op" in kw)
 
 
 @pytest.mark.parametrize(
@@ -130,6 +136,10 @@ extern "C" __global__ void __launch_bounds__(64) scatter(const float* __restrict
         dict(d=1, size=(17,), k=5, s=2, p=2),
         dict(d=3, size=(4, 6, 5), k=2, s=(1, 2, 1), p=1),
         dict(d=2, k=1, p=0, size=(3, 7)),
+        dict(d=2, k=3, s=2, p=1, op=1),  # transposed: stride 2 leaves 3 of 4 taps empty per output pixel
+        dict(d=2, k=(3, 2), s=(1, 3), p=(0, 1), dl=(2, 1), op=(0, 2), cin=3),
+        dict(d=1, size=(9,), k=4, s=3, p=2, op=0),
+        dict(d=3, size=(3, 4, 5), k=3, s=(2, 1, 2), p=1, op=(1, 0, 0)),
     ],
 )
 def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
@@ -137,16 +147,12 @@ def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
     implicit GEMM on the CPU; a float64 product of it is PyTorch's convolution."""
     r, low = conv_region(conv_task(tmp_path, "c", batch=3, **kw))
     f = conv_tf32.form(r, low)
-    src = (
-        "namespace g {\n"
-        + template.geometry(f)
-        + "\n}\nusing namespace g;\n"
-        + _PROBE
-        + template.pad_kernel("t")
-    )
+    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PROBE
+    src += template.weight_kernel("t", f)
     emu = build(src, tmp_path)
     x = torch.randn(3, f.cin, *f.size[3 - f.dims :])
-    w = torch.randn(f.cout, f.cin, *f.kernel[3 - f.dims :])
+    d = f.dims
+    w = torch.randn(*((f.cin, f.cout) if f.transposed else (f.cout, f.cin)), *f.kernel[3 - d :])
     m, k = 3 * int(numpy.prod(f.out)), f.k
     k4 = -(-k // 4) * 4
     blocks = -(-m // 64) + 1  # one block of rows past M
@@ -154,14 +160,19 @@ def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
     emu.im2col((blocks,), (64,), (x, a, numpy.int32(m), numpy.int32(k), numpy.int32(k4)))
     assert torch.all(a[m:] == 0) and torch.all(a[:, k:] == 0)
     wk = torch.full((f.cout, k4), float("nan"))
-    emu.kp_t_pad((4,), (256,), (w, wk, numpy.int64(f.cout * k4), numpy.int32(k), numpy.int32(k4)))
-    assert torch.equal(wk[:, :k], w.reshape(f.cout, k)) and torch.all(wk[:, k:] == 0)
+    emu.kp_t_w((4,), (256,), (w, wk))
+    rows = (w.transpose(0, 1) if f.transposed else w).reshape(f.cout, k)  # (C_out, C_in x taps)
+    assert torch.equal(wk[:, :k], rows) and torch.all(wk[:, k:] == 0)
     c = (a[:m].double() @ wk.double().t()).float().contiguous()
     out = torch.full((3, f.cout, *f.out[3 - f.dims :]), float("nan"))
     emu.scatter((blocks,), (64,), (c, out, numpy.int32(m), numpy.int32(f.cout)))
-    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[f.dims]
-    d = f.dims
-    ref = conv(x.double(), w.double(), None, f.stride[3 - d :], f.pad[3 - d :], f.dil[3 - d :])
+    geo = (f.stride[3 - d :], f.pad[3 - d :])
+    if f.transposed:
+        conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[d]
+        ref = conv(x.double(), w.double(), None, *geo, f.out_pad[3 - d :], 1, f.dil[3 - d :])
+    else:
+        conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
+        ref = conv(x.double(), w.double(), None, *geo, f.dil[3 - d :])
     assert torch.allclose(out.double(), ref, atol=1e-4, rtol=1e-5)
 
 
@@ -176,7 +187,7 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
     assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
     source, launcher = render(low, tuned)
-    assert "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_pad" in launcher  # K = 45: rows padded to 48
+    assert "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_w" in launcher  # K = 45: rows padded to 48
     assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source
     rep = check_launcher(launcher)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
@@ -196,6 +207,7 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
         conv_task(tmp_path, "c2", cin=16, cout=128),
         conv_task(tmp_path, "c1", d=1, size=(40,), cin=3, cout=16, k=5, s=2, p=2),
         conv_task(tmp_path, "c3", d=3, size=(5, 9, 7), cin=4, cout=72, k=3, expr="self.conv(x) - self.b"),
+        conv_task(tmp_path, "t2", cin=16, cout=64, s=2, op=1),
     ]
     cands = []
     for path in paths:

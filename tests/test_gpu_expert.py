@@ -291,6 +291,28 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "convt2d_f32": (  # transposed, stride 2: the gather keeps the taps stride divides
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.ConvTranspose2d(8, 40, 3, stride=2, padding=1, output_padding=1)
+            def forward(self, x):
+                return torch.relu(self.conv(x))
+        """,
+        "[]",
+    ),
+    "convt3d_f32": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.ConvTranspose3d(4, 16, 3, stride=(1, 2, 2), padding=1, bias=False)
+            def forward(self, x):
+                return self.conv(x) * 2.0
+        """,
+        "[]",
+    ),
     "conv_epilogue": (
         """
         class Model(nn.Module):
@@ -325,6 +347,8 @@ SHAPES = {
     "conv2d_f32": ["(3, 5, 37, 53)", "(1, 5, 2, 9)"],
     "conv3d_f32": ["(2, 3, 9, 17, 13)"],
     "conv1d_f32": ["(4, 16, 301)"],
+    "convt2d_f32": ["(2, 8, 17, 13)"],
+    "convt3d_f32": ["(2, 4, 5, 9, 7)"],
     # products: the shapes of each input, ";"-separated
     "matmul_lone": ["(300, 1024); (1024, 1000)", "(3, 7, 1032); (1032, 136)", "(1, 64); (64, 8)"],
     "bmm_epilogue": [

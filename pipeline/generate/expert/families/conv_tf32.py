@@ -1,6 +1,6 @@
-"""fp32 convolutions (conv1d, conv2d, conv3d; groups 1) on the tensor cores at fp32 accuracy: an implicit GEMM
-on our 3xTF32 WGMMA kernel (templates/conv_tf32.py), with the elementwise region after it (the conv's own
-bias among it) fused on its stores. Left to cuDNN, an fp32 convolution runs on the CUDA cores (about 38
+"""fp32 convolutions (conv1d/2d/3d and their transposes; groups 1) on the tensor cores at fp32 accuracy: an
+implicit GEMM on our 3xTF32 WGMMA kernel (templates/conv_tf32.py), with the elementwise region after it (the
+conv's own bias among it) fused on its stores. Left to cuDNN, an fp32 convolution runs on the CUDA cores (about 38
 TFLOP/s measured on the H200, docs/benchmarks.md). The plain plan keeps cuDNN, the tuned one takes our
 kernel, a failing one goes back to cuDNN in a repair (gemm_kit.py: the same plans and edits as a GEMM).
 
@@ -24,6 +24,7 @@ from pipeline.generate.expert.templates import conv_tf32
 from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm
 
 CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
+TRANSPOSED_OPS = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
 
 
 @dataclass(frozen=True)
@@ -49,38 +50,47 @@ def _triple(v: object, dims: int, default: int) -> tuple[int, ...] | None:
 def form(r: Region, low: Lowered) -> ConvForm | str:
     """The convolution's geometry when our implicit-GEMM kernel can compute this library region, else why not."""
     n = r.node
-    dims = CONV_OPS.get(n.op)
+    transposed = n.op in TRANSPOSED_OPS
+    dims = TRANSPOSED_OPS.get(n.op) or CONV_OPS.get(n.op)
     if r.kind is not RegionKind.LIBRARY or dims is None:
-        return "only conv1d, conv2d and conv3d have an implicit-GEMM template"
-    if n.overload != "default":
+        return "only convolutions (conv1d/2d/3d, transposed or not) have an implicit-GEMM template"
+    if n.overload not in ("default", "input"):  # aten.conv2d.padding takes padding='same' / 'valid'
         return f"padding given as {n.overload!r} has no implicit-GEMM template yet"
     if n.dtype != "float32":
         return f"the 3xTF32 convolution takes fp32 operands, not {n.dtype}"
-    a = list(n.args) + [None] * (7 - len(n.args))
+    a = list(n.args) + [None] * (8 - len(n.args))
     x, w = (low.by_name.get(v.name) if isinstance(v, Ref) else None for v in a[:2])
     if x is None or w is None or not x.shape or not w.shape or not n.shape:
         return "the operands' shapes are unknown"
     if x.dtype != "float32" or w.dtype != "float32":
         return "mixed operand dtypes"
+    # conv: (x, w, bias, stride, padding, dilation, groups); transposed: (..., padding, output_padding,
+    # groups, dilation), its weight (C_in, C_out, *kernel)
     groups = a[6] if a[6] is not None else n.kw("groups", 1)
     if groups != 1:
         return f"groups = {groups}: grouped and depthwise convolutions have no implicit-GEMM template yet"
-    if len(x.shape) != dims + 2 or len(w.shape) != dims + 2 or x.shape[1] != w.shape[1]:
+    cin, cout = (w.shape[0], w.shape[1]) if transposed else (w.shape[1], w.shape[0])
+    if len(x.shape) != dims + 2 or len(w.shape) != dims + 2 or x.shape[1] != cin:
         return "the input is not (N, C, *spatial) with the weight's channels"
-    stride, pad, dil = (_triple(v, dims, d) for v, d in ((a[3], 1), (a[4], 0), (a[5], 1)))
-    if stride is None or pad is None or dil is None:
-        return "stride, padding or dilation is not a list of ints"
+    dil_arg, out_pad_arg = (a[7], a[5]) if transposed else (a[5], None)
+    stride, pad, dil, out_pad = (
+        _triple(v, dims, d) for v, d in ((a[3], 1), (a[4], 0), (dil_arg, 1), (out_pad_arg, 0))
+    )
+    if stride is None or pad is None or dil is None or out_pad is None:
+        return "stride, padding, dilation or output padding is not a list of ints"
     one3 = (1,) * (3 - dims)
     f = ConvForm(
         dims=dims,
-        cin=x.shape[1],
-        cout=w.shape[0],
+        cin=cin,
+        cout=cout,
         size=one3 + tuple(x.shape[2:]),
         kernel=one3 + tuple(w.shape[2:]),
         stride=stride,
         pad=pad,
         dil=dil,
         out=one3 + tuple(n.shape[2:]),
+        transposed=transposed,
+        out_pad=out_pad,
     )
     if any(o <= 0 for o in f.out) or math.prod(n.shape) == 0:
         return "an empty output"

@@ -7,6 +7,11 @@ whose K runs over input channels and taps, in the weight's own order (w is (N, K
 TMA as it lies, rows zero-padded to a multiple of 4 first when K is not). 1-D and 2-D convolutions are 3-D
 ones with unit extents in front; the geometry is compiled in, the batch size is not.
 
+A transposed convolution is the same GEMM with the adjoint gather: output z takes input i where
+i*s = z + p - k*d, for the taps whose stride divides it (the others are zeros, so at stride s a 2-D one
+multiplies s^2 times as many zeros as products: correct at any stride, efficient at stride 1), and its
+(C_in, C_out, taps) weight is transposed to (C_out, C_in x taps) rows by our own kernel first.
+
 384 threads. Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one output pixel, its
 input window decoded once), reads its 32 taps straight from the NCDHW input (zero in the padding and past
 K; consecutive threads read consecutive pixels, so a warp's loads coalesce at stride 1), and writes them,
@@ -55,6 +60,8 @@ class ConvForm:
     pad: tuple[int, ...]
     dil: tuple[int, ...]
     out: tuple[int, ...]  # the output's spatial extents
+    transposed: bool = False  # a transposed convolution: its weight is (C_in, C_out, *kernel)
+    out_pad: tuple[int, ...] = (0, 0, 0)  # a transposed convolution's output padding
 
     @property
     def k(self) -> int:
@@ -72,6 +79,11 @@ class ConvEpilogue:
 
 def out_size(f: ConvForm) -> tuple[int, ...]:
     """PyTorch's output extents for the geometry."""
+    if f.transposed:
+        return tuple(
+            (i - 1) * s - 2 * p + d * (k - 1) + op + 1
+            for i, k, s, p, d, op in zip(f.size, f.kernel, f.stride, f.pad, f.dil, f.out_pad, strict=True)
+        )
     return tuple(
         (i + 2 * p - d * (k - 1) - 1) // s + 1
         for i, k, s, p, d in zip(f.size, f.kernel, f.stride, f.pad, f.dil, strict=True)
@@ -115,7 +127,7 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
         *gemm_tf32.split_stages(b, smem),
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
-        pad_kernel(rid),
+        weight_kernel(rid, f),
     ]
     sig = signature(epi, out_dt)
     body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
@@ -133,7 +145,7 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
     inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
     src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig)
     outs = (epi.out,) if epi else r.outputs
-    kernels = (f"kp_{rid}_conv", f"kp_{rid}_pad")
+    kernels = (f"kp_{rid}_conv", f"kp_{rid}_w")
     return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs)
 
 
@@ -151,17 +163,26 @@ def geometry(f: ConvForm) -> str:
     pixel's input window, one tap of it, and where an output element lies (plain C++: tests run it on the
     CPU against PyTorch's convolution)."""
     (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
+    words = _TRANSPOSED if f.transposed else _DIRECT
     return "\n".join([
         f"constexpr int CIN = {f.cin}, ID = {f.size[0]}, IH = {f.size[1]}, IW = {f.size[2]};",
         f"constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};",
         f"constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};",
         f"constexpr int OD = {f.out[0]}, OH = {f.out[1]}, OW = {f.out[2]};",
         "constexpr long long P = (long long)OD * OH * OW, IMAGE = (long long)CIN * ID * IH * IW;",
-        _MAPS,
+        _fill(_WINDOW, words),
+        _fill(_TAP, words),
+        _OUT_AT,
     ])  # fmt: skip
 
 
-_MAPS = r"""// Output pixel p's window: its image's first input element, its corner (which may lie in the padding).
+def _fill(text: str, words: dict[str, str]) -> str:
+    for k, v in words.items():
+        text = text.replace(k, v)
+    return text
+
+
+_WINDOW = r"""// Output pixel p's window: its image's first input element, and where its taps start.
 struct Window {
     long long base;
     int z0, y0, x0;
@@ -170,38 +191,60 @@ struct Window {
 __device__ __forceinline__ Window window(long long p, long long M) {
     const long long img = p / P;
     const int q = (int)(p - img * P);
-    return {img * IMAGE, (q / (OH * OW)) * SD - PD, ((q / OW) % OH) * SH - PH, (q % OW) * SW - PW, p < M};
-}
-// Tap k of a window (k runs over input channels, then the kernel's depth, rows and columns, as the weight
-// lies): the input element under it, or 0 in the padding and past K.
-__device__ __forceinline__ float tap(const float* __restrict__ x, const Window& w, int k, int K) {
+    const int oz = q / (OH * OW), oy = (q / OW) % OH, ox = q % OW;
+    return {img * IMAGE, CORNER, p < M};
+}"""
+# Tap k of a window (k runs over input channels, then the kernel's depth, rows and columns, as the weight
+# lies): the input element under it, or 0 in the padding and past K. A convolution reads input z*s - p + k*d;
+# a transposed one is its adjoint: output z gathers input i where i*s = z + p - k*d, when s divides it.
+_TAP = r"""__device__ __forceinline__ float tap(const float* __restrict__ x, const Window& w, int k, int K) {
     const int ci = k / (KD * KH * KW), r = k % (KD * KH * KW);
-    const int z = w.z0 + (r / (KH * KW)) * DD, y = w.y0 + ((r / KW) % KH) * DH, xx = w.x0 + (r % KW) * DW;
-    const bool in = w.row && k < K && (unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH
-                    && (unsigned)xx < (unsigned)IW;
-    return in ? x[w.base + (((long long)ci * ID + z) * IH + y) * IW + xx] : 0.f;
+    const int z = w.z0 SIGN (r / (KH * KW)) * DD, y = w.y0 SIGN ((r / KW) % KH) * DH, xx = w.x0 SIGN (r % KW) * DW;
+    const bool in = w.row && k < K && INSIDE;
+    return in ? x[w.base + (((long long)ci * ID + AT_Z) * IH + AT_Y) * IW + AT_X] : 0.f;
+}"""
+_DIRECT = {
+    "CORNER": "oz * SD - PD, oy * SH - PH, ox * SW - PW",
+    "SIGN": "+",
+    "INSIDE": "(unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH && (unsigned)xx < (unsigned)IW",
+    "AT_Z": "z",
+    "AT_Y": "y",
+    "AT_X": "xx",
 }
-// Where output element (pixel p, channel co) lies in the NCDHW output of N channels.
+_TRANSPOSED = {
+    "CORNER": "oz + PD, oy + PH, ox + PW",
+    "SIGN": "-",
+    "INSIDE": "z >= 0 && y >= 0 && xx >= 0 && z % SD == 0 && y % SH == 0 && xx % SW == 0\n"
+    "                    && z / SD < ID && y / SH < IH && xx / SW < IW",
+    "AT_Z": "z / SD",
+    "AT_Y": "y / SH",
+    "AT_X": "xx / SW",
+}
+_OUT_AT = r"""// Where output element (pixel p, channel co) lies in the NCDHW output of N channels.
 __device__ __forceinline__ long long out_at(long long p, int co, int N) {
     const long long img = p / P;
     return (img * N + co) * P + (p - img * P);
 }"""
 
 
-def pad_kernel(rid: str) -> str:
-    """The weight's rows, zero-padded to K4 columns (TMA needs rows of a multiple of 16 bytes); named for its
-    region, since a graph may hold several convolutions."""
-    return PAD.replace("kp_pad_rows_f32", f"kp_{rid}_pad")
+def weight_kernel(rid: str, f: ConvForm) -> str:
+    """The weight as the GEMM's B: rows of output channels, each K = input channels x taps long (a transposed
+    convolution's (C_in, C_out, taps) weight is transposed here), zero-padded to K4, a multiple of 4 (TMA
+    needs rows of a multiple of 16 bytes). Named for its region: a graph may hold several convolutions."""
+    k4 = -(-f.k // 4) * 4
+    taps = math.prod(f.kernel)
+    src = (
+        f"((col / {taps}) * {f.cout} + row) * {taps} + col % {taps}" if f.transposed else f"row * {f.k} + col"
+    )
+    return f"""extern "C" __global__ void __launch_bounds__(256)
+kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {f.cout * k4}LL; i += (long long)gridDim.x * blockDim.x) {{
+        const long long row = i / {k4};
+        const int col = (int)(i - row * {k4});
+        dst[i] = col < {f.k} ? src[{src}] : 0.f;
+    }}
+}}"""
 
-
-PAD = r"""extern "C" __global__ void __launch_bounds__(256)
-kp_pad_rows_f32(const float* __restrict__ src, float* __restrict__ dst, long long n, int k, int k4) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const long long row = i / k4;
-        const int col = (int)(i - row * k4);
-        dst[i] = col < k ? src[row * k + col] : 0.f;
-    }
-}"""
 
 _BODY = (
     gemm.PROLOGUE
@@ -283,7 +326,9 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
              names: list[str], sig: Signature) -> str:  # fmt: skip
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
-    w_shape = (f.cout, f.cin, *f.kernel[3 - dims :])
+    w_shape = (
+        (f.cin, f.cout, *f.kernel[3 - dims :]) if f.transposed else (f.cout, f.cin, *f.kernel[3 - dims :])
+    )
     k, k4 = f.k, -(-f.k // 4) * 4
     lines = [
         f"def _conv_{rid}(sms, {', '.join(names)}):",
@@ -300,11 +345,11 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
         "        raise ValueError('kernelpro expert: more than 2^31 output pixels for one convolution')",
         "    w = _contig(w)",
     ]
-    if k4 != k:
+    if k4 != k or f.transposed:
         lines += [
             f"    wk = torch.empty((1, n, {k4}), dtype=torch.float32, device=x.device)",
-            f"    kernels.kp_{rid}_pad((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), "
-            f"(w, wk, numpy.int64(n * {k4}), numpy.int32(k), numpy.int32({k4})))  # noqa: F821",
+            f"    kernels.kp_{rid}_w((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), (w, wk))"
+            "  # noqa: F821",
         ]
     else:
         lines.append(f"    wk = w.reshape(1, n, {k})")
