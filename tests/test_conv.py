@@ -17,7 +17,7 @@ from pipeline.compile import _cutlass, compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of
-from pipeline.generate.expert.edits import base_plan
+from pipeline.generate.expert.edits import base_plan, legal_edits
 from pipeline.generate.expert.families import conv_tf32
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
@@ -105,6 +105,7 @@ def test_the_channel_tile_covers_the_channels_in_multiples_of_8():
     assert [template.tile_n(c) for c in (1, 16, 24, 64, 100, 128, 129, 192, 256, 300)] == [
         8, 16, 32, 64, 128, 128, 96, 96, 128, 128,
     ]  # fmt: skip
+    assert [template.tiles(c) for c in (8, 24, 128, 130)] == [(8,), (16, 32), (64, 128), (96,)]
     for bn in (8, 64, 128):
         top = template.max_stages(bn)
         assert 2 <= top <= template.MAX_STAGES and template.smem_bytes(bn, top) <= 227 * 1024
@@ -186,6 +187,7 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     assert not uses_cute(plain) and uses_cute(tuned)  # cuDNN first, then ours
     (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
     assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
+    assert [label for label, _ in legal_edits(tuned, low) if "bn=32" in label]  # and a narrower one
     source, launcher = render(low, tuned)
     assert "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_w" in launcher  # K = 45: rows padded to 48
     assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source

@@ -98,6 +98,12 @@ def tile_n(cout: int) -> int:
     return next(n for n in TILE_WIDTHS if n >= per_tile)
 
 
+def tiles(cout: int) -> tuple[int, ...]:
+    """The channel tiles a plan may take, narrowest first: the one sized to the channels, and one about half
+    as wide (twice the blocks, for convolutions with few output pixels)."""
+    return tuple(sorted({tile_n(-(-cout // 2)), tile_n(cout)}))
+
+
 def stage_bytes(bn: int) -> int:
     """A (gathered) and its lo, B (the weight tile) and its lo."""
     return (2 * BM + 2 * bn) * BK * 4
