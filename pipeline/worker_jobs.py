@@ -181,6 +181,8 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
             norm_tol=task.norm_tol,
             out_bytes=out_bytes,
         )
+    except verify.CandidateFailure as f:
+        return answer(verdict(f.status, [f.reason]))
     except Exception as e:
         return answer(verdict(*_crashed(e, "verifying the candidate")))
     why = list(proto.reasons)

@@ -1,7 +1,8 @@
 """What every GEMM family on our Hopper kernels shares: which library regions a template can take and how
 their operands lie, the elementwise epilogue it fuses, its plan knobs (tile width, ring stages, the fused
 region) and its edits. A GEMM family (gemm16.py, gemm_tf32.py) is a Spec: its operand dtypes, its
-template, its tiles and ring depths; `family(spec)` makes the Family the registry finds.
+template, its tiles and ring depths; `family(spec)` makes the Family the registry finds. An implicit GEMM
+(conv_tf32.py) is a Spec too, with its own form and epilogue functions.
 
 Edits: use_wgmma / use_tensor_cores / use_tma (from cuBLAS into our kernel), fuse_epilogue (the
 elementwise region after it, on its stores), more_parallelism / reduce_registers / resize_grid (128 x 128
