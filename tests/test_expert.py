@@ -502,6 +502,10 @@ def _sweep(cases: dict[str, Path]) -> list:
     policy, out = ExpertPolicy(), []
 
     def made(proposals) -> list:
+        """The proposals' candidates; running out of edits is the only other answer allowed."""
+        assert all(p.status in (ProposalStatus.OK, ProposalStatus.NO_MOVE) for p in proposals), [
+            (p.status, p.reason) for p in proposals
+        ]
         return [p for p in proposals if p.status == ProposalStatus.OK]
 
     for name in BUILTIN:

@@ -17,7 +17,7 @@ input window decoded once), reads its 32 taps straight from the NCDHW input (zer
 K; consecutive threads read consecutive pixels, so a warp's loads coalesce at stride 1), and writes them,
 and their low parts, in the 128-byte swizzled K-major layout the WGMMAs read (16-byte chunk c of row t at
 chunk c ^ (t % 8)). Its thread 0 also issues the TMA load of the weight tile; once it lands the warpgroup
-splits it too. The input is read once from L2 per tap (no im2col copy in memory). The two consumer
+splits it too. Each tap is read straight from the input (no im2col copy in memory). The two consumer
 warpgroups are the 3xTF32 GEMM's (three passes, sums promoted to the CUDA cores every 128 of K). No
 register reallocation: at tiles up to 128 channels every warpgroup fits in the launch's 168 registers.
 
