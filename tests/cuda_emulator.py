@@ -44,6 +44,10 @@ alignas(16) static unsigned char kp_emu_smem[256 * 1024];
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
 #define __shared__ static
+#define __constant__
+template <class T> inline T __ldg(const T* p) { return *p; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
 #define CUDART_INF_F INFINITY
 #define CUDART_NAN_F NAN
 

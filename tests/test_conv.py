@@ -1,10 +1,13 @@
 """The implicit-GEMM fp32 convolution (families/conv_tf32.py, templates/conv_tf32.py) on the CPU: which
 convolutions it takes, its index maps run by the CUDA emulator against PyTorch's convolution, its plans and
-launcher, and its kernels compiled for sm_90a without spills (the GPU runs it in tests/test_gpu_expert.py)."""
+launcher, and its kernels compiled for sm_90a without spills, their SASS read (the GPU runs it in
+tests/test_gpu_expert.py)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy
@@ -22,6 +25,7 @@ from pipeline.generate.expert.families import conv_tf32
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.generate.expert.templates import conv_tf32 as template
+from pipeline.profile.collect import dump_sass, find_cuobjdump, parse_sass
 from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
 from pipeline.types import Kind, Status
@@ -113,13 +117,27 @@ def test_the_channel_tile_covers_the_channels_in_multiples_of_8():
 
 # ---------------------------------------------------------------------- its index maps, on the emulator
 
-_PROBE = r"""
+_TAPWISE = r"""
 extern "C" __global__ void __launch_bounds__(64) im2col(const float* __restrict__ x, float* __restrict__ a,
-                                                        int M, int K, int K4) {
+                                                        int M, int K, int KT) {
     const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
     const Window w = window(p, M);  // rows past M (a whole block of them here) must gather zeros
-    for (int k = 0; k < K4; ++k) a[p * K4 + k] = tap(x, w, k, K);
+    for (int k = 0; k < KT * 32; ++k) a[p * KT * 32 + k] = tap(x, w, k, K);
 }
+"""
+_CHANNELS = r"""
+extern "C" __global__ void __launch_bounds__(64) im2col(const float* __restrict__ x, float* __restrict__ a,
+                                                        int M, int K, int KT) {
+    const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
+    const Gather g = gather_of(x, p, M);  // rows past M (a whole block of them here) must gather zeros
+    for (int kt = 0; kt < KT; ++kt) {
+        float v[32];
+        gather_tile(g, kt, v);
+        for (int j = 0; j < 32; ++j) a[p * KT * 32 + kt * 32 + j] = v[j];
+    }
+}
+"""
+_SCATTER = r"""
 extern "C" __global__ void __launch_bounds__(64) scatter(const float* __restrict__ c, float* __restrict__ out,
                                                          int M, int N) {
     const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
@@ -129,42 +147,59 @@ extern "C" __global__ void __launch_bounds__(64) scatter(const float* __restrict
 """
 
 
+def _lo(v: torch.Tensor) -> torch.Tensor:
+    """What tf32 drops of v: v minus v with its low 13 mantissa bits cleared."""
+    return v - (v.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
 @pytest.mark.parametrize(
-    "kw",
+    ("kw", "cinp"),
     [
-        dict(d=2, k=3, p=1),
-        dict(d=2, k=3, s=(2, 1), p=(0, 2), dl=2, cin=3),  # K = 27: rows padded to 28 for TMA
-        dict(d=1, size=(17,), k=5, s=2, p=2),
-        dict(d=3, size=(4, 6, 5), k=2, s=(1, 2, 1), p=1),
-        dict(d=2, k=1, p=0, size=(3, 7)),
-        dict(d=2, k=3, s=2, p=1, op=1),  # transposed: stride 2 leaves 3 of 4 taps empty per output pixel
-        dict(d=2, k=(3, 2), s=(1, 3), p=(0, 1), dl=(2, 1), op=(0, 2), cin=3),
-        dict(d=1, size=(9,), k=4, s=3, p=2, op=0),
-        dict(d=3, size=(3, 4, 5), k=3, s=(2, 1, 2), p=1, op=(1, 0, 0)),
+        (dict(d=2, k=3, p=1), 8),
+        (dict(d=2, k=3, s=(2, 1), p=(0, 2), dl=2, cin=3), 4),  # 9 taps of 4 channels: 2 k tiles
+        (dict(d=1, size=(17,), k=5, s=2, p=2), 8),
+        (dict(d=3, size=(4, 6, 5), k=2, s=(1, 2, 1), p=1), 8),
+        (dict(d=2, k=1, p=0, size=(3, 7)), 8),
+        (dict(d=2, k=3, p=1, cin=40, size=(6, 5)), 64),  # two k tiles a tap, the second 8 channels wide
+        (dict(d=2, k=(3, 2), p=(2, 0), dl=(1, 2), cin=32, size=(5, 7)), 32),
+        (dict(d=3, size=(3, 4, 5), k=3, p=1, cin=16, op=0), 16),  # transposed at stride 1: channel-inner
+        (dict(d=2, k=3, s=2, p=1, op=1), 0),  # transposed: stride 2 leaves 3 of 4 taps empty per output pixel
+        (dict(d=2, k=(3, 2), s=(1, 3), p=(0, 1), dl=(2, 1), op=(0, 2), cin=3), 0),
+        (dict(d=1, size=(9,), k=4, s=3, p=2, op=0), 0),
+        (dict(d=3, size=(3, 4, 5), k=3, s=(2, 1, 2), p=1, op=(1, 0, 0)), 0),
+        (dict(d=1, size=(20,), k=65, p=32, cin=2), 0),  # 65 taps: more than the window mask holds
     ],
 )
-def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw):
-    """window/tap (the gather) and out_at (the stores), compiled from the template's own text, build the
-    implicit GEMM on the CPU; a float64 product of it is PyTorch's convolution."""
+def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw, cinp):
+    """The gather (channel-inner or tap-wise), the weight kernel (B and its low part, in the gather's K
+    order) and out_at (the stores), compiled from the template's own text, build the implicit GEMM on the
+    CPU; a float64 product of it is PyTorch's convolution."""
     r, low = conv_region(conv_task(tmp_path, "c", batch=3, **kw))
     f = conv_tf32.form(r, low)
-    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PROBE
+    assert template.cin_pad(f) == cinp
+    probe_src = _CHANNELS if cinp else _TAPWISE
+    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + probe_src + _SCATTER
     src += template.weight_kernel("t", f)
     emu = build(src, tmp_path)
     x = torch.randn(3, f.cin, *f.size[3 - f.dims :])
     d = f.dims
     w = torch.randn(*((f.cin, f.cout) if f.transposed else (f.cout, f.cin)), *f.kernel[3 - d :])
-    m, k = 3 * int(numpy.prod(f.out)), f.k
-    k4 = -(-k // 4) * 4
+    m, k = 3 * int(numpy.prod(f.out)), template.gemm_k(f)
+    k4, kt = -(-k // 4) * 4, -(-k // 32)
     blocks = -(-m // 64) + 1  # one block of rows past M
-    a = torch.full((blocks * 64, k4), float("nan"))
-    emu.im2col((blocks,), (64,), (x, a, numpy.int32(m), numpy.int32(k), numpy.int32(k4)))
+    a = torch.full((blocks * 64, kt * 32), float("nan"))
+    emu.im2col((blocks,), (64,), (x, a, numpy.int32(m), numpy.int32(k), numpy.int32(kt)))
     assert torch.all(a[m:] == 0) and torch.all(a[:, k:] == 0)
-    wk = torch.full((f.cout, k4), float("nan"))
+    wk = torch.full((2, f.cout, k4), float("nan"))
     emu.kp_t_w((4,), (256,), (w, wk))
-    rows = (w.transpose(0, 1) if f.transposed else w).reshape(f.cout, k)  # (C_out, C_in x taps)
-    assert torch.equal(wk[:, :k], rows) and torch.all(wk[:, k:] == 0)
-    c = (a[:m].double() @ wk.double().t()).float().contiguous()
+    taps = int(numpy.prod(f.kernel))
+    rows = (w.transpose(0, 1) if f.transposed else w).reshape(f.cout, f.cin, taps)  # (C_out, C_in, taps)
+    if cinp:  # taps, then channels zero-padded to CINP
+        rows = F.pad(rows.transpose(1, 2), (0, cinp - f.cin))
+    rows = rows.reshape(f.cout, k)
+    assert torch.equal(wk[0, :, :k], rows) and torch.all(wk[0, :, k:] == 0)
+    assert torch.equal(wk[1], _lo(wk[0])) and wk[1].abs().max() > 0
+    c = (a[:m, :k].double() @ wk[0, :, :k].double().t()).float().contiguous()
     out = torch.full((3, f.cout, *f.out[3 - f.dims :]), float("nan"))
     emu.scatter((blocks,), (64,), (c, out, numpy.int32(m), numpy.int32(f.cout)))
     geo = (f.stride[3 - d :], f.pad[3 - d :])
@@ -225,3 +260,53 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK and not b.log, b.log  # not even a warning
         (k,) = [r for r in b.resources if r.name.endswith("_conv")]
         assert k.spill_stores == 0 and k.registers <= 168, k
+
+
+def _gather_loop(sass: str, kernel: str) -> list[str]:
+    """The opcodes of the loop in `kernel` that holds its global loads (the gathering warpgroup's k loop)."""
+    text = sass.split(f"Function : {kernel}")[1].split("Function :")[0]
+    ins = [
+        (int(m.group(1), 16), m.group(2).strip())
+        for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", text)
+    ]
+    loads = [at for at, i in ins if "LDG" in i]
+    for at, i in ins:
+        jump = re.search(r"BRA\S* (0x[0-9a-f]+)", i)
+        if jump and at > max(loads) and int(jump.group(1), 16) <= min(loads):
+            start = int(jump.group(1), 16)
+            return [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for a, i in ins if start <= a <= at]
+    raise AssertionError(f"no loop around {kernel}'s loads")
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+@pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump (pip install -e '.[dev]' brings one)")
+def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
+    """The SASS of the gathering loop: each k tile's 32 elements take their loads from one base (immediate
+    offsets), 16-byte shared stores, and about 8 instructions an element in all (the tap-wise gather took
+    about 37 on the H200, docs/benchmarks.md); no generic loads or stores anywhere in the kernel, nor in
+    the 3xTF32 GEMM's (its shared memory is addressed as such)."""
+    conv = conv_task(tmp_path, "c", cin=64, cout=128, size=(32, 32), bias=False, expr="self.conv(x)")
+    gemm = tmp_path / "g.py"
+    gemm.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
+        "        return torch.nn.functional.linear(a, b)\n\n\ndef get_inputs():\n"
+        "    return [torch.randn(512, 1024), torch.randn(512, 1024)]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    cands = []
+    for path in (conv, gemm):
+        t = probe(path)
+        props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+        cands += [p.candidate for p in props if uses_cute(plan_of(p.candidate.source))][:1]
+    assert "gather_tile(g, kt, v)" in cands[0].source  # 64 channels: the channel-inner gather
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    assert all(b.status == Status.OK for b in builds), [b.log for b in builds]
+    conv_sass, gemm_sass = (dump_sass(b.cubin_path) for b in builds)
+    assert conv_sass and gemm_sass
+    loop = _gather_loop(conv_sass, "kp_conv2d_conv")
+    counts = Counter(loop)
+    assert counts["LDG.E.CONSTANT"] == 32 and counts["STS.128"] == 16, counts
+    assert len(loop) <= 10 * 32, f"{len(loop)} instructions for 32 elements: {counts.most_common(8)}"
+    for sass, kernel in ((conv_sass, "kp_conv2d_conv"), (gemm_sass, "kp_linear_gemm")):
+        ops = parse_sass(sass)[kernel].opcodes
+        generic = {op: n for op, n in ops.items() if re.match(r"(LD|ST)\.E", op)}
+        assert not generic, f"{kernel}: generic shared-memory accesses {generic}"

@@ -295,7 +295,9 @@ def dump_sass(cubin_path: str) -> str | None:
     tool = find_cuobjdump()
     if tool is None:
         return None
-    out = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, timeout=120)
+    # cuobjdump runs nvdisasm, which NVIDIA's wheels install beside it, not on PATH
+    env = {**os.environ, "PATH": os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")])}
+    out = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, timeout=120, env=env)
     return out.stdout if out.returncode == 0 else None
 
 

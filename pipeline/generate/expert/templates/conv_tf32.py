@@ -12,14 +12,25 @@ i*s = z + p - k*d, for the taps whose stride divides it (the others are zeros, s
 multiplies s^2 times as many zeros as products: correct at any stride, efficient at stride 1), and its
 (C_in, C_out, taps) weight is transposed to (C_out, C_in x taps) rows by our own kernel first.
 
-384 threads. Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one output pixel, its
-input window decoded once), reads its 32 taps straight from the NCDHW input (zero in the padding and past
-K; consecutive threads read consecutive pixels, so a warp's loads coalesce at stride 1), and writes them,
-and their low parts, in the 128-byte swizzled K-major layout the WGMMAs read (16-byte chunk c of row t at
-chunk c ^ (t % 8)). Its thread 0 also issues the TMA load of the weight tile; once it lands the warpgroup
-splits it too. Each tap is read straight from the input (no im2col copy in memory). The two consumer
-warpgroups are the 3xTF32 GEMM's (three passes, sums promoted to the CUDA cores every 128 of K). No
-register reallocation: at tiles up to 128 channels every warpgroup fits in the launch's 168 registers.
+384 threads. Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one output pixel), reads
+its elements straight from the NCDHW input (zero in the padding and past K; consecutive threads read
+consecutive pixels, so a warp's loads coalesce at stride 1; no im2col copy in memory), and writes them, and
+their low parts, in the 128-byte swizzled K-major layout the WGMMAs read (16-byte chunk c of row t at chunk
+c ^ (t % 8)). Its thread 0 also issues the TMA loads of the weight tile and of its low part, which the
+weight kernel writes beside it (so nobody splits B in the loop). The two consumer warpgroups are the 3xTF32
+GEMM's (three passes, sums promoted to the CUDA cores every 128 of K). No register reallocation: at tiles
+up to 128 channels every warpgroup fits in the launch's 168 registers.
+
+Two gathers, by geometry (`cin_pad`):
+- channel-inner (most convolutions): K runs over taps, then input channels padded to CINP (4, 8, 16 or a
+  multiple of 32), and the weight is reordered to match. Each k tile then holds whole taps (or 32 channels
+  of one), so a thread tests a tap's validity once, from a bit mask of its window's valid taps built at the
+  start, and reads the tap's channels at a compile-time stride from one base address: a load and two
+  arithmetic instructions per element. On the H200 the first gather below spent about 37 instructions per
+  element (constant divisions, 64-bit address arithmetic), and the convolution was gather-bound
+  (docs/benchmarks.md). It needs at most 64 taps, and an input index that is the output's plus a
+  constant per tap (not a transposed convolution with a stride above 1).
+- tap-wise (the rest): K in the weight's own order (channels, then taps), each element's tap decoded.
 
 The stores write NCDHW: accumulator (pixel, channel) goes to n * N * P + co * P + pixel-in-image, with the
 fused elementwise chain (per-channel, scalar or full-size operands) applied first.
@@ -104,6 +115,27 @@ def tiles(cout: int) -> tuple[int, ...]:
     return tuple(sorted({tile_n(-(-cout // 2)), tile_n(cout)}))
 
 
+MAX_TAPS = 64  # one bit a tap in the channel-inner gather's window mask
+
+
+def cin_pad(f: ConvForm) -> int:
+    """The channel-inner gather's padded input channels (whole taps or whole 32-channel runs per k tile), or 0
+    where it does not apply (the tap-wise gather then) or would more than double the k tiles."""
+    taps = math.prod(f.kernel)
+    if taps > MAX_TAPS or (f.transposed and any(s != 1 for s in f.stride)):
+        return 0
+    cinp = next((c for c in (4, 8, 16) if f.cin <= c), -(-f.cin // BK) * BK)
+    if -(-taps * cinp // BK) > 2 * -(-f.k // BK):
+        return 0
+    return cinp
+
+
+def gemm_k(f: ConvForm) -> int:
+    """The implicit GEMM's K: channels x taps, or taps x padded channels for the channel-inner gather."""
+    cinp = cin_pad(f)
+    return math.prod(f.kernel) * cinp if cinp else f.k
+
+
 def stage_bytes(bn: int) -> int:
     """A (gathered) and its lo, B (the weight tile) and its lo."""
     return (2 * BM + 2 * bn) * BK * 4
@@ -131,18 +163,19 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
         f"SPLITTERS = 128, PROMOTE = {gemm_tf32.PROMOTE};",
         geometry(f),
         *gemm_tf32.split_stages(b, smem),
+        _STS4,
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
         weight_kernel(rid, f),
     ]
     sig = signature(epi, out_dt)
-    body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    text = body(cin_pad(f) > 0).replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_conv({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
-        body,
+        text,
         *store(epi, out_dt),
         "}",
     ]
@@ -176,10 +209,25 @@ def geometry(f: ConvForm) -> str:
         f"constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};",
         f"constexpr int OD = {f.out[0]}, OH = {f.out[1]}, OW = {f.out[2]};",
         "constexpr long long P = (long long)OD * OH * OW, IMAGE = (long long)CIN * ID * IH * IW;",
-        _fill(_WINDOW, words),
-        _fill(_TAP, words),
+        *(_channel_inner(f, words) if cin_pad(f) else (_fill(_WINDOW, words), _fill(_TAP, words))),
         _OUT_AT,
     ])  # fmt: skip
+
+
+def _channel_inner(f: ConvForm, words: dict[str, str]) -> tuple[str, ...]:
+    """The channel-inner gather's constants (its taps' offsets from a window's corner among them) and code."""
+    (_, kh, kw), (dd, dh, dw), (_, ih, iw) = f.kernel, f.dil, f.size
+    sign = -1 if f.transposed else 1
+    offs = [
+        sign * ((r // (kh * kw)) * dd * ih * iw + ((r // kw) % kh) * dh * iw + (r % kw) * dw)
+        for r in range(math.prod(f.kernel))
+    ]
+    return (
+        f"constexpr int TAPS = KD * KH * KW, CINP = {cin_pad(f)};  // K: taps, then channels padded to CINP",
+        "constexpr long long CHW = (long long)ID * IH * IW;  // one input channel",
+        f"__constant__ int TAPOFF[TAPS] = {{{', '.join(map(str, offs))}}};  // tap r's offset from a window's corner",
+        _fill(_GATHER, words),
+    )
 
 
 def _fill(text: str, words: dict[str, str]) -> str:
@@ -211,6 +259,9 @@ _TAP = r"""__device__ __forceinline__ float tap(const float* __restrict__ x, con
 }"""
 _DIRECT = {
     "CORNER": "oz * SD - PD, oy * SH - PH, ox * SW - PW",
+    "CZ": "oz * SD - PD",
+    "CY": "oy * SH - PH",
+    "CX": "ox * SW - PW",
     "SIGN": "+",
     "INSIDE": "(unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH && (unsigned)xx < (unsigned)IW",
     "AT_Z": "z",
@@ -219,6 +270,9 @@ _DIRECT = {
 }
 _TRANSPOSED = {
     "CORNER": "oz + PD, oy + PH, ox + PW",
+    "CZ": "oz + PD",
+    "CY": "oy + PH",
+    "CX": "ox + PW",
     "SIGN": "-",
     "INSIDE": "z >= 0 && y >= 0 && xx >= 0 && z % SD == 0 && y % SH == 0 && xx % SW == 0\n"
     "                    && z / SD < ID && y / SH < IH && xx / SW < IW",
@@ -226,6 +280,54 @@ _TRANSPOSED = {
     "AT_Y": "y / SH",
     "AT_X": "xx / SW",
 }
+# The channel-inner gather: a window's corner and the mask of its taps inside the input, built once per
+# thread, and one k tile of its row of A (whole taps of CINP channels, or 32 channels of one tap).
+_GATHER = r"""struct Gather {
+    const float* row;  // the window's corner in channel 0 (it may lie in the padding: read through valid taps)
+    unsigned long long mask;  // bit r: tap r lies inside the input (no bits for rows past M)
+};
+__device__ __forceinline__ Gather gather_of(const float* x, long long p, long long M) {
+    const long long img = p / P;
+    const int q = (int)(p - img * P);
+    const int oz = q / (OH * OW), oy = (q / OW) % OH, ox = q % OW;
+    const int z0 = CZ, y0 = CY, x0 = CX;
+    unsigned long long mask = 0;
+    if (p < M) {
+        #pragma unroll
+        for (int r = 0; r < TAPS; ++r) {
+            const int z = z0 SIGN (r / (KH * KW)) * DD, y = y0 SIGN ((r / KW) % KH) * DH, xx = x0 SIGN (r % KW) * DW;
+            if ((unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH && (unsigned)xx < (unsigned)IW)
+                mask |= 1ull << r;
+        }
+    }
+    return {x + img * IMAGE + ((long long)z0 * IH + y0) * IW + x0, mask};
+}
+// One register for a tile's base address: left to itself the compiler rebuilds all 64 bits of every load's
+// address from x (five instructions a load); through this, each load is the base plus an immediate.
+__device__ __forceinline__ const float* opaque(const float* p) {
+    asm("" : "+l"(p));
+    return p;
+}
+__device__ __forceinline__ void gather_tile(const Gather& g, int kt, float (&v)[32]) {
+    if constexpr (CINP >= 32) {
+        constexpr int G = CINP >= 32 ? CINP / 32 : 1;  // k tiles per tap (the branch not taken is compiled too)
+        const int r = kt / G, c0 = (kt % G) * 32;
+        const bool on = r < TAPS && ((g.mask >> r) & 1);
+        const float* src = opaque(g.row + TAPOFF[r < TAPS ? r : 0] + c0 * CHW);
+        #pragma unroll
+        for (int j = 0; j < 32; ++j) v[j] = on && (CIN % 32 == 0 || c0 + j < CIN) ? __ldg(src + j * CHW) : 0.f;
+    } else {
+        constexpr int PER = CINP < 32 ? 32 / CINP : 1;  // taps per k tile
+        #pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int r = kt * PER + u;
+            const bool on = r < TAPS && ((g.mask >> r) & 1);
+            const float* src = opaque(g.row + TAPOFF[r < TAPS ? r : 0]);
+            #pragma unroll
+            for (int c = 0; c < CINP; ++c) v[u * CINP + c] = on && c < CIN ? __ldg(src + c * CHW) : 0.f;
+        }
+    }
+}"""
 _OUT_AT = r"""// Where output element (pixel p, channel co) lies in the NCDHW output of N channels.
 __device__ __forceinline__ long long out_at(long long p, int co, int N) {
     const long long img = p / P;
@@ -234,27 +336,57 @@ __device__ __forceinline__ long long out_at(long long p, int co, int N) {
 
 
 def weight_kernel(rid: str, f: ConvForm) -> str:
-    """The weight as the GEMM's B: rows of output channels, each K = input channels x taps long (a transposed
-    convolution's (C_in, C_out, taps) weight is transposed here), zero-padded to K4, a multiple of 4 (TMA
-    needs rows of a multiple of 16 bytes). Named for its region: a graph may hold several convolutions."""
-    k4 = -(-f.k // 4) * 4
-    taps = math.prod(f.kernel)
-    src = (
-        f"((col / {taps}) * {f.cout} + row) * {taps} + col % {taps}" if f.transposed else f"row * {f.k} + col"
+    """The weight as the GEMM's B, and its low part (tf32's dropped bits) as a second plane beside it: rows of
+    output channels, each K4 long (K in the gather's order, zero-padded to a multiple of 4, TMA's row rule).
+    A transposed convolution's (C_in, C_out, taps) weight is transposed here. Named for its region: a
+    graph may hold several convolutions."""
+    k = gemm_k(f)
+    k4 = -(-k // 4) * 4
+    taps, cinp = math.prod(f.kernel), cin_pad(f)
+    if cinp:  # column = tap * CINP + channel
+        ci, r, inside = f"(col % {cinp})", f"(col / {cinp})", f"col % {cinp} < {f.cin} && col < {k}"
+    else:  # column = channel * taps + tap
+        ci, r, inside = f"(col / {taps})", f"(col % {taps})", f"col < {k}"
+    at = (
+        f"({ci} * {f.cout} + row) * {taps} + {r}"
+        if f.transposed
+        else f"(row * {f.cin} + {ci}) * {taps} + {r}"
     )
     return f"""extern "C" __global__ void __launch_bounds__(256)
 kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {f.cout * k4}LL; i += (long long)gridDim.x * blockDim.x) {{
         const long long row = i / {k4};
         const int col = (int)(i - row * {k4});
-        dst[i] = col < {f.k} ? src[{src}] : 0.f;
+        const float v = {inside} ? src[{at}] : 0.f;
+        dst[i] = v;
+        dst[i + {f.cout * k4}LL] = v - __uint_as_float(__float_as_uint(v) & 0xffffe000u);  // lo(v)
     }}
 }}"""
 
 
-_BODY = (
-    gemm.PROLOGUE
-    + r"""    if (threadIdx.x == 0) {
+_GATHER_TAPWISE = r"""        const Window win = window((long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
+        for (int kt = 0; kt < ktiles; ++kt) {
+            float v[BK];
+            #pragma unroll
+            for (int j = 0; j < BK; ++j) v[j] = tap(x, win, kt * BK + j, K);"""
+_GATHER_CHANNELS = r"""        const Gather g = gather_of(x, (long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
+        for (int kt = 0; kt < ktiles; ++kt) {
+            float v[BK];
+            gather_tile(g, kt, v);"""
+
+
+# Left to itself the compiler splits the gatherers' 16-byte stores into four (it cannot prove them aligned).
+_STS4 = r"""__device__ __forceinline__ void sts4(float* p, float4 v) {
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
+                 :: "r"((unsigned)__cvta_generic_to_shared(p)), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}"""
+
+
+def body(channel_inner: bool) -> str:
+    return (
+        gemm.PROLOGUE
+        + r"""    (void)batch;  // one GEMM: the TMA's third coordinate picks the weight's plane instead
+    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
             Barrier::init(&s.ready[i], 128);  // every gatherer arrives once its writes are fenced
@@ -265,38 +397,37 @@ _BODY = (
     __syncthreads();
     if (wg == 0) {
         const int t = threadIdx.x;
-        const Window win = window((long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
-        for (int kt = 0; kt < ktiles; ++kt) {
+"""
+        + (_GATHER_CHANNELS if channel_inner else _GATHER_TAPWISE)
+        + r"""
             const int st = kt % STAGES;
             if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
-            if (t == 0) {
-                Full::arrive_and_expect_tx(&s.full[st], BN * BK * sizeof(float));
-                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);  // batch 0
+            if (t == 0) {  // the weight tile and its low part (planes 0 and 1 of the weight kernel's output)
+                Full::arrive_and_expect_tx(&s.full[st], 2 * BN * BK * sizeof(float));
+                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, 0);
+                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.blo + st * BN * BK, kt * BK, n_blk * BN, 1);
             }
             float* ah = s.a + st * BM * BK + t * BK;
             float* al = s.alo + st * BM * BK + t * BK;
             #pragma unroll
             for (int c = 0; c < BK / 4; ++c) {
-                const int k = kt * BK + 4 * c;
-                const float4 v = make_float4(tap(x, win, k, K), tap(x, win, k + 1, K), tap(x, win, k + 2, K),
-                                             tap(x, win, k + 3, K));
+                const float4 q = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
                 const int at = (c ^ (t % 8)) * 4;  // the 128-byte swizzle of a K-major row
-                *reinterpret_cast<float4*>(ah + at) = v;
-                *reinterpret_cast<float4*>(al + at) = lo4(v);
+                sts4(ah + at, q);
+                sts4(al + at, lo4(q));
             }
-            Full::wait(&s.full[st], (kt / STAGES) & 1);
-            split_same(s.b + st * BN * BK, s.blo + st * BN * BK, BN * BK, t);
             FENCE();  // our writes, visible to the WGMMAs' async proxy
+            Full::wait(&s.full[st], (kt / STAGES) & 1);  // the consumers wait on ready only: B has landed too
             Barrier::arrive(&s.ready[st]);
         }
         return;
     }
 """
-    + gemm_tf32.CONSUMERS
-    + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+        + gemm_tf32.CONSUMERS
+        + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM;
     const int n0 = n_blk * BN;"""
-)
+    )
 
 
 def store(epi: ConvEpilogue | None, out_dt: str) -> list[str]:
@@ -335,7 +466,8 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
     w_shape = (
         (f.cin, f.cout, *f.kernel[3 - dims :]) if f.transposed else (f.cout, f.cin, *f.kernel[3 - dims :])
     )
-    k, k4 = f.k, -(-f.k // 4) * 4
+    k = gemm_k(f)
+    k4 = -(-k // 4) * 4
     lines = [
         f"def _conv_{rid}(sms, {', '.join(names)}):",
         f'    """The convolution as an implicit GEMM: our 3xTF32 WGMMA kernel (128 pixels x {rp.bn} channels, '
@@ -351,14 +483,11 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
         "        raise ValueError('kernelpro expert: more than 2^31 output pixels for one convolution')",
         "    w = _contig(w)",
     ]
-    if k4 != k or f.transposed:
-        lines += [
-            f"    wk = torch.empty((1, n, {k4}), dtype=torch.float32, device=x.device)",
-            f"    kernels.kp_{rid}_w((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), (w, wk))"
-            "  # noqa: F821",
-        ]
-    else:
-        lines.append(f"    wk = w.reshape(1, n, {k})")
+    lines += [
+        f"    wk = torch.empty((2, n, {k4}), dtype=torch.float32, device=x.device)  # B and its low part",
+        f"    kernels.kp_{rid}_w((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), (w, wk))"
+        "  # noqa: F821",
+    ]
     out_shape = f"(nb, n, {', '.join(str(o) for o in f.out[3 - dims :])})"
     lines.append(f"    out = torch.empty({out_shape}, dtype={torch_dtype(out_dt)}, device=x.device)")
     for j, (_, _, _, cls) in enumerate(epi.operands if epi else ()):

@@ -148,7 +148,9 @@ def code(r: Region, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, lines: list
 
 # The shared memory, this block's tile and batch: the start of every WGMMA kernel body here.
 PROLOGUE = r"""    extern __shared__ char smem_raw[];
-    Smem& s = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    // 1024-byte aligned by an offset from the shared array itself, so the compiler still knows the address
+    // is shared memory (aligned through an integer, every access to s became a generic LD/ST)
+    Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (unsigned)(__cvta_generic_to_shared(smem_raw) & 1023)) & 1023));
     const int wg = threadIdx.x / 128;
     const int ktiles = (K + BK - 1) / BK;
     // Grouped rasterisation within each batch: GROUP row-tiles run together and share B tiles in L2.
