@@ -104,6 +104,16 @@ for _name, (_b, _ci, _co, _sp, _k, _s, _p) in {
     )
 
 
+# A strided transposed convolution (KernelBench level 2's shape at a quarter of the batch): ours by phases.
+CASES["convt2d_f32_s2"] = (
+    "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.conv = nn.ConvTranspose2d(64, 64, 3, stride=2, padding=1, output_padding=1, bias=False)\n\n"
+    "    def forward(self, x):\n        return self.conv(x)\n",
+    ["torch.randn(32, 64, 128, 128)"],
+    2 * 32 * 64 * 64 * 9 * 128 * 128,  # each input pixel meets every tap once
+)
+
+
 def write_task(folder: Path, name: str) -> Path:
     body, inputs, _ = CASES[name]
     path = folder / f"{name}.py"

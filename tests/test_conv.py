@@ -132,9 +132,29 @@ extern "C" __global__ void __launch_bounds__(64) im2col(const float* __restrict_
     const Gather g = gather_of(x, p, M);  // rows past M (a whole block of them here) must gather zeros
     for (int kt = 0; kt < KT; ++kt) {
         float v[32];
-        gather_tile(g, kt, v);
+        gather_tile(g, kt, v, TAPS, 0);
         for (int j = 0; j < 32; ++j) a[p * KT * 32 + kt * 32 + j] = v[j];
     }
+}
+"""
+_PHASED = r"""
+extern "C" __global__ void __launch_bounds__(64) im2col(const float* __restrict__ x, float* __restrict__ a,
+                                                        int M, int ph, int KT) {
+    const Phase Q = PHASE_OF[ph];
+    const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
+    const Gather g = gather_of_phase(x, Q, p, (long long)(M / P) * Q.pix);  // rows past the phase's: zeros
+    for (int kt = 0; kt < Q.ktiles; ++kt) {
+        float v[32];
+        gather_tile(g, kt, v, Q.taps, Q.tap0);
+        for (int j = 0; j < 32; ++j) a[p * KT * 32 + kt * 32 + j] = v[j];
+    }
+}
+extern "C" __global__ void __launch_bounds__(64) scatter(const float* __restrict__ c, float* __restrict__ out,
+                                                         int M, int ph, int N) {
+    const Phase Q = PHASE_OF[ph];
+    const long long p = (long long)blockIdx.x * 64 + threadIdx.x;
+    if (p < (long long)(M / P) * Q.pix)
+        for (int co = 0; co < N; ++co) out[out_at_phase(Q, p, co, N)] = c[p * N + co];
 }
 """
 _SCATTER = r"""
@@ -163,10 +183,6 @@ def _lo(v: torch.Tensor) -> torch.Tensor:
         (dict(d=2, k=3, p=1, cin=40, size=(6, 5)), 64),  # two k tiles a tap, the second 8 channels wide
         (dict(d=2, k=(3, 2), p=(2, 0), dl=(1, 2), cin=32, size=(5, 7)), 32),
         (dict(d=3, size=(3, 4, 5), k=3, p=1, cin=16, op=0), 16),  # transposed at stride 1: channel-inner
-        (dict(d=2, k=3, s=2, p=1, op=1), 0),  # transposed: stride 2 leaves 3 of 4 taps empty per output pixel
-        (dict(d=2, k=(3, 2), s=(1, 3), p=(0, 1), dl=(2, 1), op=(0, 2), cin=3), 0),
-        (dict(d=1, size=(9,), k=4, s=3, p=2, op=0), 0),
-        (dict(d=3, size=(3, 4, 5), k=3, s=(2, 1, 2), p=1, op=(1, 0, 0)), 0),
         (dict(d=1, size=(20,), k=65, p=32, cin=2), 0),  # 65 taps: more than the window mask holds
     ],
 )
@@ -209,6 +225,71 @@ def test_the_kernels_index_maps_compute_pytorchs_convolution(tmp_path, kw, cinp)
     else:
         conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[d]
         ref = conv(x.double(), w.double(), None, *geo, f.dil[3 - d :])
+    assert torch.allclose(out.double(), ref, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kw", "cinp", "taps"),
+    [
+        (dict(d=2, k=3, s=2, p=1, op=1), 8, (1, 2, 2, 4)),  # each output phase takes 1, 2 or 4 of the 9 taps
+        (
+            dict(d=2, k=(3, 2), s=(1, 3), p=(0, 1), dl=(2, 1), op=(0, 2), cin=3),
+            4,
+            (3, 0, 3),
+        ),  # a phase of no taps
+        (dict(d=1, size=(9,), k=4, s=3, p=2, op=0), 8, (1, 2, 1)),
+        (dict(d=3, size=(3, 4, 5), k=3, s=(2, 1, 2), p=1, op=(1, 0, 0), cin=40), 64, (3, 6, 6, 12)),
+        (
+            dict(d=2, k=4, s=4, p=0, cin=16, size=(3, 2), op=0),
+            16,
+            (1,) * 16,
+        ),  # stride = kernel: one tap a phase
+    ],
+)
+def test_strided_transposed_convolutions_gather_by_phases(tmp_path, kw, cinp, taps):
+    """A strided transposed convolution, phase by phase: each phase's gather (channel-inner over its own taps),
+    its columns of the weight kernel's B, and its scatter, build the convolution on the CPU: a float64
+    product per phase is PyTorch's conv_transpose."""
+    r, low = conv_region(conv_task(tmp_path, "c", batch=2, **kw))
+    f = conv_tf32.form(r, low)
+    assert template.phased(f) and template.cin_pad(f) == cinp
+    phases = template.phases(f)
+    assert tuple(len(q.taps) for q in phases) == taps
+    src = "namespace g {\n" + template.geometry(f) + "\n}\nusing namespace g;\n" + _PHASED
+    src += template.weight_kernel("t", f)
+    emu = build(src, tmp_path)
+    d = f.dims
+    x = torch.randn(2, f.cin, *f.size[3 - d :])
+    w = torch.randn(f.cin, f.cout, *f.kernel[3 - d :])
+    k = template.gemm_k(f)
+    assert k == sum(template.phase_k(f)) and k % 32 == 0
+    wk = torch.full((2, f.cout, k), float("nan"))
+    emu.kp_t_w((4,), (256,), (w, wk))
+    assert torch.equal(wk[1], _lo(wk[0]))
+    rows = w.transpose(0, 1).reshape(f.cout, f.cin, -1)  # (C_out, C_in, taps)
+    m = 2 * int(numpy.prod(f.out))
+    out = torch.full((2, f.cout, *f.out[3 - d :]), float("nan"))
+    col = 0
+    for ph, (q, kq) in enumerate(zip(phases, template.phase_k(f), strict=True)):
+        want = F.pad(rows[:, :, [t for t, _ in q.taps]].transpose(1, 2), (0, cinp - f.cin)).reshape(
+            f.cout, -1
+        )
+        assert torch.equal(wk[0, :, col : col + want.shape[1]], want)
+        assert torch.all(wk[0, :, col + want.shape[1] : col + kq] == 0)
+        mq = 2 * int(numpy.prod(q.dims))
+        blocks = -(-mq // 64) + 1  # one block of rows past the phase's
+        a = torch.full((blocks * 64, max(1, kq)), float("nan"))
+        emu.im2col((blocks,), (64,), (x, a, numpy.int32(m), numpy.int32(ph), numpy.int32(kq // 32)))
+        if kq:
+            assert torch.all(a[mq:] == 0)
+        c = (a[:mq, :kq].double() @ wk[0, :, col : col + kq].double().t()).float().contiguous()
+        emu.scatter((blocks,), (64,), (c, out, numpy.int32(m), numpy.int32(ph), numpy.int32(f.cout)))
+        col += kq
+    conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[d]
+    ref = conv(
+        x.double(), w.double(), None, f.stride[3 - d :], f.pad[3 - d :], f.out_pad[3 - d :], 1, f.dil[3 - d :]
+    )
+    assert not out.isnan().any()  # every output pixel lies in one phase
     assert torch.allclose(out.double(), ref, atol=1e-4, rtol=1e-5)
 
 
@@ -286,6 +367,9 @@ def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
     about 37 on the H200, docs/benchmarks.md); no generic loads or stores anywhere in the kernel, nor in
     the 3xTF32 GEMM's (its shared memory is addressed as such)."""
     conv = conv_task(tmp_path, "c", cin=64, cout=128, size=(32, 32), bias=False, expr="self.conv(x)")
+    convt = conv_task(
+        tmp_path, "t", cin=64, cout=64, size=(16, 16), s=2, op=1, bias=False, expr="self.conv(x)"
+    )
     gemm = tmp_path / "g.py"
     gemm.write_text(
         "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
@@ -293,20 +377,28 @@ def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
         "    return [torch.randn(512, 1024), torch.randn(512, 1024)]\n\n\ndef get_init_inputs():\n    return []\n"
     )
     cands = []
-    for path in (conv, gemm):
+    for path in (conv, convt, gemm):
         t = probe(path)
         props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
         cands += [p.candidate for p in props if uses_cute(plan_of(p.candidate.source))][:1]
-    assert "gather_tile(g, kt, v)" in cands[0].source  # 64 channels: the channel-inner gather
+    assert "gather_tile(g, kt, v, TAPS, 0)" in cands[0].source  # 64 channels: the channel-inner gather
+    assert "gather_tile(g, kt, v, Q.taps, Q.tap0)" in cands[1].source  # stride 2, transposed: by phases
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     assert all(b.status == Status.OK for b in builds), [b.log for b in builds]
-    conv_sass, gemm_sass = (dump_sass(b.cubin_path) for b in builds)
-    assert conv_sass and gemm_sass
-    loop = _gather_loop(conv_sass, "kp_conv2d_conv")
-    counts = Counter(loop)
-    assert counts["LDG.E.CONSTANT"] == 32 and counts["STS.128"] == 16, counts
-    assert len(loop) <= 10 * 32, f"{len(loop)} instructions for 32 elements: {counts.most_common(8)}"
-    for sass, kernel in ((conv_sass, "kp_conv2d_conv"), (gemm_sass, "kp_linear_gemm")):
+    conv_sass, convt_sass, gemm_sass = (dump_sass(b.cubin_path) for b in builds)
+    assert conv_sass and convt_sass and gemm_sass
+    for sass, kernel in ((conv_sass, "kp_conv2d_conv"), (convt_sass, "kp_conv_transpose2d_conv")):
+        loop = _gather_loop(sass, kernel)
+        counts = Counter(loop)
+        assert counts["LDG.E.CONSTANT"] == 32 and counts["STS.128"] == 16, (kernel, counts)
+        assert len(loop) <= 10 * 32, (
+            f"{kernel}: {len(loop)} instructions for 32 elements: {counts.most_common(8)}"
+        )
+    for sass, kernel in (
+        (conv_sass, "kp_conv2d_conv"),
+        (convt_sass, "kp_conv_transpose2d_conv"),
+        (gemm_sass, "kp_linear_gemm"),
+    ):
         ops = parse_sass(sass)[kernel].opcodes
         generic = {op: n for op, n in ops.items() if re.match(r"(LD|ST)\.E", op)}
         assert not generic, f"{kernel}: generic shared-memory accesses {generic}"

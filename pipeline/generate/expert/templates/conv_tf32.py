@@ -3,14 +3,18 @@ of templates/gemm_tf32.py (which convolutions it takes, and its plans: families/
 
 out[n, co, z, y, x] = sum over (ci, kz, ky, kx) of in[n, ci, z*s - p + kz*d, ...] * w[co, ci, kz, ky, kx]: a
 GEMM whose rows are output pixels (M = batch x output volume), whose columns are output channels (N), and
-whose K runs over input channels and taps, in the weight's own order (w is (N, K), K contiguous: read by
-TMA as it lies, rows zero-padded to a multiple of 4 first when K is not). 1-D and 2-D convolutions are 3-D
-ones with unit extents in front; the geometry is compiled in, the batch size is not.
+whose K runs over input channels and taps (the weight, (N, K) with K contiguous, is laid out in the
+gather's K order by our own small kernel and read by TMA). 1-D and 2-D convolutions are 3-D ones with unit
+extents in front; the geometry is compiled in, the batch size is not.
 
 A transposed convolution is the same GEMM with the adjoint gather: output z takes input i where
-i*s = z + p - k*d, for the taps whose stride divides it (the others are zeros, so at stride s a 2-D one
-multiplies s^2 times as many zeros as products: correct at any stride, efficient at stride 1), and its
-(C_in, C_out, taps) weight is transposed to (C_out, C_in x taps) rows by our own kernel first.
+i*s = z + p - k*d, for the taps whose stride divides it, and its (C_in, C_out, taps) weight is transposed
+to (C_out, K) rows. At stride 1 that is a direct gather with the taps' offsets negated. At a larger stride
+the output pixels split into phases (coordinates with the same remainders mod the stride): every pixel of
+a phase takes the same taps, at input index = its index within the phase + a constant per tap, so each
+phase is a direct-like implicit GEMM over its own taps only (the other taps would multiply zeros: s^2 as
+many as products in 2-D). The grid runs the phases' tiles one phase after another, and the weight kernel
+lays out each phase's taps as its own run of whole k tiles.
 
 384 threads. Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one output pixel), reads
 its elements straight from the NCDHW input (zero in the padding and past K; consecutive threads read
@@ -21,16 +25,18 @@ weight kernel writes beside it (so nobody splits B in the loop). The two consume
 GEMM's (three passes, sums promoted to the CUDA cores every 128 of K). No register reallocation: at tiles
 up to 128 channels every warpgroup fits in the launch's 168 registers.
 
-Two gathers, by geometry (`cin_pad`):
+Three gathers, by geometry (`cin_pad`, `phased`):
 - channel-inner (most convolutions): K runs over taps, then input channels padded to CINP (4, 8, 16 or a
   multiple of 32), and the weight is reordered to match. Each k tile then holds whole taps (or 32 channels
   of one), so a thread tests a tap's validity once, from a bit mask of its window's valid taps built at the
   start, and reads the tap's channels at a compile-time stride from one base address: a load and two
-  arithmetic instructions per element. On the H200 the first gather below spent about 37 instructions per
-  element (constant divisions, 64-bit address arithmetic), and the convolution was gather-bound
-  (docs/benchmarks.md). It needs at most 64 taps, and an input index that is the output's plus a
-  constant per tap (not a transposed convolution with a stride above 1).
-- tap-wise (the rest): K in the weight's own order (channels, then taps), each element's tap decoded.
+  arithmetic instructions per element. On the H200 the tap-wise gather below spent about 37 instructions
+  per element (constant divisions, 64-bit address arithmetic), and the convolution was gather-bound
+  (docs/benchmarks.md). It needs at most 64 taps (per phase, for phases).
+- by phases: the channel-inner gather over each phase's taps (their offsets and bounds in tables).
+- tap-wise (the rest: more than 64 taps, or padding that would more than double the k tiles): K in the
+  weight's own order (channels, then taps), each element's tap decoded; zero taps of a strided transposed
+  convolution multiplied.
 
 The stores write NCDHW: accumulator (pixel, channel) goes to n * N * P + co * P + pixel-in-image, with the
 fused elementwise chain (per-channel, scalar or full-size operands) applied first.
@@ -38,6 +44,7 @@ fused elementwise chain (per-channel, scalar or full-size operands) applied firs
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,22 +123,76 @@ def tiles(cout: int) -> tuple[int, ...]:
 
 
 MAX_TAPS = 64  # one bit a tap in the channel-inner gather's window mask
+_C = 512  # a phase's tap offsets are packed 10 bits a dim, biased by this
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The output pixels of a strided transposed convolution whose coordinates have the same remainders
+    mod the stride: each takes the same taps, and its input index is the pixel's index within the phase
+    plus a constant per tap (so it gathers like a direct convolution)."""
+
+    first: tuple[int, int, int]  # its first output coordinate (the remainders)
+    dims: tuple[int, int, int]  # its output extents (every stride-th pixel from `first`)
+    taps: tuple[tuple[int, tuple[int, int, int]], ...]  # (the weight's tap index, its input offset per dim)
+
+
+def strided_transpose(f: ConvForm) -> bool:
+    return f.transposed and any(s != 1 for s in f.stride)
+
+
+def phases(f: ConvForm) -> tuple[Phase, ...]:
+    """A strided transposed convolution's phases with output pixels: output z takes input i where i*s = z +
+    p - k*d, so in phase q (z = q + s*j) tap k is used when s divides q + p - k*d, at i = j + (q + p - k*d)/s."""
+    out = []
+    for first in itertools.product(*(range(s) for s in f.stride)):
+        dims = tuple(-(-(o - q) // s) for o, q, s in zip(f.out, first, f.stride, strict=True))
+        if min(dims) <= 0:
+            continue
+        per_dim = [
+            [(k, (q + p - k * d) // s) for k in range(kk) if (q + p - k * d) % s == 0]
+            for q, p, d, s, kk in zip(first, f.pad, f.dil, f.stride, f.kernel, strict=True)
+        ]
+        _, kh, kw = f.kernel
+        taps = tuple(
+            ((kz * kh + ky) * kw + kx, (cz, cy, cx))
+            for kz, cz in per_dim[0]
+            for ky, cy in per_dim[1]
+            for kx, cx in per_dim[2]
+        )
+        out.append(Phase(first, dims, taps))  # type: ignore[arg-type]
+    return tuple(out)
 
 
 def cin_pad(f: ConvForm) -> int:
     """The channel-inner gather's padded input channels (whole taps or whole 32-channel runs per k tile), or 0
     where it does not apply (the tap-wise gather then) or would more than double the k tiles."""
-    taps = math.prod(f.kernel)
-    if taps > MAX_TAPS or (f.transposed and any(s != 1 for s in f.stride)):
-        return 0
     cinp = next((c for c in (4, 8, 16) if f.cin <= c), -(-f.cin // BK) * BK)
-    if -(-taps * cinp // BK) > 2 * -(-f.k // BK):
+    if strided_transpose(f):
+        ph = phases(f)
+        fits = all(abs(c) < _C for q in ph for _, cs in q.taps for c in cs)
+        return cinp if fits and max(len(q.taps) for q in ph) <= MAX_TAPS else 0
+    taps = math.prod(f.kernel)
+    if taps > MAX_TAPS or -(-taps * cinp // BK) > 2 * -(-f.k // BK):
         return 0
     return cinp
 
 
+def phased(f: ConvForm) -> bool:
+    """Gathered by phases: a strided transposed convolution the channel-inner gather takes."""
+    return strided_transpose(f) and cin_pad(f) > 0
+
+
+def phase_k(f: ConvForm) -> list[int]:
+    """Each phase's columns of the weight (its taps x CINP, padded to whole k tiles)."""
+    return [-(-len(q.taps) * cin_pad(f) // BK) * BK for q in phases(f)]
+
+
 def gemm_k(f: ConvForm) -> int:
-    """The implicit GEMM's K: channels x taps, or taps x padded channels for the channel-inner gather."""
+    """The implicit GEMM's K (the weight's columns): channels x taps; taps x padded channels for the
+    channel-inner gather; every phase's taps x padded channels, each phase in whole k tiles, for phases."""
+    if phased(f):
+        return sum(phase_k(f))
     cinp = cin_pad(f)
     return math.prod(f.kernel) * cinp if cinp else f.k
 
@@ -169,14 +230,14 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
         weight_kernel(rid, f),
     ]
     sig = signature(epi, out_dt)
-    text = body(cin_pad(f) > 0).replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    text = body(f).replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_conv({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         text,
-        *store(epi, out_dt),
+        *store(epi, out_dt, "out_at_phase(Q, p, co, N)" if phased(f) else "out_at(p, co, N)"),
         "}",
     ]
     ops_ = epi.operands if epi else ()
@@ -203,13 +264,21 @@ def geometry(f: ConvForm) -> str:
     CPU against PyTorch's convolution)."""
     (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
     words = _TRANSPOSED if f.transposed else _DIRECT
+    taps = (  # the phases carry their taps in tables
+        [f"constexpr int SD = {sd}, SH = {sh}, SW = {sw};"]
+        if phased(f)
+        else [
+            f"constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};",
+            f"constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};",
+        ]
+    )
     return "\n".join([
         f"constexpr int CIN = {f.cin}, ID = {f.size[0]}, IH = {f.size[1]}, IW = {f.size[2]};",
-        f"constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};",
-        f"constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};",
+        *taps,
         f"constexpr int OD = {f.out[0]}, OH = {f.out[1]}, OW = {f.out[2]};",
         "constexpr long long P = (long long)OD * OH * OW, IMAGE = (long long)CIN * ID * IH * IW;",
-        *(_channel_inner(f, words) if cin_pad(f) else (_fill(_WINDOW, words), _fill(_TAP, words))),
+        *(_phases(f) if phased(f) else _channel_inner(f, words) if cin_pad(f)
+          else (_fill(_WINDOW, words), _fill(_TAP, words))),
         _OUT_AT,
     ])  # fmt: skip
 
@@ -226,7 +295,35 @@ def _channel_inner(f: ConvForm, words: dict[str, str]) -> tuple[str, ...]:
         f"constexpr int TAPS = KD * KH * KW, CINP = {cin_pad(f)};  // K: taps, then channels padded to CINP",
         "constexpr long long CHW = (long long)ID * IH * IW;  // one input channel",
         f"__constant__ int TAPOFF[TAPS] = {{{', '.join(map(str, offs))}}};  // tap r's offset from a window's corner",
-        _fill(_GATHER, words),
+        _GATHER_STRUCT,
+        _fill(_GATHER_OF, words),
+        _TILE,
+    )
+
+
+def _phases(f: ConvForm) -> tuple[str, ...]:
+    """The phases' table (where each one's pixels, taps and weight columns are) and their taps' offsets."""
+    _, ih, iw = f.size
+    rows, offs, packed = [], [], []
+    kcol = 0
+    for q, k in zip(phases(f), phase_k(f), strict=True):
+        pix = math.prod(q.dims)
+        rows.append(f"{{{pix}, {q.dims[1]}, {q.dims[2]}, {', '.join(map(str, q.first))}, {len(offs)}, "
+                    f"{len(q.taps)}, {kcol}, {k // BK}}}")  # fmt: skip
+        for _, (cz, cy, cx) in q.taps:
+            offs.append((cz * ih + cy) * iw + cx)
+            packed.append(((cz + _C) << 20) | ((cy + _C) << 10) | (cx + _C))
+        kcol += k
+    return (
+        f"constexpr int PHASES = {len(rows)}, CINP = {cin_pad(f)};  // K per phase: its taps, then padded channels",
+        "constexpr long long CHW = (long long)ID * IH * IW;  // one input channel",
+        "struct Phase { int pix, h, w, fz, fy, fx, tap0, taps, kcol, ktiles; };",
+        f"__constant__ Phase PHASE_OF[PHASES] = {{{', '.join(rows)}}};",
+        f"__constant__ int TAPOFF[{max(1, len(offs))}] = {{{', '.join(map(str, offs or [0]))}}};  // input offset",
+        f"__constant__ int TAPC[{max(1, len(offs))}] = {{{', '.join(map(str, packed or [0]))}}};  // per dim, packed",
+        _GATHER_STRUCT,
+        _PHASED,
+        _TILE,
     )
 
 
@@ -282,11 +379,11 @@ _TRANSPOSED = {
 }
 # The channel-inner gather: a window's corner and the mask of its taps inside the input, built once per
 # thread, and one k tile of its row of A (whole taps of CINP channels, or 32 channels of one tap).
-_GATHER = r"""struct Gather {
+_GATHER_STRUCT = r"""struct Gather {
     const float* row;  // the window's corner in channel 0 (it may lie in the padding: read through valid taps)
     unsigned long long mask;  // bit r: tap r lies inside the input (no bits for rows past M)
-};
-__device__ __forceinline__ Gather gather_of(const float* x, long long p, long long M) {
+};"""
+_GATHER_OF = r"""__device__ __forceinline__ Gather gather_of(const float* x, long long p, long long M) {
     const long long img = p / P;
     const int q = (int)(p - img * P);
     const int oz = q / (OH * OW), oy = (q / OW) % OH, ox = q % OW;
@@ -301,19 +398,20 @@ __device__ __forceinline__ Gather gather_of(const float* x, long long p, long lo
         }
     }
     return {x + img * IMAGE + ((long long)z0 * IH + y0) * IW + x0, mask};
-}
-// One register for a tile's base address: left to itself the compiler rebuilds all 64 bits of every load's
-// address from x (five instructions a load); through this, each load is the base plus an immediate.
-__device__ __forceinline__ const float* opaque(const float* p) {
+}"""
+# One register for a tile's base address: left to itself the compiler rebuilds all 64 bits of every load's
+# address from x (five instructions a load); through this, each load is the base plus an immediate.
+_TILE = r"""__device__ __forceinline__ const float* opaque(const float* p) {
     asm("" : "+l"(p));
     return p;
 }
-__device__ __forceinline__ void gather_tile(const Gather& g, int kt, float (&v)[32]) {
+// k tile kt of a window's row of A: whole taps of CINP channels, or 32 channels of one tap (taps tap0...)
+__device__ __forceinline__ void gather_tile(const Gather& g, int kt, float (&v)[32], int taps, int tap0) {
     if constexpr (CINP >= 32) {
         constexpr int G = CINP >= 32 ? CINP / 32 : 1;  // k tiles per tap (the branch not taken is compiled too)
         const int r = kt / G, c0 = (kt % G) * 32;
-        const bool on = r < TAPS && ((g.mask >> r) & 1);
-        const float* src = opaque(g.row + TAPOFF[r < TAPS ? r : 0] + c0 * CHW);
+        const bool on = r < taps && ((g.mask >> r) & 1);
+        const float* src = opaque(g.row + TAPOFF[tap0 + (r < taps ? r : 0)] + c0 * CHW);
         #pragma unroll
         for (int j = 0; j < 32; ++j) v[j] = on && (CIN % 32 == 0 || c0 + j < CIN) ? __ldg(src + j * CHW) : 0.f;
     } else {
@@ -321,12 +419,34 @@ __device__ __forceinline__ void gather_tile(const Gather& g, int kt, float (&v)[
         #pragma unroll
         for (int u = 0; u < PER; ++u) {
             const int r = kt * PER + u;
-            const bool on = r < TAPS && ((g.mask >> r) & 1);
-            const float* src = opaque(g.row + TAPOFF[r < TAPS ? r : 0]);
+            const bool on = r < taps && ((g.mask >> r) & 1);
+            const float* src = opaque(g.row + TAPOFF[tap0 + (r < taps ? r : 0)]);
             #pragma unroll
             for (int c = 0; c < CINP; ++c) v[u * CINP + c] = on && c < CIN ? __ldg(src + c * CHW) : 0.f;
         }
     }
+}"""
+# A strided transposed convolution by phases: pixel p of phase Q (its images' pixels in order), its window's
+# corner and valid taps, and where its output lies.
+_PHASED = r"""__device__ __forceinline__ Gather gather_of_phase(const float* x, const Phase& Q, long long p, long long M) {
+    const long long img = p / Q.pix;
+    const int q = (int)(p - img * Q.pix);
+    const int i = q / (Q.h * Q.w), j = (q / Q.w) % Q.h, k = q % Q.w;
+    unsigned long long mask = 0;
+    if (p < M)
+        for (int r = 0; r < Q.taps; ++r) {
+            const int c = TAPC[Q.tap0 + r];
+            const int z = i + (c >> 20) - 512, y = j + ((c >> 10) & 1023) - 512, xx = k + (c & 1023) - 512;
+            if ((unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH && (unsigned)xx < (unsigned)IW)
+                mask |= 1ull << r;
+        }
+    return {x + img * IMAGE + ((long long)i * IH + j) * IW + k, mask};
+}
+__device__ __forceinline__ long long out_at_phase(const Phase& Q, long long p, int co, int N) {
+    const long long img = p / Q.pix;
+    const int q = (int)(p - img * Q.pix);
+    const int oz = Q.fz + SD * (q / (Q.h * Q.w)), oy = Q.fy + SH * ((q / Q.w) % Q.h), ox = Q.fx + SW * (q % Q.w);
+    return (img * N + co) * P + ((long long)oz * OH + oy) * OW + ox;
 }"""
 _OUT_AT = r"""// Where output element (pixel p, channel co) lies in the NCDHW output of N channels.
 __device__ __forceinline__ long long out_at(long long p, int co, int N) {
@@ -343,7 +463,15 @@ def weight_kernel(rid: str, f: ConvForm) -> str:
     k = gemm_k(f)
     k4 = -(-k // 4) * 4
     taps, cinp = math.prod(f.kernel), cin_pad(f)
-    if cinp:  # column = tap * CINP + channel
+    table = ""
+    if phased(f):  # each phase's columns: its taps (WTAP: the tap of each CINP columns, -1 past them) x CINP
+        wtap = []
+        for q, kq in zip(phases(f), phase_k(f), strict=True):
+            wtap += [r for r, _ in q.taps] + [-1] * (kq // cinp - len(q.taps))
+        table = f"__constant__ int kp_{rid}_wtap[{len(wtap)}] = {{{', '.join(map(str, wtap))}}};\n"
+        ci, r = f"(col % {cinp})", f"kp_{rid}_wtap[col / {cinp}]"
+        inside = f"col % {cinp} < {f.cin} && {r} >= 0"
+    elif cinp:  # column = tap * CINP + channel
         ci, r, inside = f"(col % {cinp})", f"(col / {cinp})", f"col % {cinp} < {f.cin} && col < {k}"
     else:  # column = channel * taps + tap
         ci, r, inside = f"(col / {taps})", f"(col % {taps})", f"col < {k}"
@@ -352,7 +480,9 @@ def weight_kernel(rid: str, f: ConvForm) -> str:
         if f.transposed
         else f"(row * {f.cin} + {ci}) * {taps} + {r}"
     )
-    return f"""extern "C" __global__ void __launch_bounds__(256)
+    return (
+        table
+        + f"""extern "C" __global__ void __launch_bounds__(256)
 kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {f.cout * k4}LL; i += (long long)gridDim.x * blockDim.x) {{
         const long long row = i / {k4};
@@ -362,6 +492,7 @@ kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
         dst[i + {f.cout * k4}LL] = v - __uint_as_float(__float_as_uint(v) & 0xffffe000u);  // lo(v)
     }}
 }}"""
+    )
 
 
 _GATHER_TAPWISE = r"""        const Window win = window((long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
@@ -372,7 +503,27 @@ _GATHER_TAPWISE = r"""        const Window win = window((long long)m_blk * BM + 
 _GATHER_CHANNELS = r"""        const Gather g = gather_of(x, (long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
         for (int kt = 0; kt < ktiles; ++kt) {
             float v[BK];
-            gather_tile(g, kt, v);"""
+            gather_tile(g, kt, v, TAPS, 0);"""
+_GATHER_PHASED = r"""        const Gather g = gather_of_phase(x, Q, (long long)m_blk * BM + t, M);  // row t: one pixel of the phase
+        for (int kt = 0; kt < ktiles; ++kt) {
+            float v[BK];
+            gather_tile(g, kt, v, Q.taps, Q.tap0);"""
+# Which phase this block computes (the grid runs the phases' tiles one phase after another), its rows
+# (M becomes the phase's pixels) and its k tiles.
+_PHASE_PROLOGUE = r"""    (void)GROUP;  // one phase's tiles in order: no grouped rasterisation
+    const int nb = (int)(M / P), nt = (N + BN - 1) / BN;
+    int bid = blockIdx.x, ph = 0;
+    for (; ph < PHASES - 1; ++ph) {
+        const int tiles = (int)(((long long)nb * PHASE_OF[ph].pix + BM - 1) / BM) * nt;
+        if (bid < tiles) break;
+        bid -= tiles;
+    }
+    const Phase Q = PHASE_OF[ph];
+    M = nb * Q.pix;  // the phase's rows (under 2^31: the launcher checks all of them)
+    const int ktiles = Q.ktiles;
+    const int mt = (int)((M + BM - 1) / BM);
+    const int m_blk = bid % mt, n_blk = bid / mt;
+"""
 
 
 # Left to itself the compiler splits the gatherers' 16-byte stores into four (it cannot prove them aligned).
@@ -382,11 +533,19 @@ _STS4 = r"""__device__ __forceinline__ void sts4(float* p, float4 v) {
 }"""
 
 
-def body(channel_inner: bool) -> str:
+def body(f: ConvForm) -> str:
+    """The kernel's body up to its stores, with the gather the geometry takes."""
+    if phased(f):
+        head, gather, k0 = gemm.SMEM + _PHASE_PROLOGUE, _GATHER_PHASED, "Q.kcol + "
+    else:
+        head = (
+            gemm.PROLOGUE
+            + "    (void)batch;  // one GEMM: the TMA's third coordinate picks the weight's plane\n"
+        )
+        gather, k0 = (_GATHER_CHANNELS if cin_pad(f) else _GATHER_TAPWISE), ""
     return (
-        gemm.PROLOGUE
-        + r"""    (void)batch;  // one GEMM: the TMA's third coordinate picks the weight's plane instead
-    if (threadIdx.x == 0) {
+        head
+        + r"""    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
             Barrier::init(&s.ready[i], 128);  // every gatherer arrives once its writes are fenced
@@ -398,14 +557,14 @@ def body(channel_inner: bool) -> str:
     if (wg == 0) {
         const int t = threadIdx.x;
 """
-        + (_GATHER_CHANNELS if channel_inner else _GATHER_TAPWISE)
+        + gather
         + r"""
             const int st = kt % STAGES;
             if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
             if (t == 0) {  // the weight tile and its low part (planes 0 and 1 of the weight kernel's output)
                 Full::arrive_and_expect_tx(&s.full[st], 2 * BN * BK * sizeof(float));
-                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, 0);
-                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.blo + st * BN * BK, kt * BK, n_blk * BN, 1);
+                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.b + st * BN * BK, K0kt * BK, n_blk * BN, 0);
+                TMA_COPY::copy(&tma_w, &s.full[st], 0, s.blo + st * BN * BK, K0kt * BK, n_blk * BN, 1);
             }
             float* ah = s.a + st * BM * BK + t * BK;
             float* al = s.alo + st * BM * BK + t * BK;
@@ -422,7 +581,7 @@ def body(channel_inner: bool) -> str:
         }
         return;
     }
-"""
+""".replace("K0kt", k0 + "kt")
         + gemm_tf32.CONSUMERS
         + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM;
@@ -430,7 +589,7 @@ def body(channel_inner: bool) -> str:
     )
 
 
-def store(epi: ConvEpilogue | None, out_dt: str) -> list[str]:
+def store(epi: ConvEpilogue | None, out_dt: str, at: str) -> list[str]:
     """One store per accumulator: NCDHW output, the chain's operands indexed per channel, once, or like it."""
     ot = ctype(out_dt)
     if epi is None:
@@ -451,7 +610,7 @@ def store(epi: ConvEpilogue | None, out_dt: str) -> list[str]:
         "        const long long p = m0 + get<0>(tCcC(i));",
         "        const int co = n0 + get<1>(tCcC(i));",
         "        if (p >= M || co >= N) continue;",
-        "        const long long o = out_at(p, co, N);",
+        f"        const long long o = {at};",
         "        float v;",
         f"        {value};",
         f"        out[o] = kp::cv<{ot}>(v);",
@@ -501,7 +660,12 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
     lines += [
         "    if m:",
         f"        tw = kernels.tensor_map(wk, {rp.bn}, {BK})  # noqa: F821",
-        f"        grid = (-(-m // {BM})) * (-(-n // {rp.bn}))",
+        (
+            f"        grid = sum(-(-nb * q // {BM}) for q in {tuple(math.prod(q.dims) for q in phases(f))})"
+            f" * (-(-n // {rp.bn}))  # the phases' tiles, one phase after another"
+            if phased(f)
+            else f"        grid = (-(-m // {BM})) * (-(-n // {rp.bn}))"
+        ),
         f"        kernels.kp_{rid}_conv((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
         "    return out",
     ]

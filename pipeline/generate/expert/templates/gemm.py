@@ -147,12 +147,15 @@ def code(r: Region, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, lines: list
 
 
 # The shared memory, this block's tile and batch: the start of every WGMMA kernel body here.
-PROLOGUE = r"""    extern __shared__ char smem_raw[];
+SMEM = r"""    extern __shared__ char smem_raw[];
     // 1024-byte aligned by an offset from the shared array itself, so the compiler still knows the address
     // is shared memory (aligned through an integer, every access to s became a generic LD/ST)
     Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (unsigned)(__cvta_generic_to_shared(smem_raw) & 1023)) & 1023));
     const int wg = threadIdx.x / 128;
-    const int ktiles = (K + BK - 1) / BK;
+"""
+PROLOGUE = (
+    SMEM
+    + r"""    const int ktiles = (K + BK - 1) / BK;
     // Grouped rasterisation within each batch: GROUP row-tiles run together and share B tiles in L2.
     const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
     const int batch = blockIdx.x / (mt * nt), tile = blockIdx.x % (mt * nt);
@@ -162,6 +165,7 @@ PROLOGUE = r"""    extern __shared__ char smem_raw[];
     const int m_blk = first + (tile % per_group) % rows;
     const int n_blk = (tile % per_group) / rows;
 """
+)
 _BODY = (
     PROLOGUE
     + r"""    if (threadIdx.x == 0) {
