@@ -16,6 +16,7 @@ too late). --summary STORE prints the geomeans of a store without running anythi
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import re
@@ -34,9 +35,22 @@ from pipeline.runlog import read_events  # noqa: E402
 from pipeline.runstate import RunState, fold  # noqa: E402
 from pipeline.types import speedup  # noqa: E402
 
+# Where a run's seconds went: each gap between two events of its log counts for the later one's stage.
+STAGE_OF = {"baselines": "baselines", "result": "evaluations", "profile": "profile"}
+
+
+def seconds_by_stage(events: list) -> dict[str, float]:
+    """The run's wall time from its start to its last event, by stage (baselines, candidate evaluations,
+    profiling, the rest: proposing, compiling while nothing else is logged, bookkeeping)."""
+    out = dict.fromkeys((*STAGE_OF.values(), "other"), 0.0)
+    for prev, e in itertools.pairwise(events):
+        out[STAGE_OF.get(e.type, "other")] += max(0.0, e.t - prev.t)
+    return {k: round(v, 1) for k, v in out.items()}
+
 
 def summarise(folder: Path) -> dict:
-    state = fold(read_events(folder / "log.jsonl"))
+    events = read_events(folder / "log.jsonl")
+    state = fold(events)
     base, final, end = state.baselines, state.final, state.end
     assert base is not None, f"{folder}: no baselines"
     compile_ms = base.timings["compile"].median_ms if "compile" in base.timings else None
@@ -67,6 +81,7 @@ def summarise(folder: Path) -> dict:
         if row["floor_ms"]:
             row["fraction_of_floor"] = row["floor_ms"] / ours
     row.update(own_gemm(state, row["floor_ms"]))
+    row["seconds"] = seconds_by_stage(events)
     return row
 
 

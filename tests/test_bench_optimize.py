@@ -1,5 +1,6 @@
 """The optimize sweep's bookkeeping (benchmarks/bench_optimize.py) on the CPU: which suite tasks it takes, and
-the summary of a store, over rows made from run logs recorded on the H200 (tests/fixtures/runs/)."""
+the summary of a store and where a run's seconds went, over rows made from run logs recorded on the H200
+(tests/fixtures/runs/)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_optimize  # noqa: E402
+
+from pipeline.runlog import read_events  # noqa: E402
 
 RUNS = ROOT / "tests" / "fixtures" / "runs"
 
@@ -47,3 +50,14 @@ def test_the_summary_of_a_store_made_from_recorded_runs(tmp_path, capsys):
     want = math.exp(sum(math.log(r["speedup_eager"]) for r in timed) / len(timed))
     assert math.isclose(got["ours_over_eager"], want, rel_tol=1e-12)
     assert got["slower_than_eager"] == sorted(r["key"] for r in timed if r["speedup_eager"] < 1)
+
+
+def test_a_rows_seconds_by_stage_add_up_to_its_logged_time():
+    for log in sorted(RUNS.glob("*/*/log.jsonl")):
+        events = read_events(log)
+        got = bench_optimize.summarise(log.parent)["seconds"]
+        assert set(got) == {"baselines", "evaluations", "profile", "other"}
+        assert math.isclose(sum(got.values()), events[-1].t - events[0].t, abs_tol=0.3), (log, got)
+        first_baselines = next(e for e in events if e.type == "baselines")
+        assert got["baselines"] >= round(first_baselines.t - events[0].t, 1) - 0.05
+        assert got["evaluations"] > 0  # the recordings evaluated candidates
