@@ -114,6 +114,16 @@ CASES["convt2d_f32_s2"] = (
 )
 
 
+# A depthwise convolution (KernelBench level 1's 84 at a quarter of the batch): ours the direct kernel.
+CASES["dwconv2d_f32"] = (
+    "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.conv = nn.Conv2d(128, 128, 3, groups=128, bias=False)\n\n"
+    "    def forward(self, x):\n        return self.conv(x)\n",
+    ["torch.randn(16, 128, 256, 512)"],
+    2 * 16 * 128 * 9 * 254 * 510,
+)
+
+
 def write_task(folder: Path, name: str) -> Path:
     body, inputs, _ = CASES[name]
     path = folder / f"{name}.py"

@@ -202,6 +202,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "grouped_conv": (  # depthwise (a multiplier of 2): our direct kernel in the tuned plan, cuDNN in the plain
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(6, 12, 3, padding=1, groups=6)
+            def forward(self, x):
+                return torch.relu(self.conv(x)) * 0.5
+        """,
+        "[torch.randn(2, 6, 9, 11)]",
+        "[]",
+        1e-5,
+    ),
     "fusions": (
         """
         class Model(nn.Module):
@@ -258,6 +271,7 @@ FAMILIES = {
     "scans": {"scan", "ew"},
     "bmm_epilogue": {"library", "ew"},
     "conv_batchnorm": {"library", "view", "ew"},
+    "grouped_conv": {"library", "view", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},
@@ -527,9 +541,12 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
     for name, cand in sweep:
         report = check_launcher(cand.launcher)
         assert report.ok, (name, cand.edit, report.violations)
-        ours = uses_cute(plan_of(cand.source))  # a GEMM in our WGMMA kernel leaves nothing to cuBLAS
+        plan = plan_of(cand.source)  # our WGMMA GEMM or direct convolution leaves nothing to the library
+        ours = uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
         want = (
-            Kind.HYBRID if name in HYBRID | {"bmm_epilogue", "conv_batchnorm"} and not ours else Kind.CUSTOM
+            Kind.HYBRID
+            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv"} and not ours
+            else Kind.CUSTOM
         )
         assert report.kind == want, (name, cand.edit, report.library_ops)
     builds = compile_candidates([c for _, c in sweep], Config(home=tmp_path, arch="sm_90a"))

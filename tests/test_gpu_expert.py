@@ -291,6 +291,28 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "dwconv_f32": (  # depthwise on the CUDA cores (the direct kernel), stride 2, a multiplier of 2
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(12, 24, 3, stride=2, padding=1, groups=12)
+            def forward(self, x):
+                return torch.relu(self.conv(x))
+        """,
+        "[]",
+    ),
+    "grouped_conv_f16": (  # grouped 1-D, fp16
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv1d(12, 9, 4, stride=3, padding=2, groups=3, bias=False, dtype=torch.float16)
+            def forward(self, x):
+                return self.conv(x)
+        """,
+        "[]",
+    ),
     "convt2d_f32": (  # transposed, stride 2: the gather keeps the taps stride divides
         """
         class Model(nn.Module):
@@ -348,6 +370,8 @@ SHAPES = {
     "conv3d_f32": ["(2, 3, 9, 17, 13)"],
     "conv1d_f32": ["(4, 16, 301)"],
     "convt2d_f32": ["(2, 8, 17, 13)"],
+    "dwconv_f32": ["(3, 12, 37, 53)", "(1, 12, 1, 2)"],
+    "grouped_conv_f16": ["(2, 12, 301)"],
     "convt3d_f32": ["(2, 4, 5, 9, 7)"],
     # products: the shapes of each input, ";"-separated
     "matmul_lone": ["(300, 1024); (1024, 1000)", "(3, 7, 1032); (1032, 136)", "(1, 64); (64, 8)"],
@@ -366,9 +390,19 @@ SHAPES = {
     "gemv_f32": ["(257, 131075); (131075, 1)", "(4099, 1027); (1027, 1)", "(1, 3); (3, 1)"],
 }
 BF16 = {"bf16", "linear_epilogue", "linear_odd", "matmul_lone", "bmm_epilogue", "addmm", "matmul_misaligned"}
-F16 = {"linear_lone_f16", "matmul_4d_f16"}
+F16 = {"linear_lone_f16", "matmul_4d_f16", "grouped_conv_f16"}
 GEMMS = {n for n in FAMILIES if n.startswith("linear") or "mm" in n or "matmul" in n}
 CONVS = {n for n in FAMILIES if n.startswith("conv")}  # fp32: our implicit GEMM in the tuned plan
+DIRECT = {
+    "dwconv_f32",
+    "grouped_conv_f16",
+}  # grouped: our direct kernel in the tuned plan, cuDNN in the plain
+
+
+def ours(c) -> bool:
+    """Our own kernel computes the library region (a WGMMA GEMM or convolution, the direct convolution)."""
+    plan = plan_of(c.source)
+    return uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
 
 
 def family_task(folder: Path, name: str, shape: str) -> Path:
@@ -404,8 +438,7 @@ def assert_ok(cands, results, hybrid: bool) -> None:
         edit = c.edit
         assert r.build is not None and r.build.status == Status.OK, (edit, r.build and r.build.log)
         assert r.verdict.status == Status.OK, (edit, r.verdict.reasons)
-        ours = uses_cute(plan_of(c.source))
-        assert r.verdict.kind == (Kind.HYBRID if hybrid and not ours else Kind.CUSTOM), (
+        assert r.verdict.kind == (Kind.HYBRID if hybrid and not ours(c) else Kind.CUSTOM), (
             edit,
             r.verdict.library_ops,
         )
@@ -416,9 +449,9 @@ def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, 
     path = family_task(tmp_path, name, shape)
     cands = proposals(path)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
-    assert_ok(cands, results, hybrid=name in GEMMS or name in CONVS)
-    if name in GEMMS or name in CONVS:  # the tuned plan runs our WGMMA kernel
-        assert any(uses_cute(plan_of(c.source)) for c in cands)
+    assert_ok(cands, results, hybrid=name in GEMMS | CONVS | DIRECT)
+    if name in GEMMS | CONVS | DIRECT:  # the tuned plan runs our kernel
+        assert any(ours(c) for c in cands)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)

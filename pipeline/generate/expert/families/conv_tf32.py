@@ -47,29 +47,31 @@ def _triple(v: object, dims: int, default: int) -> tuple[int, ...] | None:
     return (1 if default == 1 else 0,) * (3 - dims) + t
 
 
-def form(r: Region, low: Lowered) -> ConvForm | str:
-    """The convolution's geometry when our implicit-GEMM kernel can compute this library region, else why not."""
+def parse(
+    r: Region, low: Lowered, dtypes: tuple[str, ...] = ("float32",), what: str = "fp32"
+) -> ConvForm | str:
+    """A library region's convolution geometry (any groups), or why it is not one we can read."""
     n = r.node
     transposed = n.op in TRANSPOSED_OPS
     dims = TRANSPOSED_OPS.get(n.op) or CONV_OPS.get(n.op)
     if r.kind is not RegionKind.LIBRARY or dims is None:
-        return "only convolutions (conv1d/2d/3d, transposed or not) have an implicit-GEMM template"
+        return "only convolutions (conv1d/2d/3d, transposed or not) have a template"
     if n.overload not in ("default", "input"):  # aten.conv2d.padding takes padding='same' / 'valid'
-        return f"padding given as {n.overload!r} has no implicit-GEMM template yet"
-    if n.dtype != "float32":
-        return f"the 3xTF32 convolution takes fp32 operands, not {n.dtype}"
+        return f"padding given as {n.overload!r} has no template yet"
+    if n.dtype not in dtypes:
+        return f"the template takes {what} operands, not {n.dtype}"
     a = list(n.args) + [None] * (8 - len(n.args))
     x, w = (low.by_name.get(v.name) if isinstance(v, Ref) else None for v in a[:2])
     if x is None or w is None or not x.shape or not w.shape or not n.shape:
         return "the operands' shapes are unknown"
-    if x.dtype != "float32" or w.dtype != "float32":
+    if x.dtype != n.dtype or w.dtype != n.dtype:
         return "mixed operand dtypes"
     # conv: (x, w, bias, stride, padding, dilation, groups); transposed: (..., padding, output_padding,
-    # groups, dilation), its weight (C_in, C_out, *kernel)
+    # groups, dilation), its weight (C_in, C_out / groups, *kernel)
     groups = a[6] if a[6] is not None else n.kw("groups", 1)
-    if groups != 1:
-        return f"groups = {groups}: grouped and depthwise convolutions have no implicit-GEMM template yet"
-    cin, cout = (w.shape[0], w.shape[1]) if transposed else (w.shape[1], w.shape[0])
+    if not isinstance(groups, int) or groups < 1:
+        return f"groups = {groups!r} is not a positive int"
+    cin, cout = (w.shape[0], w.shape[1] * groups) if transposed else (w.shape[1] * groups, w.shape[0])
     if len(x.shape) != dims + 2 or len(w.shape) != dims + 2 or x.shape[1] != cin:
         return "the input is not (N, C, *spatial) with the weight's channels"
     dil_arg, out_pad_arg = (a[7], a[5]) if transposed else (a[5], None)
@@ -91,11 +93,22 @@ def form(r: Region, low: Lowered) -> ConvForm | str:
         out=one3 + tuple(n.shape[2:]),
         transposed=transposed,
         out_pad=out_pad,
+        groups=groups,
     )
     if any(o <= 0 for o in f.out) or math.prod(n.shape) == 0:
         return "an empty output"
     if n.shape[1] != f.cout or tuple(f.out) != tuple(conv_tf32.out_size(f)):
         return "the output shape does not follow from the geometry"
+    return f
+
+
+def form(r: Region, low: Lowered) -> ConvForm | str:
+    """The convolution's geometry when our implicit-GEMM kernel can compute this library region, else why not."""
+    f = parse(r, low)
+    if isinstance(f, str):
+        return f
+    if f.groups != 1:
+        return f"groups = {f.groups}: grouped and depthwise convolutions have no implicit-GEMM template yet"
     return f
 
 

@@ -80,6 +80,7 @@ class ConvForm:
     out: tuple[int, ...]  # the output's spatial extents
     transposed: bool = False  # a transposed convolution: its weight is (C_in, C_out, *kernel)
     out_pad: tuple[int, ...] = (0, 0, 0)  # a transposed convolution's output padding
+    groups: int = 1  # input and output channels in this many independent groups
 
     @property
     def k(self) -> int:

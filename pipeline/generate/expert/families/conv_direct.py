@@ -1,0 +1,112 @@
+"""Grouped and depthwise convolutions (conv1d/2d/3d with groups > 1, not transposed) on the CUDA cores: a
+direct kernel (templates/conv_direct.py). The plain plan keeps cuDNN, the tuned one takes our kernel; the
+search keeps whichever measures faster.
+
+Edits: coarsen_threads (outputs a thread x2, up to 8), more_parallelism (x1/2), resize_grid (threads x2
+and /2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert.families.base import Family, RenderError, change, label
+from pipeline.generate.expert.families.conv_tf32 import parse
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.templates import conv_direct
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.conv_tf32 import ConvForm
+
+DTYPES = ("float32", "float16", "bfloat16")
+MAX_OUTS = 8
+
+
+@dataclass(frozen=True)
+class DirectPlan(RegionPlan):
+    TAG: ClassVar[str] = "direct_conv"
+    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads")
+
+    outs: int = 2  # outputs of one row a thread computes (each weight read once for them)
+    threads: int = 256
+
+
+def form(r: Region, low: Lowered) -> ConvForm | str:
+    """The geometry when our direct kernel computes this library region, else why not."""
+    f = parse(r, low, DTYPES, "fp32, fp16 or bf16")
+    if isinstance(f, str):
+        return f
+    if f.groups == 1:
+        return "an ungrouped convolution is an implicit GEMM's (families/conv_tf32.py)"
+    if f.transposed:
+        return "a grouped transposed convolution has no direct template yet"
+    return f
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return not isinstance(form(r, low), str)
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> DirectPlan | None:
+    """Plain: cuDNN. Tuned: our kernel, two outputs a thread."""
+    return DirectPlan(r.rid) if tuned else None
+
+
+def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
+    f = form(r, low)
+    if isinstance(f, str):
+        raise RenderError(f"region {r.rid} cannot be our direct convolution: {f}")
+    return conv_direct.render(r, f, rp, r.node.dtype)
+
+
+def _take(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
+    """From cuDNN into our kernel."""
+    if rp is None:
+        rp = DirectPlan(r.rid)
+        yield label("use_direct_kernel", r.rid, outs=rp.outs, threads=rp.threads), plan.add(rp)
+
+
+def _coarsen(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
+    if rp is not None and rp.outs * 2 <= MAX_OUTS:
+        yield from change("coarsen_threads", plan, rp, outs=rp.outs * 2)
+
+
+def _parallelism(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
+    if rp is not None and rp.outs > 1:
+        yield from change("more_parallelism", plan, rp, outs=rp.outs // 2)
+
+
+def _resize(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
+    if rp is None:
+        return
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from change("resize_grid", plan, rp, threads=threads)
+
+
+def _note(regions: list[Region], low: Lowered) -> str:
+    targets = ", ".join(r.node.target for r in regions)
+    return (
+        f"our direct (CUDA-core) kernel for the grouped {targets} in the tuned plans, cuDNN in the plain one"
+    )
+
+
+FAMILY = Family(
+    knobs=DirectPlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={
+        "use_direct_kernel": _take,
+        "coarsen_threads": _coarsen,
+        "more_parallelism": _parallelism,
+        "resize_grid": _resize,
+    },
+    order=23,
+    plainest=lambda rp: None,
+    note=_note,
+    optional=True,
+)
+
+__all__ = ["FAMILY", "DirectPlan", "form"]

@@ -1,0 +1,107 @@
+"""Our own grouped and depthwise convolution on the CUDA cores (which convolutions it takes, and its plans:
+families/conv_direct.py).
+
+A depthwise or grouped convolution does little work per output (C_in / groups x taps products), too little
+for the tensor cores' tiles: an implicit GEMM per group would be an N of one output channel. So each thread
+computes `outs` outputs of one output row (pixels lane, lane + lanes, ...: consecutive threads take
+consecutive pixels, so a warp's loads coalesce at stride 1), summing in fp32 over its group's input
+channels and the taps, each weight read once for all of them. The geometry is compiled in (1-D and 2-D
+convolutions are 3-D ones with unit extents in front), the batch size is not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.conv_tf32 import ConvForm
+from pipeline.generate.expert.templates.signature import Signature, i64, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.conv_direct import DirectPlan
+
+
+def lanes(f: ConvForm, outs: int) -> int:
+    """Threads a row of OW outputs takes."""
+    return -(-f.out[2] // outs)
+
+
+def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str) -> Code:
+    rid = r.rid
+    t = ctype(dtype)
+    (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
+    (idp, ih, iw), (od, oh, ow) = f.size, f.out
+    cin_g, cout_g = f.cin // f.groups, f.cout // f.groups
+    sig = Signature((ptr("x", t), ptr("w", t), ptr("out", t, const=False), i64("rows")))
+    cuda = f"""namespace kp_{rid} {{
+constexpr int CIN_G = {cin_g}, COUT = {f.cout}, COUT_G = {cout_g}, OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
+constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
+constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
+constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
+constexpr long long CHW = (long long)ID * IH * IW;
+}}  // namespace kp_{rid}
+extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.decls()}) {{
+    using namespace kp_{rid};
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * LANES) return;
+    const long long row = i / LANES;  // ((n * COUT + co) * OD + oz) * OH + oy
+    const int lane = (int)(i - row * LANES);
+    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD), co = (int)((row / ((long long)OH * OD)) % COUT);
+    const long long n = row / ((long long)OH * OD * COUT);
+    const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)(co / COUT_G) * CIN_G) * CHW;  // its group
+    const {t}* wc = w + (long long)co * CIN_G * KD * KH * KW;
+    float acc[OUTS];
+    #pragma unroll
+    for (int v = 0; v < OUTS; ++v) acc[v] = 0.f;
+    for (int ci = 0; ci < CIN_G; ++ci) {{
+        #pragma unroll
+        for (int kz = 0; kz < KD; ++kz) {{
+            const int iz = oz * SD - PD + kz * DD;
+            if ((unsigned)iz >= (unsigned)ID) continue;
+            #pragma unroll
+            for (int ky = 0; ky < KH; ++ky) {{
+                const int iy = oy * SH - PH + ky * DH;
+                if ((unsigned)iy >= (unsigned)IH) continue;
+                const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
+                #pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {{
+                    const float wv = ld(wc[((ci * KD + kz) * KH + ky) * KW + kx]);
+                    #pragma unroll
+                    for (int v = 0; v < OUTS; ++v) {{
+                        const int ox = lane + v * LANES, ix = ox * SW - PW + kx * DW;
+                        if (ox < OW && (unsigned)ix < (unsigned)IW) acc[v] = fmaf(ld(xr[ix]), wv, acc[v]);
+                    }}
+                }}
+            }}
+        }}
+    }}
+    #pragma unroll
+    for (int v = 0; v < OUTS; ++v) {{
+        const int ox = lane + v * LANES;
+        if (ox < OW) out[row * OW + ox] = cv<{t}>(acc[v]);
+    }}
+}}
+"""
+    dims = f.dims
+    in_shape = (f.cin, *f.size[3 - dims :])
+    w_shape = (f.cout, cin_g, *f.kernel[3 - dims :])
+    out_sp = ", ".join(str(o) for o in f.out[3 - dims :])
+    x, w = r.node.args[:2]
+    launcher = "\n".join([
+        f"def _dconv_{rid}(sms, x, w):",
+        f'    """The {"depthwise" if cin_g == 1 else "grouped"} convolution ({f.groups} groups) on the CUDA '
+        f'cores: {rp.outs} outputs a thread, {rp.threads} threads a block."""',
+        f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
+        "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
+        f"{', '.join(map(str, in_shape))}) and a weight {w_shape}, not {{tuple(x.shape)}} and "
+        "{tuple(w.shape)}')",
+        "    x, w = _contig(x), _contig(w)",
+        f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(dtype)}, device=x.device)",
+        f"    rows = x.shape[0] * {f.cout * od * oh}",
+        "    if rows:",
+        f"        kernels.kp_{rid}_dconv((-(-rows * {lanes(f, rp.outs)} // {rp.threads}),), ({rp.threads},), "
+        f"({sig.args()}))  # noqa: F821",
+        "    return out",
+    ])  # fmt: skip
+    return Code(cuda, launcher, f"_dconv_{rid}", (f"kp_{rid}_dconv",), (x.name, w.name), r.outputs)

@@ -1,0 +1,99 @@
+"""Grouped and depthwise convolutions on the CUDA cores (families/conv_direct.py, templates/conv_direct.py)
+on the CPU: which convolutions the family takes, its candidates run by the CUDA emulator against PyTorch's
+convolution, and its kernels compiled for sm_90a without spills or warnings (tests/test_gpu_expert.py runs
+them on the GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_emulator import build, load_model
+from test_conv import conv_region, conv_task
+
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, plan_of
+from pipeline.generate.expert.families import conv_direct, conv_tf32
+from pipeline.tasks import load_module, probe
+from pipeline.types import Status
+
+GEOMETRIES = {
+    "depthwise": dict(cin=8, cout=8, g=8, k=3, s=2, p=1, size=(13, 11)),
+    "depthwise_x2": dict(cin=6, cout=12, g=6, k=(3, 5), p=(1, 2), dl=(2, 1), size=(9, 14)),  # a multiplier
+    "grouped_1d": dict(d=1, cin=12, cout=9, g=3, k=4, s=3, p=2, size=(29,)),
+    "grouped_3d": dict(d=3, cin=4, cout=6, g=2, k=2, p=1, size=(3, 5, 4)),
+    "depthwise_f16": dict(cin=16, cout=16, g=16, k=3, p=1, size=(7, 9), dt="float16"),
+}
+
+
+def _ours(path):
+    """The proposals whose plan puts the convolution in our direct kernel."""
+    t = probe(path)
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 3)
+    return [
+        p.candidate
+        for p in props
+        if p.candidate and any(rp.TAG == "direct_conv" for rp in plan_of(p.candidate.source).regions)
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(GEOMETRIES))
+def test_the_family_takes_grouped_convolutions(tmp_path, name):
+    r, low = conv_region(conv_task(tmp_path, "c", **GEOMETRIES[name]))
+    assert conv_direct.FAMILY.claims(r, low)
+    assert not conv_tf32.FAMILY.claims(r, low)  # the implicit GEMM refuses groups
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        (dict(cin=5, cout=24), "ungrouped"),
+        (dict(cin=8, cout=8, g=4, op=1, s=2), "transposed"),
+        (dict(cin=8, cout=8, g=8, dt="float64"), "fp32, fp16 or bf16"),
+    ],
+)
+def test_what_the_direct_kernel_does_not_take_says_why(tmp_path, kw, why):
+    r, low = conv_region(conv_task(tmp_path, "c", **kw))
+    got = conv_direct.form(r, low)
+    assert isinstance(got, str) and why in got, got
+    assert not conv_direct.FAMILY.claims(r, low)
+
+
+@pytest.mark.parametrize("name", sorted(GEOMETRIES))
+def test_emulated_direct_convolutions_match_pytorch(tmp_path, name):
+    """The tuned candidate and its coarser and finer edits, run on the emulator, against a float64 reference
+    (the bias and the chain after the convolution run as the plan's other kernels)."""
+    kw = GEOMETRIES[name]
+    path = conv_task(tmp_path, "c", batch=2, **kw)
+    cands = _ours(path)
+    assert cands, "no proposal takes the direct kernel"
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    x = module.get_inputs()[0]
+    with torch.no_grad():
+        native = ref(x)
+        want = ref.double()(x.double())
+    for cand in cands:
+        kernels = build(cand.source, tmp_path)
+        model = load_model(cand.launcher, kernels)()
+        model.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            got = model(x)
+        assert got.shape == want.shape and got.dtype == native.dtype
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel < (2e-3 if x.dtype == torch.float16 else 1e-6), (cand.edit, rel)
+        assert any(n.endswith("_dconv") for n, *_ in kernels.launches), cand.edit
+
+
+def test_direct_convolutions_compile_for_sm90a_without_spills(tmp_path):
+    cands = [
+        c for name in sorted(GEOMETRIES) for c in _ours(conv_task(tmp_path, name, **GEOMETRIES[name]))[:1]
+    ]
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for b in builds:
+        assert b.status == Status.OK and not b.log, b.log  # not even a warning
+        (k,) = [r for r in b.resources if r.name.endswith("_dconv")]
+        assert k.spill_stores == 0, k
