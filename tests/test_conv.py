@@ -305,12 +305,14 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
     assert [label for label, _ in legal_edits(tuned, low) if "bn=32" in label]  # and a narrower one
     source, launcher = render(low, tuned)
-    assert "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_w" in launcher  # K = 45: rows padded to 48
+    assert (
+        "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_w" in launcher
+    )  # B laid out in the gather's K order
     assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source
     rep = check_launcher(launcher)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
     # the conv's bias, a (C, 1, 1) view of its (C,) parameter, is read per channel from the parameter itself
-    assert launcher.count(".reshape(n))") == 2
+    assert launcher.count(".reshape(out.shape[1]))") == 2  # the bias and the scale: per channel
 
 
 def test_an_epilogue_operand_of_another_layout_is_not_fused(tmp_path):

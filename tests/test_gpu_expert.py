@@ -257,7 +257,7 @@ FAMILIES = {
         """,
         "[]",
     ),
-    "conv2d_f32": (  # fp32 implicit GEMM: strides, padding and dilation per axis, K = 45 (rows padded to 48)
+    "conv2d_f32": (  # fp32 implicit GEMM: strides, padding and dilation per axis, 5 channels padded to 8 per tap
         """
         class Model(nn.Module):
             def __init__(self):

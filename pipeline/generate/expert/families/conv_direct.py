@@ -2,8 +2,10 @@
 direct kernel (templates/conv_direct.py). The plain plan keeps cuDNN, the tuned one takes our kernel; the
 search keeps whichever measures faster.
 
-Edits: coarsen_threads (outputs a thread x2, up to 8), more_parallelism (x1/2), resize_grid (threads x2
-and /2).
+The elementwise region after it (the convolution's bias among it) is fused on its stores in the tuned plan
+(the same epilogue rule as the implicit GEMM's: families/conv_tf32.py). Edits: use_direct_kernel (from
+cuDNN), fuse_epilogue, coarsen_threads (outputs a thread x2, up to 8), more_parallelism (x1/2),
+resize_grid (threads x2 and /2).
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families.base import Family, RenderError, change, label
-from pipeline.generate.expert.families.conv_tf32 import parse
+from pipeline.generate.expert.families.base import Family, RenderError, change, changed, label
+from pipeline.generate.expert.families.conv_tf32 import epilogue, parse
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import conv_direct
@@ -27,9 +29,11 @@ MAX_OUTS = 8
 class DirectPlan(RegionPlan):
     TAG: ClassVar[str] = "direct_conv"
     SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads")
+    ABSORBS: ClassVar[tuple[str, ...]] = ("epilogue",)
 
     outs: int = 2  # outputs of one row a thread computes (each weight read once for them)
     threads: int = 256
+    epilogue: str = ""  # rid of the ew region computed on the sums before the one store
 
 
 def form(r: Region, low: Lowered) -> ConvForm | str:
@@ -57,7 +61,27 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
     f = form(r, low)
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our direct convolution: {f}")
-    return conv_direct.render(r, f, rp, r.node.dtype)
+    epi = epilogue(r, low) if rp.epilogue else None
+    if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
+        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+    return conv_direct.render(r, f, rp, r.node.dtype, epi)
+
+
+def _fuse(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
+    epi = epilogue(r, low)
+    if rp is None or rp.epilogue or epi is None:
+        return
+    rid = epi.region.rid
+    if rid not in plan.fused() and plan.get(rid) is not None:
+        yield label("fuse_epilogue", r.rid, epilogue=rid), changed(plan, rp, epilogue=rid)
+
+
+def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
+    """Tuned: the chain after the convolution fused on its stores."""
+    if tuned:
+        for _, p in _fuse(plan, plan.get(r.rid), r, low):
+            plan = p
+    return plan
 
 
 def _take(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
@@ -99,11 +123,13 @@ FAMILY = Family(
     render=render,
     edits={
         "use_direct_kernel": _take,
+        "fuse_epilogue": _fuse,
         "coarsen_threads": _coarsen,
         "more_parallelism": _parallelism,
         "resize_grid": _resize,
     },
     order=23,
+    settle=settle,
     plainest=lambda rp: None,
     note=_note,
     optional=True,

@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
-from pipeline.generate.expert.templates.conv_tf32 import ConvForm
+from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm, chain_value, prepare_operands
 from pipeline.generate.expert.templates.signature import Signature, i64, ptr
 
 if TYPE_CHECKING:
@@ -27,14 +28,26 @@ def lanes(f: ConvForm, outs: int) -> int:
     return -(-f.out[2] // outs)
 
 
-def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str) -> Code:
+def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None) -> Code:
+    """The kernel and its launcher for a grouped convolution region, with the chain after it fused on its
+    stores when the plan says so (epi)."""
     rid = r.rid
     t = ctype(dtype)
+    out_dt = epi.out_dtype if epi else dtype
+    ot = ctype(out_dt)
+    ops_ = epi.operands if epi else ()
     (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
     (idp, ih, iw), (od, oh, ow) = f.size, f.out
     cin_g, cout_g = f.cin // f.groups, f.cout // f.groups
-    sig = Signature((ptr("x", t), ptr("w", t), ptr("out", t, const=False), i64("rows")))
-    cuda = f"""namespace kp_{rid} {{
+    sig = Signature((
+        ptr("x", t), ptr("w", t), ptr("out", ot, const=False),
+        *(ptr(f"e{j}", ctype(d)) for j, (_, _, d, _) in enumerate(ops_)), i64("rows"),
+    ))  # fmt: skip
+    chain = "\n".join(gemm.epilogue_function(epi, out_dt))
+    cuda = (
+        chain
+        + f"""
+namespace kp_{rid} {{
 constexpr int CIN_G = {cin_g}, COUT = {f.cout}, COUT_G = {cout_g}, OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
 constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
 constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
@@ -77,31 +90,39 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
         }}
     }}
     #pragma unroll
-    for (int v = 0; v < OUTS; ++v) {{
-        const int ox = lane + v * LANES;
-        if (ox < OW) out[row * OW + ox] = cv<{t}>(acc[v]);
+    for (int u = 0; u < OUTS; ++u) {{
+        const int ox = lane + u * LANES;
+        if (ox >= OW) continue;
+        const long long o = row * OW + ox;
+        float v;
+        {chain_value(epi, "acc[u]")};
+        out[o] = cv<{ot}>(v);
     }}
 }}
 """
+    )
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
     w_shape = (f.cout, cin_g, *f.kernel[3 - dims :])
     out_sp = ", ".join(str(o) for o in f.out[3 - dims :])
     x, w = r.node.args[:2]
+    inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
     launcher = "\n".join([
-        f"def _dconv_{rid}(sms, x, w):",
+        f"def _dconv_{rid}(sms, {', '.join(n for n, _ in inputs)}):",
         f'    """The {"depthwise" if cin_g == 1 else "grouped"} convolution ({f.groups} groups) on the CUDA '
-        f'cores: {rp.outs} outputs a thread, {rp.threads} threads a block."""',
+        f'cores: {rp.outs} outputs a thread, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
         "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
         f"{', '.join(map(str, in_shape))}) and a weight {w_shape}, not {{tuple(x.shape)}} and "
         "{tuple(w.shape)}')",
         "    x, w = _contig(x), _contig(w)",
-        f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(dtype)}, device=x.device)",
+        f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(out_dt)}, device=x.device)",
+        *prepare_operands(epi),
         f"    rows = x.shape[0] * {f.cout * od * oh}",
         "    if rows:",
         f"        kernels.kp_{rid}_dconv((-(-rows * {lanes(f, rp.outs)} // {rp.threads}),), ({rp.threads},), "
         f"({sig.args()}))  # noqa: F821",
         "    return out",
     ])  # fmt: skip
-    return Code(cuda, launcher, f"_dconv_{rid}", (f"kp_{rid}_dconv",), (x.name, w.name), r.outputs)
+    outs = (epi.out,) if epi else r.outputs
+    return Code(cuda, launcher, f"_dconv_{rid}", (f"kp_{rid}_dconv",), tuple(v for _, v in inputs), outs)

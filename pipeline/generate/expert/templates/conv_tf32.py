@@ -590,21 +590,41 @@ def body(f: ConvForm) -> str:
     )
 
 
-def store(epi: ConvEpilogue | None, out_dt: str, at: str) -> list[str]:
-    """One store per accumulator: NCDHW output, the chain's operands indexed per channel, once, or like it."""
-    ot = ctype(out_dt)
+def chain_value(epi: ConvEpilogue | None, acc: str) -> str:
+    """The statement that sets float v for the output element at o (channel co) from its sum `acc`: the
+    fused chain, its operands indexed per channel (COL), once (SCALAR) or like the output (FULL)."""
     if epi is None:
-        value = "v = acc(i)"
-    else:
-        args = []
-        for name in epi.region.inputs:
-            if name == epi.main:
-                args.append("acc(i)")
-                continue
-            j = next(j for j, op in enumerate(epi.operands) if op[0] == name)
-            idx = {Bcast.FULL: "o", Bcast.COL: "co", Bcast.SCALAR: "0"}[epi.operands[j][3]]
-            args.append(f"kp::ld(e{j}[{idx}])")
-        value = f"kp_{epi.region.rid}_f({', '.join([*args, 'v'])})"
+        return f"v = {acc}"
+    args = []
+    for name in epi.region.inputs:
+        if name == epi.main:
+            args.append(acc)
+            continue
+        j = next(j for j, op in enumerate(epi.operands) if op[0] == name)
+        idx = {Bcast.FULL: "o", Bcast.COL: "co", Bcast.SCALAR: "0"}[epi.operands[j][3]]
+        args.append(f"kp::ld(e{j}[{idx}])")
+    return f"kp_{epi.region.rid}_f({', '.join([*args, 'v'])})"
+
+
+def prepare_operands(epi: ConvEpilogue | None) -> list[str]:
+    """Launcher lines that make the chain's operands e<j> what the stores index: the output's shape,
+    one value per channel, or a scalar."""
+    lines = []
+    for j, (_, _, _, cls) in enumerate(epi.operands if epi else ()):
+        e = f"e{j}"
+        if cls is Bcast.FULL:
+            lines.append(f"    {e} = _full({e}, out.shape)")
+        elif cls is Bcast.COL:
+            lines.append(f"    {e} = _contig({e}.reshape(out.shape[1]))")
+        else:
+            lines.append(f"    {e} = _scalar({e})")
+    return lines
+
+
+def store(epi: ConvEpilogue | None, out_dt: str, at: str) -> list[str]:
+    """One store per accumulator: NCDHW output, the fused chain applied first."""
+    ot = ctype(out_dt)
+    value = chain_value(epi, "acc(i)")
     return [
         "    CUTE_UNROLL",
         "    for (int i = 0; i < size(acc); ++i) {",
@@ -650,14 +670,7 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
     ]
     out_shape = f"(nb, n, {', '.join(str(o) for o in f.out[3 - dims :])})"
     lines.append(f"    out = torch.empty({out_shape}, dtype={torch_dtype(out_dt)}, device=x.device)")
-    for j, (_, _, _, cls) in enumerate(epi.operands if epi else ()):
-        e = f"e{j}"
-        if cls is Bcast.FULL:
-            lines.append(f"    {e} = _full({e}, out.shape)")
-        elif cls is Bcast.COL:
-            lines.append(f"    {e} = _contig({e}.reshape(n))")
-        else:
-            lines.append(f"    {e} = _scalar({e})")
+    lines += prepare_operands(epi)
     lines += [
         "    if m:",
         f"        tw = kernels.tensor_map(wk, {rp.bn}, {BK})  # noqa: F821",
