@@ -312,7 +312,7 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     rep = check_launcher(launcher)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
     # the conv's bias, a (C, 1, 1) view of its (C,) parameter, is read per channel from the parameter itself
-    assert launcher.count(".reshape(out.shape[1]))") == 2  # the bias and the scale: per channel
+    assert launcher.count(".reshape(-1))") == 2  # the bias and the scale: per channel
 
 
 def test_an_epilogue_operand_of_another_layout_is_not_fused(tmp_path):

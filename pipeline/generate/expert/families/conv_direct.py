@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families.base import Family, RenderError, change, changed, label
+from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families.base import Family, RenderError, change, label
 from pipeline.generate.expert.families.conv_tf32 import epilogue, parse
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -67,13 +68,7 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
     return conv_direct.render(r, f, rp, r.node.dtype, epi)
 
 
-def _fuse(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
-    epi = epilogue(r, low)
-    if rp is None or rp.epilogue or epi is None:
-        return
-    rid = epi.region.rid
-    if rid not in plan.fused() and plan.get(rid) is not None:
-        yield label("fuse_epilogue", r.rid, epilogue=rid), changed(plan, rp, epilogue=rid)
+_fuse = gemm_kit.fuse_edit(epilogue)
 
 
 def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:

@@ -148,6 +148,21 @@ def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
     return GemmEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
 
 
+def fuse_edit(epilogue_of: Callable[[Region, Lowered], Any]) -> Edit:
+    """fuse_epilogue for a library region's entry with an `epilogue` knob: the ew region after it (which
+    `epilogue_of` finds, or None) computed on its stores, once that region has an entry of its own."""
+
+    def fuse(plan: Plan, rp: Any, r: Region, low: Lowered) -> Any:
+        epi = epilogue_of(r, low)
+        if rp is None or rp.epilogue or epi is None:
+            return
+        rid = epi.region.rid
+        if rid not in plan.fused() and plan.get(rid) is not None:
+            yield label("fuse_epilogue", r.rid, epilogue=rid), changed(plan, rp, epilogue=rid)
+
+    return fuse
+
+
 def family(spec: Spec) -> Family:
     """The Family of a GEMM spec: cuBLAS in the plain plan, our kernel with its epilogue in the tuned one."""
 
@@ -197,13 +212,7 @@ def family(spec: Spec) -> Family:
 
         return apply
 
-    def fuse(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
-        epi = epilogue_any(r, low)
-        if rp is None or rp.epilogue or epi is None:
-            return
-        rid = epi.region.rid
-        if rid not in plan.fused() and plan.get(rid) is not None:
-            yield label("fuse_epilogue", r.rid, epilogue=rid), changed(plan, rp, epilogue=rid)
+    fuse = fuse_edit(epilogue_any)
 
     def tile(edit: str, widest: bool) -> Edit:
         def apply(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:

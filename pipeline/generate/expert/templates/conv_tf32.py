@@ -44,6 +44,7 @@ fused elementwise chain (per-channel, scalar or full-size operands) applied firs
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from pipeline.generate.expert.layout import Bcast
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm, gemm_tf32
 from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
+from pipeline.generate.expert.templates.fused import prepare_lines
 from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT
 from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
 
@@ -142,6 +144,7 @@ def strided_transpose(f: ConvForm) -> bool:
     return f.transposed and any(s != 1 for s in f.stride)
 
 
+@functools.cache  # asked for by every step of a render (the gather, the weight kernel, K, the grid)
 def phases(f: ConvForm) -> tuple[Phase, ...]:
     """A strided transposed convolution's phases with output pixels: output z takes input i where i*s = z +
     p - k*d, so in phase q (z = q + s*j) tap k is used when s divides q + p - k*d, at i = j + (q + p - k*d)/s."""
@@ -186,7 +189,8 @@ def phased(f: ConvForm) -> bool:
 
 def phase_k(f: ConvForm) -> list[int]:
     """Each phase's columns of the weight (its taps x CINP, padded to whole k tiles)."""
-    return [-(-len(q.taps) * cin_pad(f) // BK) * BK for q in phases(f)]
+    cinp = cin_pad(f)
+    return [-(-len(q.taps) * cinp // BK) * BK for q in phases(f)]
 
 
 def gemm_k(f: ConvForm) -> int:
@@ -318,6 +322,7 @@ def _phases(f: ConvForm) -> tuple[str, ...]:
     return (
         f"constexpr int PHASES = {len(rows)}, CINP = {cin_pad(f)};  // K per phase: its taps, then padded channels",
         "constexpr long long CHW = (long long)ID * IH * IW;  // one input channel",
+        f"constexpr int TAPC_BIAS = {_C};  // TAPC: each dim's offset + this, 10 bits",
         "struct Phase { int pix, h, w, fz, fy, fx, tap0, taps, kcol, ktiles; };",
         f"__constant__ Phase PHASE_OF[PHASES] = {{{', '.join(rows)}}};",
         f"__constant__ int TAPOFF[{max(1, len(offs))}] = {{{', '.join(map(str, offs or [0]))}}};  // input offset",
@@ -344,7 +349,7 @@ __device__ __forceinline__ Window window(long long p, long long M) {
     const long long img = p / P;
     const int q = (int)(p - img * P);
     const int oz = q / (OH * OW), oy = (q / OW) % OH, ox = q % OW;
-    return {img * IMAGE, CORNER, p < M};
+    return {img * IMAGE, CZ, CY, CX, p < M};
 }"""
 # Tap k of a window (k runs over input channels, then the kernel's depth, rows and columns, as the weight
 # lies): the input element under it, or 0 in the padding and past K. A convolution reads input z*s - p + k*d;
@@ -356,7 +361,6 @@ _TAP = r"""__device__ __forceinline__ float tap(const float* __restrict__ x, con
     return in ? x[w.base + (((long long)ci * ID + AT_Z) * IH + AT_Y) * IW + AT_X] : 0.f;
 }"""
 _DIRECT = {
-    "CORNER": "oz * SD - PD, oy * SH - PH, ox * SW - PW",
     "CZ": "oz * SD - PD",
     "CY": "oy * SH - PH",
     "CX": "ox * SW - PW",
@@ -367,7 +371,6 @@ _DIRECT = {
     "AT_X": "xx",
 }
 _TRANSPOSED = {
-    "CORNER": "oz + PD, oy + PH, ox + PW",
     "CZ": "oz + PD",
     "CY": "oy + PH",
     "CX": "ox + PW",
@@ -437,7 +440,8 @@ _PHASED = r"""__device__ __forceinline__ Gather gather_of_phase(const float* x, 
     if (p < M)
         for (int r = 0; r < Q.taps; ++r) {
             const int c = TAPC[Q.tap0 + r];
-            const int z = i + (c >> 20) - 512, y = j + ((c >> 10) & 1023) - 512, xx = k + (c & 1023) - 512;
+            const int z = i + (c >> 20) - TAPC_BIAS, y = j + ((c >> 10) & 1023) - TAPC_BIAS;
+            const int xx = k + (c & 1023) - TAPC_BIAS;
             if ((unsigned)z < (unsigned)ID && (unsigned)y < (unsigned)IH && (unsigned)xx < (unsigned)IW)
                 mask |= 1ull << r;
         }
@@ -609,16 +613,9 @@ def chain_value(epi: ConvEpilogue | None, acc: str) -> str:
 def prepare_operands(epi: ConvEpilogue | None) -> list[str]:
     """Launcher lines that make the chain's operands e<j> what the stores index: the output's shape,
     one value per channel, or a scalar."""
-    lines = []
-    for j, (_, _, _, cls) in enumerate(epi.operands if epi else ()):
-        e = f"e{j}"
-        if cls is Bcast.FULL:
-            lines.append(f"    {e} = _full({e}, out.shape)")
-        elif cls is Bcast.COL:
-            lines.append(f"    {e} = _contig({e}.reshape(out.shape[1]))")
-        else:
-            lines.append(f"    {e} = _scalar({e})")
-    return lines
+    return prepare_lines(
+        [(f"e{j}", cls) for j, (_, _, _, cls) in enumerate(epi.operands if epi else ())], "out.shape"
+    )
 
 
 def store(epi: ConvEpilogue | None, out_dt: str, at: str) -> list[str]:

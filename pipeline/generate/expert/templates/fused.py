@@ -14,6 +14,20 @@ from pipeline.generate.expert.templates.code import chain_function, ctype
 from pipeline.generate.expert.templates.signature import Param, i64, ptr
 
 
+def prepare_lines(operands: list[tuple[str, Bcast]], shape: str) -> list[str]:
+    """Launcher lines making each fused operand (launcher name, class) what a kernel indexes: contiguous at
+    the host's shape (FULL), one value a column (COL), or a scalar."""
+    out = []
+    for name, cls in operands:
+        if cls is Bcast.FULL:
+            out.append(f"    {name} = _full({name}, {shape})")
+        elif cls is Bcast.COL:
+            out.append(f"    {name} = _contig({name}.reshape(-1))")
+        else:
+            out.append(f"    {name} = _scalar({name})")
+    return out
+
+
 @dataclass(frozen=True)
 class Fused:
     region: Region
@@ -39,16 +53,7 @@ class Fused:
 
     def prepare(self, shape: str) -> list[str]:
         """Launcher lines making each extra operand contiguous at the host's shape."""
-        out = []
-        for k, (_, _, cls) in enumerate(self.extra):
-            name = f"{self.prefix}{k}"
-            if cls is Bcast.FULL:
-                out.append(f"    {name} = _full({name}, {shape})")
-            elif cls is Bcast.COL:
-                out.append(f"    {name} = _contig({name}.reshape(-1))")
-            else:
-                out.append(f"    {name} = _scalar({name})")
-        return out
+        return prepare_lines([(f"{self.prefix}{k}", cls) for k, (_, _, cls) in enumerate(self.extra)], shape)
 
     def chain(self) -> str:
         return chain_function(self.region, list(self.region.inputs))
