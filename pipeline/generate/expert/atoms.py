@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,15 +122,18 @@ def _sw128(major: str) -> Need:
 SW128_K, SW128_MN = _sw128("K"), _sw128("MN")
 
 
-_FOUND: dict[tuple[Need, int], Atom] = {}  # per hunter: a policy renders the same GEMM many times
+# Per hunter (a policy renders the same GEMM many times). Keyed by id, so each entry keeps a weak reference
+# to its hunter: a later hunter that reuses a freed one's id must not get that one's answers.
+_FOUND: dict[tuple[Need, int], tuple[Any, Atom]] = {}
 
 
 def find(need: Need, hunter: Any = None) -> Atom:
     """The symbol that provides `need`: the hunter's pick if it checks out in the headers, else the headers'."""
     key = (need, id(hunter))
-    if key not in _FOUND:
-        _FOUND[key] = _find(need, hunter)
-    return _FOUND[key]
+    hit = _FOUND.get(key)
+    if hit is None or (hit[0]() if hit[0] is not None else None) is not hunter:
+        _FOUND[key] = (weakref.ref(hunter) if hunter is not None else None, _find(need, hunter))
+    return _FOUND[key][1]
 
 
 def _find(need: Need, hunter: Any) -> Atom:

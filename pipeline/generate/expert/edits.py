@@ -57,7 +57,7 @@ def base_plan(low: Lowered, tuned: bool) -> Plan:
     plan = Plan(tuple(rp for r, f in claimed if (rp := f.first(r, low, tuned)) is not None))
     for order in sorted({f.order for f in FAMILIES}):
         for r, f in claimed:
-            if f.order == order:
+            if f.order == order and r.rid not in plan.fused():  # a fused region's host decides for it
                 plan = f.settle(plan, r, low, tuned)
     return plan
 

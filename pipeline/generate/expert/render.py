@@ -11,7 +11,13 @@ from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Graph, Node, Ref
 from pipeline.generate.expert.plan import Plan, header
 from pipeline.generate.expert.regions import FALLBACK, Lowered, RegionKind, lower
-from pipeline.generate.expert.templates.code import CUTE_FLAGS, GATHER, LAUNCHER_HELPERS, Code
+from pipeline.generate.expert.templates.code import (
+    CUTE_FLAGS,
+    GATHER,
+    LAUNCHER_HELPERS,
+    RESHAPE_HELPERS,
+    Code,
+)
 from pipeline.generate.expert.templates.common import PRELUDE
 
 __all__ = ["RenderError", "nvcc_flags", "prepare", "render", "uses_cute"]
@@ -86,9 +92,12 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code]) -> str:
         "import torch.nn.functional as F",
         LAUNCHER_HELPERS,
     ]
+    model = _model(low, plan, codes)
+    if any("_reshape(" in ln for ln in model):
+        lines.append(RESHAPE_HELPERS)
     for c in codes.values():
         lines += ["", c.launcher, ""]
-    lines += ["", *_model(low, plan, codes)]
+    lines += ["", *model]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -121,13 +130,13 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
                 "get_parameter" if any(s.key == p.args[0] and s.parameter for s in g.state) else "get_buffer"
             )
             lines.append(f"        v_{p.name} = self.{getter}({p.args[0]!r})")
+    calls = {c.at or rid: c for rid, c in codes.items()}
     for r in low.regions:
-        if r.rid in fused:
-            continue
-        if r.rid in codes:
-            c = codes[r.rid]
+        if r.rid in calls:
+            c = calls[r.rid]
             outs = ", ".join(py(o, low) for o in c.outputs)
             lines.append(f"        {outs} = {c.fn}(self.sms, {', '.join(py(a, low) for a in c.args)})")
+        if r.rid in fused or r.rid in codes:
             continue
         for n in r.nodes:
             lines.append(f"        {py(n.name, low)} = {_torch_call(n, low, first)}")
@@ -202,7 +211,7 @@ def _view(n: Node, a: list[str], low: Lowered) -> str | None:
             dims = ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "")
         if n.op == "expand":
             return f"{x}.expand({dims})"
-        return f"_contig({x}).reshape({dims})"  # a strided source is gathered by our kernel, not torch
+        return f"_reshape({x}, ({dims}))"
     if n.op in ("flatten", "unflatten", "permute", "transpose", "unsqueeze", "select", "narrow", "split",
                 "split_with_sizes", "chunk", "unbind"):  # fmt: skip
         method = "split" if n.op == "split_with_sizes" else n.op

@@ -20,6 +20,7 @@ class Code:
     kernels: tuple[str, ...]
     args: tuple[str, ...]  # the values forward passes to fn, in order
     outputs: tuple[str, ...]  # the values fn returns, in order
+    at: str = ""  # the region whose place in forward the call takes (its last fused one); "": its own
 
 
 def ctype(dtype: str) -> str:
@@ -138,6 +139,36 @@ def _grid(sms, rows, cols, vec, threads, unroll, persistent):
 def _split3(shape, d0, d1):
     """(outer, reduced, inner) sizes of `shape` around the dims [d0, d1)."""
     return math.prod(shape[:d0]), math.prod(shape[d0:d1]), math.prod(shape[d1:])
+'''
+
+
+# The launcher's reshape of a view (only in the launchers that reshape one: a helper every launcher
+# carried would change every candidate's key).
+RESHAPE_HELPERS = '''
+
+def _viewable(t, shape):
+    """Whether t.view(shape) exists: ATen's rule, each run of dims t keeps contiguous among themselves split
+    or merged within itself (heads split off a projection's columns are a view, a transpose's rows not)."""
+    size, stride = list(t.shape), list(t.stride())
+    if t.numel() == 0 or not size:
+        return True
+    view_d, base, numel, view_numel = len(shape) - 1, stride[-1], 1, 1
+    for d in range(len(size) - 1, -1, -1):
+        numel *= size[d]
+        if d == 0 or (size[d - 1] != 1 and stride[d - 1] != numel * base):
+            while view_d >= 0 and (view_numel < numel or shape[view_d] == 1):
+                view_numel *= shape[view_d]
+                view_d -= 1
+            if view_numel != numel:
+                return False
+            if d > 0:
+                base, numel, view_numel = stride[d - 1], 1, 1
+    return view_d == -1
+
+
+def _reshape(t, shape):
+    """t at `shape`: a view when one exists, else gathered by our own kernel (not torch) and reshaped."""
+    return t.view(shape) if _viewable(t, shape) else _contig(t).reshape(shape)
 '''
 
 
