@@ -2,9 +2,11 @@
 with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product. The floor is the larger of the task's
 FLOPs at the measured tensor-core ceiling of its dtype (tf32 for fp32) and its bytes at the measured copy
 bandwidth (what bounds a GEMV). The fp32 cases (`*_f32_*`) run our 3xTF32 kernel against cuBLAS's fp32
-path; `gemv_f32_*` run our row-wise dot products; `conv*_f32_*` our implicit-GEMM convolution against cuDNN.
+path; `gemv_f32_*` run our row-wise dot products; `conv*_f32_*` our implicit-GEMM convolution against cuDNN;
+`sdpa_*` and `gpt_attention_f32` our fused attention against PyTorch's SDPA and a hand-written GPT block
+(--compile adds torch.compile's default mode as a second baseline).
 
-    python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2]
+    python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2] [--compile]
 
 Each case is a small task file written into DIR/tasks; the candidates are the expert's tuned plan (its
 widest tile) and up to two children with another tile or ring depth (for a GEMV, its plain and tuned
@@ -32,7 +34,7 @@ from pipeline.generate.expert.render import uses_cute  # noqa: E402
 from pipeline.tasks import probe  # noqa: E402
 from pipeline.types import Status, speedup  # noqa: E402
 
-HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+HEADER = "import math\n\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
 BF16 = "dtype=torch.bfloat16"
 # name -> (forward body, init, inputs, FLOPs)
 CASES = {
@@ -123,6 +125,36 @@ CASES["dwconv2d_f32"] = (
     2 * 16 * 128 * 9 * 254 * 510,
 )
 
+# Attention (our fused kernel, 3xTF32): SDPA itself, and the hand-written chain of a GPT block (KernelBench
+# level 3's MinGPT attention at a quarter of its batch: projections, a causal mask from a buffer).
+CASES["sdpa_f32_causal"] = (
+    "class Model(nn.Module):\n    def forward(self, q, k, v):\n"
+    "        return F.scaled_dot_product_attention(q, k, v, is_causal=True)\n",
+    ["torch.randn(16, 16, 1024, 64)"] * 3,
+    2 * 2 * 16 * 16 * 1024 * 1024 * 64 // 2,  # the causal half of both products
+)
+CASES["sdpa_f32"] = (
+    "class Model(nn.Module):\n    def forward(self, q, k, v):\n"
+    "        return F.scaled_dot_product_attention(q, k, v)\n",
+    ["torch.randn(8, 16, 1024, 128)"] * 3,
+    2 * 2 * 8 * 16 * 1024 * 1024 * 128,
+)
+CASES["gpt_attention_f32"] = (
+    "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.c_attn = nn.Linear(768, 3 * 768)\n        self.c_proj = nn.Linear(768, 768)\n"
+    "        self.register_buffer('bias', torch.tril(torch.ones(512, 512)).view(1, 1, 512, 512))\n\n"
+    "    def forward(self, x):\n        B, T, C = x.size()\n"
+    "        q, k, v = self.c_attn(x).split(768, dim=2)\n"
+    "        k = k.view(B, T, 8, 96).transpose(1, 2)\n        q = q.view(B, T, 8, 96).transpose(1, 2)\n"
+    "        v = v.view(B, T, 8, 96).transpose(1, 2)\n"
+    "        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(96))\n"
+    "        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))\n"
+    "        att = F.softmax(att, dim=-1)\n        y = att @ v\n"
+    "        y = y.transpose(1, 2).contiguous().view(B, T, C)\n        return self.c_proj(y)\n",
+    ["torch.randn(32, 512, 768)"],
+    2 * 32 * 512 * 768 * 4 * 768 + 2 * 2 * 32 * 8 * 512 * 512 * 96,
+)
+
 
 def write_task(folder: Path, name: str) -> Path:
     body, inputs, _ = CASES[name]
@@ -144,7 +176,7 @@ def candidates(path: Path) -> list:
     moved = [
         k.candidate
         for k in kids
-        if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
+        if k.status == ProposalStatus.OK and any(x in k.edit for x in ("bn=", "stages=", "warps="))
     ]
     ours = [c for c in (tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
     return ours or [p.candidate for p in first]  # no GEMM kernel (a GEMV): the plain and tuned plans
@@ -155,17 +187,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="time torch.compile (default mode) as well")
     args = ap.parse_args()
+    baselines = ("eager", "compile") if args.compile else ("eager",)
     (args.out / "tasks").mkdir(parents=True, exist_ok=True)
     cfg = load(
-        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
+        home=args.out / "home", baselines=baselines, energy=False, timing_trials=50, timing_budget_s=2.0
     )
     results: dict[str, dict] = {}
     with stages.open_pool(cfg) as pool:
         for name in args.cases.split(","):
             path = write_task(args.out / "tasks", name)
             cands = candidates(path)
-            rows = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
+            rows = {c.edit: {"ours_ms": [], **{f"{b}_ms": [] for b in baselines}} for c in cands}
             for _ in range(args.repeat):
                 for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
                     row = rows[c.edit]
@@ -175,14 +209,16 @@ def main() -> int:
                         row["reasons"] = list(r.verdict.reasons)
                         continue
                     row["ours_ms"].append(m.timing.median_ms)
-                    row["eager_ms"].append(m.baselines["eager"].median_ms)
+                    for b in baselines:
+                        row[f"{b}_ms"].append(m.baselines[b].median_ms)
                     row["floor_ms"] = m.floor_ms
             flops = CASES[name][2]
             for row in rows.values():
                 if row["ours_ms"]:
                     best = min(row["ours_ms"])
                     row["tflops"] = flops / best / 1e9
-                    row["vs_eager"] = speedup(min(row["eager_ms"]), best)
+                    for b in baselines:
+                        row[f"vs_{b}"] = speedup(min(row[f"{b}_ms"]), best)
                     if row.get("floor_ms"):
                         row["fraction_of_floor"] = row["floor_ms"] / best
             results[name] = rows

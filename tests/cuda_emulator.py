@@ -91,6 +91,36 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 inline float __half2float(__half h) { _Float16 v; memcpy(&v, &h.x, 2); return (float)v; }
 inline __half __float2half_rn(float f) { _Float16 v = (_Float16)f; __half h; memcpy(&h.x, &v, 2); return h; }
 
+struct alignas(8) float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+// The warp MMA m16n8k8 on tf32 (fp32 accumulators), from PTX's fragment layouts: lane = 4 * g + t holds
+// A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, g), B(t + 4, g); C(g, 2t), C(g, 2t + 1),
+// C(g + 8, 2t), C(g + 8, 2t + 1). A tf32 operand is its fp32 bits with the low 13 dropped (truncated).
+#define KP_EMULATED 1
+static uint32_t kp_mma_a[64][32][4], kp_mma_b[64][32][2];
+inline float kp_emu_tf32_value(uint32_t u) { u &= 0xffffe000u; float f; memcpy(&f, &u, 4); return f; }
+inline void kp_emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    for (int i = 0; i < 4; ++i) kp_mma_a[kp_warp][kp_lane][i] = a[i];
+    kp_mma_b[kp_warp][kp_lane][0] = b0;
+    kp_mma_b[kp_warp][kp_lane][1] = b1;
+    kp_warp_bar[kp_warp]->arrive_and_wait();
+    const int g = kp_lane >> 2, t = kp_lane & 3;
+    for (int c = 0; c < 4; ++c) {
+        const int row = g + (c >= 2 ? 8 : 0), col = 2 * t + (c & 1);
+        float sum = 0.f;
+        for (int kk = 0; kk < 8; ++kk) {
+            const float av = kp_emu_tf32_value(kp_mma_a[kp_warp][4 * (row % 8) + kk % 4][(row >= 8) + 2 * (kk >= 4)]);
+            const float bv = kp_emu_tf32_value(kp_mma_b[kp_warp][4 * col + kk % 4][kk >= 4]);
+            sum += av * bv;
+        }
+        d[c] += sum;
+    }
+    kp_warp_bar[kp_warp]->arrive_and_wait();
+}
+
 // Blocks run one after another on nthreads std::threads; every thread takes part in every block.
 inline void kp_emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        size_t smem, const std::function<void()>& body) {

@@ -215,6 +215,21 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "attention": (  # hand-written: scale, a causal mask from a buffer, softmax; fused in the tuned plan
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("mask", torch.tril(torch.ones(16, 16)))
+            def forward(self, q, k, v):
+                att = (q @ k.transpose(-2, -1)) * 0.25
+                att = att.masked_fill(self.mask == 0, float("-inf"))
+                return torch.softmax(att, dim=-1) @ v
+        """,
+        "[torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 8)]",
+        "[]",
+        1e-5,
+    ),
     "fusions": (
         """
         class Model(nn.Module):
@@ -272,6 +287,7 @@ FAMILIES = {
     "bmm_epilogue": {"library", "ew"},
     "conv_batchnorm": {"library", "view", "ew"},
     "grouped_conv": {"library", "view", "ew"},
+    "attention": {"library", "view", "ew", "softmax"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},
@@ -541,11 +557,13 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
     for name, cand in sweep:
         report = check_launcher(cand.launcher)
         assert report.ok, (name, cand.edit, report.violations)
-        plan = plan_of(cand.source)  # our WGMMA GEMM or direct convolution leaves nothing to the library
+        plan = plan_of(
+            cand.source
+        )  # our WGMMA GEMM, direct convolution or attention leaves nothing to the library
         ours = uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
         want = (
             Kind.HYBRID
-            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv"} and not ours
+            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv", "attention"} and not ours
             else Kind.CUSTOM
         )
         assert report.kind == want, (name, cand.edit, report.library_ops)

@@ -161,19 +161,26 @@ def test_describe_lists_knobs_in_declaration_order_flags_by_name():
 # ---------------------------------------------------------------------------------------------- claims
 
 
-def test_each_kernel_region_is_claimed_by_exactly_one_family(cases):
+def test_each_kernel_region_is_computed_by_one_family(cases):
+    """One family computes each region: the only one that claims it, or (a pattern that starts at a region
+    another family also takes, such as an attention at its first product) the first by order, never a tie."""
     claimed: set[str] = set()
+    overlaps = set()
     for name, path in cases.items():
         low = prepare(capture(path))
         for r in low.regions:
             takers = [f.tag for f in FAMILIES if f.claims(r, low)]
-            assert len(takers) <= 1, (name, r.rid, takers)
+            orders = [by_tag(t).order for t in takers]
+            assert len(set(orders)) == len(orders), (name, r.rid, takers)
+            if len(takers) > 1:
+                overlaps.add(tuple(takers))
             if r.kind not in FALLBACK:  # no torch path of its own: some family must compute it
                 assert takers, (name, r.rid, r.kind)
             if takers:
                 assert family_of(r, low) is by_tag(takers[0])
                 claimed.add(takers[0])
     assert claimed == {f.tag for f in FAMILIES}  # every family has a region in these tasks
+    assert overlaps <= {("attention", "wgmma_3xtf32")}, overlaps  # the only pattern over another's region
 
 
 # ------------------------------------------------------------------------------------------ signatures

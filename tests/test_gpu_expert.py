@@ -313,6 +313,57 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # attention (our fused kernel, 3xTF32): SDPA causal (top-left when L < S), SDPA with a bool mask and a
+    # scale, a GPT block's hand-written chain (a causal mask sliced from a buffer), ReLU in place of softmax
+    "sdpa_causal": (
+        """
+        class Model(nn.Module):
+            def forward(self, q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        """,
+        "[]",
+    ),
+    "sdpa_mask": (
+        """
+        class Model(nn.Module):
+            def forward(self, q, k, v, m):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=m > 0, scale=0.3)
+        """,
+        "[]",
+    ),
+    "attention_chain": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qkv = nn.Linear(64, 192)
+                self.proj = nn.Linear(64, 64)
+                self.register_buffer("bias", torch.tril(torch.ones(256, 256)).view(1, 1, 256, 256))
+            def forward(self, x):
+                B, T, C = x.size()
+                q, k, v = self.qkv(x).split(64, dim=2)
+                q, k, v = (t.view(B, T, 2, 32).transpose(1, 2) for t in (q, k, v))
+                att = (q @ k.transpose(-2, -1)) * (1.0 / 32 ** 0.5)
+                att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+                y = F.softmax(att, dim=-1) @ v
+                return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        """,
+        "[]",
+    ),
+    "relu_attention": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("bias", torch.tril(torch.ones(256, 256)).view(1, 1, 256, 256))
+            def forward(self, q, k, v):
+                T = q.size(-2)
+                att = (q @ k.transpose(-2, -1)) * 0.125
+                att = F.relu(att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf")))
+                return att @ v
+        """,
+        "[]",
+    ),
     "convt2d_f32": (  # transposed, stride 2: the gather keeps the taps stride divides
         """
         class Model(nn.Module):
@@ -373,6 +424,14 @@ SHAPES = {
     "dwconv_f32": ["(3, 12, 37, 53)", "(1, 12, 1, 2)"],
     "grouped_conv_f16": ["(2, 12, 301)"],
     "convt3d_f32": ["(2, 4, 5, 9, 7)"],
+    "sdpa_causal": [
+        "(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 64)",
+        "(1, 2, 131, 40); (1, 2, 200, 40); (1, 2, 200, 16)",
+        "(3, 45, 8); (3, 45, 8); (3, 45, 8)",
+    ],
+    "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
+    "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],
+    "relu_attention": ["(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 24)"],
     # products: the shapes of each input, ";"-separated
     "matmul_lone": ["(300, 1024); (1024, 1000)", "(3, 7, 1032); (1032, 136)", "(1, 64); (64, 8)"],
     "bmm_epilogue": [
@@ -397,6 +456,7 @@ DIRECT = {
     "dwconv_f32",
     "grouped_conv_f16",
 }  # grouped: our direct kernel in the tuned plan, cuDNN in the plain
+ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
 
 
 def ours(c) -> bool:
@@ -449,8 +509,8 @@ def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, 
     path = family_task(tmp_path, name, shape)
     cands = proposals(path)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
-    assert_ok(cands, results, hybrid=name in GEMMS | CONVS | DIRECT)
-    if name in GEMMS | CONVS | DIRECT:  # the tuned plan runs our kernel
+    assert_ok(cands, results, hybrid=name in GEMMS | CONVS | DIRECT | ATTENTION)
+    if name in GEMMS | CONVS | DIRECT | ATTENTION:  # the tuned plan runs our kernel
         assert any(ours(c) for c in cands)
 
 

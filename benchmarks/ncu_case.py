@@ -1,0 +1,83 @@
+"""ncu's view of one bench_gemm.py case: its candidates (the tuned plan and its first edits) compiled,
+exported standalone and run once each under Nsight Compute, the kernels whose names match --kernel.
+
+    python benchmarks/ncu_case.py CASE [--kernel REGEX] [--count 2] [--out DIR]
+
+Prints the Speed Of Light, Occupancy, Warp State and Launch sections' key lines per candidate (run on the
+GPU machine: ncu needs the device and its counters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+KEEP = ("Throughput", "Occupancy", "Duration", "Warp Cycles", "Issue", "Registers", "Shared Memory",
+        "Block Limit", "Active Warps", "Eligible", "Stall")  # fmt: skip
+SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats", "LaunchStats")
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_once(module_path: str, task_path: str) -> None:
+    """The child ncu profiles: the standalone candidate called twice (ncu skips the first launch)."""
+    import torch
+
+    model = _load("candidate", module_path).ModelNew().cuda()
+    xs = [x.cuda() for x in _load("task", task_path).get_inputs()]
+    for _ in range(2):
+        model(*xs)
+    torch.cuda.synchronize()
+
+
+def main() -> int:
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        _run_once(sys.argv[2], sys.argv[3])
+        return 0
+    import bench_gemm
+
+    from pipeline.candidates import export_standalone
+    from pipeline.compile import compile_candidates
+    from pipeline.config import Config
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("case")
+    ap.add_argument("--kernel", default=".", help="regex of the kernel names to profile")
+    ap.add_argument("--count", type=int, default=2, help="candidates to profile")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/kernelpro-ncu"))
+    args = ap.parse_args()
+    (args.out / "tasks").mkdir(parents=True, exist_ok=True)
+    path = bench_gemm.write_task(args.out / "tasks", args.case)
+    cands = bench_gemm.candidates(path)[: args.count]
+    builds = compile_candidates(cands, Config(home=args.out / "home", arch="sm_90a"))
+    for i, (c, b) in enumerate(zip(cands, builds, strict=True)):
+        print(f"== {args.case} [{i}] {c.edit}: {[str(r) for r in b.resources]}", flush=True)
+        if b.status.value != "ok":
+            print(b.log[-2000:])
+            continue
+        module = export_standalone(c, b, args.out / f"{args.case}_{i}.py")
+        cmd = ["ncu", "--kernel-name", f"regex:{args.kernel}", "--launch-skip", "1", "--launch-count", "1"]
+        cmd += [x for s in SECTIONS for x in ("--section", s)]
+        cmd += [sys.executable, __file__, "--child", str(module), str(path)]
+        rep = subprocess.run(cmd, capture_output=True, text=True)
+        print("\n".join(ln for ln in rep.stdout.splitlines() if any(k in ln for k in KEEP)), flush=True)
+        if rep.returncode:
+            print(rep.stderr[-1500:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
