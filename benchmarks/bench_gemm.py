@@ -3,6 +3,7 @@ with the L2 flushed), on the GPU. Eager is cuBLAS for a lone product. The floor 
 FLOPs at the measured tensor-core ceiling of its dtype (tf32 for fp32) and its bytes at the measured copy
 bandwidth (what bounds a GEMV). The fp32 cases (`*_f32_*`) run our 3xTF32 kernel against cuBLAS's fp32
 path; `gemv_f32_*` run our row-wise dot products; `conv*_f32_*` our implicit-GEMM convolution against cuDNN;
+`maxpool*_f32` our pooling kernel against PyTorch's;
 `sdpa_*` and `gpt_attention_f32` our fused attention against PyTorch's SDPA and a hand-written GPT block
 (--compile adds torch.compile's default mode as a second baseline).
 
@@ -123,6 +124,21 @@ CASES["dwconv2d_f32"] = (
     "    def forward(self, x):\n        return self.conv(x)\n",
     ["torch.randn(16, 128, 256, 512)"],
     2 * 16 * 128 * 9 * 254 * 510,
+)
+
+# Pooling on the CUDA cores (KernelBench level 1's 42 and 43 shapes).
+CASES["maxpool2d_f32"] = (
+    "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.p = nn.MaxPool2d(4, stride=1, padding=1)\n\n    def forward(self, x):\n        return self.p(x)\n",
+    ["torch.randn(32, 64, 512, 512)"],
+    32 * 64 * 511 * 511 * 16,  # compares
+)
+CASES["maxpool3d_f32"] = (
+    "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.p = nn.MaxPool3d(3, stride=2, padding=1, dilation=3)\n\n"
+    "    def forward(self, x):\n        return self.p(x)\n",
+    ["torch.randn(16, 32, 128, 128, 128)"],
+    16 * 32 * 62**3 * 27,
 )
 
 # Attention (our fused kernel, 3xTF32): SDPA itself, and the hand-written chain of a GPT block (KernelBench

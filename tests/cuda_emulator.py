@@ -30,6 +30,9 @@ SHIM = r"""
 #include <memory>
 #include <thread>
 #include <vector>
+#include <algorithm>
+using std::max;  // CUDA's integer min and max
+using std::min;
 
 struct kp_dim3 { unsigned x = 0, y = 0, z = 0; };
 thread_local kp_dim3 threadIdx, blockIdx;

@@ -13,8 +13,10 @@ from test_conv import conv_region, conv_task
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
-from pipeline.generate.expert import ExpertPolicy, plan_of
+from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
+from pipeline.generate.expert.edits import base_plan
 from pipeline.generate.expert.families import conv_direct, conv_tf32
+from pipeline.generate.expert.render import prepare
 from pipeline.tasks import load_module, probe
 from pipeline.types import Status
 
@@ -97,3 +99,15 @@ def test_direct_convolutions_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK and not b.log, b.log  # not even a warning
         (k,) = [r for r in b.resources if r.name.endswith("_dconv")]
         assert k.spill_stores == 0, k
+
+
+def test_a_lone_grouped_convolution_is_ours_in_the_plain_plan_too(tmp_path):
+    """Nothing else to compute (no bias, no chain after it): the plain plan takes our kernel too, else the
+    expert would have nothing to write for KernelBench's lone depthwise convolutions."""
+    path = conv_task(tmp_path, "c", cin=8, cout=8, g=8, bias=False, expr="self.conv(x)")
+    ok, why = supports(path)
+    assert ok, why
+    low = prepare(capture(path))
+    assert [rp.TAG for rp in base_plan(low, False).regions] == ["direct_conv"]
+    with_bias = prepare(capture(conv_task(tmp_path, "b", cin=8, cout=8, g=8, expr="self.conv(x)")))
+    assert "direct_conv" not in [rp.TAG for rp in base_plan(with_bias, False).regions]  # cuDNN, bias ours

@@ -16,6 +16,7 @@ from pipeline.config import Config
 from pipeline.generate.base import Context, ProposalStatus, Tried
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
 from pipeline.generate.expert.edits import base_plan, legal_edits
+from pipeline.generate.expert.families import family_of
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.static_check import check_launcher
@@ -215,6 +216,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "pooling": (  # max and average pools on the CUDA cores, the chain after them in its own kernel
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return F.max_pool2d(x, 3, stride=2, padding=1) + F.avg_pool2d(x, 2, stride=2, ceil_mode=True)
+        """,
+        "[torch.randn(2, 3, 8, 10)]",
+        "[]",
+        1e-5,
+    ),
     "attention": (  # hand-written: scale, a causal mask from a buffer, softmax; fused in the tuned plan
         """
         class Model(nn.Module):
@@ -288,6 +299,7 @@ FAMILIES = {
     "conv_batchnorm": {"library", "view", "ew"},
     "grouped_conv": {"library", "view", "ew"},
     "attention": {"library", "view", "ew", "softmax"},
+    "pooling": {"torch", "ew"},  # the pools are torch-kind regions our pool family claims
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},
@@ -366,7 +378,11 @@ def test_capture_covers_family_cases(cases):
         low = prepare(capture(path))
         kinds = {r.kind for r in low.regions}
         assert kinds == FAMILIES[name], (name, kinds, low.notes)
-        assert not [r for r in low.regions if r.kind is RegionKind.TORCH], (name, low.notes)
+        # nothing left to PyTorch: a torch-kind region (a pool, an SDPA call) only where a family claims it
+        assert not [r for r in low.regions if r.kind is RegionKind.TORCH and family_of(r, low) is None], (
+            name,
+            low.notes,
+        )
 
 
 def test_unsupported_op_alone_is_unsupported_with_reason(tmp_path):
@@ -391,6 +407,37 @@ def test_unsupported_op_is_left_to_pytorch_with_a_note(tmp_path):
     report = check_launcher(props[0].candidate.launcher)
     assert report.ok and report.kind == Kind.HYBRID
     assert any("linalg_svd" in op for op in report.library_ops)
+
+
+@needs_gxx
+def test_a_python_scalar_argument_is_specialized_and_checked(tmp_path):
+    """forward(A, s) called with a float s: captured as the reference's value (as torch.export does), and
+    ModelNew refuses another value instead of silently computing with the old one."""
+    body = "class Model(nn.Module):\n    def forward(self, a, s):\n        return torch.relu(a * s)"
+    path = task_file(tmp_path, "scalar_arg", body, "[torch.randn(7, 33), 3.25]")
+    g = capture(path)
+    assert g.scalars == (("s", 3.25),) and [n.name for n in g.inputs] == ["a"]
+    ok, why = supports(path)
+    assert ok, why
+    from cuda_emulator import build, load_model
+
+    (tuned,) = ExpertPolicy().propose(ctx(path), 2)[1:]
+    model = load_model(tuned.candidate.launcher, build(tuned.candidate.source))()
+    a = torch.randn(7, 33)
+    assert torch.allclose(model(a, 3.25), torch.relu(a * 3.25))
+    with pytest.raises(ValueError, match=r"compiled for s = 3\.25"):
+        model(a, 2.0)
+
+
+def test_numpy_t_is_a_view_in_the_launcher(tmp_path):
+    """x.T (aten.numpy_T) is plumbing: the launcher permutes the view, the product reads it."""
+    body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a.T, b.T) * 2"
+    path = task_file(tmp_path, "numpy_t", body, "[torch.randn(64, 48), torch.randn(32, 64)]")
+    ok, why = supports(path)
+    assert ok, why
+    for p in ExpertPolicy().propose(ctx(path), 2):
+        assert ".permute(1, 0)" in p.candidate.launcher and "numpy_T" not in p.candidate.launcher
+        assert check_launcher(p.candidate.launcher).ok
 
 
 @pytest.mark.parametrize(

@@ -313,6 +313,29 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # pooling on the CUDA cores: max with dilation and ceil mode, average without the padding in the count
+    "max_pool3d": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = nn.MaxPool3d(3, stride=2, padding=1, dilation=2, ceil_mode=True)
+            def forward(self, x):
+                return self.p(x)
+        """,
+        "[]",
+    ),
+    "avg_pool2d": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.p = nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)
+            def forward(self, x):
+                return self.p(x)
+        """,
+        "[]",
+    ),
     # attention (our fused kernel, 3xTF32): SDPA causal (top-left when L < S), SDPA with a bool mask and a
     # scale, a GPT block's hand-written chain (a causal mask sliced from a buffer), ReLU in place of softmax
     "sdpa_causal": (
@@ -429,6 +452,8 @@ SHAPES = {
         "(1, 2, 131, 40); (1, 2, 200, 40); (1, 2, 200, 16)",
         "(3, 45, 8); (3, 45, 8); (3, 45, 8)",
     ],
+    "max_pool3d": ["(2, 3, 9, 17, 13)"],
+    "avg_pool2d": ["(3, 5, 37, 53)", "(1, 1, 1, 2)"],
     "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],
     "relu_attention": ["(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 24)"],

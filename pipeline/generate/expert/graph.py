@@ -93,6 +93,9 @@ class Graph:
     state: tuple[StateEntry, ...]
     returns_tuple: bool = False
     notes: tuple[str, ...] = ()
+    # forward's non-tensor arguments (a Python float or int), specialized to the reference's values as
+    # torch.export does: ModelNew checks that it is called with the same
+    scalars: tuple[tuple[str, Any], ...] = ()
     by_name: dict[str, Node] = field(default_factory=dict, compare=False, repr=False)
 
     def node(self, name: str) -> Node:
@@ -234,9 +237,15 @@ def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id:
     notes: list[str] = []
     outputs: tuple[Any, ...] = ()
     renamed: dict[str, Any] = {}  # export placeholder -> forward argument name (or a constant's value)
+    scalars: list[tuple[str, Any]] = []
 
     tensor_positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
     user_placeholders = list(sig.user_inputs)
+    user_order = [
+        m
+        for m in ep.graph.nodes
+        if m.op == "placeholder" and m.name not in to_param and m.name not in constants
+    ]
 
     for n in ep.graph.nodes:
         val = n.meta.get("val")
@@ -250,6 +259,13 @@ def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id:
                     f"the model holds a tensor constant ({constants[n.name]}) that is neither a parameter nor "
                     "a buffer, so its values cannot be carried over"
                 )
+            if n.name not in to_param and isinstance(val, bool | int | float):
+                # export lists such an input by its value, not its name: its place among the user inputs
+                pos = user_order.index(n)
+                arg_name = forward_args[pos] if pos < len(forward_args) else n.name
+                renamed[n.name] = val
+                scalars.append((arg_name, val))
+                continue
             shape, dtype = _meta(val, n.name)
             if n.name in to_param:
                 key = to_param[n.name]
@@ -310,6 +326,7 @@ def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id:
         state=state,
         returns_tuple=_returns_tuple(ep),
         notes=tuple(notes),
+        scalars=tuple(scalars),
     )
     graph.by_name.update({n.name: n for n in (*user_nodes, *params, *nodes)})
     return graph

@@ -366,6 +366,6 @@ GEMMS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm"})
 CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
 # Views and layout changes, done in the launcher with torch's own (plumbing) tensor methods.
 VIEWS = frozenset(
-    {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "t", "unsqueeze",
+    {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "t", "numpy_T", "unsqueeze",
      "squeeze", "expand", "select", "slice", "narrow", "getitem", "split", "chunk", "unbind"}
 )  # fmt: skip

@@ -118,6 +118,12 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
     args = ", ".join(g.forward_args)
     lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
     first = g.inputs[0].name if g.inputs else None
+    for name, value in g.scalars:  # specialized at capture, as torch.export does
+        lines += [
+            f"        if {name} != {value!r}:",
+            f"            raise ValueError(f'kernelpro expert: compiled for {name} = {value!r} (the value the "
+            f"reference was captured with), got {{{name}!r}}')",
+        ]
     if first:
         lines += [
             "        if not self.sms:",
@@ -218,6 +224,8 @@ def _view(n: Node, a: list[str], low: Lowered) -> str | None:
         return f"{x}.{method}({', '.join(a[1:])})"
     if n.op == "t":
         return f"{x}.t()"
+    if n.op == "numpy_T":  # x.T: every dim reversed
+        return f"{x}.permute({', '.join(str(d) for d in reversed(range(len(n.shape or ()))))})"
     if n.op == "squeeze":
         return f"{x}.squeeze({', '.join(a[1:])})"
     if n.op == "slice":

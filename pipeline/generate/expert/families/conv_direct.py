@@ -73,10 +73,13 @@ _fuse = gemm_kit.fuse_edit(epilogue)
 
 
 def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
-    """Tuned: the chain after the convolution fused on its stores."""
+    """Tuned: the chain after the convolution fused on its stores. Plain: cuDNN, unless nothing else would
+    be ours (a lone depthwise convolution): then our kernel, nothing fused."""
     if tuned:
         for _, p in _fuse(plan, plan.get(r.rid), r, low):
             plan = p
+    elif plan.get(r.rid) is None and all(isinstance(x, DirectPlan) for x in plan.regions):
+        plan = plan.add(DirectPlan(r.rid))
     return plan
 
 

@@ -1,0 +1,113 @@
+"""Max and average pooling, 1-D to 3-D (max_pool1d/2d/3d, avg_pool1d/2d/3d; fp32, fp16, bf16), on the CUDA
+cores (templates/pool.py): any kernel, stride, padding, dilation (max), ceil mode, count_include_pad and
+divisor override. Max pooling that also returns indices stays in PyTorch. Both plans take our kernel (there
+is no library anchor to keep). Edits: coarsen_threads (outputs a thread x2, up to 8), more_parallelism
+(x1/2), resize_grid (threads x2 and /2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import pool
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.pool import PoolForm
+
+OPS = {f"{kind}_pool{d}d": (kind, d) for kind in ("max", "avg") for d in (1, 2, 3)}
+DTYPES = ("float32", "float16", "bfloat16")
+MAX_OUTS = 8
+
+
+@dataclass(frozen=True)
+class PoolPlan(RegionPlan):
+    TAG: ClassVar[str] = "pool"
+    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads")
+
+    outs: int = 1  # outputs of one row a thread computes
+    threads: int = 256
+
+
+def _triple(v: Any, dims: int, default: int) -> tuple[int, int, int] | None:
+    vals = list(v) if isinstance(v, list | tuple) else [v] if v is not None else []
+    vals = vals or [default]
+    if len(vals) == 1:
+        vals = vals * dims
+    if len(vals) != dims or not all(isinstance(x, int) for x in vals):
+        return None
+    full = [default] * (3 - dims) + vals
+    return full[0], full[1], full[2]
+
+
+def form(r: Region, low: Lowered) -> PoolForm | str:
+    """The pool's geometry when our kernel computes this region, else why not."""
+    n = r.node
+    if r.kind is not RegionKind.TORCH or n.op not in OPS:
+        return "not a max or average pool"
+    kind, dims = OPS[n.op]
+    x = low.by_name.get(getattr(n.args[0], "name", ""))
+    if x is None or not x.shape or not n.shape or len(x.shape) not in (dims + 1, dims + 2):
+        return "the input's shape is unknown or not (N, C, ...) / (C, ...)"
+    if n.dtype not in DTYPES or x.dtype != n.dtype:
+        return f"pooling takes fp32, fp16 or bf16, not {n.dtype}"
+    a = [*n.args[1:], *([None] * 7)]
+    kernel = _triple(a[0], dims, 1)
+    stride = _triple(a[1] or a[0], dims, 1)
+    pad = _triple(a[2] if a[2] is not None else 0, dims, 0)
+    if kind == "max":
+        dil = _triple(a[3] if a[3] is not None else 1, dims, 1)
+        include, divisor = True, 0
+    else:
+        dil = (1, 1, 1)
+        include = True if a[4] is None else bool(a[4])
+        divisor = int(a[5] or 0) if dims > 1 else 0
+    if kernel is None or stride is None or pad is None or dil is None:
+        return "the pool's window arguments are not constant integers"
+    size = (*[1] * (3 - dims), *x.shape[-dims:])
+    out = (*[1] * (3 - dims), *n.shape[-dims:])
+    return PoolForm(kind, dims, size, out, kernel, stride, pad, dil, include, divisor)
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return not isinstance(form(r, low), str)
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> PoolPlan:
+    """Plain: an output a thread. Tuned: four (each window row read once for them)."""
+    return PoolPlan(r.rid, outs=4) if tuned else PoolPlan(r.rid)
+
+
+def render(r: Region, rp: PoolPlan, low: Lowered, hunter: Any) -> Code:
+    f = form(r, low)
+    if isinstance(f, str):
+        raise RenderError(f"region {r.rid} cannot be our pool: {f}")
+    return pool.render(r, f, rp, r.node.dtype or "float32")
+
+
+def _coarsen(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> Any:
+    if rp.outs * 2 <= MAX_OUTS:
+        yield from change("coarsen_threads", plan, rp, outs=rp.outs * 2)
+
+
+def _parallelism(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> Any:
+    if rp.outs > 1:
+        yield from change("more_parallelism", plan, rp, outs=rp.outs // 2)
+
+
+def _resize(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> Any:
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from change("resize_grid", plan, rp, threads=threads)
+
+
+FAMILY = Family(
+    knobs=PoolPlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={"coarsen_threads": _coarsen, "more_parallelism": _parallelism, "resize_grid": _resize},
+    order=12,
+)

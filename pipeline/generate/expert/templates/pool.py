@@ -1,0 +1,139 @@
+"""Max and average pooling, 1-D to 3-D, on the CUDA cores (which pools it takes: families/pool.py).
+
+A pool reads each input about (window / stride^dims) times and does one compare or add per read: bound by
+memory, so each thread computes `outs` outputs of one output row (consecutive threads take consecutive
+pixels: a warp's loads coalesce at the stride), the window's rows read once for all of them through the
+cache. The geometry is compiled in (1-D and 2-D pools are 3-D ones with unit extents in front), the batch
+and channel count are not. Max pooling propagates NaN as PyTorch does; average pooling divides as PyTorch
+does: by the window clipped to the padded input (count_include_pad), by its valid elements, or by the
+divisor override.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.signature import Signature, i64, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.pool import PoolPlan
+
+
+@dataclass(frozen=True)
+class PoolForm:
+    op: str  # "max" or "avg"
+    dims: int  # 1, 2 or 3
+    size: tuple[int, int, int]  # input (D, H, W), unit extents in front for fewer dims
+    out: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    pad: tuple[int, int, int]
+    dil: tuple[int, int, int]
+    include_pad: bool = True  # average: the padding counts in the divisor
+    divisor: int = 0  # average: the divisor override (0: none)
+
+
+def lanes(f: PoolForm, outs: int) -> int:
+    return -(-f.out[2] // outs)
+
+
+def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
+    rid = r.rid
+    t = ctype(dtype)
+    sig = Signature((ptr("x", t), ptr("out", t, const=False), i64("rows")))
+    (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
+    (idp, ih, iw), (od, oh, ow) = f.size, f.out
+    if f.op == "max":
+        init, step = "-CUDART_INF_F", "acc[v] = (xv > acc[v] || xv != xv) ? xv : acc[v];"
+        finish = "const float res = acc[u];"
+    else:
+        init, step = "0.f", "acc[v] += xv;"
+        if f.divisor:
+            finish = f"const float res = acc[u] / {float(f.divisor)!r}f;"
+        elif f.include_pad:  # the window clipped to the padded input
+            finish = (
+                "const int x0 = ox * SW - PW, x1 = min(x0 + KW, IW + PW);\n"
+                "        const float res = acc[u] / (float)((z1 - z0) * (y1 - y0) * (x1 - x0));"
+            )
+        else:  # the window's elements inside the input
+            finish = (
+                "const int x0 = ox * SW - PW, x1 = min(x0 + KW, IW);\n"
+                "        const float res = acc[u] / (float)((min(z1, ID) - max(z0, 0)) * (min(y1, IH) - max(y0, 0)) "
+                "* (x1 - max(x0, 0)));"
+            )
+    cuda = f"""namespace kp_{rid} {{
+constexpr int OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
+constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
+constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
+constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
+}}  // namespace kp_{rid}
+extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.decls()}) {{
+    using namespace kp_{rid};
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * LANES) return;
+    const long long row = i / LANES;  // (plane * OD + oz) * OH + oy, plane = n * C + c
+    const int lane = (int)(i - row * LANES);
+    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
+    const {t}* xp = x + (row / ((long long)OH * OD)) * ((long long)ID * IH * IW);
+    const int z0 = oz * SD - PD, y0 = oy * SH - PH;
+    const int z1 = min(z0 + KD, ID + PD), y1 = min(y0 + KH, IH + PH);  // (average) the padded window's end
+    (void)z1; (void)y1;
+    float acc[OUTS];
+    #pragma unroll
+    for (int v = 0; v < OUTS; ++v) acc[v] = {init};
+    #pragma unroll
+    for (int kz = 0; kz < KD; ++kz) {{
+        const int iz = z0 + kz * DD;
+        if ((unsigned)iz >= (unsigned)ID) continue;
+        #pragma unroll
+        for (int ky = 0; ky < KH; ++ky) {{
+            const int iy = y0 + ky * DH;
+            if ((unsigned)iy >= (unsigned)IH) continue;
+            const {t}* xr = xp + ((long long)iz * IH + iy) * IW;
+            #pragma unroll
+            for (int kx = 0; kx < KW; ++kx) {{
+                #pragma unroll
+                for (int v = 0; v < OUTS; ++v) {{
+                    const int ox = lane + v * LANES, ix = ox * SW - PW + kx * DW;
+                    if (ox < OW && (unsigned)ix < (unsigned)IW) {{
+                        const float xv = ld(xr[ix]);
+                        {step}
+                    }}
+                }}
+            }}
+        }}
+    }}
+    #pragma unroll
+    for (int u = 0; u < OUTS; ++u) {{
+        const int ox = lane + u * LANES;
+        if (ox >= OW) continue;
+        {finish}
+        out[row * OW + ox] = cv<{t}>(res);
+    }}
+}}
+"""
+    n = r.node
+    x = n.args[0]
+    in_shape = tuple(n.shape or ())[: -f.dims]  # (N, C) or (C,): the leading dims
+    lead = len(in_shape)
+    sp_in = ", ".join(str(v) for v in f.size[3 - f.dims :])
+    sp_out = ", ".join(str(v) for v in f.out[3 - f.dims :])
+    launcher = "\n".join([
+        f"def _pool_{rid}(sms, x):",
+        f'    """{f.op.capitalize()} pooling ({f.dims}-D) on the CUDA cores: {rp.outs} outputs a thread, '
+        f'{rp.threads} threads a block."""',
+        f"    if tuple(x.shape[{lead}:]) != ({sp_in},):",
+        f"        raise ValueError(f'kernelpro expert: the pool was compiled for inputs (..., {sp_in}), not "
+        "{tuple(x.shape)}')",
+        "    x = _contig(x)",
+        f"    out = torch.empty((*x.shape[:{lead}], {sp_out}), dtype={torch_dtype(dtype)}, device=x.device)",
+        f"    rows = out.numel() // {ow}",
+        "    if rows:",
+        f"        kernels.kp_{rid}_pool((-(-rows * {lanes(f, rp.outs)} // {rp.threads}),), ({rp.threads},), "
+        f"({sig.args()}))  # noqa: F821",
+        "    return out",
+    ])  # fmt: skip
+    return Code(cuda, launcher, f"_pool_{rid}", (f"kp_{rid}_pool",), (x.name,), r.outputs)
