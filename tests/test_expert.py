@@ -216,6 +216,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "losses": (  # lowered to elementwise ops and reductions: Huber, smooth L1 (broadcast), L1, MSE, triplet
+        """
+        class Model(nn.Module):
+            def forward(self, x, y, z, w):
+                return (F.smooth_l1_loss(x, y), F.smooth_l1_loss(x, y, beta=0.5, reduction="sum"),
+                        F.huber_loss(x, y, delta=0.7), F.smooth_l1_loss(x, w, beta=0.0),
+                        F.triplet_margin_loss(x, y, z, margin=0.7), F.triplet_margin_loss(x, y, z, p=1, reduction="none"),
+                        F.mse_loss(x, z), F.l1_loss(y, z, reduction="sum"))
+        """,
+        "[torch.randn(6, 40), torch.randn(6, 40), torch.randn(6, 40), torch.randn(40)]",
+        "[]",
+        1e-5,
+    ),
     "pooling": (  # max and average pools on the CUDA cores, the chain after them in its own kernel
         """
         class Model(nn.Module):
@@ -299,7 +312,8 @@ FAMILIES = {
     "conv_batchnorm": {"library", "view", "ew"},
     "grouped_conv": {"library", "view", "ew"},
     "attention": {"library", "view", "ew", "softmax"},
-    "pooling": {"torch", "ew"},  # the pools are torch-kind regions our pool family claims
+    "pooling": {"torch", "ew"},
+    "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},

@@ -86,7 +86,10 @@ def lower(graph: Graph) -> Lowered:
     nodes: list[Node] = []
     notes: list[str] = list(graph.notes)
     for n in graph.nodes:
-        for m in _lower_node(n, by_name):
+        lowered = _lower_node(n, by_name)
+        if not lowered:  # dropped (broadcast_tensors): kept by name for the nodes that take it apart
+            by_name[n.name] = n
+        for m in lowered:
             nodes.append(m)
             by_name[m.name] = m
     users: dict[str, list[str]] = {}
@@ -141,8 +144,117 @@ def _gemv(n: Node, x: object, v: object, by_name: dict[str, Node], bias: object 
     return [vec, prod, dot, _mk(n.name, "add", (Ref(dot.name), bias), n.shape, dt, "Tensor")]
 
 
+def _reduced(n: Node, value: Ref, reduction: object, dt: str) -> Node:
+    """A loss's reduction: none (0: the value itself), mean (1) or sum (2) over every element."""
+    if reduction == 0:
+        return _mk(n.name, "alias", (value,), n.shape, dt)
+    return _mk(n.name, "mean" if reduction == 1 else "sum", (value,), n.shape, dt)
+
+
+def _smooth_l1(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """smooth_l1_loss and huber_loss as elementwise ops and one reduction, d = x - y: 0.5 d^2 / beta where
+    |d| < beta, |d| - 0.5 beta elsewhere (|d| for beta = 0); Huber's is that times its delta."""
+    a = n.args
+    x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+    reduction = a[2] if len(a) > 2 else n.kw("reduction", 1)
+    huber = n.op == "huber_loss"
+    beta = float(a[3] if len(a) > 3 else n.kw("delta" if huber else "beta", 1.0))
+    scale = beta if huber else 1.0
+    if x is None or x.shape is None or n.dtype not in ops.FLOAT_DTYPES or reduction not in (0, 1, 2):
+        return None
+    shape, dt, name = x.shape, n.dtype, n.name
+    d = _mk(f"{name}_d", "sub", (a[0], a[1]), shape, dt, "Tensor")
+    ad = _mk(f"{name}_abs", "abs", (Ref(d.name),), shape, dt)
+    out = [d, ad]
+    if beta > 0:
+        sq = _mk(f"{name}_sq", "mul", (Ref(d.name), Ref(d.name)), shape, dt, "Tensor")
+        quad = _mk(f"{name}_quad", "mul", (Ref(sq.name), 0.5 * scale / beta), shape, dt, "Tensor")
+        lin = _mk(f"{name}_lin", "sub", (Ref(ad.name), 0.5 * beta), shape, dt, "Tensor")
+        small = _mk(f"{name}_small", "lt", (Ref(ad.name), beta), shape, "bool", "Scalar")
+        out += [sq, quad, lin, small]
+        if huber:
+            lin = _mk(f"{name}_lin_delta", "mul", (Ref(lin.name), scale), shape, dt, "Tensor")
+            out.append(lin)
+        out.append(
+            _mk(f"{name}_l", "where", (Ref(small.name), Ref(quad.name), Ref(lin.name)), shape, dt, "self")
+        )
+    else:
+        out.append(_mk(f"{name}_l", "alias", (Ref(ad.name),), shape, dt))
+    return [*out, _reduced(n, Ref(out[-1].name), reduction, dt)]
+
+
+def _l1_mse(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """l1_loss and mse_loss: |x - y| or (x - y)^2, then the reduction."""
+    a = n.args
+    x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+    reduction = a[2] if len(a) > 2 else n.kw("reduction", 1)
+    if x is None or x.shape is None or n.dtype not in ops.FLOAT_DTYPES or reduction not in (0, 1, 2):
+        return None
+    shape, dt, name = x.shape, n.dtype, n.name
+    d = _mk(f"{name}_d", "sub", (a[0], a[1]), shape, dt, "Tensor")
+    if n.op == "l1_loss":
+        term = _mk(f"{name}_l", "abs", (Ref(d.name),), shape, dt)
+    else:
+        term = _mk(f"{name}_l", "mul", (Ref(d.name), Ref(d.name)), shape, dt, "Tensor")
+    return [d, term, _reduced(n, Ref(term.name), reduction, dt)]
+
+
+def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """triplet_margin_loss (p = 1 or 2, no swap): max(margin + |a - p + eps|_p - |a - n + eps|_p, 0) per
+    row (the norms over the last dim), then the reduction: elementwise ops and row sums."""
+    a = n.args
+    anchor = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+    margin, p, eps, swap, reduction = [*a[3:], *(None,) * 5][:5]
+    margin = 1.0 if margin is None else float(margin)
+    p = 2.0 if p is None else float(p)
+    eps = 1e-6 if eps is None else float(eps)
+    reduction = 1 if reduction is None else reduction
+    if anchor is None or not anchor.shape or p not in (1.0, 2.0) or swap or reduction not in (0, 1, 2):
+        return None
+    if n.dtype not in ops.FLOAT_DTYPES:
+        return None
+    shape, dt, name = anchor.shape, n.dtype, n.name
+    rows = shape[:-1]
+    out: list[Node] = []
+    dists = []
+    for tag, other in (("pos", a[1]), ("neg", a[2])):
+        diff = _mk(f"{name}_{tag}_diff", "sub", (a[0], other), shape, dt, "Tensor")
+        de = _mk(f"{name}_{tag}_eps", "add", (Ref(diff.name), eps), shape, dt, "Tensor")
+        if p == 2.0:
+            term = _mk(f"{name}_{tag}_sq", "mul", (Ref(de.name), Ref(de.name)), shape, dt, "Tensor")
+        else:
+            term = _mk(f"{name}_{tag}_abs", "abs", (Ref(de.name),), shape, dt)
+        total = _mk(f"{name}_{tag}_sum", "sum", (Ref(term.name), (-1,), False), rows, dt, _OVERLOAD["sum"])
+        out += [diff, de, term, total]
+        if p == 2.0:
+            out.append(_mk(f"{name}_{tag}_dist", "sqrt", (Ref(total.name),), rows, dt))
+        dists.append(Ref(out[-1].name))
+    gap = _mk(f"{name}_gap", "sub", (dists[0], dists[1]), rows, dt, "Tensor")
+    shifted = _mk(f"{name}_shift", "add", (Ref(gap.name), margin), rows, dt, "Tensor")
+    hinge = _mk(f"{name}_hinge", "clamp_min", (Ref(shifted.name), 0.0), rows, dt)
+    out += [gap, shifted, hinge]
+    return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
+
+
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
+    if n.op == "broadcast_tensors":
+        return []  # a tuple its getitems take apart: each becomes an expand of its own operand
+    if n.op == "getitem" and isinstance(a[0], Ref) and n.shape is not None:
+        src = by_name.get(a[0].name)
+        if src is not None and src.op == "broadcast_tensors":
+            operand = src.args[0][int(a[1])]
+            return [_mk(n.name, "expand", (operand, n.shape), n.shape, n.dtype)]
+    if (
+        n.op in ("smooth_l1_loss", "huber_loss")
+        and n.shape is not None
+        and (lowered := _smooth_l1(n, by_name))
+    ):
+        return lowered
+    if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
+        return lowered
+    if n.op == "triplet_margin_loss" and n.shape is not None and (lowered := _triplet(n, by_name)):
+        return lowered
     if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
         return gemv
     if n.op in ("mm", "matmul", "mv") and (gemv := _gemv(n, a[0], a[1], by_name)):
