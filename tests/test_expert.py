@@ -443,6 +443,21 @@ def test_a_python_scalar_argument_is_specialized_and_checked(tmp_path):
         model(a, 2.0)
 
 
+def test_einsums_that_are_products_become_gemms(tmp_path):
+    """A matmul or bmm written as an einsum is a library GEMM region (ours in the tuned plan); other
+    einsums stay in PyTorch, said so."""
+    body = (
+        "class Model(nn.Module):\n    def forward(self, a, b, c, d):\n"
+        '        return torch.einsum("bijl,lk->bijk", a, b), torch.einsum("bij,bjk->bik", c, d), '
+        'torch.einsum("ij,ij->i", b, b)'
+    )
+    inputs = "[torch.randn(2, 3, 5, 8), torch.randn(8, 12), torch.randn(4, 6, 8), torch.randn(4, 8, 12)]"
+    low = prepare(capture(task_file(tmp_path, "einsum", body, inputs)))
+    ops_ = [(r.kind, r.node.op) for r in low.regions]
+    assert (RegionKind.LIBRARY, "gemm_matmul") in ops_ and (RegionKind.LIBRARY, "gemm_bmm") in ops_
+    assert any("einsum" in note for note in low.notes)  # "ij,ij->i" is left to PyTorch
+
+
 def test_numpy_t_is_a_view_in_the_launcher(tmp_path):
     """x.T (aten.numpy_T) is plumbing: the launcher permutes the view, the product reads it."""
     body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a.T, b.T) * 2"

@@ -236,8 +236,33 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
 
 
+def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """A two-operand einsum that is a product: one contracted index, the last of the first operand and the
+    first of a 2-D second ("bijl,lk->bijk": a matmul) or the middle of a 3-D one with the same batch index
+    ("bij,bjk->bik": a bmm), the output its free indices in order."""
+    eq, operands = n.args[0], n.args[1] if len(n.args) > 1 else ()
+    if not isinstance(eq, str) or "->" not in eq or "." in eq or len(operands) != 2:
+        return None
+    ins, out = eq.replace(" ", "").split("->")
+    parts = ins.split(",")
+    if len(parts) != 2:
+        return None
+    x, y = parts
+    shared = set(x) & set(y)
+    if len(set(x)) != len(x) or len(set(y)) != len(y) or not x or not y:
+        return None
+    if len(y) == 2 and shared == {x[-1]} and y[0] == x[-1] and out == x[:-1] + y[1]:
+        return [dataclasses.replace(_mk(n.name, "gemm_matmul", operands, n.shape, n.dtype), target=n.target)]
+    if (len(x) == len(y) == 3 and x[0] == y[0] and x[2] == y[1] and shared == {x[0], x[2]}
+            and out == x[0] + x[1] + y[2]):  # fmt: skip
+        return [dataclasses.replace(_mk(n.name, "gemm_bmm", operands, n.shape, n.dtype), target=n.target)]
+    return None
+
+
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
+    if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):
+        return lowered
     if n.op == "broadcast_tensors":
         return []  # a tuple its getitems take apart: each becomes an expand of its own operand
     if n.op == "getitem" and isinstance(a[0], Ref) and n.shape is not None:
