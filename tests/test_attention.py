@@ -187,7 +187,7 @@ def test_emulated_attention_matches_pytorch(tmp_path, name):
         want = ref.double()(*[x.double() for x in xs])
     cands = _ours(path)
     assert cands
-    for edit, source, launcher in cands[:3]:
+    for edit, source, launcher in cands[:2]:
         kernels = build(source, tmp_path)
         model = load_model(launcher, kernels)()
         model.load_state_dict(state, strict=False)

@@ -458,6 +458,24 @@ def test_einsums_that_are_products_become_gemms(tmp_path):
     assert any("einsum" in note for note in low.notes)  # "ij,ij->i" is left to PyTorch
 
 
+def test_a_value_nothing_returns_depends_on_is_not_computed(tmp_path):
+    """A layer computed and never used (KernelBench's LSTM tasks return the state, not the head): no call
+    for it in the launcher, which once wrote `= _r_linear(...)` with no name to assign and did not parse."""
+    body = (
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = nn.Linear(8, 4)\n\n    def forward(self, x):\n        y = self.fc(x)\n"
+        "        return torch.relu(x) * 2"
+    )
+    path = task_file(tmp_path, "dead", body, "[torch.randn(5, 8)]")
+    low = prepare(capture(path))
+    assert [r.kind for r in low.regions] == [RegionKind.EW]
+    ok, why = supports(path)
+    assert ok, why
+    for p in ExpertPolicy().propose(ctx(path), 2):
+        assert check_launcher(p.candidate.launcher).ok and "matmul" not in p.candidate.launcher
+        assert "register_parameter('weight'" in p.candidate.launcher  # the weights are still the model's
+
+
 def test_numpy_t_is_a_view_in_the_launcher(tmp_path):
     """x.T (aten.numpy_T) is plumbing: the launcher permutes the view, the product reads it."""
     body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a.T, b.T) * 2"

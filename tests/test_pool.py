@@ -50,7 +50,7 @@ def _candidates(path: Path) -> list:
     t = probe(path)
     policy = ExpertPolicy()
     first = [p.candidate for p in policy.propose(Context(task=t, reference=t.source, parent=None), 2)]
-    kids = policy.propose(Context(task=t, reference=t.source, parent=first[-1]), 3)
+    kids = policy.propose(Context(task=t, reference=t.source, parent=first[-1]), 1)
     return first + [k.candidate for k in kids if k.candidate]
 
 
@@ -83,7 +83,7 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
     x.view(-1)[5] = float("nan")  # max pooling propagates NaN, as PyTorch does
     want = module.Model()(x.float()).to(x.dtype)
     cands = _candidates(path)
-    assert len(cands) >= 3
+    assert len(cands) == 3  # plain, tuned (four outputs a thread), an edit of it
     for cand in cands:
         assert [rp.TAG for rp in plan_of(cand.source).regions] == ["pool"]
         model = load_model(cand.launcher, build(cand.source, tmp_path))()

@@ -92,6 +92,12 @@ def lower(graph: Graph) -> Lowered:
         for m in lowered:
             nodes.append(m)
             by_name[m.name] = m
+    # Dead code: values nothing returned depends on (a layer computed and never used) are not computed.
+    live = set(graph.output_names())
+    for n in reversed(nodes):
+        if n.name in live:
+            live.update(n.refs())
+    nodes = [n for n in nodes if n.name in live]
     users: dict[str, list[str]] = {}
     for n in nodes:
         for r in n.refs():
