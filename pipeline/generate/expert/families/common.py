@@ -79,6 +79,29 @@ def fewer_registers(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
         yield from change("reduce_registers", plan, rp, min_blocks=blocks_per_sm(rp.threads))
 
 
+def output_edits(max_outs: int) -> dict[str, Edit]:
+    """The edits of a kernel whose thread computes `outs` outputs of one row (knobs `outs`, `threads`: the
+    direct convolution, pooling): coarsen_threads (outputs a thread x2, up to max_outs), more_parallelism
+    (/2), resize_grid (threads x2 and /2). None for a region an optional family left to the library."""
+
+    def coarsen(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+        if rp is not None and rp.outs * 2 <= max_outs:
+            yield from change("coarsen_threads", plan, rp, outs=rp.outs * 2)
+
+    def parallelism(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+        if rp is not None and rp.outs > 1:
+            yield from change("more_parallelism", plan, rp, outs=rp.outs // 2)
+
+    def resize(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+        if rp is None:
+            return
+        for threads in (rp.threads * 2, rp.threads // 2):
+            if 64 <= threads <= 1024:
+                yield from change("resize_grid", plan, rp, threads=threads)
+
+    return {"coarsen_threads": coarsen, "more_parallelism": parallelism, "resize_grid": resize}
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Hosting elementwise neighbours (knobs `prologue` and `epilogue`: the rids of the fused regions)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families import gemm_kit
-from pipeline.generate.expert.families.base import Family, RenderError, change, label
+from pipeline.generate.expert.families import common, gemm_kit
+from pipeline.generate.expert.families.base import Family, RenderError, label
 from pipeline.generate.expert.families.conv_tf32 import epilogue, parse
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -90,24 +90,6 @@ def _take(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
         yield label("use_direct_kernel", r.rid, outs=rp.outs, threads=rp.threads), plan.add(rp)
 
 
-def _coarsen(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
-    if rp is not None and rp.outs * 2 <= MAX_OUTS:
-        yield from change("coarsen_threads", plan, rp, outs=rp.outs * 2)
-
-
-def _parallelism(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
-    if rp is not None and rp.outs > 1:
-        yield from change("more_parallelism", plan, rp, outs=rp.outs // 2)
-
-
-def _resize(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
-    if rp is None:
-        return
-    for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024:
-            yield from change("resize_grid", plan, rp, threads=threads)
-
-
 def _note(regions: list[Region], low: Lowered) -> str:
     targets = ", ".join(r.node.target for r in regions)
     return (
@@ -123,9 +105,7 @@ FAMILY = Family(
     edits={
         "use_direct_kernel": _take,
         "fuse_epilogue": _fuse,
-        "coarsen_threads": _coarsen,
-        "more_parallelism": _parallelism,
-        "resize_grid": _resize,
+        **common.output_edits(MAX_OUTS),
     },
     order=23,
     settle=settle,

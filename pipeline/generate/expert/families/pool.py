@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families.base import Family, RenderError, change
-from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.families import common
+from pipeline.generate.expert.families.base import Family, RenderError
+from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import pool
 from pipeline.generate.expert.templates.code import Code
@@ -87,27 +88,11 @@ def render(r: Region, rp: PoolPlan, low: Lowered, hunter: Any) -> Code:
     return pool.render(r, f, rp, r.node.dtype or "float32")
 
 
-def _coarsen(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> Any:
-    if rp.outs * 2 <= MAX_OUTS:
-        yield from change("coarsen_threads", plan, rp, outs=rp.outs * 2)
-
-
-def _parallelism(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> Any:
-    if rp.outs > 1:
-        yield from change("more_parallelism", plan, rp, outs=rp.outs // 2)
-
-
-def _resize(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> Any:
-    for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024:
-            yield from change("resize_grid", plan, rp, threads=threads)
-
-
 FAMILY = Family(
     knobs=PoolPlan,
     claims=claims,
     first=first,
     render=render,
-    edits={"coarsen_threads": _coarsen, "more_parallelism": _parallelism, "resize_grid": _resize},
+    edits=common.output_edits(MAX_OUTS),
     order=12,
 )
