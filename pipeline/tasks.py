@@ -84,7 +84,12 @@ def probe(path: str | Path) -> Task:
     try:
         with torch.device("meta"):
             init_args = list(module.get_init_inputs())
-            inputs = list(module.get_inputs())
+    except Exception as e:
+        raise TaskError(
+            f"{path.name}: building the init inputs raised {type(e).__name__}: {_first_line(e)}"
+        ) from None
+    try:
+        inputs = meta_inputs(module)
     except Exception as e:
         raise TaskError(
             f"{path.name}: building the inputs raised {type(e).__name__}: {_first_line(e)}"
@@ -107,14 +112,21 @@ def probe(path: str | Path) -> Task:
             f"{path.name}: inputs and parameters need {(in_bytes + param_bytes) / 2**30:.1f} GiB, "
             f"more than the {MAX_TASK_BYTES / 2**30:.0f} GiB a task may use"
         )
+    counter = FlopCounterMode(display=False)
     try:
-        counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             out = model(*inputs)
     except Exception as e:
-        raise TaskError(
-            f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
-        ) from None
+        # A forward that reads values (an MoE layer's tokens per expert) cannot run on meta inputs alone:
+        # once more with its integer inputs real, on the CPU (they are small; the rest stays on meta).
+        try:
+            counter = FlopCounterMode(display=False)
+            with counter, torch.no_grad():
+                out = model(*valued_inputs(module))
+        except Exception:
+            raise TaskError(
+                f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
+            ) from None
     outs = out if isinstance(out, list | tuple) else (out,)
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         raise TaskError(f"{path.name}: forward must return a tensor or a tuple of tensors")
@@ -139,6 +151,31 @@ def probe(path: str | Path) -> Task:
         min_bytes=int(in_bytes + param_bytes + out_bytes),
         param_bytes=int(param_bytes),
     )
+
+
+def meta_inputs(module: ModuleType) -> list:
+    """get_inputs() on the meta device; inputs built from values (a sum of counts as a size) are built
+    with their integer tensors real instead."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return list(module.get_inputs())
+    except Exception:
+        return valued_inputs(module)
+
+
+def valued_inputs(module: ModuleType) -> list:
+    """get_inputs() with its integer and bool tensors real, on the CPU, and its floating tensors on meta:
+    what a forward that reads values (routing, counts, indices) needs to run without the data's cost."""
+    import torch
+
+    with torch.device("cpu"):
+        inputs = list(module.get_inputs())
+    return [
+        x.to("meta") if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) else x
+        for x in inputs
+    ]
 
 
 def _model_on_meta(module: ModuleType, init_args: list):

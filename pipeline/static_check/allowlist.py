@@ -54,6 +54,10 @@ BUILTINS = words(
     "ZeroDivisionError"
 )
 
+# Underscored torch calls that are libraries all the same: torch's grouped GEMM (MoE experts) is what a
+# hybrid candidate leaves grouped products to, as torch.mm is for one product.
+PRIVATE_LIBRARY = frozenset({("torch", "_grouped_mm")})
+
 # Beside the introspected ops: factories (randn and friends initialise parameters), plumbing, types, and
 # in-place activations torch.overrides does not list.
 _TORCH_EXTRA = words(
@@ -62,7 +66,7 @@ _TORCH_EXTRA = words(
     "normal bernoulli multinomial Size device dtype layout memory_format finfo iinfo no_grad inference_mode "
     "enable_grad is_grad_enabled is_inference_mode_enabled Tensor Generator get_default_dtype is_tensor "
     "is_floating_point is_complex numel broadcast_shapes result_type promote_types can_cast "
-    "relu_ sigmoid_ tanh_ exp_ clamp_ zero_"
+    "relu_ sigmoid_ tanh_ exp_ clamp_ zero_ " + " ".join(".".join(p[1:]) for p in PRIVATE_LIBRARY)
 )
 _TENSOR_EXTRA = words("new_empty new_empty_strided new_full new_ones new_tensor new_zeros stride unflatten")
 # functional ops torch.overrides lists under another identity (wrapped or in-place variants)

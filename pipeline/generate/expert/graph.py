@@ -9,8 +9,10 @@ copies the reference's weights into it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
+import io
 import logging
 import tempfile
 import warnings
@@ -19,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline.tasks import TaskError, load_module
+from pipeline.tasks import TaskError, load_module, meta_inputs
 
 
 class CaptureError(Exception):
@@ -145,7 +147,8 @@ def _quiet():
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        # a failed data-dependent export also prints its whole graph to stderr
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -203,8 +206,8 @@ def _capture_module(module: ModuleType, task_id: str) -> Graph:
     try:
         with torch.device("meta"):
             init_args = list(module.get_init_inputs())
-            inputs = list(module.get_inputs())
             model = module.Model(*init_args)
+        inputs = meta_inputs(module)
         model.eval()
     except Exception as e:
         raise CaptureError(
@@ -214,11 +217,35 @@ def _capture_module(module: ModuleType, task_id: str) -> Graph:
         with _quiet(), torch.no_grad():
             ep = torch.export.export(model, tuple(inputs), strict=False)
     except Exception as e:
+        why = f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)})"
+        return _capture_grouped(module, model, task_id, why)
+    try:
+        return _from_export(ep, module, model, inputs, task_id)
+    except CaptureError as e:
+        if "data-dependent" not in str(e):  # export got through a loop over values with symbolic sizes
+            raise
+        return _capture_grouped(module, model, task_id, str(e))
+
+
+def _capture_grouped(module: ModuleType, model: Any, task_id: str, why: str) -> Graph:
+    """A reference export cannot capture, if it is a loop over experts: captured as one grouped GEMM."""
+    from pipeline.generate.expert import grouped
+
+    torch = _torch()
+    try:
+        with _quiet(), torch.no_grad():
+            rewritten = grouped.rewrite(module, model)
+            inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in meta_inputs(module)]
+            ep = torch.export.export(rewritten, tuple(inputs), strict=False)
+    except grouped.NotGrouped as e:
+        raise CaptureError(f"{why}; not a loop over experts either: {e}") from None
+    except Exception as e:
         raise CaptureError(
-            f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)}); "
-            "data-dependent control flow or shapes cannot be written as fixed kernels"
+            f"{why}; its loop over experts, rewritten, did not export: {_first_line(e)}"
         ) from None
-    return _from_export(ep, module, model, inputs, task_id)
+    graph = _from_export(ep, module, rewritten, inputs, task_id)
+    note = "a loop over experts (rows grouped by an integer input) captured as one grouped GEMM"
+    return dataclasses.replace(graph, notes=(*graph.notes, note), by_name=graph.by_name)
 
 
 def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id: str) -> Graph:

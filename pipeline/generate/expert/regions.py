@@ -269,6 +269,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
     if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):
         return lowered
+    if n.op == "_grouped_mm" and len(a) == 3 and not n.kwargs:  # (M, K) x (E, K, N), rows grouped by offsets
+        return [dataclasses.replace(_mk(n.name, "gemm_grouped", a, n.shape, n.dtype), target=n.target)]
     if n.op == "broadcast_tensors":
         return []  # a tuple its getitems take apart: each becomes an expand of its own operand
     if n.op == "getitem" and isinstance(a[0], Ref) and n.shape is not None:

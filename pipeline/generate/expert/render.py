@@ -195,6 +195,10 @@ def _torch_call(n: Node, low: Lowered, first: str | None) -> str:
         return f"torch.matmul({a[0]}, {a[1]}.t())"
     if n.op in _LIBRARY:
         return f"{_LIBRARY[n.op]}({a[0]}, {a[1]})"
+    if n.op == "gemm_grouped":
+        return f"torch._grouped_mm({a[0]}, {a[1]}, offs={a[2]})"
+    if n.op == "_to_copy" and set(dict(n.kwargs)) <= {"dtype"}:
+        return f"{a[0]}.to({_lit(n.kw('dtype'), low, first)})"
     if n.op.startswith("conv"):
         return f"F.{n.op}({', '.join(a)})"
     view = _view(n, a, low)

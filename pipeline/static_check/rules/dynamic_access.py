@@ -54,7 +54,7 @@ class DynamicAccess:
         launcher = ctx.launcher
         for site in ctx.open_sites():
             hidden = [c for c in site.path[1:] if c.startswith("_")]
-            if hidden and not _is_base_init(site.path):
+            if hidden and not _is_base_init(site.path) and tuple(site.path) not in allowlist.PRIVATE_LIBRARY:
                 ctx.claim(site)
                 yield violation(CODE, site.node, f"reaches {'.'.join(site.path)}, a private internal")
         yield from _shadowing(launcher)

@@ -1,0 +1,184 @@
+"""MoE expert projections written as loops over experts (grouped.py) on the CPU: which loops are captured as one
+grouped GEMM and which are refused with a reason, the candidates (torch's grouped GEMM and our fused
+epilogue, emulated) against the reference loop under skewed, one-expert and idle routings, and the tasks in
+tasks/moe/ probed at their real sizes without allocating them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from cuda_emulator import build, load_model
+
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, capture, supports
+from pipeline.generate.expert.graph import CaptureError
+from pipeline.tasks import load_module, probe
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nE, K, N = 6, 64, 48\n\n"
+COUNTS = "torch.tensor([5, 0, 17, 3, 0, 11])"
+INPUTS = f"\n\ndef get_inputs():\n    c = {COUNTS}\n    return [torch.randn(int(c.sum()), K, dtype=DT), c]\n"
+INPUTS_OFFS = f"\n\ndef get_inputs():\n    c = {COUNTS}.cumsum(0)\n    return [torch.randn(int(c[-1]), K, dtype=DT), c]\n"
+INIT = "\n\ndef get_init_inputs():\n    return []\n"
+
+
+def _model(init: str, forward: str) -> str:
+    return f"class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n{init}\n{forward}"
+
+
+W_KN = "        self.w = nn.Parameter(torch.randn(E, K, N, dtype=DT) * K**-0.5)\n"
+W_NK = "        self.w = nn.Parameter(torch.randn(E, N, K, dtype=DT) * K**-0.5)\n"
+LOOPS = {  # name -> (weights, forward, inputs): tokens sorted by expert, rows grouped by counts or offsets
+    "swiglu_skip_idle": (W_KN, """    def forward(self, x, counts):
+        out = x.new_empty(x.shape[0], N // 2)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n == 0:
+                continue
+            gate, up = (x[start : start + n] @ self.w[e]).chunk(2, dim=-1)
+            out[start : start + n] = F.silu(gate) * up
+            start += n
+        return out
+""", INPUTS),
+    "plain_every_expert": (W_KN, """    def forward(self, x, counts):
+        out = torch.empty(x.shape[0], N, dtype=x.dtype, device=x.device)
+        start = 0
+        for e in range(E):
+            n = int(counts[e])
+            out[start : start + n] = torch.mm(x[start : start + n], self.w[e])
+            start += n
+        return out
+""", INPUTS),
+    "k_major_then_scaled": (W_NK, """    def forward(self, x, counts):
+        out = torch.zeros(x.shape[0], N, dtype=x.dtype, device=x.device)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                out[start : start + n] = torch.relu(x[start : start + n] @ self.w[e].t())
+            start += n
+        return out * 0.5
+""", INPUTS),
+    "offsets": (W_KN, """    def forward(self, x, offsets):
+        out = x.new_empty(x.shape[0], N)
+        ends = offsets.tolist()
+        for e in range(E):
+            s = 0 if e == 0 else ends[e - 1]
+            if ends[e] > s:
+                out[s : ends[e]] = F.gelu(x[s : ends[e]] @ self.w[e])
+        return out
+""", INPUTS_OFFS),
+}  # fmt: skip
+INPUTS_P = INPUTS.replace("dtype=DT), c]", "dtype=DT), c, torch.rand(int(c.sum()), 1, dtype=DT)]")
+REFUSED = {  # name -> (forward, inputs, what the reason says)
+    "different_ops_per_expert": ("""    def forward(self, x, counts):
+        out = x.new_empty(x.shape[0], N)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            h = x[start : start + n] @ self.w[e]
+            out[start : start + n] = torch.relu(h) if e % 2 else torch.tanh(h)
+            start += n
+        return out
+""", INPUTS, "same row-wise ops"),
+    "per_token_weights": ("""    def forward(self, x, counts, p):
+        out = x.new_empty(x.shape[0], N)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            out[start : start + n] = (x[start : start + n] @ self.w[e]) * p[start : start + n]
+            start += n
+        return out
+""", INPUTS_P, "same row-wise ops"),
+    "row_sum_per_expert": ("""    def forward(self, x, counts):
+        out = x.new_empty(x.shape[0], N)
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            h = x[start : start + n] @ self.w[e]
+            out[start : start + n] = h - h.mean(0)
+            start += n
+        return out
+""", INPUTS, "not row-wise"),
+}  # fmt: skip
+
+
+def _write(folder: Path, name: str, body: str, inputs: str, dt: str = "bfloat16") -> Path:
+    path = folder / f"{name}.py"
+    path.write_text(HEADER + f"DT = torch.{dt}\n\n\n" + body + inputs + INIT)
+    return path
+
+
+def _loop(folder: Path, name: str, dt: str = "bfloat16") -> Path:
+    w, forward, inputs = LOOPS[name]
+    return _write(folder, name, _model(w, forward), inputs, dt)
+
+
+@pytest.mark.parametrize("name", sorted(LOOPS))
+def test_a_loop_over_experts_is_captured_as_one_grouped_gemm(tmp_path, name):
+    g = capture(_loop(tmp_path, name))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("_grouped_mm") == 1 and "mm" not in ops and "slice" not in ops, ops
+    assert any("grouped GEMM" in note for note in g.notes)
+    assert [s.key for s in g.state] == ["w"]
+    ok, why = supports(_loop(tmp_path, name))
+    if name == "plain_every_expert":  # nothing around the grouped GEMM: torch's alone computes it
+        assert not ok and "_grouped_mm" in why, why
+    else:
+        assert ok, why
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_other_loops_are_refused_with_the_reason(tmp_path, name):
+    forward, inputs, reason = REFUSED[name]
+    with pytest.raises(CaptureError, match=reason):
+        capture(_write(tmp_path, name, _model(W_KN, forward), inputs))
+
+
+def test_an_fp32_loop_says_grouped_gemms_are_bf16(tmp_path):
+    with pytest.raises(CaptureError, match="bf16"):
+        capture(_loop(tmp_path, "swiglu_skip_idle", "float32"))
+
+
+def _routings(total: int) -> list[torch.Tensor]:
+    """Skewed with idle experts, all tokens to one expert, and one token to each of two experts."""
+    one = torch.zeros(6, dtype=torch.int64)
+    one[3] = total
+    skew = torch.tensor([0, total // 2, 0, total // 3, 1, 0])
+    skew[1] += total - int(skew.sum())
+    few = torch.tensor([1, 0, 0, 0, 1, 0])
+    return [skew, one, few]
+
+
+@pytest.mark.parametrize("name", sorted(set(LOOPS) - {"plain_every_expert"}))
+def test_emulated_candidates_match_the_loop_under_any_routing(tmp_path, name):
+    path = _loop(tmp_path, name)
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    t = probe(path)
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+    cands = [p.candidate for p in props if p.candidate]
+    assert cands, [p.reason for p in props]
+    for cand in cands:
+        assert "torch._grouped_mm(" in cand.launcher
+        model = load_model(cand.launcher, build(cand.source, tmp_path))()
+        model.load_state_dict(ref.state_dict())
+        for counts in _routings(40):
+            x = torch.randn(int(counts.sum()), 64, dtype=torch.bfloat16)
+            arg = counts.cumsum(0) if name == "offsets" else counts
+            want, got = ref(x, arg), model(x, arg)
+            assert got.shape == want.shape and got.dtype == want.dtype
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=cand.edit)
+
+
+@pytest.mark.parametrize("task", sorted(p.name for p in (ROOT / "tasks" / "moe").glob("*.py")))
+def test_moe_tasks_probe_and_capture_at_full_size(task):
+    path = ROOT / "tasks" / "moe" / task
+    t = probe(path)
+    m, h = t.inputs[0].shape
+    w = next(s for s in capture(path).state)
+    experts, k, n = w.shape
+    assert (t.inputs[1].shape, k) == ((experts,), h)
+    assert t.flops == 2 * m * k * n  # every token through one expert: the skew moves work, not its amount
+    module = load_module(path)
+    counts = module.routing(1000, experts)
+    assert int(counts.sum()) == 1000 and int((counts == 0).sum()) >= max(1, experts // 4)
