@@ -52,6 +52,9 @@ def cases(tmp_path_factory) -> dict[str, Path]:
                 return torch.relu(self.linear(x))
         """
     out["linear_fp32"] = task_file(folder, "linear_fp32", fp32_linear, "[torch.randn(5, 64)]")
+    from test_moe import _loop
+
+    out["moe_loop"] = _loop(folder, "swiglu_skip_idle")  # a grouped GEMM
     return out
 
 

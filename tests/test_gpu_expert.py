@@ -575,3 +575,48 @@ def test_one_tf32_pass_is_rejected_where_the_3xtf32_split_passes(pool, home, tmp
     assert results[0].verdict.status == Status.OK, results[0].verdict.reasons
     assert results[1].build is not None and results[1].build.status == Status.OK
     assert results[1].verdict.status == Status.MISMATCH, results[1].verdict.reasons
+
+
+# MoE experts as a loop over groups of rows (grouped.py captures it as one grouped GEMM): odd group sizes, idle
+# experts and one-token groups, rows not a multiple of the 128-row tile, K and N not multiples of the tiles.
+MOE_LOOP = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn({w}, dtype=torch.bfloat16) * 264**-0.5)
+    def forward(self, x, counts):
+        out = x.new_empty(x.shape[0], {cols})
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n == 0:
+                continue
+            h = x[start : start + n] @ self.w[e]{t}
+            {write}
+            start += n
+        return out
+
+
+def get_inputs():
+    counts = torch.tensor({counts})
+    return [torch.randn(int(counts.sum()), 264, dtype=torch.bfloat16), counts]
+
+
+def get_init_inputs():
+    return []
+"""
+MOE_CASES = {
+    "swiglu_rows": dict(w="8, 264, 272", cols=136, t="", counts=[1, 0, 200, 129, 0, 77, 0, 1],
+                        write="gate, up = h.chunk(2, dim=-1)\n            out[start : start + n] = F.silu(gate) * up"),
+    "k_major_relu": dict(w="8, 200, 264", cols=200, t=".t()", counts=[0, 0, 300, 1, 0, 0, 0, 5],
+                         write="out[start : start + n] = torch.relu(h) * 2"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CASES))
+def test_grouped_gemm_verifies_on_odd_groups(pool, home, tmp_path, name):
+    path = tmp_path / f"{name}.py"
+    path.write_text(HEADER + textwrap.dedent(MOE_LOOP.format(**MOE_CASES[name])))
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=True)
+    assert any(ours(c) for c in cands)

@@ -1,0 +1,159 @@
+"""MoE expert projections (tasks/moe/) on a GPU: our grouped GEMM candidates through the harness (verified, timed
+against the per-expert loop in the same worker run), then the libraries on the same shapes and routings:
+torch._grouped_mm (with torch's SwiGLU after it for fc1) and VeOmni's Triton group GEMM where the package
+imports. Fresh inputs and routing each call, L2 flushed, CUDA events, median of many (pipeline.timing).
+
+    python benchmarks/bench_moe.py --out DIR [--tasks qwen3_fc1,qwen3_fc2] [--repeat 2]
+
+Writes DIR/results.json (one entry per task, rewritten after each) and prints a line per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import stages  # noqa: E402
+from pipeline.config import load  # noqa: E402
+from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.tasks import load_module, probe  # noqa: E402
+from pipeline.types import Status, speedup  # noqa: E402
+
+TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*.py"))
+
+
+def candidates(path: Path) -> list:
+    """Our grouped kernel (the tuned plan) and its children with another tile or ring depth."""
+    task = probe(path)
+    policy = ExpertPolicy()
+    first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
+    ours = [
+        p.candidate for p in first if p.candidate and "wgmma_grouped" in p.candidate.source.splitlines()[0]
+    ]
+    if not ours:
+        return []
+    kids = policy.propose(Context(task=task, reference=task.source, parent=ours[0]), 8)
+    moved = [
+        k.candidate
+        for k in kids
+        if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
+    ]
+    return [ours[0], *moved[:3]]
+
+
+def libraries(module, model) -> dict[str, Callable]:
+    """The same computation by the libraries: fn(x, counts) each."""
+    import torch
+    import torch.nn.functional as F
+
+    w = next(p for p in model.parameters() if p.dim() == 3)
+    swiglu = w.shape[-1] == 2 * model.intermediate if hasattr(model, "intermediate") else False
+
+    def epilogue(h):
+        if not swiglu:
+            return h
+        gate, up = h.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def grouped_mm(x, counts):
+        return epilogue(torch._grouped_mm(x, w, offs=counts.cumsum(0).to(torch.int32)))
+
+    out = {"torch._grouped_mm": grouped_mm}
+    veomni = _veomni()
+    if veomni is not None:
+        wc = w.contiguous()
+
+        def triton_group_gemm(x, counts):
+            ends = counts.cumsum(0).to(torch.int32)
+            return epilogue(veomni(x, wc, ends, int(counts.max())))
+
+        out["veomni triton"] = triton_group_gemm
+    return out
+
+
+def _veomni():
+    """VeOmni's Triton group GEMM (same N and K per group), or None where the package is not importable."""
+    for name in ("veomni.ops.group_gemm.kernel.group_gemm", "veomni.ops.fused_moe.group_gemm"):
+        try:
+            mod = __import__(name, fromlist=["group_gemm_same_nk"])
+            return mod.group_gemm_same_nk
+        except Exception:  # not installed, or an import of one of its optional dependencies fails
+            continue
+    return None
+
+
+def time_libraries(path: Path, flops: float) -> dict[str, dict]:
+    import torch
+
+    from pipeline.timing import time_cuda
+
+    module = load_module(path)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = module.Model(*module.get_init_inputs())
+
+    def inputs_for(call: int) -> list:
+        return [x.cuda() for x in module.get_inputs()]
+
+    rows = {}
+    for name, fn in libraries(module, model).items():
+        with torch.no_grad():
+            x, counts = inputs_for(0)
+            want = model(x, counts)
+            got = fn(x, counts)
+            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+            t = time_cuda(fn, inputs_for, trials=50, budget_s=3.0, warmup=3)
+        rows[name] = {"ms": t.median_ms, "tflops": flops / t.median_ms / 1e9, "rel_err": err}
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tasks", default=",".join(TASKS))
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = load(
+        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=3.0
+    )
+    results: dict[str, dict] = {}
+    with stages.open_pool(cfg) as pool:
+        for name in args.tasks.split(","):
+            path = ROOT / "tasks" / "moe" / f"{name}.py"
+            flops = probe(path).flops
+            cands = candidates(path)
+            rows: dict[str, dict] = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
+            for _ in range(args.repeat):
+                for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
+                    row = rows[c.edit]
+                    row["status"] = r.verdict.status.value
+                    m = r.measurement
+                    if r.status != Status.OK or m is None or m.timing is None:
+                        row["reasons"] = list(r.verdict.reasons) or [r.build.log[-400:] if r.build else ""]
+                        continue
+                    row["ours_ms"].append(m.timing.median_ms)
+                    row["eager_ms"].append(m.baselines["eager"].median_ms)
+            libs = time_libraries(path, flops)
+            for row in rows.values():
+                if row["ours_ms"]:
+                    best = min(row["ours_ms"])
+                    row["tflops"] = flops / best / 1e9
+                    row["vs_loop"] = speedup(min(row["eager_ms"]), best)
+                    for lib, v in libs.items():
+                        row[f"vs {lib}"] = speedup(v["ms"], best)
+            results[name] = {"candidates": rows, "libraries": libs, "flops": flops}
+            print(f"{name}: {json.dumps(results[name])}", flush=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

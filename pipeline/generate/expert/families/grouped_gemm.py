@@ -1,0 +1,61 @@
+"""Grouped GEMMs for MoE experts (torch._grouped_mm, or a loop over experts that grouped.py captured as one) on
+our persistent Hopper kernel (templates/grouped_gemm.py): every expert's rows times its weight in one launch,
+groups from device-side offsets, the elementwise region after it fused on its stores. The plain plan leaves
+the grouped GEMM to torch._grouped_mm; the tuned one takes it (gemm_kit.py: the same plans and edits as a
+GEMM: tile width, ring stages, the fused epilogue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families.gemm_kit import GemmPlan
+from pipeline.generate.expert.graph import Ref
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import grouped_gemm
+from pipeline.generate.expert.templates.grouped_gemm import GroupedForm
+
+
+@dataclass(frozen=True)
+class GroupedPlan(GemmPlan):
+    TAG: ClassVar[str] = "wgmma_grouped"
+
+
+def form(r: Region, low: Lowered) -> GroupedForm | str:
+    """How the grouped GEMM's operands lie, or why our kernel cannot take it."""
+    n = r.node
+    if r.kind is not RegionKind.LIBRARY or n.op != "gemm_grouped":
+        return "only grouped GEMMs (torch._grouped_mm) have a grouped template"
+    a, w, offs = (low.by_name.get(v.name) if isinstance(v, Ref) else None for v in n.args[:3])
+    if a is None or w is None or offs is None or not a.shape or not w.shape or not offs.shape:
+        return "the operands' shapes are unknown"
+    if {a.dtype, w.dtype, n.dtype} != {"bfloat16"}:
+        return f"the grouped template takes bf16 operands, not {a.dtype} x {w.dtype}"
+    if len(a.shape) != 2 or len(w.shape) != 3 or offs.shape != (w.shape[0],):
+        return "only (M, K) rows grouped by one offset per expert times (E, K, N) weights"
+    experts, k, cols = w.shape
+    if a.shape[1] != k:
+        return "the operands' inner dims differ"
+    if k % 8 or cols % 8:
+        return f"K = {k} and N = {cols} must be multiples of 8 (TMA needs 16-byte rows)"
+    # a transposed (E, N, K) stack is read K-major as it lies; anything else is read as (E, K, N) rows
+    src = low.by_name.get(w.args[0].name) if w.op == "transpose" and isinstance(w.args[0], Ref) else None
+    k_major = src is not None and sorted(a % 3 for a in w.args[1:3]) == [1, 2]
+    return GroupedForm("K" if k_major else "MN", experts)
+
+
+SPEC = gemm_kit.Spec(
+    knobs=GroupedPlan,
+    dtypes=grouped_gemm.DTYPES,
+    what="bf16",
+    align=8,
+    tiles=lambda f: grouped_gemm.TILE_N,
+    max_stages=lambda bn, f: grouped_gemm.max_stages(bn, f.experts),
+    render=grouped_gemm.render,
+    kernel="persistent grouped WGMMA kernel (TMA, tensor cores)",
+    form_of=form,
+    library="torch._grouped_mm",
+)
+FAMILY = gemm_kit.family(SPEC)

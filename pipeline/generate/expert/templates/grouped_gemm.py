@@ -1,0 +1,263 @@
+"""Our persistent grouped GEMM for MoE experts on Hopper: out[rows of e] = epilogue(x[rows of e] @ w[e]) for every
+expert e in one launch, the groups given by device-side offsets (no host sync, no launch per expert).
+
+x is (M, K) with the tokens sorted by expert; offs[e] is the end of expert e's rows (int32, on the device);
+w is (E, K, N) ("MN-major", rows of N) or the transpose of an (E, N, K) stack ("K-major"). bf16 operands,
+fp32 accumulators, 128 x BN tiles. The same pipeline as templates/gemm.py (one producer warpgroup issuing
+TMA loads into a ring of stages, two consumer warpgroups on WGMMA), made persistent:
+- one block per SM; each first turns the offsets into the first tile of every group (a table in shared
+  memory: ceil(rows / 128) row tiles per expert, times the column tiles), then walks tiles
+  blockIdx.x, blockIdx.x + gridDim.x, ... over all groups: an idle expert has no tile, a crowded one many,
+  so skewed routing balances by itself;
+- a tile's group is found by binary search in the table; its rows start at the group's first row, so a
+  tile may read past the group (the next expert's rows, or zeros past M) and stores only its own rows;
+- the ring's stage and phase run on across tiles, and the consumers release each stage as its MMAs
+  retire, so the producer loads the next tile while the consumers store this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.generate.expert.layout import Bcast
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import gemm
+from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
+from pipeline.generate.expert.templates.gemm import BK, BM, CUTE_TYPES, GemmEpilogue
+from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.gemm_kit import GemmPlan
+
+TILE_N = (128, 256)
+DTYPES = ("bfloat16",)  # what torch._grouped_mm, the library it stands in for, takes
+
+
+@dataclass(frozen=True)
+class GroupedForm:
+    b_major: str  # "MN": w is (E, K, N); "K": w is the transpose of an (E, N, K) stack
+    experts: int
+    batched: bool = False  # gemm.Form's field, read by its helpers: a grouped GEMM is one problem
+
+
+def max_stages(bn: int, experts: int) -> int:
+    stage = (BM + bn) * BK * 2
+    return max(2, (gemm.SMEM_LIMIT - 2048 - 4 * (experts + 1)) // stage)
+
+
+def smem_bytes(bn: int, stages: int, experts: int) -> int:
+    return gemm.smem_bytes(bn, stages) + 4 * (experts + 1)
+
+
+def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+    """The kernel and its launcher for a gemm_grouped region; raises atoms.AtomNotFound."""
+    rid = r.rid
+    dt = r.node.dtype
+    b = gemm.blocks(rp, dt, f, hunter)  # type: ignore[arg-type]
+    smem = smem_bytes(rp.bn, rp.stages, f.experts)
+    out_dt = epi.out_dtype if epi else dt
+    lines = [
+        *gemm.preamble(rid, b),
+        f"using T = {CUTE_TYPES[dt]};",
+        f"constexpr int BM = {BM}, BN = {rp.bn}, BK = {BK}, STAGES = {rp.stages}, GROUPS = {f.experts};",
+        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
+        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
+        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        gemm._smem_b(f, b),  # type: ignore[arg-type]
+        "struct Smem {",
+        "    alignas(1024) T a[cosize_v<SmemA>];",
+        "    alignas(1024) T b[cosize_v<SmemB>];",
+        "    uint64_t full[STAGES];",
+        "    uint64_t empty[STAGES];",
+        "    int first_tile[GROUPS + 1];  // group e's tiles are [first_tile[e], first_tile[e + 1])",
+        "};",
+        f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
+        f"}}  // namespace kp_{rid}",
+        *gemm.epilogue_function(epi, out_dt),
+    ]
+    sig = signature(epi, out_dt)
+    lines += [
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
+        f"    using namespace kp_{rid};",
+        f"    using Full = {b['full'].name};",
+        f"    using Empty = {b['empty'].name};",
+        _BODY.replace("LOAD_B", _LOAD_B[f.b_major]).replace("TMA_COPY", b["tma"].name),
+        *("    " + ln for ln in gemm.store(epi, out_dt)),
+        "    }",
+        "}",
+    ]
+    a, w, offs = r.node.args[:3]
+    ops_ = epi.operands if epi else ()
+    inputs = [
+        ("x", a.name),
+        ("w", w.name),
+        ("offs", offs.name),
+        *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_)),
+    ]
+    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig)
+    outs = (epi.out,) if epi else r.outputs
+    return Code(
+        "\n".join(lines) + "\n", src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs
+    )
+
+
+def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
+    tmap = "const __grid_constant__ CUtensorMap"
+    ops_ = epi.operands if epi else ()
+    return Signature((
+        Param("tma_a", tmap, "ta"), Param("tma_b", tmap, "tb"), ptr("out", ctype(out_dt), const=False),
+        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), ptr("offs", "int"),
+        i32("M_all", "m"), i32("N", "n"), i32("K", "k"),
+    ))  # fmt: skip
+
+
+_LOAD_B = {
+    "K": "                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, "
+    "group);",
+    "MN": "                    for (int i = 0; i < BN / 64; ++i)\n"
+    "                        TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK + i * 64 * BK,\n"
+    "                                       n_blk * BN + 64 * i, kt * BK, group);",
+}
+# The persistent body up to the stores: the group table, then tiles in turn, the ring running on across them.
+_BODY = r"""    extern __shared__ char smem_raw[];
+    Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (unsigned)(__cvta_generic_to_shared(smem_raw) & 1023)) & 1023));
+    const int wg = threadIdx.x / 128;
+    const int ktiles = (K + BK - 1) / BK;
+    const int nt = (N + BN - 1) / BN;
+    if (threadIdx.x < 32) {  // warp 0: the group table, 32 experts a step (an inclusive scan of tile counts)
+        int carry = 0;
+        if (threadIdx.x == 0) s.first_tile[0] = 0;
+        for (int e0 = 0; e0 < GROUPS; e0 += 32) {
+            const int e = e0 + threadIdx.x;
+            int tiles = 0;
+            if (e < GROUPS) {
+                const int rows = offs[e] - (e ? offs[e - 1] : 0);
+                tiles = rows > 0 ? ((rows + BM - 1) / BM) * nt : 0;
+            }
+            for (int d = 1; d < 32; d *= 2) {
+                const int v = __shfl_up_sync(0xffffffffu, tiles, d);
+                if (threadIdx.x >= d) tiles += v;
+            }
+            if (e < GROUPS) s.first_tile[e + 1] = carry + tiles;
+            carry += __shfl_sync(0xffffffffu, tiles, 31);
+        }
+    }
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Empty::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    const int total = s.first_tile[GROUPS];
+    // tile -> (group, its first row, its rows, the tile's row and column blocks); column-major within a
+    // group, so the blocks running together share the expert's B tile
+    auto locate = [&](int tile, int& group, int& row0, int& rows, int& m_blk, int& n_blk) {
+        int lo = 0, hi = GROUPS;  // the last group whose first tile is <= tile (empty groups share it)
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (s.first_tile[mid] <= tile) lo = mid; else hi = mid;
+        }
+        group = lo;
+        row0 = group ? offs[group - 1] : 0;
+        rows = offs[group] - row0;
+        const int mt = (rows + BM - 1) / BM, local = tile - s.first_tile[group];
+        m_blk = local % mt;
+        n_blk = local / mt;
+    };
+    if (wg == 0) {  // producer: one thread issues the TMA loads, STAGES k-tiles ahead of the consumers
+        cutlass::arch::warpgroup_reg_dealloc<40>();
+        if (threadIdx.x == 0) {
+            int it = 0;
+            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+                int group, row0, rows, m_blk, n_blk;
+                locate(tile, group, row0, rows, m_blk, n_blk);
+                for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                    const int st = it % STAGES;
+                    if (it >= STAGES) Empty::wait(&s.empty[st], ((it / STAGES) - 1) & 1);
+                    Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(T));
+                    TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, row0 + m_blk * BM, 0);
+LOAD_B
+                }
+            }
+        }
+        return;
+    }
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    TiledMma mma;
+    auto thr = mma.get_slice(threadIdx.x - 128);
+    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemB{});
+    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
+    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+    const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned
+    int it = 0;
+    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+        int group, row0, M, m_blk, n_blk;
+        locate(tile, group, row0, M, m_blk, n_blk);
+        clear(acc);
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int st = it % STAGES;
+            Full::wait(&s.full[st], (it / STAGES) & 1);
+            warpgroup_fence_operand(acc);
+            warpgroup_arrive();
+            CUTE_UNROLL
+            for (int kb = 0; kb < size<2>(tCrA); ++kb) cute::gemm(mma, tCrA(_, _, kb, st), tCrB(_, _, kb, st), acc);
+            warpgroup_commit_batch();
+            warpgroup_wait<1>();  // keep this k-tile's MMAs in flight; the previous one's are done
+            warpgroup_fence_operand(acc);
+            if (kt > 0 && threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc);
+        if (threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);  // the tile's last stage
+        const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;
+        const long long r0 = row0;  // the group's first row of the output (and of row operands)"""
+
+
+def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
+             names: list[str], sig: Signature) -> str:  # fmt: skip
+    ops_ = epi.operands if epi else ()
+    b = "w.transpose(-1, -2)" if f.b_major == "K" else "w"
+    box_b = f"{rp.bn}, {BK}" if f.b_major == "K" else f"{BK}, 64"
+    lines = [
+        f"def _gemm_{rid}(sms, {', '.join(names)}):",
+        f'    """x @ w[e] for each expert\'s rows{" and the fused epilogue" if epi else ""}: our persistent '
+        f'grouped WGMMA kernel (TMA, 128 x {rp.bn} tiles, {rp.stages} stages)."""',
+        "    m, k = x.shape",
+        "    n = w.shape[-1]",
+        f"    if k % 8 or n % 8 or w.shape[0] != {f.experts}:",
+        "        raise ValueError(f'kernelpro expert: our grouped WGMMA kernel needs 16-byte rows (K and N "
+        f"multiples of 8) and {f.experts} experts, not K={{k}}, N={{n}}, {{w.shape[0]}} experts')",
+        "    a = _contig(x)",
+        f"    b = _contig({b})",
+        "    if a.data_ptr() % 16 or b.data_ptr() % 16:",
+        "        a, b = a.clone(), b.clone()  # TMA reads from 16-byte aligned bases",
+        "    offs = _contig(offs.to(torch.int32))",
+        f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
+    ]
+    for i, (_, _, cls) in enumerate(ops_):
+        e = f"e{i}"
+        if cls is Bcast.FULL:
+            lines.append(f"    {e} = _full({e}, (m, n))")
+        elif cls is Bcast.COL:
+            lines.append(f"    {e} = _contig({e}.reshape(n))")
+        elif cls is Bcast.ROW:
+            lines.append(f"    {e} = _full({e}, (m, 1)).reshape(m)")
+        else:
+            lines.append(f"    {e} = _scalar({e})")
+    lines += [
+        "    if m and n:",
+        f"        ta = kernels.tensor_map(a.reshape(1, m, k), {BM}, {BK})  # noqa: F821",
+        f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
+        f"        tiles = (-(-m // {BM}) + {f.experts}) * (-(-n // {rp.bn}))  # at most: each group's last tile partial",
+        f"        kernels.kp_{rid}_gemm((max(1, min(sms, tiles)),), (384,), ({sig.args()}), shared_mem={smem})"
+        "  # noqa: F821",
+        "    return out",
+    ]
+    return "\n".join(lines)
