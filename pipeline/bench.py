@@ -475,7 +475,7 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
         if on_row:
             on_row(row)
     else:
-        if progress:
+        if progress and todo:
             progress(len(todo), len(todo), "")
     reports = write_reports(out)
     return BenchResult(out, tuple(_in_order(read_store(store), suite)), tuple(ran), skipped, remaining,
