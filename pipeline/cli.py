@@ -684,10 +684,23 @@ def bench(
         )
         _say(f"{row['key']}: {row['status']} in {row['wall_s']:.1f} s; {what}"[:200], err)
 
-    with bar or contextlib.nullcontext():
-        result = bench_mod.run_bench(
-            out_dir, tasks, cfg, manifest, budget_s=budget_s, replay=index, progress=progress, on_row=on_row
-        )
+    try:
+        with bar or contextlib.nullcontext():
+            result = bench_mod.run_bench(
+                out_dir,
+                tasks,
+                cfg,
+                manifest,
+                budget_s=budget_s,
+                replay=index,
+                progress=progress,
+                on_row=on_row,
+            )
+    except KeyboardInterrupt:
+        # Not optimize's hint: the bench resumes the task in flight from its run log by itself.
+        cmd = shlex.join(["kernelpro", "bench", str(suite), "--out", str(out_dir), "--resume"])
+        _say(f"interrupted: the rows written are kept; continue the bench with: {cmd}", err)
+        raise typer.Exit(130) from None
     _bench_output(out_dir, manifest, list(result.rows), result.reports, result, json_out)
 
 

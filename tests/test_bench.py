@@ -346,3 +346,40 @@ def test_the_command_says_what_is_wrong_in_one_line(tmp_path):
     one_line_error(cli(str(suite), "--out", str(out), "--report", str(out)), "without SUITE")
     res = CliRunner().invoke(app, ["bench", str(suite), "--out", str(out), "--search", "beam"])
     assert res.exit_code == 2 and "--search" in res.stderr
+
+
+def test_ctrl_c_writes_no_row_and_says_how_to_go_on(tmp_path, monkeypatch):
+    import pipeline.loop
+
+    def interrupted(path, cfg, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.loop, "optimize", interrupted)
+    make_suite(tmp_path)
+    out = tmp_path / "out"
+    res = cli(
+        str(tmp_path / "suite"),
+        "--out",
+        str(out),
+        "--home",
+        str(tmp_path / "home"),
+        "--replay",
+        str(RECORDED),
+    )
+    assert res.exit_code == 130, res.output
+    assert f"--out {out} --resume" in res.stderr and "Traceback" not in res.output
+    assert not (out / bench.STORE).exists()  # the task in flight has no row: it runs again next time
+
+
+def test_rows_of_two_machines_merged_into_one_folder_count_once(ran, tmp_path):
+    out = copy_bench(ran, tmp_path)
+    rows = store_rows(out)
+    again = {**rows[0], "wall_s": 99.0}  # the same task, run on another machine too
+    with (out / bench.STORE).open("a") as f:
+        f.write(json.dumps(again) + "\n")
+    res = cli("--report", str(out), "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["summary"]["tasks"] == 3
+    md = (out / "report.md").read_text()
+    assert sum(x.startswith(f"| {rows[0]['key']} |") for x in md.splitlines()) == 1
+    assert next(x for x in md.splitlines() if x.startswith(f"| {rows[0]['key']} |")).endswith("| 99.0 |")
