@@ -704,6 +704,10 @@ def bench(
     _bench_output(out_dir, manifest, list(result.rows), result.reports, result, json_out)
 
 
+def _n(tasks: int) -> str:
+    return f"{tasks} task" if tasks == 1 else f"{tasks} tasks"
+
+
 def _bench_output(folder: Path, manifest: dict[str, Any], rows: list[dict[str, Any]], reports: dict[str, Path],
                   result: Any, json_out: bool) -> None:  # fmt: skip
     from pipeline import bench as bench_mod
@@ -738,12 +742,12 @@ def _bench_output(folder: Path, manifest: dict[str, Any], rows: list[dict[str, A
     _say(f"{s['tasks']} of {manifest.get('tasks', '?')} tasks written, {s['verified']} verified ({statuses})")
     if s["fraction_of_floor"]:
         _say(
-            f"roofline: {100 * s['fraction_of_floor']:.1f}% of the floor (geomean over {s['floor_tasks']} tasks)"
+            f"roofline: {100 * s['fraction_of_floor']:.1f}% of the floor (geomean over {_n(s['floor_tasks'])})"
         )
     if result is not None and result.skipped:
-        _say(f"{len(result.skipped)} tasks had a row already: skipped")
+        _say(f"{_n(len(result.skipped))} had a row already: skipped")
     if result is not None and result.stopped:
-        _say(f"stopped: {result.stopped}; {len(result.remaining)} tasks left: run it again with --resume")
+        _say(f"stopped: {result.stopped}; {_n(len(result.remaining))} left: run it again with --resume")
     _say(f"report: {reports['html']}")
 
 
