@@ -257,15 +257,11 @@ class Suite:
     fingerprint: str
     size: int  # tasks in the whole suite, before --match
 
-    @property
-    def name(self) -> str:
-        return Path(self.source).name or self.source
-
 
 def load_suite(source: str | Path, match: str | None = None) -> Suite:
-    """A folder of KernelBench-format task files (searched recursively), or a list file with one task path
-    per line (`#` starts a comment; relative paths are from the list's folder); `match` keeps the tasks whose
-    key (folder/name) it finds."""
+    """A folder of KernelBench-format task files (searched recursively), one task file, or a list file with
+    one task path per line (`#` starts a comment; relative paths are from the list's folder); `match` keeps
+    the tasks whose key (folder/name) it finds."""
     path = Path(source)
     if not path.exists():
         raise BenchError(f"suite not found: {path}")
