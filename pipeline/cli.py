@@ -613,6 +613,144 @@ def show(
     print("\n".join(line.rstrip() for line in captured.get().splitlines()))
 
 
+# --- bench: a suite, one budget ---------------------------------------------------------------------------
+
+
+@app.command()
+@_user_errors
+def bench(
+    suite: Annotated[
+        Path | None,
+        typer.Argument(
+            help="a folder of KernelBench-format task files, or a list file (one task path a line)"
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="the bench folder: runs, one row per task, reports")
+    ] = None,
+    evals: Annotated[int | None, typer.Option(min=1, help="evaluations per task (default 12)")] = None,
+    budget_s: Annotated[
+        float | None, typer.Option(min=1, help="start no task the slowest so far would not finish in")
+    ] = None,
+    policy: Annotated[Policy | None, typer.Option(help="expert (default), llm or auto")] = None,
+    search: Annotated[Search | None, typer.Option(help="mcts (default) or greedy")] = None,
+    match: Annotated[
+        str | None, typer.Option(help="only tasks whose key (folder/name) this regex finds")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue the bench in --out: skip tasks done")
+    ] = False,
+    replay: Annotated[
+        Path | None,
+        typer.Option(help="answer evaluations from run logs recorded on a GPU under this folder (no GPU)"),
+    ] = None,
+    report_dir: Annotated[
+        Path | None, typer.Option("--report", help="re-render the reports of this bench folder; run nothing")
+    ] = None,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Optimize every task of a suite with one budget: one run and one row per task, resumable, then a
+    summary and reports (JSON, Markdown, HTML with plots) in the bench folder."""
+    from pipeline import bench as bench_mod
+
+    if report_dir is not None:
+        if suite is not None or out_dir is not None:
+            raise ValueError("--report re-renders a bench folder: give it without SUITE and --out")
+        reports = bench_mod.write_reports(report_dir)
+        manifest, rows = bench_mod.load_rows(report_dir)
+        _bench_output(report_dir, manifest, rows, reports, None, json_out)
+        return
+    if suite is None or out_dir is None:
+        raise ValueError(
+            "give a SUITE (a folder of task files or a list file) and --out DIR, or --report DIR"
+        )
+    tasks = bench_mod.load_suite(suite, match)
+    index = bench_mod.ReplayIndex.scan(replay) if replay is not None else None
+    settings = {"evals": evals, "policy": _value(policy), "search": _value(search)}
+    manifest = bench_mod.open_bench(out_dir, tasks, settings, resume)
+    cfg = config_mod.load(home=home)
+    bar, update = _progress(json_out)
+
+    def progress(done: int, total: int, key: str) -> None:
+        if update:
+            update("tasks", done, total)
+
+    def on_row(row: dict[str, Any]) -> None:
+        if json_out:
+            return
+        what = (
+            _x(row.get("speedup_eager")) + " over eager" if row.get("speedup_eager") else row.get("error", "")
+        )
+        _say(f"{row['key']}: {row['status']} in {row['wall_s']:.1f} s; {what}"[:200], err)
+
+    try:
+        with bar or contextlib.nullcontext():
+            result = bench_mod.run_bench(
+                out_dir,
+                tasks,
+                cfg,
+                manifest,
+                budget_s=budget_s,
+                replay=index,
+                progress=progress,
+                on_row=on_row,
+            )
+    except KeyboardInterrupt:
+        # Not optimize's hint: the bench resumes the task in flight from its run log by itself.
+        cmd = shlex.join(["kernelpro", "bench", str(suite), "--out", str(out_dir), "--resume"])
+        _say(f"interrupted: the rows written are kept; continue the bench with: {cmd}", err)
+        raise typer.Exit(130) from None
+    _bench_output(out_dir, manifest, list(result.rows), result.reports, result, json_out)
+
+
+def _n(tasks: int) -> str:
+    return f"{tasks} task" if tasks == 1 else f"{tasks} tasks"
+
+
+def _bench_output(folder: Path, manifest: dict[str, Any], rows: list[dict[str, Any]], reports: dict[str, Path],
+                  result: Any, json_out: bool) -> None:  # fmt: skip
+    from pipeline import bench as bench_mod
+
+    s = bench_mod.summary(rows, manifest.get("tasks"))
+    if json_out:
+        doc: dict[str, Any] = {
+            "bench": str(folder),
+            "suite": manifest["suite"],
+            "settings": manifest["settings"],
+        }
+        if result is not None:
+            doc.update(ran=list(result.ran), skipped=list(result.skipped), remaining=list(result.remaining),
+                       stopped=result.stopped)  # fmt: skip
+        doc.update(summary=s, reports={k: str(v) for k, v in reports.items()})
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    table = Table(title=f"kernelpro bench: {escape(str(folder))}")
+    for col in (
+        "candidates",
+        "tasks",
+        "ours over eager",
+        "torch.compile over eager",
+        "ours over torch.compile",
+    ):
+        table.add_column(col)
+    for name, g in (("all", s), *s["by_kind"].items()):
+        table.add_row(name, str(g["timed"]), _x(g["ours_over_eager"]), _x(g["compile_over_eager"]),
+                      _x(g["ours_over_compile"]))  # fmt: skip
+    out.print(table)
+    statuses = ", ".join(f"{k} {n}" for k, n in s["statuses"].items()) or "none yet"
+    _say(f"{s['tasks']} of {manifest.get('tasks', '?')} tasks written, {s['verified']} verified ({statuses})")
+    if s["fraction_of_floor"]:
+        _say(
+            f"roofline: {100 * s['fraction_of_floor']:.1f}% of the floor (geomean over {_n(s['floor_tasks'])})"
+        )
+    if result is not None and result.skipped:
+        _say(f"{_n(len(result.skipped))} had a row already: skipped")
+    if result is not None and result.stopped:
+        _say(f"stopped: {result.stopped}; {_n(len(result.remaining))} left: run it again with --resume")
+    _say(f"report: {reports['html']}")
+
+
 index_app = typer.Typer(
     no_args_is_help=True, help="Build and query the Chroma index of CUDA building blocks."
 )

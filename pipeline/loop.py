@@ -36,6 +36,15 @@ class OptimizeError(Exception):
     """A run that cannot start or go on, in one line a user can act on (the run log stays intact)."""
 
 
+class UnsupportedTask(OptimizeError):
+    """The policy cannot write kernels for this task: a property of the task, not of the run (a suite
+    counts these apart from failures)."""
+
+
+class ReferenceFailed(OptimizeError):
+    """The task's reference could not be measured (its eager baseline failed)."""
+
+
 class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C during a run whose log exists: it is marked and intact, and `run_id` says what to resume."""
 
@@ -86,7 +95,7 @@ def _make_policy(name: str, cfg: Config, task_path: Path, toolbox: Any = None, h
 
         ok, why = supports(task_path)
         if not ok:
-            raise OptimizeError(f"the expert policy cannot write kernels for {task_path.name}: {why}")
+            raise UnsupportedTask(f"the expert policy cannot write kernels for {task_path.name}: {why}")
         return ExpertPolicy(hunter=hunter)
     if name == "llm":
         from pipeline.generate.llm import LLMConfigError, LLMPolicy
@@ -398,7 +407,7 @@ class _Run:
                 if statuses == {ProposalStatus.BUDGET}:
                     return "LLM budget spent"
                 if statuses == {ProposalStatus.UNSUPPORTED}:
-                    raise OptimizeError(reasons[0] if reasons else "the policy cannot write this task")
+                    raise UnsupportedTask(reasons[0] if reasons else "the policy cannot write this task")
                 if statuses and statuses <= {ProposalStatus.REFUSED}:
                     self.refusals += 1  # the endpoint's trouble, not the node's: try again, then give up
                     if self.refusals >= 3:
@@ -491,7 +500,7 @@ def optimize(
                 base = evaluator.baselines()
             except Exception as e:
                 log.append(*ev.encode(ev.End(reason=f"the reference failed: {e}")))
-                raise OptimizeError(f"the task's reference could not be measured: {e}") from None
+                raise ReferenceFailed(f"the task's reference could not be measured: {e}") from None
             _record(log, state, ev.BaselinesEvent(base))
             ceil = evaluator.ceilings()
             if ceil is not None:
