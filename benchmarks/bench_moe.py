@@ -80,7 +80,10 @@ def libraries(module, model) -> dict[str, Callable]:
 
 def _veomni():
     """VeOmni's Triton group GEMM (same N and K per group), or None where the package is not importable."""
-    for name in ("veomni.ops.group_gemm.kernel.group_gemm", "veomni.ops.fused_moe.group_gemm"):
+    for name in (
+        "veomni.ops.kernels.moe._kernels.kernel.group_gemm",  # 0.1.12, on PyPI
+        "veomni.ops.group_gemm.kernel.group_gemm",
+    ):
         try:
             mod = __import__(name, fromlist=["group_gemm_same_nk"])
             return mod.group_gemm_same_nk

@@ -200,7 +200,28 @@ def test_grouped_kernels_compile_for_sm90a_without_spills(tmp_path):
                     if p.candidate and "wgmma_grouped" in p.candidate.source.splitlines()[0]]  # fmt: skip
         cands.append(tuned)
     assert "GMMA::Major::MN" in cands[0].source and "GMMA::Major::K>" in cands[1].source
+    assert '"epilogue":"silu"' in cands[0].source.splitlines()[0]  # SwiGLU on the gate/up pairs
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.spill_loads == 0, k
+
+
+GATED = {  # name -> (the write after the chunk, whether our kernel's epilogue takes both halves)
+    "swiglu": ("out[start : start + n] = F.silu(gate) * up", True),
+    "geglu_scaled": ("out[start : start + n] = F.gelu(gate) * up * 0.5", True),
+    "gate_alone": ("out[start : start + n] = F.silu(gate)", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GATED))
+def test_a_gated_epilogue_is_fused_into_the_grouped_kernel(tmp_path, name):
+    write, fused = GATED[name]
+    forward = LOOPS["swiglu_skip_idle"][1].replace("out[start : start + n] = F.silu(gate) * up", write)
+    t = probe(_write(tmp_path, name, _model(W_KN, forward), INPUTS))
+    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    plan = tuned.source.splitlines()[0]
+    assert "wgmma_grouped" in plan
+    assert ("constexpr int TN = 128;" in tuned.source) == fused and ('"epilogue"' in plan) == fused, plan
+    if fused:  # the (M, 2I) product is never written: no view of it is left in the launcher
+        assert ".split(" not in tuned.launcher and "size(acc) / 2" in tuned.source

@@ -137,6 +137,7 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
             )
             lines.append(f"        v_{p.name} = self.{getter}({p.args[0]!r})")
     calls = {c.at or rid: c for rid, c in codes.items()}
+    needed = _needed(low, fused, codes)
     for r in low.regions:
         if r.rid in calls:
             c = calls[r.rid]
@@ -145,13 +146,27 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
         if r.rid in fused or r.rid in codes:
             continue
         for n in r.nodes:
-            lines.append(f"        {py(n.name, low)} = {_torch_call(n, low, first)}")
+            if n.name in needed:
+                lines.append(f"        {py(n.name, low)} = {_torch_call(n, low, first)}")
     outs = [py(o.name, low) if isinstance(o, Ref) else _lit(o, low, first) for o in g.outputs]
     if len(outs) == 1 and not g.returns_tuple:
         lines.append(f"        return {outs[0]}")
     else:
         lines.append(f"        return ({', '.join(outs)},)")
     return lines
+
+
+def _needed(low: Lowered, fused: set[str], codes: dict[str, Code]) -> set[str]:
+    """The values the launcher computes with torch: those forward returns or a kernel reads, and what they
+    need. A view only a fused kernel read (the halves of a product its gated epilogue took) is left out."""
+    needed = set(low.graph.output_names()) | {a for c in codes.values() for a in c.args}
+    for r in reversed(low.regions):
+        if r.rid in fused or r.rid in codes:
+            continue
+        for n in reversed(r.nodes):
+            if n.name in needed:
+                needed.update(n.refs())
+    return needed
 
 
 def _state(g: Graph) -> list[str]:

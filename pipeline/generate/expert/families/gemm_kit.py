@@ -130,10 +130,16 @@ def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
     if e is None:
         return None
     out = host.outputs[0]
+    return epilogue_on(e, host, low, out)
+
+
+def epilogue_on(e: Region, host: Region, low: Lowered, main: str, up: str = "") -> GemmEpilogue | None:
+    """The GemmEpilogue of ew region e reading the GEMM's accumulators as `main` (and `up`, gated), when
+    its other operands are ready before the GEMM and indexable by row, column or element."""
     split = len(e.shape) - 1
     operands = []
     for i in e.inputs:
-        if i == out:
+        if i in (main, up):
             continue
         if not ready_before(i, host, low):
             return None  # computed after the GEMM: not ready when the epilogue runs
@@ -145,7 +151,7 @@ def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
     out_dt = next(n.dtype for n in e.nodes if n.name == e.outputs[0]) or "float32"
     if out_dt not in ("float32", "float16", "bfloat16"):
         return None
-    return GemmEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
+    return GemmEpilogue(e, main, tuple(operands), e.outputs[0], out_dt, up)
 
 
 def fuse_edit(epilogue_of: Callable[[Region, Lowered], Any]) -> Edit:

@@ -3,6 +3,10 @@ our persistent Hopper kernel (templates/grouped_gemm.py): every expert's rows ti
 groups from device-side offsets, the elementwise region after it fused on its stores. The plain plan leaves
 the grouped GEMM to torch._grouped_mm; the tuned one takes it (gemm_kit.py: the same plans and edits as a
 GEMM: tile width, ring stages, the fused epilogue).
+
+A gated epilogue is fused too: the output split in two halves along N, an elementwise chain of both
+(SwiGLU: silu(gate) * up, GeGLU...). Each tile then computes the gate and the up columns of the same
+outputs, so the (M, 2I) product is never written: the kernel writes the (M, I) result.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.graph import Ref
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import grouped_gemm
+from pipeline.generate.expert.templates.gemm import GemmEpilogue
 from pipeline.generate.expert.templates.grouped_gemm import GroupedForm
 
 
@@ -46,6 +51,40 @@ def form(r: Region, low: Lowered) -> GroupedForm | str:
     return GroupedForm("K" if k_major else "MN", experts)
 
 
+def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
+    """The ew region after the grouped GEMM: reading its output, or its two halves (gated)."""
+    return gemm_kit.epilogue(host, low) or gated(host, low)
+
+
+def gated(host: Region, low: Lowered) -> GemmEpilogue | None:
+    """An ew region that alone reads both halves (along N) of the GEMM's one output, and nothing else does."""
+    if len(host.outputs) != 1 or host.outputs[0] in low.graph.output_names():
+        return None
+    out = low.by_name[host.outputs[0]]
+    users = low.users.get(out.name, ())
+    if not out.shape or out.shape[-1] % 2 or len(users) != 1:
+        return None
+    sp, half, last = low.by_name[users[0]], out.shape[-1] // 2, len(out.shape) - 1
+    if not (
+        (sp.op == "split" and sp.args[1:] in ((half, -1), (half, last)))
+        or (sp.op == "chunk" and sp.args[1:] in ((2, -1), (2, last)))
+    ):
+        return None
+    parts = {low.by_name[u].args[1]: u for u in low.users.get(sp.name, ()) if low.by_name[u].op == "getitem"}
+    if sorted(parts) != [0, 1] or len(low.users.get(sp.name, ())) != 2:
+        return None
+    if set(parts.values()) & set(low.graph.output_names()):
+        return None  # a half that forward returns must be written as it is
+    readers = {r for p in parts.values() for r in low.users.get(p, ())}
+    regions = {low.region_of(r) for r in readers}
+    if len(regions) != 1:
+        return None
+    (e,) = regions
+    if e is None or e.kind is not RegionKind.EW or len(e.outputs) != 1 or e.shape != (*out.shape[:-1], half):
+        return None
+    return gemm_kit.epilogue_on(e, host, low, parts[0], parts[1])
+
+
 SPEC = gemm_kit.Spec(
     knobs=GroupedPlan,
     dtypes=grouped_gemm.DTYPES,
@@ -56,6 +95,7 @@ SPEC = gemm_kit.Spec(
     render=grouped_gemm.render,
     kernel="persistent grouped WGMMA kernel (TMA, tensor cores)",
     form_of=form,
+    epilogue_of=epilogue,
     library="torch._grouped_mm",
 )
 FAMILY = gemm_kit.family(SPEC)

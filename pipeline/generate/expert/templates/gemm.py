@@ -44,6 +44,9 @@ class GemmEpilogue:
     operands: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL, SCALAR, COL or ROW) of the others
     out: str
     out_dtype: str
+    # A gated epilogue (SwiGLU and kin): the chain reads the GEMM output's two halves along N, `main` the
+    # first and `up` the second; the tile then holds BN / 2 columns of each, and writes BN / 2 out.
+    up: str = ""
 
 
 @dataclass(frozen=True)
@@ -270,17 +273,24 @@ _LOAD_B = {
 }
 
 
+# A gated epilogue's premise, checked where it is used: column c and c + BN / 2 are i and i + size(acc) / 2.
+PAIRING = "        if (get<1>(tCcC(i + size(acc) / 2)) != get<1>(tCcC(i)) + BN / 2) __trap();"
+
+
 def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     """The epilogue: accumulator pairs (i, i + 1) are adjacent columns of one row in the GMMA layout."""
     ot = ctype(out_dt)
+
+    gated = epi is not None and bool(epi.up)
 
     def value(k: int) -> str:
         if epi is None:
             return f"acc(i + {k})"
         args = []
         for i in epi.region.inputs:
-            if i == epi.main:
-                args.append(f"acc(i + {k})")
+            if i in (epi.main, epi.up):
+                # the GMMA accumulators hold columns c and c + BN / 2 at i and i + size(acc) / 2
+                args.append(f"acc(i + {k}{' + size(acc) / 2' if i == epi.up else ''})")
                 continue
             j = next(j for j, (v, _, _) in enumerate(epi.operands) if v == i)
             cls = epi.operands[j][2]
@@ -294,7 +304,8 @@ def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
             "__nv_bfloat16": "__floats2bfloat162_rn(v0, v1)"}[ot]  # fmt: skip
     return [
         "    CUTE_UNROLL",
-        "    for (int i = 0; i < size(acc); i += 2) {",
+        f"    for (int i = 0; i < size(acc){' / 2' if gated else ''}; i += 2) {{",
+        *([PAIRING] if gated else []),
         "        const long long m = m0 + get<0>(tCcC(i)), n = n0 + get<1>(tCcC(i));",
         "        if (m >= M || n >= N) continue;",
         "        const long long r = r0 + m;",

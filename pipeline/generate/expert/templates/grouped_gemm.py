@@ -57,10 +57,13 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     b = gemm.blocks(rp, dt, f, hunter)  # type: ignore[arg-type]
     smem = smem_bytes(rp.bn, rp.stages, f.experts)
     out_dt = epi.out_dtype if epi else dt
+    gated = epi is not None and bool(epi.up)
     lines = [
         *gemm.preamble(rid, b),
         f"using T = {CUTE_TYPES[dt]};",
         f"constexpr int BM = {BM}, BN = {rp.bn}, BK = {BK}, STAGES = {rp.stages}, GROUPS = {f.experts};",
+        f"constexpr int TN = {rp.bn // 2 if gated else rp.bn};  // output columns a tile writes"
+        + ("  (gated: BN / 2 gate and BN / 2 up columns)" if gated else ""),
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
         "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
         f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
@@ -83,7 +86,9 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
-        _BODY.replace("LOAD_B", _LOAD_B[f.b_major]).replace("TMA_COPY", b["tma"].name),
+        _BODY.replace("LOAD_B", (_GATED_B if gated else _LOAD_B)[f.b_major]).replace(
+            "TMA_COPY", b["tma"].name
+        ),
         *("    " + ln for ln in gemm.store(epi, out_dt)),
         "    }",
         "}",
@@ -96,7 +101,7 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         ("offs", offs.name),
         *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_)),
     ]
-    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig)
+    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, gated)
     outs = (epi.out,) if epi else r.outputs
     return Code(
         "\n".join(lines) + "\n", src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs
@@ -113,6 +118,16 @@ def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
     ))  # fmt: skip
 
 
+# Gated: the gate columns of this tile's outputs into the first half of the B tile, their up columns (N further
+# on: N is the output's width, half the weight's) into the second.
+_GATED_B = {
+    "K": "                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * TN, group);\n"
+    "                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK + TN * BK, kt * BK,\n"
+    "                                   N + n_blk * TN, group);",
+    "MN": "                    for (int i = 0; i < BN / 64; ++i)\n"
+    "                        TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK + i * 64 * BK,\n"
+    "                                       (i < TN / 64 ? 0 : N - TN) + n_blk * TN + 64 * i, kt * BK, group);",
+}
 _LOAD_B = {
     "K": "                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, "
     "group);",
@@ -125,7 +140,7 @@ _BODY = r"""    extern __shared__ char smem_raw[];
     Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (unsigned)(__cvta_generic_to_shared(smem_raw) & 1023)) & 1023));
     const int wg = threadIdx.x / 128;
     const int ktiles = (K + BK - 1) / BK;
-    const int nt = (N + BN - 1) / BN;
+    const int nt = (N + TN - 1) / TN;
     if (threadIdx.x < 32) {  // warp 0: the group table, 32 experts a step (an inclusive scan of tile counts)
         int carry = 0;
         if (threadIdx.x == 0) s.first_tile[0] = 0;
@@ -216,21 +231,22 @@ LOAD_B
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
         if (threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);  // the tile's last stage
-        const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;
+        const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * TN;
         const long long r0 = row0;  // the group's first row of the output (and of row operands)"""
 
 
 def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
-             names: list[str], sig: Signature) -> str:  # fmt: skip
+             names: list[str], sig: Signature, gated: bool) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
     b = "w.transpose(-1, -2)" if f.b_major == "K" else "w"
-    box_b = f"{rp.bn}, {BK}" if f.b_major == "K" else f"{BK}, 64"
+    tn = rp.bn // 2 if gated else rp.bn
+    box_b = f"{tn}, {BK}" if f.b_major == "K" else f"{BK}, 64"
     lines = [
         f"def _gemm_{rid}(sms, {', '.join(names)}):",
         f'    """x @ w[e] for each expert\'s rows{" and the fused epilogue" if epi else ""}: our persistent '
         f'grouped WGMMA kernel (TMA, 128 x {rp.bn} tiles, {rp.stages} stages)."""',
         "    m, k = x.shape",
-        "    n = w.shape[-1]",
+        f"    n = w.shape[-1]{' // 2  # gated: the output is half the product' if gated else ''}",
         f"    if k % 8 or n % 8 or w.shape[0] != {f.experts}:",
         "        raise ValueError(f'kernelpro expert: our grouped WGMMA kernel needs 16-byte rows (K and N "
         f"multiples of 8) and {f.experts} experts, not K={{k}}, N={{n}}, {{w.shape[0]}} experts')",
@@ -255,7 +271,7 @@ def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, s
         "    if m and n:",
         f"        ta = kernels.tensor_map(a.reshape(1, m, k), {BM}, {BK})  # noqa: F821",
         f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
-        f"        tiles = (-(-m // {BM}) + {f.experts}) * (-(-n // {rp.bn}))  # at most: each group's last tile partial",
+        f"        tiles = (-(-m // {BM}) + {f.experts}) * (-(-n // {tn}))  # at most: each group's last tile partial",
         f"        kernels.kp_{rid}_gemm((max(1, min(sms, tiles)),), (384,), ({sig.args()}), shared_mem={smem})"
         "  # noqa: F821",
         "    return out",
