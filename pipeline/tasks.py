@@ -124,9 +124,14 @@ def probe(path: str | Path) -> Task:
             with counter, torch.no_grad():
                 out = model(*valued_inputs(module))
         except Exception:
-            raise TaskError(
-                f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
-            ) from None
+            # values computed from floating inputs (an MoE block's routing): only real data gives them
+            counter = FlopCounterMode(display=False)
+            out = _probe_on_gpu(module, init_args, counter)
+            if out is None:
+                raise TaskError(
+                    f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
+                    + ("" if torch.cuda.is_available() else " (on the meta device; a GPU would run it for real)")
+                ) from None
     outs = out if isinstance(out, list | tuple) else (out,)
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
         raise TaskError(f"{path.name}: forward must return a tensor or a tuple of tensors")
@@ -151,6 +156,26 @@ def probe(path: str | Path) -> Task:
         min_bytes=int(in_bytes + param_bytes + out_bytes),
         param_bytes=int(param_bytes),
     )
+
+
+def _probe_on_gpu(module: ModuleType, init_args: list, counter: object) -> object | None:
+    """The reference run for real on the GPU (FLOPs counted), or None without a GPU or if it fails there."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        with torch.device("cuda"):
+            model = module.Model(*init_args)
+            inputs = list(module.get_inputs())
+        with counter, torch.no_grad():  # type: ignore[attr-defined]
+            out = model(*inputs)
+        outs = out if isinstance(out, list | tuple) else (out,)
+        return type(out)(o.to("meta") for o in outs) if isinstance(out, list | tuple) else out.to("meta")
+    except Exception:
+        return None
+    finally:
+        torch.cuda.empty_cache()
 
 
 def meta_inputs(module: ModuleType) -> list:
