@@ -759,7 +759,10 @@ def _bench_output(folder: Path, manifest: dict[str, Any], rows: list[dict[str, A
 def experiment(
     file: Annotated[
         Path | None,
-        typer.Argument(help="the experiment's TOML file: suite, evals, seeds, [matrix], baseline"),
+        typer.Argument(
+            metavar="EXPERIMENT.toml",
+            help="the experiment: suite, evals, seeds, fixed and matrix factors, baseline",
+        ),
     ] = None,
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="the experiment folder: a bench per cell and seed, reports")

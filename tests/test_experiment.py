@@ -190,6 +190,23 @@ def test_resume_runs_only_what_has_no_row(ran, tmp_path):
         start(root, other, out, resume=True)
 
 
+def test_a_cell_that_cannot_start_is_a_status_and_the_next_cell_runs(tmp_path):
+    toml = make_experiment(tmp_path, evals=2, tasks=1)
+    out = tmp_path / "out"
+    exp = ex.load_experiment(toml)
+    ex.open_experiment(out, exp, bench.load_suite(exp.suite), resume=False)
+    blocked = ex.cell_folder(out, "search=mcts", 0)
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a bench folder\n")  # a file where the cell's bench belongs
+    result = start(tmp_path, toml, out, resume=True)
+    (mcts, greedy) = result.runs
+    assert mcts.error and "is a file, not a folder" in mcts.error and mcts.ran == ()
+    assert greedy.error is None and greedy.ran == ("level1/1_Softmax",)
+    data = json.loads((out / "summary.json").read_text())
+    assert data["cells"]["search=mcts"]["written"] == 0 and data["cells"]["search=greedy"]["verified"] == 1
+    assert data["comparisons"][0]["paired"] == 0 and data["comparisons"][0]["geomean_ratio"] is None
+
+
 # -- statistics on hand-made rows --------------------------------------------------------------------------
 
 
