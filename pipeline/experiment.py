@@ -30,6 +30,7 @@ import datetime
 import itertools
 import json
 import math
+import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ def load_experiment(path: str | Path) -> Experiment:
             f"{path}: suite = a folder or list file of tasks (relative to this file) is missing"
         )
     suite = Path(data["suite"]).expanduser()
-    suite = suite if suite.is_absolute() else path.parent / suite
+    suite = Path(os.path.normpath(suite if suite.is_absolute() else path.parent / suite))
     evals = data.get("evals", bench.DEFAULTS["evals"])
     if isinstance(evals, bool) or not isinstance(evals, int) or evals < 1:
         raise ExperimentError(
@@ -244,8 +245,6 @@ def _toml_value(v: Any) -> str:
 def to_toml(exp: Experiment, where: Path) -> str:
     """The experiment as TOML for a file in the folder `where`: its suite path relative to that folder, so
     the copy kept beside the results reruns the same experiment from there."""
-    import os
-
     target, here = exp.suite.resolve(), Path(where).resolve()
     # Relative while both share a folder below the root (a checkout moved whole still works), else absolute.
     shared = os.path.commonpath([target, here]) != target.anchor

@@ -635,6 +635,13 @@ def experiment_markdown(data: dict[str, Any]) -> str:
     lines.append(f"- suite: `{data['suite']}` ({data.get('tasks', '?')} tasks)")
     lines.append(f"- every run: {d['evals']} evaluations; seeds {', '.join(map(str, d['seeds']))}")
     lines.append(f"- baseline: `{d['baseline']}`")
+    factors = [c["factors"] for c in data["cells"].values()]
+    if any(f["memory"] for f in factors):
+        lines.append("- memory: the cells with memory on share this machine's lesson store (its `kernelpro-memory` "
+                     "collection), so lessons of earlier runs, cells and seeds reach later ones")  # fmt: skip
+    if any(f["objective"] != "time" for f in factors):
+        lines.append("- objective: a cell that minimises energy or edp is compared on the time of the best "
+                     "candidate by its own objective")  # fmt: skip
     lines += ["", "## Cells", ""]
     lines += ["| cell | policy | search | feedback | corpus | memory | objective | rows | verified | ours over eager "
               "| best after the budget |",

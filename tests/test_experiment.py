@@ -154,6 +154,12 @@ def test_the_reports_hold_the_comparison_and_the_curve(ran):
     html = (result.out / "report.html").read_text()
     assert html.count("<svg") == 1 and 'id="evaluations-to-best"' in html
     assert 'id="curve-search=mcts"' in html and 'id="curve-search=greedy"' in html
+    assert "- memory:" not in md and "- objective:" not in md
+    from pipeline import report
+
+    data["cells"]["search=greedy"]["factors"].update(memory=True, objective="edp")
+    md = report.experiment_markdown(data)  # caveats said where a cell has them
+    assert "- memory: the cells with memory on share" in md and "- objective: a cell that minimises" in md
 
 
 def test_the_copy_beside_the_results_is_the_same_experiment(ran):
