@@ -37,6 +37,9 @@ MANIFEST, STORE, RUNS = "bench.json", "results.jsonl", "runs"
 REPORTS = {"json": "summary.json", "markdown": "report.md", "html": "report.html"}
 # The settings every task of a bench gets; a resumed bench keeps its own (comparable rows).
 DEFAULTS: dict[str, Any] = {"evals": 12, "policy": "expert", "search": "mcts"}
+# Settings a bench records only when given (an experiment's cells): benches made without them keep the
+# manifest they always had, and run with the config's own values.
+OPTIONAL = ("seed", "feedback", "objective", "memory")
 
 
 class BenchError(ValueError):
@@ -321,7 +324,8 @@ def open_bench(out: Path, suite: Suite, settings: dict[str, Any], resume: bool) 
             "fingerprint": suite.fingerprint,
             "tasks": suite.size,
             "settings": {
-                k: settings.get(k) if settings.get(k) is not None else v for k, v in DEFAULTS.items()
+                **{k: settings.get(k) if settings.get(k) is not None else v for k, v in DEFAULTS.items()},
+                **{k: settings[k] for k in OPTIONAL if settings.get(k) is not None},
             },
             "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
@@ -357,14 +361,16 @@ def read_manifest(out: Path) -> dict[str, Any]:
 
 def bench_config(cfg: Config, out: Path, manifest: dict[str, Any]) -> Config:
     """The config every task of the bench runs with: its settings, its runs folder, and no memory across
-    tasks (a task's result must not depend on which tasks ran before it on this machine)."""
+    tasks unless the bench asks for it (an experiment's memory cell): a task's result must not depend on
+    which tasks ran before it on this machine."""
     s = manifest["settings"]
     return cfg.replace(
         runs_dir=Path(out) / RUNS,
         max_evals=int(s["evals"]),
         policy=s["policy"],
         search=s["search"],
-        memory=False,
+        memory=bool(s.get("memory", False)),
+        **{k: s[k] for k in ("seed", "feedback", "objective") if s.get(k) is not None},
     )
 
 

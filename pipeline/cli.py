@@ -751,6 +751,125 @@ def _bench_output(folder: Path, manifest: dict[str, Any], rows: list[dict[str, A
     _say(f"report: {reports['html']}")
 
 
+# --- experiment: cells of settings over one suite, compared with a baseline cell -----------------------------
+
+
+@app.command()
+@_user_errors
+def experiment(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="EXPERIMENT.toml",
+            help="the experiment: suite, evals, seeds, fixed and matrix factors, baseline",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="the experiment folder: a bench per cell and seed, reports")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue the experiment in --out: skip cells and tasks done")
+    ] = False,
+    replay: Annotated[
+        Path | None,
+        typer.Option(help="answer evaluations from run logs recorded on a GPU under this folder (no GPU)"),
+    ] = None,
+    report_dir: Annotated[
+        Path | None,
+        typer.Option("--report", help="re-render the reports of this experiment folder; run nothing"),
+    ] = None,
+    json_out: JsonOpt = False,
+    home: HomeOpt = None,
+) -> None:
+    """Run every cell of an experiment (each a bench of the suite, once per seed), resumably, then compare
+    each cell with the baseline cell task by task: geomean ratio, bootstrap interval, Wilcoxon test, wins and
+    losses, and the evaluations-to-best curves (JSON, Markdown, HTML)."""
+    from pipeline import bench as bench_mod
+    from pipeline import experiment as exp_mod
+
+    if report_dir is not None:
+        if file is not None or out_dir is not None:
+            raise ValueError(
+                "--report re-renders an experiment folder: give it without the TOML file and --out"
+            )
+        reports = exp_mod.write_reports(report_dir)
+        _experiment_output(report_dir, reports, None, json_out)
+        return
+    if file is None or out_dir is None:
+        raise ValueError("give the experiment's TOML file and --out DIR, or --report DIR")
+    exp = exp_mod.load_experiment(file)
+    suite = bench_mod.load_suite(exp.suite)
+    index = bench_mod.ReplayIndex.scan(replay) if replay is not None else None
+    exp_mod.open_experiment(out_dir, exp, suite, resume)
+    cfg = config_mod.load(home=home)
+    bar, update = _progress(json_out)
+
+    def cells(done: int, total: int, label: str) -> None:
+        if update:
+            update("cells", done, total)
+
+    def tasks(done: int, total: int, key: str) -> None:
+        if update:
+            update("tasks of the cell", done, total)
+
+    def on_row(cell: str, seed: int, row: dict[str, Any]) -> None:
+        if json_out:
+            return
+        what = (
+            _x(row.get("speedup_eager")) + " over eager" if row.get("speedup_eager") else row.get("error", "")
+        )
+        _say(f"{cell} seed {seed}: {row['key']}: {row['status']} in {row['wall_s']:.1f} s; {what}"[:200], err)
+
+    try:
+        with bar or contextlib.nullcontext():
+            result = exp_mod.run_experiment(out_dir, exp, suite, cfg, replay=index, progress=cells,
+                                            task_progress=tasks, on_row=on_row)  # fmt: skip
+    except KeyboardInterrupt:
+        cmd = shlex.join(["kernelpro", "experiment", str(file), "--out", str(out_dir), "--resume"])
+        if replay is not None:
+            cmd += " " + shlex.join(["--replay", str(replay)])
+        _say(f"interrupted: the rows written are kept; continue the experiment with: {cmd}", err)
+        raise typer.Exit(130) from None
+    _experiment_output(out_dir, result.reports, result, json_out)
+
+
+def _experiment_output(folder: Path, reports: dict[str, Path], result: Any, json_out: bool) -> None:
+    data = json.loads(reports["json"].read_text())
+    if json_out:
+        doc: dict[str, Any] = {"experiment": str(folder), "name": data["name"], "suite": data["suite"],
+                               "definition": data["definition"]}  # fmt: skip
+        if result is not None:
+            doc["runs"] = [{"cell": r.cell, "seed": r.seed, "ran": list(r.ran), "skipped": list(r.skipped),
+                            "error": r.error} for r in result.runs]  # fmt: skip
+        doc.update(cells=data["cells"], comparisons=data["comparisons"],
+                   reports={k: str(v) for k, v in reports.items()})  # fmt: skip
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    table = Table(
+        title=f"kernelpro experiment {escape(data['name'])}: against {escape(data['definition']['baseline'])}"
+    )
+    for col in ("cell", "paired tasks", "geomean ratio", "interval", "p-value", "wins/losses/ties"):
+        table.add_column(col)
+    for c in data["comparisons"]:
+        ci = f"{c['ci'][0]:.3f}-{c['ci'][1]:.3f}" if c["ci"] else "-"
+        p = f"{c['p_value']:.3g}" if c["p_value"] is not None else c["test"]
+        g = f"{c['geomean_ratio']:.3f}" if c["geomean_ratio"] else "-"
+        table.add_row(
+            escape(c["cell"]), str(c["paired"]), g, ci, escape(p), f"{c['wins']}/{c['losses']}/{c['ties']}"
+        )
+    out.print(table)
+    for name, c in data["cells"].items():
+        _say(f"{name}: {c['written']} rows, {c['verified']} verified, {_x(c['ours_over_eager'])} over eager")
+    if result is not None:
+        done = sum(len(r.skipped) for r in result.runs)
+        if done:
+            _say(f"{done} rows were written already: skipped")
+        for r in result.runs:
+            if r.error:
+                _say(f"{r.cell} seed {r.seed}: could not run: {r.error}")
+    _say(f"report: {reports['html']}")
+
+
 index_app = typer.Typer(
     no_args_is_help=True, help="Build and query the Chroma index of CUDA building blocks."
 )

@@ -614,3 +614,100 @@ def bench_html(manifest: dict[str, Any], rows: list[dict[str, Any]], s: dict[str
         speedup_svg=Markup(bench_speedup_svg(rows)),
         distribution_svg=Markup(bench_distribution_svg(rows)),
     )
+
+
+# -- experiments (pipeline/experiment.py) ------------------------------------------------------------------
+
+
+def _ci(c: dict[str, Any]) -> str:
+    return f"{c['ci'][0]:.3f} – {c['ci'][1]:.3f}" if c.get("ci") else "–"
+
+
+def _p(c: dict[str, Any]) -> str:
+    return f"{c['p_value']:.3g}" if c.get("p_value") is not None else "–"
+
+
+def experiment_markdown(data: dict[str, Any]) -> str:
+    d = data["definition"]
+    lines = [f"# kernelpro experiment: {data['name']}", ""]
+    if data.get("description"):
+        lines += [data["description"], ""]
+    lines.append(f"- suite: `{data['suite']}` ({data.get('tasks', '?')} tasks)")
+    lines.append(f"- every run: {d['evals']} evaluations; seeds {', '.join(map(str, d['seeds']))}")
+    lines.append(f"- baseline: `{d['baseline']}`")
+    factors = [c["factors"] for c in data["cells"].values()]
+    if any(f["memory"] for f in factors):
+        lines.append("- memory: the cells with memory on share this machine's lesson store (its `kernelpro-memory` "
+                     "collection), so lessons of earlier runs, cells and seeds reach later ones")  # fmt: skip
+    if any(f["objective"] != "time" for f in factors):
+        lines.append("- objective: a cell that minimises energy or edp is compared on the time of the best "
+                     "candidate by its own objective")  # fmt: skip
+    lines += ["", "## Cells", ""]
+    lines += ["| cell | policy | search | feedback | corpus | memory | objective | rows | verified | ours over eager "
+              "| best after the budget |",
+              "| --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, c in data["cells"].items():
+        f = c["factors"]
+        end = f"{c['curve'][-1]:.2f}x ({c['curve_runs']} runs)" if c["curve"] else "–"
+        lines.append(f"| {_cell(name)} | {f['policy']} | {f['search']} | {f['feedback']} | {f['corpus']} | "
+                     f"{'on' if f['memory'] else 'off'} | {f['objective']} | {c['written']} | {c['verified']} | "
+                     f"{_fx(c['ours_over_eager'])} | {end} |")  # fmt: skip
+    lines += ["", "## Against the baseline", ""]
+    lines.append(
+        f"Per task both verified (under a common seed): the best time of the cell over the baseline's (below 1: "
+        f"the cell is faster), the geometric mean over the seeds. Over tasks: the geomean ratio, its "
+        f"{100 * (data['comparisons'][0]['level'] if data['comparisons'] else 0.95):.0f}% bootstrap interval "
+        f"({d['resamples']} resamples of the tasks), Wilcoxon's signed-rank test on the log ratios, and the tasks "
+        f"won, lost and tied (within {100 * data['tie']:.0f}%)."
+    )
+    lines += ["", "| cell | paired tasks | geomean ratio | interval | p-value | wins | losses | ties | test |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for c in data["comparisons"]:
+        g = f"{c['geomean_ratio']:.3f}" if c["geomean_ratio"] else "–"
+        lines.append(f"| {_cell(c['cell'])} | {c['paired']} | {g} | {_ci(c)} | {_p(c)} | {c['wins']} | "
+                     f"{c['losses']} | {c['ties']} | {c['test']} |")  # fmt: skip
+    for c in data["comparisons"]:
+        lines += ["", f"### {c['cell']} over {c['baseline']}", ""]
+        if not c["tasks"]:
+            lines.append("No task verified by both cells yet.")
+            continue
+        lines += ["| task | ratio | seeds |", "| --- | ---: | ---: |"]
+        lines += [f"| {_cell(t['key'])} | {t['ratio']:.3f} | {t['seeds']} |" for t in c["tasks"]]
+    return "\n".join(lines) + "\n"
+
+
+def experiment_curve_svg(data: dict[str, Any]) -> str:
+    """Each cell's best-so-far speedup over eager after each evaluation, the geomean across its runs."""
+    cells = {name: c for name, c in data["cells"].items() if c["curve"]}
+    if not cells:
+        return ""
+    plt = _pyplot()
+    with plt.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(7, 3.4))
+        for name, c in cells.items():
+            xs = range(1, len(c["curve"]) + 1)
+            base = name == data["definition"]["baseline"]
+            ax.step(xs, c["curve"], where="post", linewidth=2 if base else 1.4, linestyle="--" if base else "-",
+                    label=f"{name} ({c['curve_runs']} runs)", gid=f"curve-{name}")  # fmt: skip
+        ax.set_xlabel("evaluation")
+        ax.set_ylabel("best speedup over eager so far (geomean)")
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        return _svg(fig)
+
+
+def experiment_html(data: dict[str, Any]) -> str:
+    """The Markdown report as HTML (names escaped) with the evaluations-to-best plot."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+    from markdown_it import MarkdownIt
+    from markupsafe import Markup
+
+    md = experiment_markdown(data)
+    mdit = MarkdownIt("commonmark", {"html": False}).enable("table")
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)  # fmt: skip
+    return env.get_template("experiment.html.j2").render(
+        title=f"kernelpro experiment: {data['name']}",
+        body=Markup(mdit.render("\n".join(md.splitlines()[1:]))),  # the title is the page's
+        curve_svg=Markup(experiment_curve_svg(data)),
+    )
