@@ -26,7 +26,7 @@ from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.tasks import load_module, probe  # noqa: E402
 from pipeline.types import Status, speedup  # noqa: E402
 
-TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*.py"))
+TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*_fc*.py"))  # the grouped GEMMs
 
 
 def candidates(path: Path) -> list:

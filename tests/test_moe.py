@@ -16,7 +16,7 @@ from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, supports
 from pipeline.generate.expert.graph import CaptureError
-from pipeline.tasks import load_module, probe
+from pipeline.tasks import TaskError, load_module, probe
 from pipeline.types import Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,7 +176,7 @@ def test_emulated_candidates_match_the_loop_under_any_routing(tmp_path, name):
             torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=cand.edit)
 
 
-@pytest.mark.parametrize("task", sorted(p.name for p in (ROOT / "tasks" / "moe").glob("*.py")))
+@pytest.mark.parametrize("task", sorted(p.name for p in (ROOT / "tasks" / "moe").glob("*_fc*.py")))
 def test_moe_tasks_probe_and_capture_at_full_size(task):
     path = ROOT / "tasks" / "moe" / task
     t = probe(path)
@@ -225,3 +225,12 @@ def test_a_gated_epilogue_is_fused_into_the_grouped_kernel(tmp_path, name):
     assert ("constexpr int TN = 128;" in tuned.source) == fused and ('"epilogue"' in plan) == fused, plan
     if fused:  # the (M, 2I) product is never written: no view of it is left in the launcher
         assert ".split(" not in tuned.launcher and "size(acc) / 2" in tuned.source
+
+
+def test_the_whole_block_is_refused_plainly_on_the_cpu():
+    """Its routing comes from float data: the meta device cannot run it, the expert does not recognise it."""
+    path = ROOT / "tasks" / "moe" / "qwen3_block.py"
+    ok, why = supports(path)
+    assert not ok and "not a loop over experts either" in why, why
+    with pytest.raises(TaskError, match="a GPU would run it for real"):
+        probe(path)
