@@ -130,7 +130,11 @@ def probe(path: str | Path) -> Task:
             if out is None:
                 raise TaskError(
                     f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
-                    + ("" if torch.cuda.is_available() else " (on the meta device; a GPU would run it for real)")
+                    + (
+                        ""
+                        if torch.cuda.is_available()
+                        else " (on the meta device; a GPU would run it for real)"
+                    )
                 ) from None
     outs = out if isinstance(out, list | tuple) else (out,)
     if not outs or not all(isinstance(o, torch.Tensor) for o in outs):
