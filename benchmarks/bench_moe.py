@@ -62,8 +62,11 @@ def libraries(module, model) -> dict[str, Callable]:
         gate, up = h.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    k_major = w.shape[1] != w.shape[2] and w.shape[2] == model_width(module)  # dgrad: w[e] read transposed
+
     def grouped_mm(x, counts):
-        return epilogue(torch._grouped_mm(x, w, offs=counts.cumsum(0).to(torch.int32)))
+        b = w.transpose(-2, -1) if k_major else w
+        return epilogue(torch._grouped_mm(x, b, offs=counts.cumsum(0).to(torch.int32)))
 
     out = {"torch._grouped_mm": grouped_mm}
     veomni = _veomni()
@@ -72,10 +75,18 @@ def libraries(module, model) -> dict[str, Callable]:
 
         def triton_group_gemm(x, counts):
             ends = counts.cumsum(0).to(torch.int32)
-            return epilogue(veomni(x, wc, ends, int(counts.max())))
+            return epilogue(veomni(x, wc, ends, int(counts.max()), transpose_b=k_major))
 
         out["veomni triton"] = triton_group_gemm
     return out
+
+
+def model_width(module) -> int:
+    """The width of the rows the task's first input holds (K of the grouped product)."""
+    import torch
+
+    with torch.device("meta"):
+        return int(module.get_inputs()[0].shape[-1])
 
 
 def _veomni():
