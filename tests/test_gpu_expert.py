@@ -128,6 +128,17 @@ FAMILIES = {
         """,
         "[4097]",
     ),
+    "layer_norm_few_rows": (  # 2 rows of a million: each split across blocks (templates/rowwise.py)
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln = nn.LayerNorm((64, 128, 129))
+            def forward(self, x):
+                return torch.relu(self.ln(x))
+        """,
+        "[]",
+    ),
     "group_instance": (
         """
         class Model(nn.Module):
@@ -431,7 +442,8 @@ SHAPES = {
     "reduce_last": ["(4097, 999)", "(3, 2)", "(2, 100003)"],
     "reduce_mid": ["(3, 1001, 77)", "(5, 33, 7, 3)", "(64, 4096, 512)"],
     "reduce_all": ["(2**24 + 1,)", "(5,)"],
-    "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)"],
+    "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)", "(2, 200003)"],
+    "layer_norm_few_rows": ["(2, 64, 128, 129)"],
     "layer_rms": ["(1001, 4097)", "(2, 3, 4097)"],
     "layer_rms_4k": ["(1001, 4096)"],
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],

@@ -23,9 +23,11 @@ from pipeline.generate.expert.layout import RowLayout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import rowwise
+from pipeline.generate.expert.templates.reduce_ops import TWO_PASS
 
 KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
 MAX_SPLITS = 8
+FEW_ROWS = 256  # rows of a two-pass op below which a split is planned (about 2 an SM on a 132-SM H200)
 SHORT_ROW = 1024  # a warp per row below this many elements
 
 
@@ -40,7 +42,7 @@ class RowPlan(RegionPlan):
     unroll: int = 1  # loop iterations in flight per thread
     persistent: int = 0  # blocks per SM for a persistent grid-stride grid; 0: a block per row
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
-    splits: int = 0  # reductions: split a row over blocks to reach this many blocks per SM (0: never)
+    splits: int = 0  # split a row over blocks to reach this many blocks per SM when rows are few (0: never)
     regs: int = 0  # two-pass ops: the row held in registers, this many vectors per thread
     warp_reduce: bool = False  # shuffles instead of a shared-memory tree
     warp_rows: bool = False  # one warp per row (short rows)
@@ -60,6 +62,14 @@ def claims(r: Region, low: Lowered) -> bool:
 
 def _short(lay: RowLayout) -> bool:
     return lay.reduced <= SHORT_ROW and lay.op != "group_norm"
+
+
+def _few_long_rows(lay: RowLayout) -> bool:
+    """A two-pass op whose captured rows are too few to give each SM of a large GPU one (a LayerNorm over
+    16 rows of 4M): the launcher then splits them across blocks. Many rows keep a block each."""
+    return (
+        lay.op in TWO_PASS and lay.op != "group_norm" and lay.outer * lay.inner < FEW_ROWS and not _short(lay)
+    )
 
 
 def regs_for(rp: RowPlan, r: Region, low: Lowered, threads: int = 0) -> int:
@@ -83,7 +93,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
     threads = 256 if short else max(128, min(1024, common.pow2(-(-lay.reduced // (vmax * 4)))))
     rp = dataclasses.replace(
         rp, vec=vmax, threads=threads, warp_reduce=True, warp_rows=short,
-        splits=1 if r.kind is RegionKind.REDUCE and not short else 0,
+        splits=1 if not short and (r.kind is RegionKind.REDUCE or _few_long_rows(lay)) else 0,
     )  # fmt: skip
     # One read of a row that fits in registers, with 256 threads a block: the best of 128 to 1024 for
     # softmax (4096 columns) and layer norm (8192) on the H200.
@@ -113,7 +123,8 @@ def _coarsen(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
 def _parallelism(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
     """A reduction split over more blocks, else a warp per short row."""
     lay = _layout(r, low)
-    if r.kind is RegionKind.REDUCE and not rp.warp_rows and (rp.splits * 2 or 1) <= MAX_SPLITS:
+    splittable = r.kind is RegionKind.REDUCE or (lay is not None and _few_long_rows(lay))
+    if splittable and not rp.warp_rows and (rp.splits * 2 or 1) <= MAX_SPLITS:
         yield from change("more_parallelism", plan, rp, splits=rp.splits * 2 or 1)
     elif not rp.warp_rows and lay is not None and _short(lay):
         yield from change("more_parallelism", plan, rp, warp_rows=True, splits=0)

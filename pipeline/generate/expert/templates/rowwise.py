@@ -5,7 +5,10 @@ Pass 1 reads the row once (16-byte vectors after a scalar head up to the first a
 merges per-thread accumulators with warp shuffles or a shared-memory tree. Two-pass ops then write the
 row, re-reading it from global memory (mostly L2) or, with `smem_row`, from a shared-memory copy made in
 pass 1. Reductions over rows too few to fill the GPU may split each row across blocks and merge the
-partial accumulators in a second small kernel.
+partial accumulators in a second small kernel. Two-pass ops over such rows (a LayerNorm over 4M-element
+rows, 16 of them) split them too: a first kernel writes each block's partial statistics, a second merges a
+row's partials in every block and writes that block's part of the row (two reads and a write per element,
+the whole GPU busy, where a block per row would leave all but 16 SMs idle).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pipeline.generate.expert.regions import Region, RegionKind
 from pipeline.generate.expert.templates import reduce_ops, shapes
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source
 from pipeline.generate.expert.templates.fused import Fused, identity
-from pipeline.generate.expert.templates.signature import Param, Signature, Variant, i64, kernel, ptr
+from pipeline.generate.expert.templates.signature import Param, Signature, Variant, i32, i64, kernel, ptr
 
 if TYPE_CHECKING:
     from pipeline.generate.expert.families.rowwise import RowPlan
@@ -148,6 +151,16 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         body += _regs_body(rid, sig, lay, rp, pre, post, x_dt, out_dt, warp)
         variants.append(Variant(f"kp_{rid}_v{rp.vec}_regs", rp.vec, regs=True))
         wrappers.append(kernel(lb, variants[-1].name, sig, f"kp_{rid}_regs<{rp.vec}>"))
+    split2 = split_two_pass(lay, rp, region)
+    ssig = None
+    if split2:
+        base = [p for p in params if p.name not in ("rows", "cols")]
+        ssig = Signature((*base, ptr("ws", "Acc", const=False), i64("rows"), i64("cols"), i64("chunk"),
+                          i32("nsplit", "splits"), *(post.params() if post else [])))  # fmt: skip
+        body += _split_bodies(rid, ssig, lay, rp, pre, post, x_dt, out_dt, warp, kind)
+        for v in sorted({1, rp.vec}):
+            for part in ("part", "apply"):
+                wrappers.append(kernel(lb, f"kp_{rid}_{part}_v{v}", ssig, f"kp_{rid}_{part}<{v}>"))
     combine, combine_sig = "", None
     if splits:
         post_decl = post.lam("post") if post else identity("post")
@@ -161,11 +174,95 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
     )  # fmt: skip
     inputs = _inputs(region, lay, pre, post)
     launcher = _launcher(
-        region, lay, rp, pre, post, inputs, sig, variants, combine_sig, cache, out_dt, indices_only
+        region, lay, rp, pre, post, inputs, sig, variants, combine_sig, cache, out_dt, indices_only, ssig
     )
-    kernels = (*(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []))
+    kernels = (
+        *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
+        *(f"kp_{rid}_{part}_v{v}" for v in sorted({1, rp.vec}) for part in ("part", "apply") if ssig),
+    )  # fmt: skip
     return Code(cuda, launcher, f"_r_{rid}", kernels, tuple(v for _, v in inputs),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
+
+
+def split_two_pass(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
+    """Whether the plan splits the rows of a two-pass op across blocks (when the launcher finds too few)."""
+    return (
+        lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind is not RegionKind.REDUCE
+        and rp.splits > 0 and not rp.warp_rows
+    )  # fmt: skip
+
+
+def _read(kind: reduce_ops.Kind, rp: RowPlan, x_dt: str) -> list[str]:
+    """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head."""
+    push = ["const float v_ = pre(RAW, start + c);", kind.push("acc", "v_", "c0 + c")]
+    xt = ctype(x_dt)
+    return [
+        "        const long long head = head_of<V>(start, n);",
+        "        const long long nv = (n - head) / V;",
+        "        for (long long c = tid; c < head; c += nt) {",
+        *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
+        "        }",
+        f"#pragma unroll {rp.unroll}",
+        "        for (long long j = tid; j < nv; j += nt) {",
+        f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + start + head + j * V);",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) {",
+        "                const long long c = head + j * V + e;",
+        *[f"                {t.replace('RAW', 'ld(t.v[e])')}" for t in push],
+        "            }",
+        "        }",
+        "        for (long long c = head + nv * V + tid; c < n; c += nt) {",
+        *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
+        "        }",
+    ]
+
+
+def _split_bodies(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
+                  x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
+    """A row split over gridDim.y blocks: `part` writes each block's statistics of its chunk to ws; `apply`
+    merges the row's partials (in split order: deterministic) and writes its chunk."""
+    stats, f = _stats(lay)
+    f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
+    head = [
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+        "    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {",
+        "        const long long rs = r * cols, c0 = blockIdx.y * chunk;",
+        "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        "        const long long start = rs + c0;",
+        "        (void)start;",
+    ]
+    shift = [
+        "        const float K = pre(ld(x[rs]), rs);  // the row's first element, the same in every split"
+    ]
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_part({sig.decls()}) {{",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        *head,
+        f"        Acc acc = {kind.init};",
+        *(shift if kind.shift else []),
+        *_read(kind, rp, x_dt),
+        f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());",
+        "        if (tid == 0) ws[blockIdx.y * rows + r] = acc;",
+        "    }",
+        "}",
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_apply({sig.decls()}) {{",
+        "    constexpr bool CACHE = false;",
+        "    const float* cache = nullptr;",
+        "    (void)cache;",
+        *head,
+        "        Acc acc = ws[r];",
+        f"        for (int s = 1; s < nsplit; ++s) acc = {kind.op}()(acc, ws[(long long)s * rows + r]);",
+        *(shift if kind.shift else []),
+        *stats,
+        *_write_segment("start", "c0", "n", f, x_dt, out_dt),
+        "    }",
+        "}",
+    ]
 
 
 def regs_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
@@ -408,7 +505,7 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
 
 def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
-              cache: bool, out_dt: str, indices_only: bool) -> str:  # fmt: skip
+              cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
@@ -441,6 +538,22 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
         groups = str(lay.groups) if lay.groups else "x.shape[1]"
         lines.append(f"    groups = {groups}")
         lines.append("    cg = x.shape[1] // groups")
+    if ssig is not None:  # too few rows to fill the GPU: each split across blocks, statistics merged
+        lines += [
+            f"    splits = 1\n    if rows < sms * {rp.splits}:",
+            f"        splits = max(1, min(-(-sms * {rp.splits} // rows), cols // ({rp.threads * rp.vec} * 4), MAX_GRID_Y))",
+            "    if splits > 1:",
+            f"        chunk = -(-cols // splits)\n        chunk = -(-chunk // {rp.vec}) * {rp.vec}",
+            "        splits = -(-cols // chunk)",
+            "        ws = torch.empty((splits * rows * 2,), dtype=torch.int64, device=x.device)  # 16-byte partials",
+            f"        v = {rp.vec} if _aligned((x, y), {rp.vec}) else 1",
+            f"        sargs = ({ssig.args()},)",
+            f"        part, apply = (kernels.kp_{region.rid}_part_v{rp.vec}, kernels.kp_{region.rid}_apply_v{rp.vec}) "
+            f"if v > 1 else (kernels.kp_{region.rid}_part_v1, kernels.kp_{region.rid}_apply_v1)  # noqa: F821",
+            "        part((blocks, splits), (block,), sargs, shared_mem=smem)",
+            "        apply((blocks, splits), (block,), sargs, shared_mem=smem)",
+            f"        return {ret}",
+        ]
     if combine:
         lines += [
             f"    splits = 1\n    if rows < sms * {rp.splits}:",
