@@ -229,6 +229,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "kl_div": (  # elementwise ops (xlogy's 0 where the target is 0) and a reduction: batchmean, none, mean, sum
+        """
+        class Model(nn.Module):
+            def forward(self, p, t, u):
+                return (F.kl_div(torch.log(p), t, reduction="batchmean"), F.kl_div(p, u, reduction="none", log_target=True),
+                        F.kl_div(p, t), F.kl_div(p, t, reduction="sum"))
+        """,
+        "[torch.rand(6, 40) + 0.01, torch.rand(6, 40) * (torch.rand(6, 40) > 0.3), torch.randn(40)]",
+        "[]",
+        1e-5,
+    ),
     "pooling": (  # max and average pools on the CUDA cores, the chain after them in its own kernel
         """
         class Model(nn.Module):
@@ -314,6 +325,7 @@ FAMILIES = {
     "attention": {"library", "view", "ew", "softmax"},
     "pooling": {"torch", "ew"},
     "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
+    "kl_div": {"ew", "reduce"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},

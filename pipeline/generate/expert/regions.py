@@ -242,6 +242,35 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
 
 
+def _kl_div(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """kl_div(input, target) as elementwise ops and one reduction, as ATen defines it: xlogy(t, t) - t * x
+    (0 where t == 0, NaN where t < 0), or exp(t) * (t - x) for a log target. F.kl_div's batchmean is
+    already a sum and a division in the graph."""
+    a = n.args
+    x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    reduction = a[2] if len(a) > 2 else n.kw("reduction", 1)
+    log_target = bool(a[3] if len(a) > 3 else n.kw("log_target", False))
+    if x is None or t is None or x.shape is None or t.shape is None or reduction not in (0, 1, 2):
+        return None
+    shape = broadcast(x.shape, t.shape)
+    dt, name = n.dtype, n.name
+    if shape is None or dt not in ops.FLOAT_DTYPES or x.dtype != dt or t.dtype != dt:
+        return None
+    if log_target:
+        e = _mk(f"{name}_exp", "exp", (a[1],), t.shape, dt)
+        d = _mk(f"{name}_d", "sub", (a[1], a[0]), shape, dt, "Tensor")
+        out = [e, d, _mk(f"{name}_l", "mul", (Ref(e.name), Ref(d.name)), shape, dt, "Tensor")]
+    else:
+        lg = _mk(f"{name}_log", "log", (a[1],), t.shape, dt)
+        tl = _mk(f"{name}_tlog", "mul", (a[1], Ref(lg.name)), t.shape, dt, "Tensor")
+        zero = _mk(f"{name}_zero", "eq", (a[1], 0.0), t.shape, "bool", "Scalar")
+        xlogy = _mk(f"{name}_xlogy", "where", (Ref(zero.name), 0.0, Ref(tl.name)), t.shape, dt, "ScalarSelf")
+        tx = _mk(f"{name}_tx", "mul", (a[1], a[0]), shape, dt, "Tensor")
+        loss = _mk(f"{name}_l", "sub", (Ref(xlogy.name), Ref(tx.name)), shape, dt, "Tensor")
+        out = [lg, tl, zero, xlogy, tx, loss]
+    return [*out, _reduced(n, Ref(out[-1].name), reduction, dt)]
+
+
 def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """A two-operand einsum that is a product: one contracted index, the last of the first operand and the
     first of a 2-D second ("bijl,lk->bijk": a matmul) or the middle of a 3-D one with the same batch index
@@ -285,6 +314,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
         return lowered
     if n.op == "triplet_margin_loss" and n.shape is not None and (lowered := _triplet(n, by_name)):
+        return lowered
+    if n.op == "kl_div" and n.shape is not None and (lowered := _kl_div(n, by_name)):
         return lowered
     if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
         return gemv
