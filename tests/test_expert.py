@@ -240,6 +240,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "triangular": (  # triu / tril as positional elementwise ops: on GEMM outputs (their epilogue), batched, offsets
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, x, y, m):
+                return (torch.triu(torch.matmul(a, b)), torch.tril(torch.bmm(x, y), -1) * 2.0,
+                        torch.triu(x, 2) + 1.0, torch.tril(x - 1.0, -3), x * torch.triu(m, -1))
+        """,
+        "[torch.randn(20, 32), torch.randn(32, 24), torch.randn(3, 9, 12), torch.randn(3, 12, 8), torch.randn(9, 12)]",
+        "[]",
+        1e-5,
+    ),
     "pooling": (  # max and average pools on the CUDA cores, the chain after them in its own kernel
         """
         class Model(nn.Module):
@@ -326,6 +337,7 @@ FAMILIES = {
     "pooling": {"torch", "ew"},
     "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
     "kl_div": {"ew", "reduce"},
+    "triangular": {"library", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},

@@ -76,7 +76,9 @@ def ew_layout(region: Region, low: Lowered) -> EwLayout:
     names = [i for i in region.inputs]
     shapes = {i: low.by_name[i].shape or () for i in names}
     best: tuple[int, int] | None = None
-    for split in range(nd + 1):
+    # Positional ops read the row in the matrix once per row and the column as the index in it: rows x N.
+    splits = [nd - 1] if ops.positional(region.nodes) and nd >= 2 else range(nd + 1)
+    for split in splits:
         cost = 0
         for i in names:
             c = operand_class(shapes[i], out, split)

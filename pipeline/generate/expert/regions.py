@@ -582,6 +582,9 @@ def _can_merge(
     shape = _full_shape(merged)
     if any(broadcast(m.shape or (), shape) != shape for m in merged):
         return False
+    # A positional op reads the region's element position: its own last two dims must be the region's.
+    if any(m.op in ops.POSITIONAL and (m.shape or ())[-2:] != shape[-2:] for m in merged):
+        return False
     # Every value that leaves the region must have the full shape: the kernel writes whole tensors only.
     for m in merged:
         leaves = m.name in outputs or any(u not in names for u in users.get(m.name, ()))
