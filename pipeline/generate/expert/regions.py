@@ -1,13 +1,13 @@
 """Lower a captured Graph to the ops the templates know, and cut it into regions.
 
-Lowering splits library anchors from their bias (linear -> matmul + add, conv -> conv without bias + add),
-turns inference batch norm into elementwise ops and global average pooling into a mean. Regions:
+Lowering folds scans written around flips and concatenations into one (scans.py), splits library anchors
+from their bias (linear -> matmul + add, conv -> conv without bias + add), turns inference batch norm into elementwise ops and global average pooling into a mean. Regions:
 
   ew       a fused chain of elementwise ops (broadcast operands, several outputs), one kernel
   reduce   sum/mean/max/min/arg*/prod/var/std/logsumexp/norms over dimensions
   softmax  softmax / log-softmax over one dimension
   norm     layer, RMS, group and instance norm (batch statistics)
-  scan     cumsum / cumprod
+  scan     cumsum / cumprod, inclusive or exclusive, from either end
   library  GEMM or convolution left to cuBLAS / cuDNN (the candidate is then hybrid)
   view     views and layout changes, done in the launcher with torch's plumbing
   torch    an op we do not cover, left to PyTorch in the launcher (hybrid, with a note)
@@ -22,7 +22,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from pipeline.generate.expert import ops
+from pipeline.generate.expert import ops, scans
 from pipeline.generate.expert.graph import Graph, Node, Ref
 
 
@@ -82,6 +82,7 @@ _FINFO_EPS = {"float32": 1.1920928955078125e-07, "bfloat16": 0.0078125, "float16
 def lower(graph: Graph) -> Lowered:
     """Lower and partition; never raises for an op it does not know (it becomes a `torch` region, whose
     note the caller adds once the families have had their say)."""
+    graph = scans.fold(graph)
     by_name: dict[str, Node] = {n.name: n for n in (*graph.inputs, *graph.params)}
     nodes: list[Node] = []
     notes: list[str] = list(graph.notes)
