@@ -187,7 +187,8 @@ CASES: dict[str, tuple[str, str, str, float]] = {
                         torch.cumsum(x.flip(0), 2).flip(0), torch.cumsum(x.flip(0, 1), 1).flip(1, 0),
                         torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), torch.cumsum(x.narrow(1, 0, x.size(1) - 1), 1)), 1),
                         torch.cat((x.new_zeros((x.shape[0], x.shape[1], 1)), x.cumsum(2)), 2),
-                        torch.cat((torch.ones_like(z[:1]), torch.cumprod(z[:-1] * 0.01 + 1, 0)), 0))
+                        torch.cat((torch.ones_like(z[:1]), torch.cumprod(z[:-1] * 0.01 + 1, 0)), 0),
+                        torch.cat((torch.zeros_like(z[:, :1]), z[:, :-1].cumsum(-1)), -1))
         """,
         "[torch.randn(2, 7, 37), torch.randn(3, 300)]",
         "[]",
@@ -454,6 +455,7 @@ def test_flips_and_concatenations_fold_into_scans(cases):
         ("cumsum", 1, False, True, (2, 7, 37)),  # reads x itself, not its narrow
         ("cumsum", 2, False, True, (2, 7, 38)),  # one longer than its input
         ("cumprod", 0, False, True, (3, 300)),
+        ("cumsum", 1, False, True, (3, 300)),  # reads z itself, not its slice
     ]
 
 

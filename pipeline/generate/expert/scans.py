@@ -133,9 +133,17 @@ def _exclusive(n: Node, by_name: dict[str, Node], users: dict[str, int]) -> Node
     if y is None or not y.shape:
         return None
     x = scan.args[0]
-    if y.op == "narrow" and users.get(y.name) == 1 and tuple(y.args[1:3]) in ((d, 0), (d - nd, 0)):
-        x = y.args[0]  # y[i] sums x[j < i] with i <= m: past the narrow's end nothing is read
+    if users.get(y.name) == 1 and _prefix_of(y, d, nd):
+        x = y.args[0]  # y[i] sums x[j < i] with i <= m: past the prefix's end nothing is read
     return Node(n.name, scan.op, "default", (x, d), (("exclusive", True),), n.shape, n.dtype, scan.target)
+
+
+def _prefix_of(y: Node, d: int, nd: int) -> bool:
+    """Whether y is its input's first elements along d: narrow(x, d, 0, m) or x[..., :m] (a unit-step slice)."""
+    a = (*y.args, None, None, None, None)
+    if a[1] not in (d, d - nd) or a[2] not in (0, None):
+        return False
+    return y.op == "narrow" or (y.op == "slice" and a[4] in (1, None))
 
 
 def _fill_value(n: Node) -> float | None:
