@@ -439,6 +439,16 @@ def test_capture_covers_family_cases(cases):
         )
 
 
+def test_a_positional_epilogue_fuses_only_where_gemm_rows_are_each_matrix_rows(tmp_path):
+    body = "class Model(nn.Module):\n    def forward(self, a, b, c):\n        return torch.triu(a @ b), torch.tril(c @ b, 1)"
+    path = task_file(
+        tmp_path, "tri_gemms", body, "[torch.randn(64, 32), torch.randn(32, 24), torch.randn(2, 5, 32)]"
+    )
+    tuned = base_plan(prepare(capture(path)), True)
+    gemms = {rp.rid: rp.epilogue for rp in tuned.regions if rp.TAG.startswith("wgmma")}
+    assert gemms == {"matmul": "triu", "matmul_1": ""}  # c's leading dim folds into the GEMM's rows
+
+
 def _scans(low) -> list[tuple]:
     return [(r.node.op, int(r.node.args[1]), bool(r.node.kw("reverse")), bool(r.node.kw("exclusive")), r.node.shape)
             for r in low.regions if r.kind is RegionKind.SCAN]  # fmt: skip
