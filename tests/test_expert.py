@@ -756,7 +756,8 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
         ours = uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
         want = (
             Kind.HYBRID
-            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv", "attention"} and not ours
+            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv", "attention", "triangular"}
+            and not ours
             else Kind.CUSTOM
         )
         assert report.kind == want, (name, cand.edit, report.library_ops)
