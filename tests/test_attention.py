@@ -130,6 +130,8 @@ def test_the_family_takes_sdpa_and_hand_written_attention(tmp_path, name):
         ("q, k, v):\n    return F.softmax(q @ k.transpose(-2, -1), dim=-2) @ v", _qkv(1, 2, 8, 8, 16), "last dim"),
         ("q, k, v):\n    return v @ F.softmax(q @ k.transpose(-2, -1), dim=-1)", _qkv(1, 2, 8, 8, 8),
          "left operand"),
+        ("q, k, v):\n    return F.softmax(torch.tril(q @ k.transpose(-2, -1)), dim=-1) @ v", _qkv(1, 2, 8, 8, 16),
+         "positional op"),
     ],
 )  # fmt: skip
 def test_what_the_family_refuses_says_why(tmp_path, forward, inputs, why):

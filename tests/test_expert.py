@@ -179,6 +179,21 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "folded_scans": (  # flips and concatenations folded into reverse and exclusive scans (scans.py), any dim
+        """
+        class Model(nn.Module):
+            def forward(self, x, z):
+                return (torch.cumsum(x.flip(1), 1).flip(1), (z * 0.01 + 1).flip(-1).cumprod(-1).flip(-1),
+                        torch.cumsum(x.flip(0), 2).flip(0), torch.cumsum(x.flip(0, 1), 1).flip(1, 0),
+                        torch.cat((torch.zeros_like(x.select(1, 0).unsqueeze(1)), torch.cumsum(x.narrow(1, 0, x.size(1) - 1), 1)), 1),
+                        torch.cat((x.new_zeros((x.shape[0], x.shape[1], 1)), x.cumsum(2)), 2),
+                        torch.cat((torch.ones_like(z[:1]), torch.cumprod(z[:-1] * 0.01 + 1, 0)), 0),
+                        torch.cat((torch.zeros_like(z[:, :1]), z[:, :-1].cumsum(-1)), -1))
+        """,
+        "[torch.randn(2, 7, 37), torch.randn(3, 300)]",
+        "[]",
+        1e-5,
+    ),
     "bmm_epilogue": (
         """
         class Model(nn.Module):
@@ -226,6 +241,28 @@ CASES: dict[str, tuple[str, str, str, float]] = {
                         F.mse_loss(x, z), F.l1_loss(y, z, reduction="sum"))
         """,
         "[torch.randn(6, 40), torch.randn(6, 40), torch.randn(6, 40), torch.randn(40)]",
+        "[]",
+        1e-5,
+    ),
+    "kl_div": (  # elementwise ops (xlogy's 0 where the target is 0) and a reduction: batchmean, none, mean, sum
+        """
+        class Model(nn.Module):
+            def forward(self, p, t, u):
+                return (F.kl_div(torch.log(p), t, reduction="batchmean"), F.kl_div(p, u, reduction="none", log_target=True),
+                        F.kl_div(p, t), F.kl_div(p, t, reduction="sum"))
+        """,
+        "[torch.rand(6, 40) + 0.01, torch.rand(6, 40) * (torch.rand(6, 40) > 0.3), torch.randn(40)]",
+        "[]",
+        1e-5,
+    ),
+    "triangular": (  # triu / tril as positional elementwise ops: on GEMM outputs (their epilogue), batched, offsets
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, x, y, m):
+                return (torch.triu(torch.matmul(a, b)), torch.tril(torch.bmm(x, y), -1) * 2.0,
+                        torch.triu(x, 2) + 1.0, torch.tril(x - 1.0, -3), x * torch.triu(m, -1))
+        """,
+        "[torch.randn(20, 32), torch.randn(32, 24), torch.randn(3, 9, 12), torch.randn(3, 12, 8), torch.randn(9, 12)]",
         "[]",
         1e-5,
     ),
@@ -308,12 +345,15 @@ FAMILIES = {
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
+    "folded_scans": {"scan", "ew", "view"},
     "bmm_epilogue": {"library", "ew"},
     "conv_batchnorm": {"library", "view", "ew"},
     "grouped_conv": {"library", "view", "ew"},
     "attention": {"library", "view", "ew", "softmax"},
     "pooling": {"torch", "ew"},
     "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
+    "kl_div": {"ew", "reduce"},
+    "triangular": {"library", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},
@@ -397,6 +437,65 @@ def test_capture_covers_family_cases(cases):
             name,
             low.notes,
         )
+
+
+def test_a_positional_epilogue_fuses_only_where_gemm_rows_are_each_matrix_rows(tmp_path):
+    body = "class Model(nn.Module):\n    def forward(self, a, b, c):\n        return torch.triu(a @ b), torch.tril(c @ b, 1)"
+    path = task_file(
+        tmp_path, "tri_gemms", body, "[torch.randn(64, 32), torch.randn(32, 24), torch.randn(2, 5, 32)]"
+    )
+    tuned = base_plan(prepare(capture(path)), True)
+    gemms = {rp.rid: rp.epilogue for rp in tuned.regions if rp.TAG.startswith("wgmma")}
+    assert gemms == {"matmul": "triu", "matmul_1": ""}  # c's leading dim folds into the GEMM's rows
+
+
+def _scans(low) -> list[tuple]:
+    return [(r.node.op, int(r.node.args[1]), bool(r.node.kw("reverse")), bool(r.node.kw("exclusive")), r.node.shape)
+            for r in low.regions if r.kind is RegionKind.SCAN]  # fmt: skip
+
+
+def test_flips_and_concatenations_fold_into_scans(cases):
+    low = prepare(capture(cases["folded_scans"]))
+    assert not [n for n in low.nodes if n.op in ("flip", "cat", "zeros_like", "new_zeros", "ones_like")]
+    assert _scans(low) == [
+        ("cumsum", 1, True, False, (2, 7, 37)),
+        ("cumprod", 1, True, False, (3, 300)),
+        ("cumsum", 2, False, False, (2, 7, 37)),  # flips of another dim cancel: not a reversal
+        ("cumsum", 1, True, False, (2, 7, 37)),
+        ("cumsum", 1, False, True, (2, 7, 37)),  # reads x itself, not its narrow
+        ("cumsum", 2, False, True, (2, 7, 38)),  # one longer than its input
+        ("cumprod", 0, False, True, (3, 300)),
+        ("cumsum", 1, False, True, (3, 300)),  # reads z itself, not its slice
+    ]
+
+
+@needs_gxx
+def test_a_flip_of_another_dim_moves_past_the_scan(tmp_path):
+    body = """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.cumsum(x.flip(2), 1), torch.cumsum(x.flip(0, 1), 1).flip(1)
+    """
+    path = task_file(tmp_path, "flips", body, "[torch.randn(2, 7, 37)]")
+    low = prepare(capture(path))
+    assert [s[:4] for s in _scans(low)] == [("cumsum", 1, False, False), ("cumsum", 1, True, False)]
+    assert [n.args[1] for n in low.nodes if n.op == "flip"] == [(2,), (0,)]  # left to PyTorch, after the scan
+    _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
+
+
+def test_a_folded_scan_left_to_pytorch_is_written_with_torch():
+    from pipeline.generate.expert import scans
+    from pipeline.generate.expert.graph import Node, Ref
+
+    x = torch.randn(3, 5)
+    for kw, shape, want in [
+        ((("reverse", True),), (3, 5), x.flip(1).cumsum(1).flip(1)),
+        ((("exclusive", True),), (3, 6), torch.cat((torch.zeros(3, 1), x.cumsum(1)), 1)),
+        ((("exclusive", True),), (3, 5), torch.cat((torch.zeros(3, 1), x[:, :4].cumsum(1)), 1)),
+    ]:
+        n = Node("s", "cumsum", "default", (Ref("x"), 1), kw, shape, "float32")
+        expr = scans.torch_expr(n, "x", shape[1] - 5 if kw[0][0] == "exclusive" else 0)
+        torch.testing.assert_close(eval(expr, {"torch": torch, "x": x}), want)
 
 
 def test_unsupported_op_alone_is_unsupported_with_reason(tmp_path):
@@ -657,7 +756,8 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
         ours = uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
         want = (
             Kind.HYBRID
-            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv", "attention"} and not ours
+            if name in HYBRID | {"bmm_epilogue", "conv_batchnorm", "grouped_conv", "attention", "triangular"}
+            and not ours
             else Kind.CUSTOM
         )
         assert report.kind == want, (name, cand.edit, report.library_ops)

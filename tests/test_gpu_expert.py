@@ -159,6 +159,23 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "folded_scans": (  # reverse (flips folded) and exclusive (a cat of zeros folded) scans, rows and columns
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (torch.cumsum(x.flip(-1), -1).flip(-1), torch.cumsum(x.flip(1), 1).flip(1),
+                        torch.cat((torch.zeros_like(x[:, :1]), x[:, :-1].cumsum(1)), 1))
+        """,
+        "[]",
+    ),
+    "kl_div": (  # elementwise ops and a reduction, batchmean a sum and a division
+        """
+        class Model(nn.Module):
+            def forward(self, p, t):
+                return F.kl_div(torch.log(p.sigmoid()), t.sigmoid(), reduction="batchmean")
+        """,
+        "[]",
+    ),
     "linear_epilogue": (
         """
         class Model(nn.Module):
@@ -190,6 +207,14 @@ FAMILIES = {
                 self.s = nn.Parameter(torch.rand(1001, dtype=torch.bfloat16) + 0.5)
             def forward(self, x):
                 return torch.relu(self.linear(x)) * self.s + 0.5
+        """,
+        "[]",
+    ),
+    "matmul_triangular": (  # triu / tril in the WGMMA epilogue (rows per matrix), else their own kernel
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.tril(torch.triu(torch.matmul(a, b), -3), 5)
         """,
         "[]",
     ),
@@ -448,6 +473,13 @@ SHAPES = {
     "layer_rms_4k": ["(1001, 4096)"],
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
     "scan": ["(129, 10007)", "(4, 1003, 65)"],
+    "folded_scans": ["(129, 10007)", "(4, 1003, 65)"],
+    "kl_div": ["(1001, 4097); (1001, 4097)"],
+    "matmul_triangular": [
+        "(300, 1024); (1024, 1000)",
+        "(3, 129, 1032); (3, 1032, 136)",
+        "(2, 77, 1032); (1032, 136)",
+    ],
     "linear_epilogue": ["(999, 1024)", "(3, 7, 1024)"],
     "linear_lone_f16": ["(300, 1024)", "(1, 1024)", "(4099, 1024)"],
     "linear_odd": ["(77, 1032)", "(1, 1032)", "(2, 1300, 1032)"],

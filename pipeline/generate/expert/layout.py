@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from pipeline.generate.expert import ops
+from pipeline.generate.expert import ops, scans
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 
@@ -76,7 +76,9 @@ def ew_layout(region: Region, low: Lowered) -> EwLayout:
     names = [i for i in region.inputs]
     shapes = {i: low.by_name[i].shape or () for i in names}
     best: tuple[int, int] | None = None
-    for split in range(nd + 1):
+    # Positional ops read the row in the matrix once per row and the column as the index in it: rows x N.
+    splits = [nd - 1] if ops.positional(region.nodes) and nd >= 2 else range(nd + 1)
+    for split in splits:
         cost = 0
         for i in names:
             c = operand_class(shapes[i], out, split)
@@ -135,6 +137,9 @@ class RowLayout:
     static_nd: int = 0  # rank of the traced input
     dims_from: str = "start"  # reduce: dims count from the "start", the "end" (written negative), or "all"
     w_dtype: str = "float32"  # norms' weight and bias
+    reverse: bool = False  # scan: from the far end of the dim
+    exclusive: bool = False  # scan: each output leaves its own element out (the first is the identity)
+    grow: int = 0  # scan: the output's length along the dim minus the input's
 
 
 def row_layout(region: Region, low: Lowered) -> RowLayout | None:
@@ -191,6 +196,9 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             in_dtype=in_dt,
             out_dtype=out_dt,
             static_nd=nd,
+            reverse=bool(n.kw("reverse")),
+            exclusive=bool(n.kw("exclusive")),
+            grow=scans.grow(n, x) if region.kind is RegionKind.SCAN else 0,
         )
     if region.kind is RegionKind.NORM:
         lay = _norm_layout(n, shape, in_dt, out_dt)

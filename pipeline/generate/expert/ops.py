@@ -5,7 +5,7 @@ scans, library anchors (GEMM, convolution) and views. Pure tables and small func
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,13 +146,25 @@ ELEMENTWISE = frozenset(
         "dropout",
         "feature_dropout",
         "alpha_dropout",
+        "triu",
+        "tril",
     }
 )
+# Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two
+# dims, which a chain function that holds one takes as its first two parameters.
+POSITIONAL = frozenset({"triu", "tril"})
+
+
+def positional(nodes: Iterable[Node]) -> bool:
+    """Whether any of the nodes reads its element's position (its chain function then takes pr, pc)."""
+    return any(n.op in POSITIONAL for n in nodes)
 
 
 def is_elementwise(n: Node) -> bool:
     """An op our fused elementwise kernels compute: float or bool result, no randomness, one tensor out."""
     if n.op not in ELEMENTWISE or n.shape is None or n.dtype not in (*FLOAT_DTYPES, "bool"):
+        return False
+    if n.op in POSITIONAL and len(n.shape) < 2:
         return False
     if n.op in ("max", "min") and n.overload not in ("other",):
         return False  # max.dim and max.default are reductions
@@ -187,6 +199,9 @@ def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
         return f"kp_tanh_mufu({val(a[0])})"
     if mufu and op == "gelu" and _arg(n, 1, "approximate", "none") == "tanh":
         return f"kp_gelu_tanh_mufu({val(a[0])})"
+    if op in POSITIONAL:  # triu keeps the diagonal and above (column - row >= k), tril the rest
+        k = int(_arg(n, 1, "diagonal", 0))
+        return f"((pc - pr) {'>=' if op == 'triu' else '<='} {k}LL ? ({val(a[0])}) : 0.0f)"
     if op in _IDENTITY or op in ("dropout", "feature_dropout", "alpha_dropout"):
         return val(a[0])
     if op in _UNARY_CALL:

@@ -1,13 +1,13 @@
 """Lower a captured Graph to the ops the templates know, and cut it into regions.
 
-Lowering splits library anchors from their bias (linear -> matmul + add, conv -> conv without bias + add),
-turns inference batch norm into elementwise ops and global average pooling into a mean. Regions:
+Lowering folds scans written around flips and concatenations into one (scans.py), splits library anchors
+from their bias (linear -> matmul + add, conv -> conv without bias + add), turns inference batch norm into elementwise ops and global average pooling into a mean. Regions:
 
   ew       a fused chain of elementwise ops (broadcast operands, several outputs), one kernel
   reduce   sum/mean/max/min/arg*/prod/var/std/logsumexp/norms over dimensions
   softmax  softmax / log-softmax over one dimension
   norm     layer, RMS, group and instance norm (batch statistics)
-  scan     cumsum / cumprod
+  scan     cumsum / cumprod, inclusive or exclusive, from either end
   library  GEMM or convolution left to cuBLAS / cuDNN (the candidate is then hybrid)
   view     views and layout changes, done in the launcher with torch's plumbing
   torch    an op we do not cover, left to PyTorch in the launcher (hybrid, with a note)
@@ -22,7 +22,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from pipeline.generate.expert import ops
+from pipeline.generate.expert import ops, scans
 from pipeline.generate.expert.graph import Graph, Node, Ref
 
 
@@ -82,6 +82,7 @@ _FINFO_EPS = {"float32": 1.1920928955078125e-07, "bfloat16": 0.0078125, "float16
 def lower(graph: Graph) -> Lowered:
     """Lower and partition; never raises for an op it does not know (it becomes a `torch` region, whose
     note the caller adds once the families have had their say)."""
+    graph = scans.fold(graph)
     by_name: dict[str, Node] = {n.name: n for n in (*graph.inputs, *graph.params)}
     nodes: list[Node] = []
     notes: list[str] = list(graph.notes)
@@ -242,6 +243,35 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
 
 
+def _kl_div(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """kl_div(input, target) as elementwise ops and one reduction, as ATen defines it: xlogy(t, t) - t * x
+    (0 where t == 0, NaN where t < 0), or exp(t) * (t - x) for a log target. F.kl_div's batchmean is
+    already a sum and a division in the graph."""
+    a = n.args
+    x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    reduction = a[2] if len(a) > 2 else n.kw("reduction", 1)
+    log_target = bool(a[3] if len(a) > 3 else n.kw("log_target", False))
+    if x is None or t is None or x.shape is None or t.shape is None or reduction not in (0, 1, 2):
+        return None
+    shape = broadcast(x.shape, t.shape)
+    dt, name = n.dtype, n.name
+    if shape is None or dt not in ops.FLOAT_DTYPES or x.dtype != dt or t.dtype != dt:
+        return None
+    if log_target:
+        e = _mk(f"{name}_exp", "exp", (a[1],), t.shape, dt)
+        d = _mk(f"{name}_d", "sub", (a[1], a[0]), shape, dt, "Tensor")
+        out = [e, d, _mk(f"{name}_l", "mul", (Ref(e.name), Ref(d.name)), shape, dt, "Tensor")]
+    else:
+        lg = _mk(f"{name}_log", "log", (a[1],), t.shape, dt)
+        tl = _mk(f"{name}_tlog", "mul", (a[1], Ref(lg.name)), t.shape, dt, "Tensor")
+        zero = _mk(f"{name}_zero", "eq", (a[1], 0.0), t.shape, "bool", "Scalar")
+        xlogy = _mk(f"{name}_xlogy", "where", (Ref(zero.name), 0.0, Ref(tl.name)), t.shape, dt, "ScalarSelf")
+        tx = _mk(f"{name}_tx", "mul", (a[1], a[0]), shape, dt, "Tensor")
+        loss = _mk(f"{name}_l", "sub", (Ref(xlogy.name), Ref(tx.name)), shape, dt, "Tensor")
+        out = [lg, tl, zero, xlogy, tx, loss]
+    return [*out, _reduced(n, Ref(out[-1].name), reduction, dt)]
+
+
 def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """A two-operand einsum that is a product: one contracted index, the last of the first operand and the
     first of a 2-D second ("bijl,lk->bijk": a matmul) or the middle of a 3-D one with the same batch index
@@ -287,6 +317,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
         return lowered
     if n.op == "triplet_margin_loss" and n.shape is not None and (lowered := _triplet(n, by_name)):
+        return lowered
+    if n.op == "kl_div" and n.shape is not None and (lowered := _kl_div(n, by_name)):
         return lowered
     if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
         return gemv
@@ -552,6 +584,9 @@ def _can_merge(
     names = {m.name for m in merged}
     shape = _full_shape(merged)
     if any(broadcast(m.shape or (), shape) != shape for m in merged):
+        return False
+    # A positional op reads the region's element position: its own last two dims must be the region's.
+    if any(m.op in ops.POSITIONAL and (m.shape or ())[-2:] != shape[-2:] for m in merged):
         return False
     # Every value that leaves the region must have the full shape: the kernel writes whole tensors only.
     for m in merged:

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
+from pipeline.generate.expert import ops, scans
 from pipeline.generate.expert.families import family_of, owner
 from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Graph, Node, Ref
@@ -219,6 +220,8 @@ def _torch_call(n: Node, low: Lowered, first: str | None) -> str:
     view = _view(n, a, low)
     if view is not None:
         return view
+    if n.op in ops.SCANS and (n.kw("reverse") or n.kw("exclusive")):  # folded (scans.py): no ATen op
+        return scans.torch_expr(n, a[0], scans.grow(n, low.by_name[n.args[0].name]))
     kw = "".join(f", {k}={_lit(v, low, first)}" for k, v in n.kwargs)
     if n.op.startswith("_") or not n.target.startswith("aten."):
         raise RenderError(f"{n.target} cannot be left to PyTorch from a launcher (no public torch call)")

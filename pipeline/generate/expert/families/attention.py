@@ -150,6 +150,8 @@ def _chain(r: Region, low: Lowered) -> Match | str:
     if nxt is not None and nxt.kind is RegionKind.EW and not _identity(nxt):
         if len(nxt.outputs) != 1 or nxt.shape != n.shape:
             return "the scores' elementwise ops have other outputs or another shape"
+        if ops.positional(nxt.nodes):
+            return "a positional op (triu, tril) on the scores has no place in the fused kernel yet"
         for i in nxt.inputs:
             x = low.by_name[i]
             if i == cur:

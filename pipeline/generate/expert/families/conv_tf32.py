@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import gemm_kit
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.graph import Ref
@@ -137,7 +138,9 @@ def _operand(name: str, low: Lowered, out_shape: tuple[int, ...]) -> tuple[str, 
 def epilogue(host: Region, low: Lowered) -> ConvEpilogue | None:
     """The ew region that consumes the convolution's output only, with operands the stores can index."""
     e = gemm_kit.consumer(host, low)
-    if e is None:
+    if e is None or ops.positional(
+        e.nodes
+    ):  # its stores index (n, c, spatial), not a matrix's row and column
         return None
     out = host.outputs[0]
     operands = []

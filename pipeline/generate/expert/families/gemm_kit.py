@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert import atoms
+from pipeline.generate.expert import atoms, ops
 from pipeline.generate.expert.families.base import Edit, Family, RenderError, change, changed, label
 from pipeline.generate.expert.layout import Bcast, operand_class
 from pipeline.generate.expert.plan import Plan, RegionPlan
@@ -127,7 +127,7 @@ def ready_before(value: str, host: Region, low: Lowered) -> bool:
 def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
     """The ew region that consumes the GEMM's output only, with operands the epilogue can index."""
     e = consumer(host, low)
-    if e is None:
+    if e is None or (ops.positional(e.nodes) and not _per_matrix(host, low)):
         return None
     out = host.outputs[0]
     return epilogue_on(e, host, low, out)
@@ -152,6 +152,14 @@ def epilogue_on(e: Region, host: Region, low: Lowered, main: str, up: str = "") 
     if out_dt not in ("float32", "float16", "bfloat16"):
         return None
     return GemmEpilogue(e, main, tuple(operands), e.outputs[0], out_dt, up)
+
+
+def _per_matrix(host: Region, low: Lowered) -> bool:
+    """Whether the kernel's rows are each matrix's rows (A is 2-D, or batched like B), so that a positional
+    epilogue's row is the kernel's m; leading dims folded into rows would need m modulo the matrix's rows."""
+    n = host.node
+    a, b = (low.by_name[v.name].shape or () for v in n.args[:2])
+    return len(a) == 2 or (n.op != "gemm_linear" and len(a) == len(b))
 
 
 def fuse_edit(epilogue_of: Callable[[Region, Lowered], Any]) -> Edit:

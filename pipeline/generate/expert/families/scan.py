@@ -1,5 +1,5 @@
-"""Inclusive scans (cumsum, cumprod) along any dimension: a block per row along the last one, a thread
-per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
+"""Scans (cumsum, cumprod; inclusive or exclusive, from either end: scans.py folds them) along any
+dimension: a block per row along the last one, a thread per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
 
 Edits: fuse_kernels / fuse_epilogue, coarsen_threads (items per thread x2), persistent_grid, resize_grid,
 increase_occupancy, reduce_registers (items /2, else the occupancy bound).

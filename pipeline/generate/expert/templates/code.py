@@ -37,7 +37,8 @@ def torch_dtype(dtype: str) -> str:
 
 def chain_function(region: Region, operands: list[str], mufu: bool = False) -> str:
     """The region's elementwise ops as one fp32 device function: operand values in, output values out
-    (mufu: tanh by the approximate hardware instruction, see ops.ew_expr)."""
+    (mufu: tanh by the approximate hardware instruction, see ops.ew_expr). A region with positional ops
+    (ops.POSITIONAL) takes the element's row and column in its last two dims first."""
     names = {n.name for n in region.nodes}
     index = {name: i for i, name in enumerate(operands)}
 
@@ -46,7 +47,8 @@ def chain_function(region: Region, operands: list[str], mufu: bool = False) -> s
             return f"v_{a.name}" if a.name in names else f"a{index[a.name]}"
         return ops.lit(a)
 
-    params = [f"float a{i}" for i in range(len(operands))]
+    params = ["long long pr", "long long pc"] if ops.positional(region.nodes) else []
+    params += [f"float a{i}" for i in range(len(operands))]
     params += [f"float& o{j}" for j in range(len(region.outputs))]
     lines = [f"__device__ __forceinline__ void kp_{region.rid}_f({', '.join(params)}) {{"]
     for n in region.nodes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import Bcast, EwLayout
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, chain_function, ctype, launch_bounds, torch_dtype
@@ -42,6 +43,9 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
             params.append(ptr(f"q{j}", ctype(dt), const=False))
             store_ptr.append(f"q{j}")
     params += [i64("rows"), i64("cols")]
+    where = ops.positional(region.nodes)  # rows x N (layout.ew_layout): pr = r % M, pc = c
+    if where:
+        params.append(i64("pm", "shape[-2]"))
     for i, o in enumerate(ops_):
         if o.cls in _INDEXED:
             params += [i64(f"in{i}"), i64(f"md{i}")]
@@ -60,7 +64,8 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
 
     def call(vector: bool) -> list[str]:
         outs_decl = ", ".join(f"o{j}" for j in range(len(outs)))
-        args = ", ".join([operand(i, vector) for i in range(len(ops_))] + [f"o{j}" for j in range(len(outs))])
+        args = ", ".join([*(["pr", "c"] if where else []), *(operand(i, vector) for i in range(len(ops_))),
+                          *(f"o{j}" for j in range(len(outs)))])  # fmt: skip
         return [f"float {outs_decl};", f"kp_{rid}_f({args});"]
 
     full = [i for i, o in enumerate(ops_) if o.cls in _VECTOR]
@@ -73,6 +78,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
     body += [
         "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
+        *(["        const long long pr = r % pm;  // the row in its matrix"] if where else []),
     ]
     body += [
         f"        const float w{i} = ld(p{i}[(r / in{i}) % md{i}]);"

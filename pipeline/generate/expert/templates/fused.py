@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import Bcast, operand_class
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import chain_function, ctype
@@ -94,6 +95,8 @@ def trailing(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
 def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | None:
     """A Fused view of an ew region around `main`, or None when its operands don't allow it."""
     if region.kind is not RegionKind.EW or len(region.outputs) != 1 or main not in region.inputs:
+        return None
+    if ops.positional(region.nodes):  # the host's lambdas know a flat index only, not a row and column
         return None
     extra = []
     for i in region.inputs:

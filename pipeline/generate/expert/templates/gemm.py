@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.generate.expert import atoms
+from pipeline.generate.expert import atoms, ops
 from pipeline.generate.expert.layout import Bcast
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, chain_function, ctype, torch_dtype
@@ -286,7 +286,8 @@ def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     def value(k: int) -> str:
         if epi is None:
             return f"acc(i + {k})"
-        args = []
+        # a positional chain's row and column in its matrix (families/gemm_kit.py: only per-matrix rows)
+        args = ["m", f"n + {k}"] if ops.positional(epi.region.nodes) else []
         for i in epi.region.inputs:
             if i in (epi.main, epi.up):
                 # the GMMA accumulators hold columns c and c + BN / 2 at i and i + size(acc) / 2

@@ -1,9 +1,14 @@
-"""Inclusive scans (cumsum, cumprod) along one dimension.
+"""Scans (cumsum, cumprod) along one dimension: inclusive or exclusive, from either end (scans.py folds
+the reference's flips and concatenations into these).
 
 Along the last dimension: a block per row walks it in chunks of blockDim.x * ITEMS; each thread scans
 its ITEMS consecutive elements in registers, a warp-shuffle scan and one shared-memory round over the
 warps give each thread its prefix, and a running carry links the chunks. Along any other dimension: a
 thread per column walks down it, so every warp access is one contiguous run.
+
+Both walk the scan's own order, position c of Lo outputs: an exclusive scan takes input c - 1 there (the
+identity at 0), a reverse one reads and writes from the far end (L - 1 - k, Lo - 1 - c). Only the
+indices change: the carries, the shuffles and the compensated sums are the inclusive scan's.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     out_dt = post.out_dtype if post else lay.out_dtype
     yt = ctype(out_dt)
     sig = Signature((ptr("x", xt), *(pre.params() if pre else []), ptr("y", yt, const=False), i64("outer"),
-                     i64("L", "reduced"), i64("inner"), *(post.params() if post else [])))  # fmt: skip
+                     i64("L", "reduced"), i64("Lo"), i64("inner"), *(post.params() if post else [])))  # fmt: skip
+    shift = "1" if lay.exclusive else "0"
+    src = "(L - 1 - k)" if lay.reverse else "k"  # input element k of the scan order, in memory
+    dst = "(Lo - 1 - c)" if lay.reverse else "c"  # output position c of the scan order, in memory
+    valid = "c < Lo && k >= 0 && k < L" if lay.exclusive else "c < L"
     lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
     row = [
         f"__device__ __forceinline__ void kp_{rid}_row_body({sig.decls()}) {{",
@@ -39,15 +48,17 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;",
         "    (void)inner;",
         "    for (long long r = blockIdx.x; r < outer; r += gridDim.x) {  // block-uniform",
-        "        const long long rs = r * L;",
+        "        const long long rs = r * L, ro = r * Lo;",
         f"        float carry = {ident};",
         *([] if prod else ["        float carry_c = 0.0f;  // the running sum's lost low bits"]),
-        "        for (long long c0 = 0; c0 < L; c0 += (long long)blockDim.x * ITEMS) {",
+        "        for (long long c0 = 0; c0 < Lo; c0 += (long long)blockDim.x * ITEMS) {",
         "            const long long base = c0 + (long long)tid * ITEMS;",
         "            float v[ITEMS];",
         "#pragma unroll",
-        "            for (int i = 0; i < ITEMS; ++i)",
-        f"                v[i] = base + i < L ? pre(ld(x[rs + base + i]), rs + base + i) : {ident};",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        f"                const long long c = base + i, k = c - {shift};",
+        f"                v[i] = {valid} ? pre(ld(x[rs + {src}]), rs + {src}) : {ident};",
+        "            }",
         "#pragma unroll",
         f"            for (int i = 1; i < ITEMS; ++i) v[i] = v[i - 1] {op} v[i];",
         "            float t = v[ITEMS - 1];  // inclusive scan of the thread totals across the warp",
@@ -72,9 +83,11 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         f"            if (lane == 0) e = {ident};",
         f"            const float prefix = carry {op} (warp > 0 ? warp_tot[warp - 1] : {ident}) {op} e;",
         "#pragma unroll",
-        "            for (int i = 0; i < ITEMS; ++i)",
-        "                if (base + i < L)",
-        f"                    y[rs + base + i] = cv<{yt}>(post(prefix {op} v[i], rs + base + i));",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        "                const long long c = base + i;",
+        "                if (c < Lo)",
+        f"                    y[ro + {dst}] = cv<{yt}>(post(prefix {op} v[i], ro + {dst}));",
+        "            }",
         *(
             ["            carry = carry * warp_tot[warps - 1];"]
             if prod
@@ -94,25 +107,29 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     col = [
         f"__device__ __forceinline__ void kp_{rid}_col_body({sig.decls()}) {{",
         *lams,
-        "    const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
-        "    if (c >= inner) return;",
+        "    const long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+        "    if (col >= inner) return;",
         "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {",
-        "        const long long base = o * L * inner + c;",
+        "        const long long base = o * L * inner + col, obase = o * Lo * inner + col;",
         f"        float acc = {ident};",
         *([] if prod else ["        float comp = 0.0f;  // the column sum's lost low bits"]),
         "#pragma unroll 1",  # each step needs the last: unrolling the walk buys nothing
-        "        for (long long r = 0; r < L; ++r) {",
-        "            const long long i = base + r * inner;",
+        "        for (long long c = 0; c < Lo; ++c) {",
+        f"            const long long k = c - {shift};",
+        "            if (k >= 0 && k < L) {" if lay.exclusive else "            {",
+        f"                const long long i = base + {src} * inner;",
         *(
-            ["            acc = acc * pre(ld(x[i]), i);"]
+            ["                acc = acc * pre(ld(x[i]), i);"]
             if prod
             else [  # compensated (Kahan) summation down the column
-                "            const float y_ = pre(ld(x[i]), i) - comp, t_ = acc + y_;",
-                "            comp = (t_ - acc) - y_;",
-                "            acc = t_;",
+                "                const float y_ = pre(ld(x[i]), i) - comp, t_ = acc + y_;",
+                "                comp = (t_ - acc) - y_;",
+                "                acc = t_;",
             ]
         ),
-        f"            y[i] = cv<{yt}>(post(acc, i));",
+        "            }",
+        f"            const long long j = obase + {dst} * inner;",
+        f"            y[j] = cv<{yt}>(post(acc, j));",
         "        }",
         "    }",
         "}",
@@ -131,6 +148,10 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         lines += pre.prepare("x.shape")
     lines.append("    x = _contig(x)")
     lines += shapes.shape_lines(region, lay)
+    if lay.grow:  # an exclusive scan's output differs in length along its dim
+        lines += [f"    Lo = reduced + {lay.grow}", "    out_shape = shape[:d] + (Lo,) + shape[d + 1:]"]
+    else:
+        lines.append("    Lo = reduced")
     lines.append(f"    y = torch.empty(out_shape, dtype={torch_dtype(out_dt)}, device=x.device)")
     if post:
         lines += post.prepare("out_shape")
