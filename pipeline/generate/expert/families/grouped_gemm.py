@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import gemm_kit
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.graph import Ref
@@ -52,8 +53,10 @@ def form(r: Region, low: Lowered) -> GroupedForm | str:
 
 
 def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:
-    """The ew region after the grouped GEMM: reading its output, or its two halves (gated)."""
-    return gemm_kit.epilogue(host, low) or gated(host, low)
+    """The ew region after the grouped GEMM: reading its output, or its two halves (gated). Not a positional
+    one (triu...): the kernel's rows are a group's, not the output's."""
+    epi = gemm_kit.epilogue(host, low) or gated(host, low)
+    return None if epi is None or ops.positional(epi.region.nodes) else epi
 
 
 def gated(host: Region, low: Lowered) -> GemmEpilogue | None:

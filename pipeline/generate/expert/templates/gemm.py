@@ -326,6 +326,23 @@ def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     ]
 
 
+def operand_lines(ops_: tuple[tuple[str, str, Bcast], ...], lead: str, rows: str) -> list[str]:
+    """Launcher lines shaping the epilogue's operands as the kernel indexes them: a full (rows, n) matrix, a
+    column vector (n,), a row vector (rows,), or a scalar. `lead` is the output's leading dims."""
+    lines = []
+    for k, (_, _, cls) in enumerate(ops_):
+        e = f"e{k}"
+        if cls is Bcast.FULL:
+            lines.append(f"    {e} = _full({e}, ({lead}, n)).reshape({rows}, n)")
+        elif cls is Bcast.COL:
+            lines.append(f"    {e} = _contig({e}.reshape(n))")
+        elif cls is Bcast.ROW:
+            lines.append(f"    {e} = _full({e}, ({lead}, 1)).reshape({rows})")
+        else:
+            lines.append(f"    {e} = _scalar({e})")
+    return lines
+
+
 @dataclass(frozen=True)
 class Boxes:
     """What the launcher needs of a kernel's tiles: TMA boxes (rows, cols) and the 16-byte row rule."""
@@ -388,16 +405,7 @@ def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: in
         "    a = tma_ready(x).reshape(batch, m, k)",
         f"    out = torch.empty((batch * m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
-    for k, (_, _, cls) in enumerate(ops_):
-        e = f"e{k}"
-        if cls is Bcast.FULL:
-            lines.append(f"    {e} = _full({e}, (*lead, n)).reshape(batch * m, n)")
-        elif cls is Bcast.COL:
-            lines.append(f"    {e} = _contig({e}.reshape(n))")
-        elif cls is Bcast.ROW:
-            lines.append(f"    {e} = _full({e}, (*lead, 1)).reshape(batch * m)")
-        else:
-            lines.append(f"    {e} = _scalar({e})")
+    lines += operand_lines(ops_, "*lead", "batch * m")
     lines += [
         "    if batch and m and n:",
         f"        ta = kernels.tensor_map(a, {bx.a[0]}, {bx.a[1]})  # noqa: F821",

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.generate.expert.layout import Bcast
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
@@ -257,16 +256,7 @@ def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, s
         "    offs = _contig(offs.to(torch.int32))",
         f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
-    for i, (_, _, cls) in enumerate(ops_):
-        e = f"e{i}"
-        if cls is Bcast.FULL:
-            lines.append(f"    {e} = _full({e}, (m, n))")
-        elif cls is Bcast.COL:
-            lines.append(f"    {e} = _contig({e}.reshape(n))")
-        elif cls is Bcast.ROW:
-            lines.append(f"    {e} = _full({e}, (m, 1)).reshape(m)")
-        else:
-            lines.append(f"    {e} = _scalar({e})")
+    lines += gemm.operand_lines(ops_, "m", "m")
     lines += [
         "    if m and n:",
         f"        ta = kernels.tensor_map(a.reshape(1, m, k), {BM}, {BK})  # noqa: F821",

@@ -59,13 +59,6 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         params += [i64("groups"), i64("cg")]
     sig = Signature((*params, *(post.params() if post else [])))
 
-    def push(v: str, c: str) -> list[str]:
-        lines = [f"const float v_ = pre({v}, start + {c});"]
-        if cache:
-            lines.append(f"if (CACHE) cache[{c}] = v_;")
-        lines.append(kind.push("acc", "v_", f"c0 + {c}"))
-        return lines
-
     body = [
         "template <int V, bool CACHE>",
         f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
@@ -106,25 +99,7 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
     ]
     if kind.shift:
         body.append("        const float K = pre(ld(x[rs]), rs);  // shift: the row's first element")
-    body += [
-        "        const long long head = head_of<V>(start, n);",
-        "        const long long nv = (n - head) / V;",
-        "        for (long long c = tid; c < head; c += nt) {",
-        *[f"            {s}" for s in push("ld(x[start + c])", "c")],
-        "        }",
-        f"#pragma unroll {rp.unroll}",
-        "        for (long long j = tid; j < nv; j += nt) {",
-        f"            const Vec<{ctype(x_dt)}, V> t = vload<{ctype(x_dt)}, V>(x + start + head + j * V);",
-        "#pragma unroll",
-        "            for (int e = 0; e < V; ++e) {",
-        "                const long long c = head + j * V + e;",
-        *[f"                {s}" for s in push("ld(t.v[e])", "c")],
-        "            }",
-        "        }",
-        "        for (long long c = head + nv * V + tid; c < n; c += nt) {",
-        *[f"            {s}" for s in push("ld(x[start + c])", "c")],
-        "        }",
-    ]
+    body += _read(kind, rp, x_dt, cache)
     if rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
@@ -192,9 +167,14 @@ def split_two_pass(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     )  # fmt: skip
 
 
-def _read(kind: reduce_ops.Kind, rp: RowPlan, x_dt: str) -> list[str]:
-    """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head."""
-    push = ["const float v_ = pre(RAW, start + c);", kind.push("acc", "v_", "c0 + c")]
+def _read(kind: reduce_ops.Kind, rp: RowPlan, x_dt: str, cache: bool = False) -> list[str]:
+    """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
+    with `cache`, each also goes to the shared-memory copy of the row (when CACHE)."""
+    push = [
+        "const float v_ = pre(RAW, start + c);",
+        *(["if (CACHE) cache[c] = v_;"] if cache else []),
+        kind.push("acc", "v_", "c0 + c"),
+    ]
     xt = ctype(x_dt)
     return [
         "        const long long head = head_of<V>(start, n);",
