@@ -220,8 +220,10 @@ def test_replayed_run_under_energy_chooses_at_matched_speed(tmp_path):
 
 def test_the_loop_and_the_report_agree_with_choose(tmp_path):
     recs = _with_energy(tmp_path, {NEAR: 0.084})
-    _, state = _run(tmp_path / "a", recs, objective="edp", speed_tolerance=0.03)
+    r, state = _run(tmp_path / "a", recs, objective="edp", speed_tolerance=0.03)
     eager = state.baselines.timings["eager"].median_ms  # type: ignore[union-attr]
     pick = matched.choose(state.at_speed(), "edp", eager, 0.03)
     assert pick is not None and state.end is not None and state.end.best_node == pick.node
     assert math.isclose(pick.time_ms, state.nodes[pick.node].time_ms or 0.0)
+    assert pick.node == next(n.id for n in state.nodes.values() if n.key == NEAR)  # 10% less energy, at speed
+    assert f"- chosen: node #{pick.node} `{NEAR}`" in (r.folder / "report.md").read_text()
