@@ -139,3 +139,48 @@ def test_recorded_run_logs_still_load():
         assert state.baselines is not None and state.baselines.energy_eager is None  # older than the field
         assert state.final is not None and state.final.evaluation.measurement.energy.spread is None  # type: ignore[union-attr]
         assert len(state.at_speed()) == sum(p.status == Status.OK for p in state.points)
+
+
+def test_measure_energy_follows_the_repeat_rule_with_a_fake_counter(monkeypatch):
+    """The GPU path's glue on the CPU: NVML and CUDA replaced, the counter's deltas chosen per window."""
+    import sys
+    import time
+    import types
+
+    import torch
+
+    from pipeline import energy
+
+    deltas_mj = [100.0, 115.0, 100.0, 101.0, 100.0, 100.0, 99.0, 100.0]
+    reads = iter(x for d in deltas_mj for x in (0.0, d))  # each window reads the counter before and after
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(
+        NVMLError=RuntimeError, nvmlDeviceGetTotalEnergyConsumption=lambda h: next(reads)))  # fmt: skip
+    monkeypatch.setattr(energy, "nvml_handle", lambda d: "handle")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=1 << 20)
+    )
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(1e-4)
+        return x * 2
+
+    checked = []
+
+    def check(inputs: list, out: object) -> None:
+        assert torch.equal(out, inputs[0] * 2)  # type: ignore[arg-type]
+        checked.append(1)
+
+    e = energy.measure_energy(fn, lambda i: [torch.full((4,), float(i))], call_ms=0.1, window_s=0.01,
+                              repeats=3, max_repeats=8, target_spread=0.025, check=check, set_bytes=16,
+                              out_bytes=16)  # fmt: skip
+    n = 100  # calls per window: 10 ms of 0.1 ms calls
+    js = [d / 1e3 / n for d in deltas_mj]
+    want = next(k for k in range(3, 9) if (relative_spread(js[:k]) or 1) <= 0.025)
+    assert 3 < e.repeats == want < 8 and e.windows == pytest.approx(js[:want])
+    assert e.spread == pytest.approx(relative_spread(js[:want])) and e.checked_calls == len(checked) > 0
+    # A loop that runs far faster than its timed median did not do the work: rejected, not averaged.
+    reads = iter([0.0, 1.0] * 4)
+    with pytest.raises(LoopMismatch):
+        energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=50.0, window_s=0.01, repeats=2)
