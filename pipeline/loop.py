@@ -115,8 +115,8 @@ def resolve_policy(cfg: Config) -> str:
 
 # Fields a resumed run takes from its own start event, so it continues the same search; budgets may grow.
 _RESUME_FIXED = (
-    "policy", "search", "objective", "speed_tolerance", "seed", "widen_c", "widen_alpha", "prune_after", "repair_rounds",
-    "children_per_expand", "feedback", "llm_model",
+    "policy", "search", "objective", "speed_tolerance", "seed", "widen_c", "widen_alpha", "prune_after",
+    "repair_rounds", "children_per_expand", "feedback", "llm_model",
 )  # fmt: skip
 _BUDGETS = ("max_evals", "max_wall_s", "max_tokens", "max_cost_usd")
 

@@ -184,9 +184,8 @@ SLOW = "46b218c70bc3b50e"  # 0.2742 ms, slower than eager
 
 
 def _run(tmp: Path, recordings: list[Path], **kw):
-    cfg = config.load(
-        runs_dir=tmp / "runs", home=tmp / "home", memory=False, policy="expert", max_evals=10, **kw
-    )
+    kw.setdefault("max_evals", 10)
+    cfg = config.load(runs_dir=tmp / "runs", home=tmp / "home", memory=False, policy="expert", **kw)
     r = optimize(ROOT / "tasks" / "softmax.py", cfg, replay=recordings)
     return r, fold(read_events(r.folder / "log.jsonl"))
 
@@ -227,3 +226,15 @@ def test_the_loop_and_the_report_agree_with_choose(tmp_path):
     assert math.isclose(pick.time_ms, state.nodes[pick.node].time_ms or 0.0)
     assert pick.node == next(n.id for n in state.nodes.values() if n.key == NEAR)  # 10% less energy, at speed
     assert f"- chosen: node #{pick.node} `{NEAR}`" in (r.folder / "report.md").read_text()
+
+
+def test_a_resumed_run_keeps_its_speed_tolerance(tmp_path):
+    recs = _with_energy(tmp_path, {SLOW: 0.03, NEAR: 0.084})
+    first, _ = _run(tmp_path, recs, objective="energy", speed_tolerance=0.03, max_evals=4)
+    # Resumed with a tolerance under which the slow, frugal candidate would be at speed: the run's own wins.
+    cfg = config.load(runs_dir=tmp_path / "runs", home=tmp_path / "home", memory=False, policy="expert",
+                      objective="energy", speed_tolerance=2.0)  # fmt: skip
+    r = optimize(Path(""), cfg, resume=first.run_id, more=6)
+    state = fold(read_events(r.folder / "log.jsonl"))
+    assert {SLOW, NEAR} <= {n.key for n in state.nodes.values() if n.time_ms}
+    assert r.best_key == NEAR
