@@ -188,8 +188,10 @@ def markdown(view: RunView) -> str:
                 f"- re-measured at the end: {m.timing.median_ms if m.timing else float('nan'):.4f} ms"
             )
             if m.energy:
+                e = m.energy
+                windows = f" ({_pct(e.spread)} over {e.repeats} windows)" if e.spread is not None else ""
                 lines.append(
-                    f"- energy: {1e3 * m.energy.joules_per_call:.2f} mJ per call at {m.energy.avg_power_w:.0f} W"
+                    f"- energy: {1e3 * e.joules_per_call:.2f} mJ per call at {e.avg_power_w:.0f} W{windows}"
                 )
         files = ["`best/kernel.cu`", "`best/launcher.py`"]
         if view.exported:

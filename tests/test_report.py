@@ -258,8 +258,19 @@ def test_scatter_front_and_savings_at_matched_speed(tmp_path):
     assert [c.node for c in front] == [7, 3]
     listed = ", ".join(f"#{c.node} ({c.time_ms:.4f} ms, {1e3 * (c.joules or 0):.4g} mJ)" for c in front)
     assert f"- Pareto front (time, energy): {listed}\n" in md
-    # The best-candidate section follows the choice under energy.
-    assert "- node #3 `" in rep.markdown.split("## Best candidate")[1]
+    # The best-candidate section follows the choice under energy; a re-measurement's spread is shown.
+    best = rep.markdown.split("## Best candidate")[1].split("\n## ")[0]
+    assert "- node #3 `" in best
+    assert "mJ per call at 691 W\n" in best  # the recorded re-measurement predates spreads: none shown
+
+    def remeasured_with_spread(events):
+        for e in events:
+            if e["type"] == "final":
+                e["data"]["measurement"]["energy"].update(spread=0.0031, repeats=5)
+        return events
+
+    md = report.render(copy_run(tmp_path / "s", "mcts", remeasured_with_spread)).markdown
+    assert "mJ per call at 691 W (± 0.3% over 5 windows)" in md
 
 
 def test_savings_within_noise_and_out_of_bound(tmp_path):
