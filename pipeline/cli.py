@@ -482,6 +482,12 @@ def optimize(
     ] = None,
     search: Annotated[Search | None, typer.Option(help="mcts or greedy")] = None,
     objective: Annotated[Objective | None, typer.Option(help="time, energy (J per call) or edp")] = None,
+    speed_tolerance: Annotated[
+        float | None,
+        typer.Option(
+            min=0, help="energy, edp: no energy credit this fraction slower than the fastest (0.02)"
+        ),
+    ] = None,
     max_evals: Annotated[int | None, typer.Option(min=1, help="candidates evaluated on the GPU")] = None,
     max_wall: Annotated[
         float | None, typer.Option(min=1, help="wall-time budget in seconds, across resumes")
@@ -528,7 +534,8 @@ def optimize(
     _check_replay(replay or [])
     cfg = config_mod.load(
         home=home, policy=_value(policy), search=_value(search), objective=_value(objective),
-        max_evals=max_evals, max_wall_s=max_wall, max_tokens=max_tokens, max_cost_usd=max_cost,
+        speed_tolerance=speed_tolerance, max_evals=max_evals, max_wall_s=max_wall, max_tokens=max_tokens,
+        max_cost_usd=max_cost,
         children_per_expand=children, feedback=_value(feedback), seed=seed, memory=memory, runs_dir=runs_dir,
     )  # fmt: skip
     given = {k for k, v in (("max_evals", max_evals), ("max_wall_s", max_wall), ("max_tokens", max_tokens),

@@ -40,7 +40,9 @@ class Config:
     warmup: int = 5
     energy: bool = True
     energy_window_s: float = 1.5
-    energy_repeats: int = 3
+    energy_repeats: int = 3  # NVML windows at least; more until the spread is under energy_spread
+    energy_max_repeats: int = 8  # windows at most: the budget when the spread stays above energy_spread
+    energy_spread: float = 0.01  # target relative standard error of the energy per call over the windows
     baselines: tuple[str, ...] = ("eager", "compile", "max-autotune-no-cudagraphs")
     suspicious_speedup: float = 10.0
     # Chroma index: embedded in a folder, or a server when chroma_host is set
@@ -53,6 +55,7 @@ class Config:
     policy: str = "auto"  # auto (llm when an endpoint is configured, else expert) | llm | expert
     search: str = "mcts"  # mcts | greedy
     objective: str = "time"  # time | energy (joules per call) | edp (energy-delay product)
+    speed_tolerance: float = 0.02  # energy, edp: no energy credit this fraction slower than the fastest
     max_evals: int = 40  # candidates evaluated on the GPU
     max_wall_s: float = 3600.0
     max_tokens: int = 2_000_000  # LLM tokens, prompt + completion
@@ -170,6 +173,9 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "warmup": (0, None, False),
     "energy_window_s": (0, None, True),
     "energy_repeats": (1, None, False),
+    "energy_max_repeats": (1, None, False),
+    "energy_spread": (0, None, True),
+    "speed_tolerance": (0, None, False),
     "suspicious_speedup": (1, None, True),
     "chroma_port": (1, 65535, False),
     "max_evals": (1, None, False),

@@ -2,6 +2,10 @@
 
 The counter updates about every 100 ms on the H200, so a single launch reads as zero: loop the call for a
 window of seconds, read the counter before and after, divide by the count, and take the median of repeats.
+Windows are repeated (`repeat_windows`, pure: a CPU test drives it with made-up readings) until the
+relative standard error of the energy per call over them is at most a target, between a minimum and a
+maximum number of windows; that spread travels with the figure (Energy.spread) so the search can refuse
+to rank two energies the noise cannot tell apart (pipeline/search/matched.py).
 
 Like the timed calls, the loop's results must be honest: each window cycles over input sets made fresh for
 it, the outputs of a sample of calls (the first on each set, then random ones) are checked against the
@@ -15,7 +19,8 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +51,62 @@ class LoopMismatch(Exception):
     """The loop's results or speed betray work not done; the message starts with a reason code."""
 
 
+@dataclass(frozen=True)
+class Window:
+    """One NVML window: the loop's energy per call, its average power and its length."""
+
+    joules_per_call: float
+    watts: float
+    seconds: float
+
+
+def relative_spread(joules: Sequence[float]) -> float | None:
+    """stdev / sqrt(n) / mean: the relative standard error of the energy per call over the windows. It
+    shrinks as windows are added (a range would only grow), and one outlying window raises it. None
+    under two windows; inf for a mean that is not positive (no usable reading)."""
+    if len(joules) < 2:
+        return None
+    mean = statistics.fmean(joules)
+    if not mean > 0:
+        return math.inf
+    return statistics.stdev(joules) / math.sqrt(len(joules)) / mean
+
+
+def repeat_windows(
+    read: Callable[[int], Window], *, min_repeats: int, max_repeats: int, target_spread: float
+) -> list[Window]:
+    """`read(i)` for i = 0, 1, ...: at least min_repeats windows, then more until their spread is known
+    and at most target_spread, at most max(min_repeats, max_repeats) in all (the budget). Whatever `read`
+    raises goes through: a loop caught skipping work stops the measurement."""
+    low = max(1, min_repeats)
+    high = max(low, max_repeats)
+    windows: list[Window] = []
+    while len(windows) < high:
+        windows.append(read(len(windows)))
+        if len(windows) >= low:
+            spread = relative_spread([w.joules_per_call for w in windows])
+            if spread is not None and spread <= target_spread:
+                break
+    return windows
+
+
+def energy_record(windows: Sequence[Window], calls_per_window: int, checked: int = 0) -> Energy:
+    """The Energy of a measurement: medians over the windows (one odd window does not move them), the
+    spread of the energy per call, every window's reading."""
+    joules = [w.joules_per_call for w in windows]
+    seconds = statistics.median(w.seconds for w in windows)
+    return Energy(
+        joules_per_call=statistics.median(joules),
+        avg_power_w=statistics.median(w.watts for w in windows),
+        window_s=seconds,
+        repeats=len(windows),
+        checked_calls=checked,
+        ms_per_call=seconds * 1e3 / max(1, calls_per_window),
+        spread=relative_spread(joules),
+        windows=tuple(joules),
+    )
+
+
 def measure_energy(
     fn: Callable[..., object],
     inputs_for: Callable[[int], list],
@@ -53,13 +114,16 @@ def measure_energy(
     call_ms: float,
     window_s: float,
     repeats: int,
+    max_repeats: int | None = None,
+    target_spread: float = 0.01,
     check: Callable[[list, object], None] | None = None,
     set_bytes: int = 0,
     out_bytes: int = 0,
     free_bytes: int = 1 << 40,
 ) -> Energy:
-    """Joules per call over `repeats` windows. `check(inputs, outputs)` raises for a wrong output; a loop
-    faster than LOOP_SPEED_FLOOR of `call_ms` raises LoopMismatch."""
+    """Joules per call over `repeats` to `max_repeats` windows (until the spread is at most `target_spread`,
+    see repeat_windows). `check(inputs, outputs)` raises for a wrong output; a loop faster than
+    LOOP_SPEED_FLOOR of `call_ms` raises LoopMismatch."""
     import pynvml
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -70,55 +134,52 @@ def measure_energy(
     sets = max(2, min(MAX_SETS, n, math.ceil(3 * l2 / max(set_bytes, 1))))
     sets = max(1, min(sets, int(0.2 * free_bytes / max(set_bytes, 1))))
     pick = random.Random()
-    joules: list[float] = []
-    watts: list[float] = []
-    seconds: list[float] = []
     checked = 0
+
+    def window(w: int) -> Window:
+        nonlocal checked
+        data = [inputs_for(100_000 + w * MAX_SETS + k) for k in range(sets)]
+        # Kept outputs stay alive until the window ends: as many as a tenth of free memory holds.
+        room = max(2, int(0.1 * free_bytes / max(out_bytes, 1)))
+        keep = set(range(min(sets, n, room - 1))) | {pick.randrange(n)}
+        keep |= {pick.randrange(n) for _ in range(min(RANDOM_CHECKS, room - len(keep)))}
+        kept: list[tuple[int, object]] = []
+        torch.cuda.synchronize()
+        try:
+            e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        except pynvml.NVMLError as e:
+            raise EnergyUnavailable(f"NVML energy counter: {e}") from None
+        t0 = time.perf_counter()
+        for i in range(n):
+            out = fn(*data[i % sets])
+            if i in keep:
+                kept.append((i % sets, out))
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        de = (pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) - e0) / 1e3  # mJ -> J
+        if check is not None:
+            for k, out in kept:
+                check(data[k], out)
+                checked += 1
+        del kept, data
+        per_call_ms = dt * 1e3 / n
+        if per_call_ms < LOOP_SPEED_FLOOR * call_ms:
+            raise LoopMismatch(
+                f"energy_loop_faster: the energy loop ran {per_call_ms:.4f} ms per call against a timed "
+                f"median of {call_ms:.4f} ms: the loop did not do the work it was timed doing"
+            )
+        return Window(de / n, de / dt if dt > 0 else 0.0, dt)
+
     with torch.no_grad():
         warm = inputs_for(90_000)
         for _ in range(max(1, min(n // 10, 1000))):  # warm the clocks up before the first window
             fn(*warm)
         del warm
         torch.cuda.synchronize()
-        for w in range(repeats):
-            data = [inputs_for(100_000 + w * MAX_SETS + k) for k in range(sets)]
-            # Kept outputs stay alive until the window ends: as many as a tenth of free memory holds.
-            room = max(2, int(0.1 * free_bytes / max(out_bytes, 1)))
-            keep = set(range(min(sets, n, room - 1))) | {pick.randrange(n)}
-            keep |= {pick.randrange(n) for _ in range(min(RANDOM_CHECKS, room - len(keep)))}
-            kept: list[tuple[int, object]] = []
-            torch.cuda.synchronize()
-            try:
-                e0 = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-            except pynvml.NVMLError as e:
-                raise EnergyUnavailable(f"NVML energy counter: {e}") from None
-            t0 = time.perf_counter()
-            for i in range(n):
-                out = fn(*data[i % sets])
-                if i in keep:
-                    kept.append((i % sets, out))
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            de = (pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) - e0) / 1e3  # mJ -> J
-            if check is not None:
-                for k, out in kept:
-                    check(data[k], out)
-                    checked += 1
-            del kept, data
-            per_call_ms = dt * 1e3 / n
-            if per_call_ms < LOOP_SPEED_FLOOR * call_ms:
-                raise LoopMismatch(
-                    f"energy_loop_faster: the energy loop ran {per_call_ms:.4f} ms per call against a timed "
-                    f"median of {call_ms:.4f} ms: the loop did not do the work it was timed doing"
-                )
-            joules.append(de / n)
-            watts.append(de / dt if dt > 0 else 0.0)
-            seconds.append(dt)
-    return Energy(
-        joules_per_call=statistics.median(joules),
-        avg_power_w=statistics.median(watts),
-        window_s=statistics.median(seconds),
-        repeats=repeats,
-        checked_calls=checked,
-        ms_per_call=statistics.median(seconds) * 1e3 / n,
-    )
+        windows = repeat_windows(
+            window,
+            min_repeats=repeats,
+            max_repeats=repeats if max_repeats is None else max_repeats,
+            target_spread=target_spread,
+        )
+    return energy_record(windows, n, checked)

@@ -34,6 +34,8 @@ class Settings:
     energy: bool = Config.energy
     energy_window_s: float = Config.energy_window_s
     energy_repeats: int = Config.energy_repeats
+    energy_max_repeats: int = Config.energy_max_repeats
+    energy_spread: float = Config.energy_spread
     baselines: tuple[str, ...] = Config.baselines
     suspicious_speedup: float = Config.suspicious_speedup
     time: bool = True  # False: verify only
@@ -50,6 +52,8 @@ class Settings:
             energy=cfg.energy,
             energy_window_s=cfg.energy_window_s,
             energy_repeats=cfg.energy_repeats,
+            energy_max_repeats=cfg.energy_max_repeats,
+            energy_spread=cfg.energy_spread,
             baselines=tuple(cfg.baselines),
             suspicious_speedup=cfg.suspicious_speedup,
             **extra,

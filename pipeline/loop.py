@@ -24,8 +24,8 @@ from pipeline.config import Config
 from pipeline.evaluators import Evaluator, GpuEvaluator, ReplayEvaluator
 from pipeline.generate.base import Context, Outcome, Proposal, ProposalStatus, Tried
 from pipeline.runstate import ROOT, NodeState, NotOneTree, RunState, fold
-from pipeline.search import make_search
-from pipeline.search.reward import Objective, objective_value, reward
+from pipeline.search import make_search, matched
+from pipeline.search.reward import Objective, objective_value, reward_at_speed
 from pipeline.tasks import TaskError
 from pipeline.types import Baselines, Evaluation, Measurement, Status, Task, speedup, to_dict
 
@@ -115,8 +115,8 @@ def resolve_policy(cfg: Config) -> str:
 
 # Fields a resumed run takes from its own start event, so it continues the same search; budgets may grow.
 _RESUME_FIXED = (
-    "policy", "search", "objective", "seed", "widen_c", "widen_alpha", "prune_after", "repair_rounds",
-    "children_per_expand", "feedback", "llm_model",
+    "policy", "search", "objective", "speed_tolerance", "seed", "widen_c", "widen_alpha", "prune_after",
+    "repair_rounds", "children_per_expand", "feedback", "llm_model",
 )  # fmt: skip
 _BUDGETS = ("max_evals", "max_wall_s", "max_tokens", "max_cost_usd")
 
@@ -153,23 +153,40 @@ class _Run:
     def elapsed(self) -> float:
         return self.prior_s + time.monotonic() - self.started
 
-    def _baseline_value(self, m: Measurement | None) -> float | None:
+    def _eager_ms(self, m: Measurement | None = None) -> float:
         eager = m.baselines.get("eager") if m else None
-        eager_ms = eager.median_ms if eager else self.base.timings["eager"].median_ms
-        return objective_value(self.objective, eager_ms, self.base.energy_eager_j)
+        return eager.median_ms if eager else self.base.timings["eager"].median_ms
 
     def _score(self, r: Evaluation) -> tuple[float, float | None]:
         m = r.measurement
-        value = None
+        time_ms = joules = None
         if r.status == Status.OK and m is not None and m.timing is not None:
-            value = objective_value(
-                self.objective, m.timing.median_ms, m.energy.joules_per_call if m.energy else None
-            )
-        return reward(r.status, value, self._baseline_value(m), self.objective), value
+            time_ms, joules = m.timing.median_ms, m.energy.joules_per_call if m.energy else None
+        # The fastest so far: the reference, every verified candidate before this one, and this one.
+        eager = self.base.timings.get("eager")
+        fastest = matched.fastest(self.state.at_speed(), eager.median_ms if eager else None)
+        if time_ms is not None and time_ms > 0:
+            fastest = min(fastest, time_ms) if fastest is not None else time_ms
+        rew = reward_at_speed(r.status, time_ms, joules, self._eager_ms(m), self.base.energy_eager_j,
+                              self.objective, fastest, self.cfg.speed_tolerance)  # fmt: skip
+        value = objective_value(self.objective, time_ms, joules) if time_ms is not None else None
+        return rew, value
+
+    def chosen(self) -> int | None:
+        """The run's best node: under `time` the search's highest reward; under `energy` and `edp` the
+        lowest figure at matched speed beyond noise (pipeline/search/matched.py), or the search's highest
+        reward when no candidate is at speed with an energy reading."""
+        best = self.search.best()
+        if self.objective is Objective.TIME:
+            return best
+        eager = self.base.timings.get("eager")
+        pick = matched.choose(self.state.at_speed(), self.objective, eager.median_ms if eager else None,
+                              self.cfg.speed_tolerance)  # fmt: skip
+        return pick.node if pick is not None else best
 
     def _best(self) -> None:
-        """The live view's best: the search's best node, and its speedups measured alongside."""
-        best = self.search.best()
+        """The live view's best: the run's chosen node, and its speedups measured alongside."""
+        best = self.chosen()
         if best is None or best == ROOT or self.nodes[best].evaluation is None:
             return
         node = self.nodes[best]
@@ -608,7 +625,7 @@ def _check_endpoint(cfg: Config) -> None:
 
 def _finish(run: _Run, stop: str, evaluator: Evaluator) -> OptimizeOutcome:
     folder = run.log.folder
-    best = run.search.best()
+    best = run.chosen()
     exported = None
     notes = list(dict.fromkeys(run.notes))
     if best is not None and best != ROOT:

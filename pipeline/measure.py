@@ -230,6 +230,8 @@ def energy(session: Session, call_ms: float, notes: list[str]) -> Energy | None:
             call_ms=call_ms,
             window_s=s.energy_window_s,
             repeats=s.energy_repeats,
+            max_repeats=s.energy_max_repeats,
+            target_spread=s.energy_spread,
             check=session.check,
             set_bytes=set_bytes,
             out_bytes=out_bytes,

@@ -1,6 +1,7 @@
 """The report of one run, from its log alone: Markdown (for the terminal and the run folder) and HTML with
 plots: every evaluation against the baselines and the roofline floor, the candidates against the measured
-ceilings, the search tree coloured by status, energy per call and the environment. `kernelpro show <run-id>`
+ceilings, time against energy per call (the Pareto front and the saving at matched speed), the search tree
+coloured by status, energy per call and the environment. `kernelpro show <run-id>`
 renders it in memory (`render`), so a report never disagrees with its log and reading one writes nothing.
 """
 
@@ -14,6 +15,8 @@ from typing import Any
 from pipeline.calibrate import Ceilings
 from pipeline.runlog import RunLogError, read_events
 from pipeline.runstate import ROOT, MalformedEvent, NodeState, NotOneTree, Point, RunState, fold
+from pipeline.search import matched
+from pipeline.search.reward import Objective
 from pipeline.types import Baselines, Status, Timing, speedup
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -83,8 +86,43 @@ def _bound(n: NodeState) -> str:
 
 
 def _best(view: RunView) -> NodeState | None:
+    """The fastest over eager; under energy and edp the run's choice at matched speed."""
+    chosen = _chosen(view)
+    if chosen is not None and _objective(view) is not Objective.TIME:
+        return view.state.nodes[chosen.node]
     ok = [n for n in view.state.nodes.values() if n.id and n.status == Status.OK and n.speedup]
     return max(ok, key=lambda n: (n.speedup, -n.id), default=None)
+
+
+def _objective(view: RunView) -> Objective:
+    try:
+        return Objective(view.state.header.config.get("objective") or "time")
+    except ValueError:
+        return Objective.TIME
+
+
+def _tolerance(view: RunView) -> float:
+    """The run's --speed-tolerance; the default for logs written before it existed."""
+    try:
+        return float(view.state.header.config.get("speed_tolerance") or matched.DEFAULT_TOLERANCE)
+    except ValueError:
+        return matched.DEFAULT_TOLERANCE
+
+
+def _eager_ms(view: RunView) -> float | None:
+    eager = view.baselines.timings.get("eager")
+    return eager.median_ms if eager else None
+
+
+def _chosen(view: RunView) -> matched.Candidate | None:
+    """The run's chosen candidate: the node its end names, else the choice the loop would make now (under
+    energy and edp the lowest at matched speed, under time the fastest)."""
+    cands = {c.node: c for c in view.state.at_speed()}
+    end = view.state.end or view.state.last_end
+    if end is not None and end.best_node in cands:
+        return cands[end.best_node]
+    pick = matched.choose(list(cands.values()), _objective(view), _eager_ms(view), _tolerance(view))
+    return pick or matched.choose(list(cands.values()), Objective.TIME)
 
 
 def _improvements(view: RunView) -> list[tuple[NodeState, NodeState]]:
@@ -150,13 +188,16 @@ def markdown(view: RunView) -> str:
                 f"- re-measured at the end: {m.timing.median_ms if m.timing else float('nan'):.4f} ms"
             )
             if m.energy:
+                e = m.energy
+                windows = f" ({_pct(e.spread)} over {e.repeats} windows)" if e.spread is not None else ""
                 lines.append(
-                    f"- energy: {1e3 * m.energy.joules_per_call:.2f} mJ per call at {m.energy.avg_power_w:.0f} W"
+                    f"- energy: {1e3 * e.joules_per_call:.2f} mJ per call at {e.avg_power_w:.0f} W{windows}"
                 )
         files = ["`best/kernel.cu`", "`best/launcher.py`"]
         if view.exported:
             files.append("`best_model_new.py` (standalone drop-in `ModelNew`)")
         lines.append(f"- files: {', '.join(files)}")
+    lines += ["", "## Energy at matched speed", "", *_matched_lines(view)]
     lines += ["", "## Best speedup over eager, by evaluation", ""]
     lines.append(" → ".join(f"{i}: {s:.2f}x" for i, s in _thin(state.curve)) or "no correct candidate yet")
     lines += ["", "## What paid off", ""]
@@ -174,6 +215,68 @@ def markdown(view: RunView) -> str:
     if env:
         lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in sorted(env.items())]
     return "\n".join(lines) + "\n"
+
+
+def _pct(spread: float | None) -> str:
+    return f"± {100 * spread:.1f}%" if spread is not None else "(spread unknown)"
+
+
+def _saving_text(what: str, base_j: float, base_spread: float | None, c: matched.Candidate) -> str:
+    assert c.joules is not None
+    s = matched.saving(base_j, base_spread, c.joules, c.spread)
+    verdict = "beyond noise" if s.beyond_noise else "within noise: not claimed"
+    return f"- saving against {what}: {s.ratio:.3f}x {_pct(s.spread)} ({verdict})"
+
+
+def _matched_lines(view: RunView) -> list[str]:
+    """The chosen candidate's energy against eager and against the fastest candidate, at matched speed,
+    each with its spread, and the Pareto front; one line when the candidates have no energy readings."""
+    cands = view.state.at_speed()
+    read = [c for c in cands if c.joules is not None]
+    if not read:
+        return [NO_ENERGY]
+    tol, eager_ms = _tolerance(view), _eager_ms(view)
+    top = matched.fastest(cands, eager_ms)
+    fast = min(cands, key=lambda c: (c.time_ms, c.node))
+    lines = [f"- objective: {_objective(view).value}; at matched speed: within {100 * tol:g}% of the fastest "
+             f"({top:.4f} ms{', eager' if top == eager_ms else f', node #{fast.node}'})"]  # fmt: skip
+    chosen = _chosen(view)
+    if chosen is None or chosen.joules is None:
+        lines.append("- the chosen candidate has no energy reading: no saving to report")
+    else:
+        slower = 100 * (chosen.time_ms / top - 1) if top else 0.0
+        pace = "at speed" if matched.at_speed(chosen.time_ms, top, tol) else "NOT at matched speed"
+        lines.append(f"- chosen: node #{chosen.node} `{view.state.nodes[chosen.node].key}`: "
+                     f"{1e3 * chosen.joules:.4g} mJ per call {_pct(chosen.spread)}, {chosen.time_ms:.4f} ms "
+                     f"({slower:+.1f}% against the fastest, {pace})")  # fmt: skip
+        eager_j = view.baselines.energy_eager_j
+        eager_e = view.baselines.energy_eager
+        if eager_j:
+            lines.append(_saving_text("eager", eager_j, eager_e.spread if eager_e else None, chosen))
+        else:
+            lines.append("- saving against eager: eager's energy was not measured")
+        if fast.node == chosen.node:
+            lines.append("- saving against the fastest candidate: the chosen one is the fastest")
+        elif fast.joules is not None:
+            lines.append(
+                _saving_text(f"the fastest candidate (node #{fast.node})", fast.joules, fast.spread, chosen)
+            )
+        else:
+            lines.append(
+                f"- saving against the fastest candidate (node #{fast.node}): it has no energy reading"
+            )
+    front = matched.pareto_front(cands)
+    lines.append("- Pareto front (time, energy): " + ", ".join(
+        f"#{c.node} ({c.time_ms:.4f} ms, {1e3 * (c.joules or 0):.4g} mJ)" for c in front))  # fmt: skip
+    lines.append(f"- noise: energies closer than {matched.Z:g} standard errors (each at least "
+                 f"{100 * matched.NOISE_FLOOR:g}%) are not ranked; the faster one wins")  # fmt: skip
+    return lines
+
+
+NO_ENERGY = (
+    "No energy readings for the candidates (a run under `--objective time`, `--no-energy`, or no NVML): "
+    "nothing to compare at matched speed."
+)
 
 
 def _thin(curve: list[tuple[int, float]], keep: int = 12) -> list[tuple[int, float]]:
@@ -345,10 +448,48 @@ def _bandwidth_chart(ax: Any, view: RunView, timed: list[Point], refs: dict[str,
     )
 
 
+def energy_svg(view: RunView) -> str:
+    """Time against energy per call of every verified candidate with a reading (error bars: one standard
+    error), the Pareto front as a step, eager as a square, the speed bound as a line, the choice ringed."""
+    cands = view.state.at_speed()
+    read = [c for c in cands if c.joules is not None]
+    if not read:
+        return ""
+    tol, eager_ms = _tolerance(view), _eager_ms(view)
+    top = matched.fastest(cands, eager_ms)
+    chosen = _chosen(view)
+    plt = _pyplot()
+    with plt.rc_context(_RC):
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        for i, c in enumerate(read):
+            j = 1e3 * (c.joules or 0.0)
+            ax.errorbar([c.time_ms], [j], yerr=[j * (c.spread or 0.0)], fmt="o", markersize=4,
+                        color=COLOURS[Status.OK], zorder=3, gid=f"te-{c.node}",
+                        label=None if i else "verified candidates")  # fmt: skip
+        front = matched.pareto_front(cands)
+        ax.step([c.time_ms for c in front], [1e3 * (c.joules or 0.0) for c in front], where="post",
+                color="#1565c0", label="Pareto front", gid="pareto", zorder=2)  # fmt: skip
+        if eager_ms and view.baselines.energy_eager_j:
+            ax.scatter([eager_ms], [1e3 * view.baselines.energy_eager_j], marker="s", s=30, color="#444",
+                       label="eager", zorder=3, gid="te-eager")  # fmt: skip
+        if top:
+            ax.axvline((1 + tol) * top, linestyle=":", color="#b71c1c", linewidth=1,
+                       label=f"matched speed (+{100 * tol:g}%)", gid="speed-bound")  # fmt: skip
+        if chosen is not None and chosen.joules is not None:
+            ax.scatter([chosen.time_ms], [1e3 * chosen.joules], s=120, facecolors="none", edgecolors="#000",
+                       label=f"chosen (#{chosen.node})", zorder=4, gid="chosen")  # fmt: skip
+        ax.set_xlabel("median time per call (ms)")
+        ax.set_ylabel("energy per call (mJ)")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+        return _svg(fig)
+
+
 # -- HTML -----------------------------------------------------------------------------------------------
 
 _SECTIONS = {
     "Best candidate": "best",
+    "Energy at matched speed": "matched",
     "Best speedup over eager, by evaluation": "curve",
     "What paid off": "paid_off",
     "Search tree": "tree",
@@ -445,6 +586,7 @@ def html_report(view: RunView, md: str) -> str:
         evaluations=view.state.points,
         roofline_svg=Markup(roof_svg),
         roofline_note=roof_note,
+        energy_svg=Markup(energy_svg(view)),
         energy=_energy_rows(view),
         tree=_tree(view),
         colours=COLOURS,

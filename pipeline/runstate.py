@@ -32,6 +32,7 @@ from pipeline.events import (
 )
 from pipeline.generate.base import Usage
 from pipeline.runlog import LOG, Event, RunLogError, is_locked, read_events
+from pipeline.search import matched
 from pipeline.types import Baselines, Candidate, Evaluation, Profile, Status, speedup
 
 ROOT = 0  # the node of the task's reference
@@ -150,6 +151,19 @@ class RunState:
         if self.last_end is not None and self.last_end.best_speedup_eager is not None:
             return self.last_end.best_speedup_eager
         return max((p.speedup for p in self.points if p.speedup), default=None)
+
+    def at_speed(self) -> list[matched.Candidate]:
+        """Every verified, timed candidate as the matched-speed rule sees it, in node order."""
+        out = []
+        for n in sorted(self.nodes.values(), key=lambda n: n.id):
+            m = n.evaluation.measurement if n.evaluation else None
+            if n.id == ROOT or n.time_ms is None or m is None:
+                continue
+            e = m.energy
+            out.append(
+                matched.Candidate(n.id, n.time_ms, e.joules_per_call if e else None, e.spread if e else None)
+            )
+        return out
 
     def apply(self, ev: TypedEvent | None, seq: int = -1) -> None:
         """One more event (the loop folds each event it appends, as `fold` does each one it reads)."""

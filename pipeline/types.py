@@ -144,6 +144,10 @@ class Energy:
     repeats: int
     checked_calls: int = 0  # loop calls whose outputs were compared with the reference
     ms_per_call: float | None = None  # wall time per call in the loop (checked against the timed median)
+    # Relative standard error of joules_per_call over the windows (stdev / sqrt(n) / mean); None with one
+    # window and in logs written before it was recorded. pipeline/search/matched.py compares with it.
+    spread: float | None = None
+    windows: tuple[float, ...] = ()  # joules per call of each window, in order
 
 
 @dataclass(frozen=True)
@@ -235,6 +239,7 @@ class Baselines:
     compile_s: dict[str, float] = field(default_factory=dict)  # compile time of each torch.compile mode
     environment: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    energy_eager: Energy | None = None  # the measurement behind energy_eager_j, with its spread
 
 
 @dataclass(frozen=True)

@@ -312,7 +312,7 @@ def _baseline(job: jobs.Baseline) -> Answer:
     timings: dict[str, Timing] = {}
     compile_s: dict[str, float] = {}
     notes: list[str] = []
-    energy_j = None
+    eager_energy = None
     try:
         for mode in s.baselines:
             model = reference if mode == "eager" else _compile(task, reference, mode, notes)
@@ -332,22 +332,25 @@ def _baseline(job: jobs.Baseline) -> Answer:
             from pipeline.energy import EnergyUnavailable, LoopMismatch, measure_energy
 
             try:
-                energy_j = measure_energy(
+                eager_energy = measure_energy(
                     reference,
                     inputs_for,
                     call_ms=timings["eager"].median_ms,
                     window_s=s.energy_window_s,
                     repeats=s.energy_repeats,
+                    max_repeats=s.energy_max_repeats,
+                    target_spread=s.energy_spread,
                     set_bytes=sum(spec.numel * _itemsize(spec.dtype) for spec in task.inputs),
                     free_bytes=gpu_memory.free_bytes(device),
-                ).joules_per_call
+                )
             except (EnergyUnavailable, LoopMismatch, KeyError) as e:
                 notes.append(f"energy not measured: {e}")
         env = environment("cuda")
     finally:
         del reference, flusher
         _release_memory()
-    base = Baselines(timings, energy_j, None, compile_s, env, tuple(notes))
+    energy_j = eager_energy.joules_per_call if eager_energy else None
+    base = Baselines(timings, energy_j, None, compile_s, env, tuple(notes), energy_eager=eager_energy)
     return jobs.BaselinesAnswer(baselines=base)
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from pipeline import report
 from pipeline.runlog import RunLogError, read_events
+from pipeline.runstate import fold
+from pipeline.search import matched
 from pipeline.types import Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,8 +66,8 @@ def test_markdown_says_what_the_log_says(tmp_path, name):
 def test_html_has_every_section_and_every_evaluation(tmp_path, name):
     folder = copy_run(tmp_path, name)
     html = report.render(folder).html
-    for section in ("summary", "best", "progress", "evaluations", "roofline", "energy", "paid-off", "tree",
-                    "environment"):  # fmt: skip
+    for section in ("summary", "best", "matched", "progress", "evaluations", "roofline", "energy", "paid-off",
+                    "tree", "environment"):  # fmt: skip
         assert f'<section id="{section}">' in html, section
     done = results(folder)
     # Every evaluation is a point of the progress plot (matplotlib keeps each point's gid) and a table row.
@@ -192,3 +194,94 @@ def test_a_failed_evaluation_is_a_point_and_a_node_of_its_status(tmp_path):
     assert re.search(rf'<li id="node-{node}"><span class="status s-compile_error">', html)
     row = html.split('<tr id="evaluation-1">')[1].split("</tr>")[0]
     assert "s-compile_error" in row and "–" in row  # no time for a kernel that did not compile
+
+
+# -- energy at matched speed ------------------------------------------------------------------------------
+
+
+def test_a_run_without_energy_readings_says_so_in_one_line(tmp_path):
+    rep = report.render(copy_run(tmp_path, "mcts"))  # recorded under --objective time: no candidate energies
+    body = rep.markdown.split("## Energy at matched speed\n\n")[1].split("\n\n")[0]
+    assert body == report.NO_ENERGY
+    html = rep.html.split('<section id="matched">')[1].split("</section>")[0]
+    assert "<svg" not in html and "No energy readings" in html
+
+
+def with_energies(joules_of, spread=0.004, tolerance="0.03", eager_j=None):
+    """The recorded run as if measured under --objective energy: each verified result with an energy per
+    call (joules_of(node, ms)), eager's Energy with its spread, no end (the report makes the choice)."""
+
+    def edit(events):
+        out = []
+        for e in events:
+            d = e["data"]
+            if e["type"] == "end":
+                continue
+            if e["type"] == "start":
+                d["config"].update(objective="energy", speed_tolerance=tolerance)
+            if e["type"] == "baselines":
+                j = d["energy_eager_j"] = eager_j or d["energy_eager_j"]
+                d["energy_eager"] = {"joules_per_call": j, "avg_power_w": 699.0, "window_s": 1.5, "repeats": 4,
+                                     "spread": 0.002}  # fmt: skip
+            m = d.get("measurement") if e["type"] == "result" else None
+            if m and m.get("timing"):
+                j = joules_of(d["node"], m["timing"]["median_ms"])
+                m["energy"] = {"joules_per_call": j, "avg_power_w": 700.0, "window_s": 1.5, "repeats": 3,
+                               "spread": spread}  # fmt: skip
+            out.append(e)
+        return out
+
+    return edit
+
+
+def test_scatter_front_and_savings_at_matched_speed(tmp_path):
+    # 700 W for every candidate, but node 3 (2.04% slower than the fastest, node 7) 10% below that.
+    folder = copy_run(tmp_path, "mcts", with_energies(lambda n, ms: 0.7 * ms * (0.9 if n == 3 else 1.0)))
+    state = fold(read_events(folder / "log.jsonl"))
+    cands = {c.node: c for c in state.at_speed()}
+    rep = report.render(folder)
+    # Every verified candidate is a point of the scatter; the front, the bound and the choice are drawn.
+    html = rep.html.split('<section id="matched">')[1].split("</section>")[0]
+    assert sorted({int(n) for n in re.findall(r'<g id="te-(\d+)"', html)}) == sorted(cands)
+    for gid in ("pareto", "speed-bound", "chosen", "te-eager"):
+        assert f'<g id="{gid}"' in html, gid
+    md = rep.markdown.split("## Energy at matched speed\n\n")[1].split("\n\n")[0]
+    # Within 3% node 3 is at speed and 10% lower: the choice, against eager and against the fastest.
+    c3, c7 = cands[3], cands[7]
+    assert c3.joules is not None and c7.joules is not None and state.baselines is not None
+    assert "- chosen: node #3 " in md and "at speed)" in md
+    eager = matched.saving(state.baselines.energy_eager_j or 0.0, 0.002, c3.joules, 0.004)
+    assert f"- saving against eager: {eager.ratio:.3f}x ± {100 * eager.spread:.1f}% (beyond noise)" in md  # type: ignore[operator]
+    vs_fast = c7.joules / c3.joules
+    assert f"- saving against the fastest candidate (node #7): {vs_fast:.3f}x ± 0.6% (beyond noise)" in md
+    front = matched.pareto_front(list(cands.values()))
+    assert [c.node for c in front] == [7, 3]
+    listed = ", ".join(f"#{c.node} ({c.time_ms:.4f} ms, {1e3 * (c.joules or 0):.4g} mJ)" for c in front)
+    assert f"- Pareto front (time, energy): {listed}\n" in md
+    # The best-candidate section follows the choice under energy; a re-measurement's spread is shown.
+    best = rep.markdown.split("## Best candidate")[1].split("\n## ")[0]
+    assert "- node #3 `" in best
+    assert "mJ per call at 691 W\n" in best  # the recorded re-measurement predates spreads: none shown
+
+    def remeasured_with_spread(events):
+        for e in events:
+            if e["type"] == "final":
+                e["data"]["measurement"]["energy"].update(spread=0.0031, repeats=5)
+        return events
+
+    md = report.render(copy_run(tmp_path / "s", "mcts", remeasured_with_spread)).markdown
+    assert "mJ per call at 691 W (± 0.3% over 5 windows)" in md
+
+
+def test_savings_within_noise_and_out_of_bound(tmp_path):
+    # 1% below the fastest is within noise: the tie goes to the faster, node 7.
+    folder = copy_run(tmp_path, "mcts", with_energies(lambda n, ms: 0.7 * ms * (0.99 if n == 3 else 1.0)))
+    assert "- chosen: node #7 " in report.render(folder).markdown
+    # At the default 2% node 3 (2.04% slower) is out of bound however frugal: the fastest is chosen.
+    ten_less = with_energies(lambda n, ms: 0.7 * ms * (0.9 if n == 3 else 1.0), tolerance="0.02")
+    md = report.render(copy_run(tmp_path / "b", "mcts", ten_less)).markdown
+    assert "- chosen: node #7 " in md and "the chosen one is the fastest" in md
+    # Eager 1% above the chosen candidate: a saving the noise cannot tell from none is not claimed.
+    near_eager = with_energies(lambda n, ms: 0.7 * ms, eager_j=1.01 * 0.7 * 0.13316799700260162)
+    md = report.render(copy_run(tmp_path / "c", "mcts", near_eager)).markdown
+    assert "- saving against eager: 1.010x ± 0.4% (within noise: not claimed)" in md

@@ -107,7 +107,7 @@ def test_the_data_on_disk_is_the_untyped_format(tmp_path):
     assert list(by_type["profile"])[-1] == "node" and by_type["profile"]["bound"] == "memory-bound"
     assert by_type["llm"]["prompt_tokens"] == 10 and by_type["llm"]["status"] == "ok"  # usage flat
     assert list(by_type["baselines"]) == ["timings", "energy_eager_j", "floor_ms", "compile_s", "environment",
-                                          "notes"]  # fmt: skip
+                                          "notes", "energy_eager"]  # fmt: skip
     assert by_type["proposal"]["candidate"]["key"] == "c" and by_type["repair_failed"]["status"] == "no_move"
 
 

@@ -1,12 +1,17 @@
-"""Pure parts of timing and the roofline floor: summaries, the hidden-work rule, floors, type round trips."""
+"""Pure parts of timing, energy and the roofline floor: summaries, the hidden-work rule, the energy windows'
+repeat rule over injected readings, floors, type round trips."""
 
 from __future__ import annotations
+
+import math
+import statistics
 
 import pytest
 
 from pipeline.calibrate import Ceilings, floor_ms
+from pipeline.energy import LoopMismatch, Window, energy_record, relative_spread, repeat_windows
 from pipeline.timing import hidden_work, summarize
-from pipeline.types import Measurement, Status, Task, TensorSpec, Timing, from_dict, to_dict
+from pipeline.types import Energy, Measurement, Status, Task, TensorSpec, Timing, from_dict, to_dict
 
 
 def test_summarize_median_and_quartiles():
@@ -53,3 +58,129 @@ def test_measurement_round_trip_and_derived_numbers():
     assert back.speedup_eager == pytest.approx(3.0) and back.speedup_compile is None
     assert back.fraction_of_floor == pytest.approx(0.5)
     assert t.spread == pytest.approx(0.1)
+
+
+# -- energy windows (pipeline/energy.py): the repeat rule over injected readings ---------------------------
+
+
+def readings(joules: list[float]):
+    """A reading callable over fixed energies per call, and the list of windows it was asked for."""
+    asked: list[int] = []
+
+    def read(i: int) -> Window:
+        asked.append(i)
+        return Window(joules[i], 500.0 + i, 1.5)
+
+    return read, asked
+
+
+def test_windows_stop_once_the_spread_is_under_the_bound():
+    read, asked = readings([1.0, 1.0, 1.0, 9.0])
+    assert len(repeat_windows(read, min_repeats=3, max_repeats=8, target_spread=0.01)) == 3
+    assert asked == [0, 1, 2]  # steady from the start: no window beyond the minimum
+    # Noisy first, then steady: it stops at the first count whose spread is within the bound.
+    js = [1.10, 0.90, 1.05, 0.97, 1.0, 1.0, 1.01, 0.99, 1.0, 1.0, 1.0, 1.0]
+    target = 0.02
+    want = next(k for k in range(3, len(js) + 1) if (relative_spread(js[:k]) or 1) <= target)
+    read, asked = readings(js)
+    got = repeat_windows(read, min_repeats=3, max_repeats=12, target_spread=target)
+    assert 3 < len(got) == want < 12 and relative_spread([w.joules_per_call for w in got]) <= target  # type: ignore[operator]
+    assert relative_spread(js[: want - 1]) > target  # type: ignore[operator]
+
+
+def test_windows_stop_at_the_budget_and_need_two_for_a_spread():
+    read, asked = readings([1.0, 1.5] * 10)
+    assert len(repeat_windows(read, min_repeats=3, max_repeats=6, target_spread=0.01)) == 6 == len(asked)
+    read, asked = readings([1.0, 1.0, 1.0])
+    assert (
+        len(repeat_windows(read, min_repeats=1, max_repeats=5, target_spread=0.01)) == 2
+    )  # one has no spread
+    read, asked = readings([1.0])
+    assert len(repeat_windows(read, min_repeats=1, max_repeats=1, target_spread=0.01)) == 1
+    read, asked = readings([1.0, 1.5] * 3)
+    assert len(repeat_windows(read, min_repeats=4, max_repeats=2, target_spread=0.01)) == 4  # max < min: min
+
+
+def test_a_window_that_raises_stops_the_measurement():
+    def read(i: int) -> Window:
+        if i == 1:
+            raise LoopMismatch("energy_loop_faster: test")
+        return Window(1.0, 500.0, 1.5)
+
+    with pytest.raises(LoopMismatch):
+        repeat_windows(read, min_repeats=3, max_repeats=8, target_spread=0.01)
+
+
+def test_relative_spread_and_the_energy_record():
+    assert relative_spread([1.0]) is None and relative_spread([]) is None
+    assert relative_spread([0.0, 0.0]) == math.inf
+    assert relative_spread([1.0, 1.0]) == 0.0
+    assert relative_spread([0.9, 1.1]) == pytest.approx(statistics.stdev([0.9, 1.1]) / math.sqrt(2))
+    windows = [Window(0.10, 700.0, 1.50), Window(0.12, 690.0, 1.52), Window(0.11, 710.0, 1.49)]
+    e = energy_record(windows, calls_per_window=1000, checked=7)
+    assert e.joules_per_call == 0.11 and e.avg_power_w == 700.0 and e.window_s == 1.50 and e.repeats == 3
+    assert e.ms_per_call == pytest.approx(1.5) and e.checked_calls == 7 and e.windows == (0.10, 0.12, 0.11)
+    assert e.spread == pytest.approx(relative_spread([0.10, 0.12, 0.11]))
+    # Through a measurement and back; a record written before spreads were kept still loads (spread None).
+    m = Measurement("k", Status.OK, timing=Timing(1.0, 1, 1, 1, 1, 10), energy=e)
+    assert from_dict(Measurement, to_dict(m)) == m
+    old = {"joules_per_call": 0.1, "avg_power_w": 700.0, "window_s": 1.5, "repeats": 3}
+    assert from_dict(Energy, old).spread is None and from_dict(Energy, old).windows == ()
+
+
+def test_recorded_run_logs_still_load():
+    from pathlib import Path
+
+    from pipeline.runlog import read_events
+    from pipeline.runstate import fold
+
+    for log in sorted((Path(__file__).parent / "fixtures" / "runs").glob("*/*/log.jsonl")):
+        state = fold(read_events(log))
+        assert state.baselines is not None and state.baselines.energy_eager is None  # older than the field
+        assert state.final is not None and state.final.evaluation.measurement.energy.spread is None  # type: ignore[union-attr]
+        assert len(state.at_speed()) == sum(p.status == Status.OK for p in state.points)
+
+
+def test_measure_energy_follows_the_repeat_rule_with_a_fake_counter(monkeypatch):
+    """The GPU path's glue on the CPU: NVML and CUDA replaced, the counter's deltas chosen per window."""
+    import sys
+    import time
+    import types
+
+    import torch
+
+    from pipeline import energy
+
+    deltas_mj = [100.0, 115.0, 100.0, 101.0, 100.0, 100.0, 99.0, 100.0]
+    reads = iter(x for d in deltas_mj for x in (0.0, d))  # each window reads the counter before and after
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(
+        NVMLError=RuntimeError, nvmlDeviceGetTotalEnergyConsumption=lambda h: next(reads)))  # fmt: skip
+    monkeypatch.setattr(energy, "nvml_handle", lambda d: "handle")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=1 << 20)
+    )
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        time.sleep(1e-4)
+        return x * 2
+
+    checked = []
+
+    def check(inputs: list, out: object) -> None:
+        assert torch.equal(out, inputs[0] * 2)  # type: ignore[arg-type]
+        checked.append(1)
+
+    e = energy.measure_energy(fn, lambda i: [torch.full((4,), float(i))], call_ms=0.1, window_s=0.01,
+                              repeats=3, max_repeats=8, target_spread=0.025, check=check, set_bytes=16,
+                              out_bytes=16)  # fmt: skip
+    n = 100  # calls per window: 10 ms of 0.1 ms calls
+    js = [d / 1e3 / n for d in deltas_mj]
+    want = next(k for k in range(3, 9) if (relative_spread(js[:k]) or 1) <= 0.025)
+    assert 3 < e.repeats == want < 8 and e.windows == pytest.approx(js[:want])
+    assert e.spread == pytest.approx(relative_spread(js[:want])) and e.checked_calls == len(checked) > 0
+    # A loop that runs far faster than its timed median did not do the work: rejected, not averaged.
+    reads = iter([0.0, 1.0] * 4)
+    with pytest.raises(LoopMismatch):
+        energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=50.0, window_s=0.01, repeats=2)

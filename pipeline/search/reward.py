@@ -15,6 +15,14 @@ watts = 4x EDP), so S = 8^2 keeps one kernel's reward on the same footing under 
 FLOOR keeps every correct candidate well clear of every failed one (10x slower: 0.14; 1000x: 0.051):
 a slow but correct kernel is a foothold to optimise from, a failure is not.
 MAX_RATIO bounds x so that tanh never rounds to +-1: rewards stay strictly inside their bands.
+
+Matched speed (`reward_at_speed`, used by the search loop). Under `energy` and `edp` a candidate whose
+median time is more than (1 + tolerance) times the fastest verified time so far (the reference's and its
+own included; tolerance 2% unless --speed-tolerance says otherwise) gets no energy credit: its reward is
+min(reward under the objective, reward under `time`). Going slower to draw less power then never pays,
+and a slow candidate keeps what its speed earns as a foothold, never more. Under `time` nothing changes.
+A reward is given once, against the fastest known when the candidate is scored; the run's final choice
+is made again over every measurement at the end (pipeline/search/matched.py, `choose`).
 """
 
 from __future__ import annotations
@@ -77,3 +85,26 @@ def reward(
     if x >= 0:
         return NEUTRAL + NEUTRAL * math.tanh(x)
     return FLOOR + (NEUTRAL - FLOOR) * (1.0 + math.tanh(x))
+
+
+def reward_at_speed(
+    status: Status,
+    time_ms: float | None,
+    joules_per_call: float | None,
+    baseline_ms: float | None,
+    baseline_joules: float | None,
+    objective: Objective | str,
+    fastest_ms: float | None,
+    tolerance: float,
+) -> float:
+    """The reward under the matched-speed rule (module docstring): the objective's reward at speed, capped
+    by the time reward when the candidate is more than `tolerance` slower than `fastest_ms`."""
+    objective = Objective(objective)
+    value = objective_value(objective, time_ms, joules_per_call)
+    base = objective_value(objective, baseline_ms, baseline_joules)
+    r = reward(status, value, base, objective)
+    if objective is Objective.TIME or time_ms is None or fastest_ms is None:
+        return r
+    if time_ms <= (1.0 + tolerance) * fastest_ms:
+        return r
+    return min(r, reward(status, time_ms, baseline_ms, Objective.TIME))
