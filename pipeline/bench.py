@@ -553,7 +553,7 @@ def load_rows(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def write_reports(out: Path) -> dict[str, Path]:
     """summary.json, report.md and report.html of a bench folder, from its manifest and rows alone."""
-    from pipeline import report
+    from pipeline import suite_report
 
     out = Path(out)
     manifest, rows = load_rows(out)
@@ -561,8 +561,8 @@ def write_reports(out: Path) -> dict[str, Path]:
     data = {"suite": manifest["suite"], "settings": manifest["settings"], "summary": s, "rows": rows}
     texts = {
         "json": json.dumps(data, indent=1, default=str) + "\n",
-        "markdown": report.bench_markdown(manifest, rows, s),
-        "html": report.bench_html(manifest, rows, s),
+        "markdown": suite_report.bench_markdown(manifest, rows, s),
+        "html": suite_report.bench_html(manifest, rows, s),
     }
     paths = {}
     for kind, text in texts.items():

@@ -542,14 +542,14 @@ def analyse(out: Path) -> dict[str, Any]:
 
 def write_reports(out: Path) -> dict[str, Path]:
     """summary.json, report.md and report.html of an experiment folder, from its benches alone."""
-    from pipeline import report
+    from pipeline import suite_report
 
     out = Path(out)
     data = analyse(out)
     texts = {
         "json": json.dumps(data, indent=1, default=str) + "\n",
-        "markdown": report.experiment_markdown(data),
-        "html": report.experiment_html(data),
+        "markdown": suite_report.experiment_markdown(data),
+        "html": suite_report.experiment_html(data),
     }
     paths = {}
     for kind, text in texts.items():

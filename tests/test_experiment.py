@@ -155,10 +155,10 @@ def test_the_reports_hold_the_comparison_and_the_curve(ran):
     assert html.count("<svg") == 1 and 'id="evaluations-to-best"' in html
     assert 'id="curve-search=mcts"' in html and 'id="curve-search=greedy"' in html
     assert "- memory:" not in md and "- objective:" not in md
-    from pipeline import report
+    from pipeline import suite_report
 
     data["cells"]["search=greedy"]["factors"].update(memory=True, objective="edp")
-    md = report.experiment_markdown(data)  # caveats said where a cell has them
+    md = suite_report.experiment_markdown(data)  # caveats said where a cell has them
     assert "- memory: the cells with memory on share" in md and "- objective: a cell that minimises" in md
 
 
