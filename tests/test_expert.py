@@ -889,6 +889,9 @@ def test_emulated_split_reductions_merge_partials(tmp_path):
     assert len(combines) == 5, launched  # row-family sum/argmax and col-family mean/amax/var all split
 
 
+MAX_EMULATED = 24
+
+
 @needs_gxx
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["norms", "reductions_last", "reductions_strided", "softmaxes", "fusions"])
@@ -897,4 +900,6 @@ def test_emulated_edits_match_the_reference(cases, name):
     policy, cands = ExpertPolicy(), []
     for first in policy.propose(ctx(path), 2):
         cands += [k.candidate for k in policy.propose(ctx(path, parent=first.candidate), 30)]
-    _emulate(path, cands, CASES[name][3])
+    # A task of many regions has many edits, each an emulator build: an even sample across them (every
+    # region's edits come in turn) keeps CI's time, and a fixed stride keeps it deterministic.
+    _emulate(path, cands[:: -(-len(cands) // MAX_EMULATED)], CASES[name][3])

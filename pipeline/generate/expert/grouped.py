@@ -135,7 +135,7 @@ def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any
             raise NotGrouped("a product's rows are not a slice of the tokens")
         if not (_is(sel, aten.select.int) and sel.args[1] == 0):
             raise NotGrouped("a product's weight is not one expert's slice w[e] of stacked weights")
-        start = int(a.args[2])
+        start = int(a.args[2] or 0) if len(a.args) > 2 else 0
         groups.append(Group(mm, int(sel.args[2]), start, start + int(a.meta["val"].shape[0])))
         operands.add((a.args[0], sel.args[0], k_major))
         loop_nodes.update((mm, a, b, sel))
