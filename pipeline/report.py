@@ -562,22 +562,23 @@ def _energy_rows(view: RunView) -> list[dict[str, Any]]:
     return rows
 
 
-def html_report(view: RunView, md: str) -> str:
+def template(name: str) -> Any:
+    """One of the reports' HTML templates (templates/): values escaped, every one required."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True),
+                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)  # fmt: skip
+    return env.get_template(name)
+
+
+def html_report(view: RunView, md: str) -> str:
     from markupsafe import Markup
 
-    env = Environment(
-        loader=FileSystemLoader(TEMPLATES),
-        autoescape=select_autoescape(default=True),
-        undefined=StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
     known, extra = _md_sections(md)
     sections = {k: Markup(known.get(k, "")) for k in ("summary", *_SECTIONS.values())}
     roof_svg, roof_note = roofline(view)
     statuses = {e.status.value for e in view.state.points} | {_status(n) for n in view.state.nodes.values()}
-    return env.get_template("report.html.j2").render(
+    return template("report.html.j2").render(
         run_id=view.run_id,
         sections=sections,
         extra_sections=[(t, Markup(h)) for t, h in extra],

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.report import RC, TEMPLATES, pyplot, svg
+from pipeline.report import RC, pyplot, svg, template
 
 KIND_COLOURS = {"custom": "#1565c0", "hybrid": "#ef6c00"}
 
@@ -140,16 +140,13 @@ def bench_distribution_svg(rows: list[dict[str, Any]]) -> str:
 
 def bench_html(manifest: dict[str, Any], rows: list[dict[str, Any]], s: dict[str, Any]) -> str:
     """The Markdown report as HTML (task names and errors escaped) with the two plots."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
     from markdown_it import MarkdownIt
     from markupsafe import Markup
 
     md = bench_markdown(manifest, rows, s)
     head, _, rest = md.partition("\n## Tasks\n")
     mdit = MarkdownIt("commonmark", {"html": False}).enable("table")
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True),
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)  # fmt: skip
-    return env.get_template("bench.html.j2").render(
+    return template("bench.html.j2").render(
         title=f"kernelpro bench: {Path(manifest['suite']).name or manifest['suite']}",
         summary=Markup(mdit.render("\n".join(head.splitlines()[1:]))),  # the title is the page's
         tasks=Markup(mdit.render("## Tasks\n" + rest)),
@@ -240,15 +237,12 @@ def experiment_curve_svg(data: dict[str, Any]) -> str:
 
 def experiment_html(data: dict[str, Any]) -> str:
     """The Markdown report as HTML (names escaped) with the evaluations-to-best plot."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
     from markdown_it import MarkdownIt
     from markupsafe import Markup
 
     md = experiment_markdown(data)
     mdit = MarkdownIt("commonmark", {"html": False}).enable("table")
-    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True),
-                      undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)  # fmt: skip
-    return env.get_template("experiment.html.j2").render(
+    return template("experiment.html.j2").render(
         title=f"kernelpro experiment: {data['name']}",
         body=Markup(mdit.render("\n".join(md.splitlines()[1:]))),  # the title is the page's
         curve_svg=Markup(experiment_curve_svg(data)),

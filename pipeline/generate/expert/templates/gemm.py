@@ -149,6 +149,16 @@ def code(r: Region, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, lines: list
     return Code(cuda, src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
 
 
+# The consumer warpgroups' start: their registers, the MMA slice and fragments over the stages, the accumulators.
+CONSUMER = r"""    cutlass::arch::warpgroup_reg_alloc<232>();
+    TiledMma mma;
+    auto thr = mma.get_slice(threadIdx.x - 128);
+    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemA{});
+    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemB{});
+    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
+    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+"""
 # The shared memory, this block's tile and batch: the start of every WGMMA kernel body here.
 SMEM = r"""    extern __shared__ char smem_raw[];
     // 1024-byte aligned by an offset from the shared array itself, so the compiler still knows the address
@@ -192,15 +202,9 @@ LOAD_B
         }
         return;
     }
-    cutlass::arch::warpgroup_reg_alloc<232>();
-    TiledMma mma;
-    auto thr = mma.get_slice(threadIdx.x - 128);
-    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemA{});
-    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemB{});
-    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
-    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
-    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
-    clear(acc);
+"""
+    + CONSUMER
+    + r"""    clear(acc);
     for (int kt = 0; kt < ktiles; ++kt) {
         const int st = kt % STAGES;
         Full::wait(&s.full[st], (kt / STAGES) & 1);

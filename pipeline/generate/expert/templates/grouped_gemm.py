@@ -135,7 +135,8 @@ _LOAD_B = {
     "                                       n_blk * BN + 64 * i, kt * BK, group);",
 }
 # The persistent body up to the stores: the group table, then tiles in turn, the ring running on across them.
-_BODY = r"""    extern __shared__ char smem_raw[];
+_BODY = (
+    r"""    extern __shared__ char smem_raw[];
     Smem& s = *reinterpret_cast<Smem*>(smem_raw + ((1024 - (unsigned)(__cvta_generic_to_shared(smem_raw) & 1023)) & 1023));
     const int wg = threadIdx.x / 128;
     const int ktiles = (K + BK - 1) / BK;
@@ -200,15 +201,9 @@ LOAD_B
         }
         return;
     }
-    cutlass::arch::warpgroup_reg_alloc<232>();
-    TiledMma mma;
-    auto thr = mma.get_slice(threadIdx.x - 128);
-    Tensor sA = make_tensor(make_smem_ptr(s.a), SmemA{});
-    Tensor sB = make_tensor(make_smem_ptr(s.b), SmemB{});
-    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
-    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
-    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
-    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+"""
+    + gemm.CONSUMER
+    + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned
     int it = 0;
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
@@ -232,6 +227,7 @@ LOAD_B
         if (threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);  // the tile's last stage
         const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * TN;
         const long long r0 = row0;  // the group's first row of the output (and of row operands)"""
+)
 
 
 def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
