@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.tasks import load_module, probe  # noqa: E402
 from pipeline.types import Status, speedup  # noqa: E402
+from pipeline.verify import make_inputs  # noqa: E402
 
 TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*_fc*.py"))  # the grouped GEMMs
 
@@ -113,8 +115,8 @@ def time_libraries(path: Path, flops: float) -> dict[str, dict]:
     with torch.device("cuda"):
         model = module.Model(*module.get_init_inputs())
 
-    def inputs_for(call: int) -> list:
-        return [x.cuda() for x in module.get_inputs()]
+    def inputs_for(call: int) -> list:  # drawn on the GPU: a host-side draw of 10^8 bf16 values takes seconds
+        return make_inputs(module, call, torch.device("cuda"))
 
     rows = {}
     for name, fn in libraries(module, model).items():
@@ -126,6 +128,10 @@ def time_libraries(path: Path, flops: float) -> dict[str, dict]:
             t = time_cuda(fn, inputs_for, trials=50, budget_s=3.0, warmup=3)
         rows[name] = {"ms": t.median_ms, "tflops": flops / t.median_ms / 1e9, "rel_err": err}
     return rows
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main() -> int:
@@ -143,10 +149,14 @@ def main() -> int:
         for name in args.tasks.split(","):
             path = ROOT / "tasks" / "moe" / f"{name}.py"
             flops = probe(path).flops
+            t0 = time.monotonic()
             cands = candidates(path)
+            say(f"{name}: {len(cands)} candidates in {time.monotonic() - t0:.0f} s")
             rows: dict[str, dict] = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
-            for _ in range(args.repeat):
-                for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
+            for i in range(args.repeat):
+                evaluated = stages.evaluate_candidates(path, cands, cfg, pool=pool)
+                say(f"{name}: evaluation {i + 1} of {args.repeat} done at {time.monotonic() - t0:.0f} s")
+                for c, r in zip(cands, evaluated, strict=True):
                     row = rows[c.edit]
                     row["status"] = r.verdict.status.value
                     m = r.measurement
@@ -156,6 +166,7 @@ def main() -> int:
                     row["ours_ms"].append(m.timing.median_ms)
                     row["eager_ms"].append(m.baselines["eager"].median_ms)
             libs = time_libraries(path, flops)
+            say(f"{name}: libraries timed at {time.monotonic() - t0:.0f} s")
             for row in rows.values():
                 if row["ours_ms"]:
                     best = min(row["ours_ms"])

@@ -16,14 +16,19 @@ from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, supports
 from pipeline.generate.expert.graph import CaptureError
+from pipeline.static_check import check_launcher
 from pipeline.tasks import TaskError, load_module, probe
-from pipeline.types import Status
+from pipeline.types import Kind, Status
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\nE, K, N = 6, 64, 48\n\n"
 COUNTS = "torch.tensor([5, 0, 17, 3, 0, 11])"
 INPUTS = f"\n\ndef get_inputs():\n    c = {COUNTS}\n    return [torch.randn(int(c.sum()), K, dtype=DT), c]\n"
 INPUTS_OFFS = f"\n\ndef get_inputs():\n    c = {COUNTS}.cumsum(0)\n    return [torch.randn(int(c[-1]), K, dtype=DT), c]\n"
+INPUTS_BOUNDS = (
+    f"\n\ndef get_inputs():\n    c = torch.cat((torch.zeros(1, dtype=torch.int64), {COUNTS}.cumsum(0)))\n"
+    "    return [torch.randn(int(c[-1]), K, dtype=DT), c]\n"
+)
 INIT = "\n\ndef get_init_inputs():\n    return []\n"
 
 
@@ -72,7 +77,21 @@ LOOPS = {  # name -> (weights, forward, inputs): tokens sorted by expert, rows g
                 out[s : ends[e]] = F.gelu(x[s : ends[e]] @ self.w[e])
         return out
 """, INPUTS_OFFS),
+    "bounds_from_zero": (W_KN, """    def forward(self, x, bounds):
+        out = x.new_empty(x.shape[0], N)
+        b = bounds.tolist()
+        for e in range(E):
+            if b[e + 1] > b[e]:
+                out[b[e] : b[e + 1]] = x[b[e] : b[e + 1]] @ self.w[e] + 1
+        return out
+""", INPUTS_BOUNDS),
 }  # fmt: skip
+# How the kernel reads expert e's rows from the routing it is given (no cumsum or int32 copy of its own)
+READS = {
+    "swiglu_skip_idle": "(int)offs[e]",
+    "offsets": "(int)(offs[e] - (e ? offs[e - 1] : 0))",
+    "bounds_from_zero": "(int)(offs[e + 1] - offs[e])",
+}
 INPUTS_P = INPUTS.replace("dtype=DT), c]", "dtype=DT), c, torch.rand(int(c.sum()), 1, dtype=DT)]")
 REFUSED = {  # name -> (forward, inputs, what the reason says)
     "different_ops_per_expert": ("""    def forward(self, x, counts):
@@ -119,7 +138,8 @@ def _loop(folder: Path, name: str, dt: str = "bfloat16") -> Path:
 def test_a_loop_over_experts_is_captured_as_one_grouped_gemm(tmp_path, name):
     g = capture(_loop(tmp_path, name))
     ops = [n.op for n in g.nodes]
-    assert ops.count("_grouped_mm") == 1 and "mm" not in ops and "slice" not in ops, ops
+    slices = 1 if name == "bounds_from_zero" else 0  # the ends after the leading zero; no expert's slice
+    assert ops.count("_grouped_mm") == 1 and "mm" not in ops and ops.count("slice") == slices, ops
     assert any("grouped GEMM" in note for note in g.notes)
     assert [s.key for s in g.state] == ["w"]
     ok, why = supports(_loop(tmp_path, name))
@@ -159,6 +179,11 @@ def test_emulated_candidates_match_the_loop_under_any_routing(tmp_path, name):
     cands = [p.candidate for p in props if p.candidate]
     ours = [c for c in cands if "wgmma_grouped" in c.source.splitlines()[0]]
     assert ours and all("torch._grouped_mm(" not in c.launcher for c in ours)  # the tuned plan: our kernel
+    for c in ours:  # the routing read as it is given: no torch op left (a cumsum, an int32 copy)
+        report = check_launcher(c.launcher)
+        assert report.ok and report.kind is Kind.CUSTOM, (report.library_ops, report.violations)
+        if name in READS:
+            assert f"rows = max({READS[name]}, 0);" in c.source
     library = [c for c in cands if c not in ours]  # WGMMA cannot run on the emulator: the GPU tests run ours
     if name == "plain_every_expert":  # nothing around the grouped GEMM: the plain plan would be torch alone
         assert not library
@@ -170,7 +195,10 @@ def test_emulated_candidates_match_the_loop_under_any_routing(tmp_path, name):
         model.load_state_dict(ref.state_dict())
         for counts in _routings(40):
             x = torch.randn(int(counts.sum()), 64, dtype=torch.bfloat16)
-            arg = counts.cumsum(0) if name == "offsets" else counts
+            arg = {
+                "offsets": counts.cumsum(0),
+                "bounds_from_zero": torch.cat((torch.zeros(1, dtype=torch.int64), counts.cumsum(0))),
+            }.get(name, counts)
             want, got = ref(x, arg), model(x, arg)
             assert got.shape == want.shape and got.dtype == want.dtype
             torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=cand.edit)

@@ -14,8 +14,9 @@ from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy
+from pipeline.static_check import check_launcher
 from pipeline.tasks import load_module, probe
-from pipeline.types import Status
+from pipeline.types import Kind, Status
 
 CASES = {  # name -> (module, what forward returns of y, input shape): 2-3 rows of 16K-40K columns
     "layer_norm_relu": ("nn.LayerNorm((16, 33, 31))", "torch.relu(y)", "3, 16, 33, 31"),
@@ -51,6 +52,8 @@ def test_few_long_rows_are_split_across_blocks_and_match_pytorch(tmp_path, name)
     t = probe(path)
     tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
     assert '"splits":1' in tuned.source.splitlines()[0]
+    report = check_launcher(tuned.launcher)  # every launch resolved by name: our kernels only
+    assert report.ok and report.kind == Kind.CUSTOM, (report.library_ops, report.violations)
     kernels = build(tuned.source, tmp_path)
     model = load_model(tuned.launcher, kernels, sms=4)()  # 4 SMs, 2-3 rows: too few, so split
     model.load_state_dict(ref.state_dict())

@@ -1,8 +1,9 @@
 """Grouped GEMMs for MoE experts (torch._grouped_mm, or a loop over experts that grouped.py captured as one) on
 our persistent Hopper kernel (templates/grouped_gemm.py): every expert's rows times its weight in one launch,
-groups from device-side offsets, the elementwise region after it fused on its stores. The plain plan leaves
-the grouped GEMM to torch._grouped_mm; the tuned one takes it (gemm_kit.py: the same plans and edits as a
-GEMM: tile width, ring stages, the fused epilogue).
+groups read on the device from the routing as it comes (counts or offsets: no cumsum or int32 copy apart),
+the elementwise region after it fused on its stores. The plain plan leaves the grouped GEMM to
+torch._grouped_mm; the tuned one takes it (gemm_kit.py: the same plans and edits as a GEMM: tile width,
+ring stages, the fused epilogue).
 
 A gated epilogue is fused too: the output split in two halves along N, an elementwise chain of both
 (SwiGLU: silu(gate) * up, GeGLU...). Each tile then computes the gate and the up columns of the same
@@ -17,11 +18,11 @@ from typing import ClassVar
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import gemm_kit
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
-from pipeline.generate.expert.graph import Ref
+from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import grouped_gemm
 from pipeline.generate.expert.templates.gemm import GemmEpilogue
-from pipeline.generate.expert.templates.grouped_gemm import GroupedForm
+from pipeline.generate.expert.templates.grouped_gemm import GroupedForm, Groups
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,29 @@ def form(r: Region, low: Lowered) -> GroupedForm | str:
     # a transposed (E, N, K) stack is read K-major as it lies; anything else is read as (E, K, N) rows
     src = low.by_name.get(w.args[0].name) if w.op == "transpose" and isinstance(w.args[0], Ref) else None
     k_major = src is not None and sorted(a % 3 for a in w.args[1:3]) == [1, 2]
-    return GroupedForm("K" if k_major else "MN", experts)
+    return GroupedForm("K" if k_major else "MN", experts, groups(offs, low))
+
+
+_INTS = ("int32", "int64")
+
+
+def groups(offs: Node, low: Lowered) -> Groups:
+    """The routing the offsets were made from, read by the kernel instead: int32 ends of `counts.cumsum(0)`
+    (or of offsets, with or without a leading zero) are the counts (the offsets) themselves."""
+    n = offs
+    if n.op in ("_to_copy", "to") and set(dict(n.kwargs)) <= {"dtype"} and isinstance(n.args[0], Ref):
+        src = low.by_name[n.args[0].name]
+        if src.dtype in _INTS and src.shape == n.shape:
+            n = src
+    c = low.by_name[n.args[0].name] if n.args and isinstance(n.args[0], Ref) else None
+    if c is not None and c.dtype in _INTS and len(c.shape or ()) == 1:
+        if n.op == "cumsum" and n.args[1:2] in ((0,), (-1,)) and n.kw("dtype") is None and c.shape == n.shape:
+            return Groups(c.name, c.dtype, counts=True)
+        end = n.args[3] if len(n.args) > 3 else None
+        whole = (end is None or end >= c.shape[0]) and c.shape[0] == (n.shape or (0,))[0] + 1
+        if n.op == "slice" and n.args[1:3] in ((0, 1), (-1, 1)) and n.args[4:] in ((), (1,)) and whole:
+            return Groups(c.name, c.dtype, skip=1)
+    return Groups(n.name, n.dtype or "int32") if n.dtype in _INTS else Groups(offs.name, "int32")
 
 
 def epilogue(host: Region, low: Lowered) -> GemmEpilogue | None:

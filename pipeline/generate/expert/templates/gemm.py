@@ -364,6 +364,24 @@ def boxes(f: Form, rp: GemmPlan, dt: str) -> Boxes:
     return Boxes((BM, BK), b, 8, _GATHER[dt], "WGMMA kernel")
 
 
+def tma_ready(gather: str) -> list[str]:
+    """A launcher's nested helper: t contiguous on a 16-byte aligned base, as TMA needs; else our gather
+    kernel copies it (not torch: the candidate stays our kernels only)."""
+    return [
+        "    def tma_ready(t):  # contiguous on a 16-byte aligned base, as TMA needs: else our gather copies it",
+        "        t = _contig(t)",
+        "        if t.data_ptr() % 16 == 0 or t.numel() == 0:",
+        "            return t",
+        "        c = torch.empty(t.shape, dtype=t.dtype, device=t.device)",
+        "        pad = 8 - t.dim()",
+        "        args = (t, c, numpy.int64(t.numel()), numpy.int32(t.dim()),",
+        "                *(numpy.int64(v) for v in (*t.shape, *[1] * pad, *t.stride(), *[0] * pad)))",
+        f"        kernels.kp_gather_{gather}((max(1, min(-(-t.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
+        "  # noqa: F821",
+        "        return c",
+    ]
+
+
 def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
               names: list[str], sig: Signature, bx: Boxes) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
@@ -373,17 +391,7 @@ def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: in
         f'    """{what}{" and the fused epilogue" if epi else ""}: our {bx.kind} (TMA, 128 x {rp.bn} tiles, '
         f'{rp.stages} stages)."""',
         "",
-        "    def tma_ready(t):  # contiguous on a 16-byte aligned base, as TMA needs: else our gather copies it",
-        "        t = _contig(t)",
-        "        if t.data_ptr() % 16 == 0 or t.numel() == 0:",
-        "            return t",
-        "        c = torch.empty(t.shape, dtype=t.dtype, device=t.device)",
-        "        pad = 8 - t.dim()",
-        "        args = (t, c, numpy.int64(t.numel()), numpy.int32(t.dim()),",
-        "                *(numpy.int64(v) for v in (*t.shape, *[1] * pad, *t.stride(), *[0] * pad)))",
-        f"        kernels.kp_gather_{bx.gather}((max(1, min(-(-t.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
-        "  # noqa: F821",
-        "        return c",
+        *tma_ready(bx.gather),
         "",
         "    k = x.shape[-1]",
         "    lead = tuple(x.shape[:-1])",

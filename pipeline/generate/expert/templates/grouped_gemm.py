@@ -1,12 +1,13 @@
 """Our persistent grouped GEMM for MoE experts on Hopper: out[rows of e] = epilogue(x[rows of e] @ w[e]) for every
-expert e in one launch, the groups given by device-side offsets (no host sync, no launch per expert).
+expert e in one launch, the groups read on the device (no host sync, no launch per expert).
 
-x is (M, K) with the tokens sorted by expert; offs[e] is the end of expert e's rows (int32, on the device);
+x is (M, K) with the tokens sorted by expert; the groups are read from the device as the routing gives them
+(tokens per expert, or the end of each expert's rows, int32 or int64);
 w is (E, K, N) ("MN-major", rows of N) or the transpose of an (E, N, K) stack ("K-major"). bf16 operands,
 fp32 accumulators, 128 x BN tiles. The same pipeline as templates/gemm.py (one producer warpgroup issuing
 TMA loads into a ring of stages, two consumer warpgroups on WGMMA), made persistent:
-- one block per SM; each first turns the offsets into the first tile of every group (a table in shared
-  memory: ceil(rows / 128) row tiles per expert, times the column tiles), then walks tiles
+- one block per SM; each first turns the groups into two tables in shared memory, the end of every group's
+  rows and its first tile (ceil(rows / 128) row tiles per expert, times the column tiles), then walks tiles
   blockIdx.x, blockIdx.x + gridDim.x, ... over all groups: an idle expert has no tile, a crowded one many,
   so skewed routing balances by itself;
 - a tile's group is found by binary search in the table; its rows start at the group's first row, so a
@@ -34,19 +35,44 @@ DTYPES = ("bfloat16",)  # what torch._grouped_mm, the library it stands in for, 
 
 
 @dataclass(frozen=True)
+class Groups:
+    """What the kernel reads to find the groups: the routing itself, so the offsets torch._grouped_mm wants
+    (a cumsum, an int32 copy) are never computed apart: each block's scan builds them in shared memory."""
+
+    value: str  # the graph value read
+    dtype: str  # int32 or int64
+    counts: bool = False  # rows per expert (else the end of each expert's rows)
+    skip: int = 0  # 1: ends after a leading zero (E + 1 entries)
+
+
+@dataclass(frozen=True)
 class GroupedForm:
     b_major: str  # "MN": w is (E, K, N); "K": w is the transpose of an (E, N, K) stack
     experts: int
+    groups: Groups | None = None  # None: the int32 ends given to torch._grouped_mm, read as they are
     batched: bool = False  # gemm.Form's field, read by its helpers: a grouped GEMM is one problem
+
+
+def _tables(experts: int) -> int:
+    return 4 * (2 * experts + 1)  # first_tile and row_end
 
 
 def max_stages(bn: int, experts: int) -> int:
     stage = (BM + bn) * BK * 2
-    return max(2, (gemm.SMEM_LIMIT - 2048 - 4 * (experts + 1)) // stage)
+    return max(2, (gemm.SMEM_LIMIT - 2048 - _tables(experts)) // stage)
 
 
 def smem_bytes(bn: int, stages: int, experts: int) -> int:
-    return gemm.smem_bytes(bn, stages) + 4 * (experts + 1)
+    return gemm.smem_bytes(bn, stages) + _tables(experts)
+
+
+def _rows_of(g: Groups) -> str:
+    """C++ for expert e's row count, read from the groups array `offs`."""
+    if g.counts:
+        return "(int)offs[e]"
+    if g.skip:  # ends after a leading zero: expert e's rows run from offs[e] to offs[e + 1]
+        return "(int)(offs[e + 1] - offs[e])"
+    return "(int)(offs[e] - (e ? offs[e - 1] : 0))"
 
 
 def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
@@ -56,6 +82,7 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     b = gemm.blocks(rp, dt, f, hunter)  # type: ignore[arg-type]
     smem = smem_bytes(rp.bn, rp.stages, f.experts)
     out_dt = epi.out_dtype if epi else dt
+    groups = f.groups or Groups(r.node.args[2].name, "int32")
     gated = epi is not None and bool(epi.up)
     lines = [
         *gemm.preamble(rid, b),
@@ -74,45 +101,46 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         "    uint64_t full[STAGES];",
         "    uint64_t empty[STAGES];",
         "    int first_tile[GROUPS + 1];  // group e's tiles are [first_tile[e], first_tile[e + 1])",
+        "    int row_end[GROUPS];  // group e's rows are [row_end[e - 1], row_end[e])",
         "};",
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
     ]
-    sig = signature(epi, out_dt)
+    sig = signature(epi, out_dt, groups)
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
-        _BODY.replace("LOAD_B", (_GATED_B if gated else _LOAD_B)[f.b_major]).replace(
-            "TMA_COPY", b["tma"].name
-        ),
+        _BODY.replace("LOAD_B", (_GATED_B if gated else _LOAD_B)[f.b_major])
+        .replace("TMA_COPY", b["tma"].name)
+        .replace("ROWS_OF_E", _rows_of(groups)),
         *("    " + ln for ln in gemm.store(epi, out_dt)),
         "    }",
         "}",
     ]
-    a, w, offs = r.node.args[:3]
+    a, w = r.node.args[:2]
     ops_ = epi.operands if epi else ()
     inputs = [
         ("x", a.name),
         ("w", w.name),
-        ("offs", offs.name),
+        ("offs", groups.value),
         *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_)),
     ]
-    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, gated)
+    src = launcher(rid, f, groups, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, gated)
     outs = (epi.out,) if epi else r.outputs
     return Code(
         "\n".join(lines) + "\n", src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs
     )
 
 
-def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
+def signature(epi: GemmEpilogue | None, out_dt: str, groups: Groups) -> Signature:
     tmap = "const __grid_constant__ CUtensorMap"
     ops_ = epi.operands if epi else ()
     return Signature((
         Param("tma_a", tmap, "ta"), Param("tma_b", tmap, "tb"), ptr("out", ctype(out_dt), const=False),
-        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), ptr("offs", "int"),
+        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), ptr("offs", ctype(groups.dtype)),
         i32("M_all", "m"), i32("N", "n"), i32("K", "k"),
     ))  # fmt: skip
 
@@ -141,22 +169,23 @@ _BODY = (
     const int wg = threadIdx.x / 128;
     const int ktiles = (K + BK - 1) / BK;
     const int nt = (N + TN - 1) / TN;
-    if (threadIdx.x < 32) {  // warp 0: the group table, 32 experts a step (an inclusive scan of tile counts)
-        int carry = 0;
+    if (threadIdx.x < 32) {  // warp 0: the group tables, 32 experts a step (inclusive scans of tiles and rows)
+        int carry = 0, row_carry = 0;
         if (threadIdx.x == 0) s.first_tile[0] = 0;
         for (int e0 = 0; e0 < GROUPS; e0 += 32) {
             const int e = e0 + threadIdx.x;
-            int tiles = 0;
+            int tiles = 0, rows = 0;
             if (e < GROUPS) {
-                const int rows = offs[e] - (e ? offs[e - 1] : 0);
+                rows = max(ROWS_OF_E, 0);
                 tiles = rows > 0 ? ((rows + BM - 1) / BM) * nt : 0;
             }
             for (int d = 1; d < 32; d *= 2) {
-                const int v = __shfl_up_sync(0xffffffffu, tiles, d);
-                if (threadIdx.x >= d) tiles += v;
+                const int v = __shfl_up_sync(0xffffffffu, tiles, d), w = __shfl_up_sync(0xffffffffu, rows, d);
+                if (threadIdx.x >= d) tiles += v, rows += w;
             }
-            if (e < GROUPS) s.first_tile[e + 1] = carry + tiles;
+            if (e < GROUPS) s.first_tile[e + 1] = carry + tiles, s.row_end[e] = row_carry + rows;
             carry += __shfl_sync(0xffffffffu, tiles, 31);
+            row_carry += __shfl_sync(0xffffffffu, rows, 31);
         }
     }
     if (threadIdx.x == 0) {
@@ -177,8 +206,8 @@ _BODY = (
             if (s.first_tile[mid] <= tile) lo = mid; else hi = mid;
         }
         group = lo;
-        row0 = group ? offs[group - 1] : 0;
-        rows = offs[group] - row0;
+        row0 = group ? s.row_end[group - 1] : 0;
+        rows = s.row_end[group] - row0;
         const int mt = (rows + BM - 1) / BM, local = tile - s.first_tile[group];
         m_blk = local % mt;
         n_blk = local / mt;
@@ -230,8 +259,8 @@ LOAD_B
 )
 
 
-def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
-             names: list[str], sig: Signature, gated: bool) -> str:  # fmt: skip
+def launcher(rid: str, f: GroupedForm, groups: Groups, epi: GemmEpilogue | None, rp: GemmPlan, smem: int,
+             out_dt: str, names: list[str], sig: Signature, gated: bool) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
     b = "w.transpose(-1, -2)" if f.b_major == "K" else "w"
     tn = rp.bn // 2 if gated else rp.bn
@@ -245,11 +274,17 @@ def launcher(rid: str, f: GroupedForm, epi: GemmEpilogue | None, rp: GemmPlan, s
         f"    if k % 8 or n % 8 or w.shape[0] != {f.experts}:",
         "        raise ValueError(f'kernelpro expert: our grouped WGMMA kernel needs 16-byte rows (K and N "
         f"multiples of 8) and {f.experts} experts, not K={{k}}, N={{n}}, {{w.shape[0]}} experts')",
-        "    a = _contig(x)",
-        f"    b = _contig({b})",
-        "    if a.data_ptr() % 16 or b.data_ptr() % 16:",
-        "        a, b = a.clone(), b.clone()  # TMA reads from 16-byte aligned bases",
-        "    offs = _contig(offs.to(torch.int32))",
+        "",
+        *gemm.tma_ready("bf16"),
+        "",
+        "    a = tma_ready(x)",
+        f"    b = tma_ready({b})",
+        f"    if offs.dim() != 1 or offs.shape[0] != {f.experts + groups.skip} or offs.dtype != "
+        f"{torch_dtype(groups.dtype)}:",
+        f"        raise ValueError(f'kernelpro expert: the grouped kernel reads {f.experts + groups.skip} "
+        f"{groups.dtype} {'counts' if groups.counts else 'offsets'}, not {{offs.dtype}} of shape "
+        "{tuple(offs.shape)}')",
+        "    offs = _contig(offs)",
         f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
     lines += gemm.operand_lines(ops_, "m", "m")

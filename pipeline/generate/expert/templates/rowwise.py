@@ -528,10 +528,16 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             "        ws = torch.empty((splits * rows * 2,), dtype=torch.int64, device=x.device)  # 16-byte partials",
             f"        v = {rp.vec} if _aligned((x, y), {rp.vec}) else 1",
             f"        sargs = ({ssig.args()},)",
-            f"        part, apply = (kernels.kp_{region.rid}_part_v{rp.vec}, kernels.kp_{region.rid}_apply_v{rp.vec}) "
-            f"if v > 1 else (kernels.kp_{region.rid}_part_v1, kernels.kp_{region.rid}_apply_v1)  # noqa: F821",
-            "        part((blocks, splits), (block,), sargs, shared_mem=smem)",
-            "        apply((blocks, splits), (block,), sargs, shared_mem=smem)",
+            # direct calls, not kernels held in variables: the static check resolves each launch by name
+            *(
+                f"        {head}\n"
+                + "".join(
+                    f"            kernels.kp_{region.rid}_{part}_v{w}((blocks, splits), (block,), sargs, "
+                    "shared_mem=smem)  # noqa: F821\n"
+                    for part in ("part", "apply")
+                ).rstrip("\n")
+                for head, w in (("if v > 1:", rp.vec), ("else:", 1))
+            ),
             f"        return {ret}",
         ]
     if combine:
