@@ -64,10 +64,11 @@ def libraries(module, model) -> dict[str, Callable]:
         gate, up = h.chunk(2, dim=-1)
         return F.silu(gate) * up
 
-    k_major = w.shape[1] != w.shape[2] and w.shape[2] == model_width(module)  # dgrad: w[e] read transposed
+    def k_major(x) -> bool:  # dgrad: w[e] is (N, K), read transposed
+        return w.shape[1] != w.shape[2] and w.shape[2] == x.shape[-1]
 
     def grouped_mm(x, counts):
-        b = w.transpose(-2, -1) if k_major else w
+        b = w.transpose(-2, -1) if k_major(x) else w
         return epilogue(torch._grouped_mm(x, b, offs=counts.cumsum(0).to(torch.int32)))
 
     out = {"torch._grouped_mm": grouped_mm}
@@ -77,18 +78,10 @@ def libraries(module, model) -> dict[str, Callable]:
 
         def triton_group_gemm(x, counts):
             ends = counts.cumsum(0).to(torch.int32)
-            return epilogue(veomni(x, wc, ends, int(counts.max()), transpose_b=k_major))
+            return epilogue(veomni(x, wc, ends, int(counts.max()), transpose_b=k_major(x)))
 
         out["veomni triton"] = triton_group_gemm
     return out
-
-
-def model_width(module) -> int:
-    """The width of the rows the task's first input holds (K of the grouped product)."""
-    import torch
-
-    with torch.device("meta"):
-        return int(module.get_inputs()[0].shape[-1])
 
 
 def _veomni():

@@ -269,3 +269,24 @@ def test_the_whole_block_is_refused_plainly_on_the_cpu():
     assert not ok and "not a loop over experts either" in why, why
     with pytest.raises(TaskError, match="a GPU would run it for real"):
         probe(path)
+
+
+def test_the_benchmarks_library_baselines_compute_what_the_loop_does(tmp_path):
+    """bench_moe's torch._grouped_mm baseline (the one the targets are measured against) on the CPU, for an
+    MN-major and a K-major stack: the same outputs as the reference loop."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_moe
+
+    for name in ("plain_every_expert", "k_major_then_scaled"):
+        module = load_module(_loop(tmp_path, name))
+        torch.manual_seed(0)
+        model = module.Model()
+        x, counts = module.get_inputs()
+        fn = bench_moe.libraries(module, model)["torch._grouped_mm"]
+        want = model(x, counts)
+        got = fn(x, counts)
+        if name == "k_major_then_scaled":  # the product alone: the loop's relu and scale follow it
+            got = torch.relu(got) * 0.5
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
