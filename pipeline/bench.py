@@ -39,7 +39,7 @@ REPORTS = {"json": "summary.json", "markdown": "report.md", "html": "report.html
 DEFAULTS: dict[str, Any] = {"evals": 12, "policy": "expert", "search": "mcts"}
 # Settings a bench records only when given (an experiment's cells): benches made without them keep the
 # manifest they always had, and run with the config's own values.
-OPTIONAL = ("seed", "feedback", "objective", "memory")
+OPTIONAL = ("seed", "feedback", "objective", "memory", "memory_collection")
 
 
 class BenchError(ValueError):
@@ -370,7 +370,7 @@ def bench_config(cfg: Config, out: Path, manifest: dict[str, Any]) -> Config:
         policy=s["policy"],
         search=s["search"],
         memory=bool(s.get("memory", False)),
-        **{k: s[k] for k in ("seed", "feedback", "objective") if s.get(k) is not None},
+        **{k: s[k] for k in ("seed", "feedback", "objective", "memory_collection") if s.get(k) is not None},
     )
 
 

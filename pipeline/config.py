@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,7 @@ class Config:
     repair_rounds: int = 2  # per failed child: compile errors and mismatches handed back with the errors
     feedback: str = "advice"  # advice | json | raw | none: what the policy sees of the profile (ablations)
     memory: bool = True  # lessons across runs, in Chroma
+    memory_collection: str = "kernelpro-memory"  # an experiment gives each cell and seed its own
     # LLM endpoint (any OpenAI-compatible server); the key never reaches a worker or a log
     llm_base_url: str | None = None
     llm_api_key: str | None = None
@@ -207,6 +209,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sandbox_layers": SANDBOX_LAYERS,
     "sandbox_ncu_layers": SANDBOX_LAYERS,
 }
+_COLLECTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]")  # what Chroma accepts
 _FOLDERS = ("home", "runs_dir")  # chroma_path: index/store.py says it, as a StoreError, where it is opened
 
 
@@ -237,6 +240,11 @@ def validate(cfg: Config) -> Config:
         bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in allowed]
         if bad:
             problems.append(f"{name} = {bad[0]!r} is not one of {', '.join(allowed)}")
+    if not _COLLECTION.fullmatch(cfg.memory_collection):
+        problems.append(
+            f"memory_collection = {cfg.memory_collection!r} is not a collection name: 3 to 63 letters, digits, "
+            "'.', '_' or '-', starting and ending with a letter or digit"
+        )
     for name in _FOLDERS:
         path = Path(getattr(cfg, name))
         if path.exists() and not path.is_dir():

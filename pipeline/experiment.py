@@ -27,6 +27,7 @@ ties. Tasks are the unit (seeds are repeated measures of one task), so n is the 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import itertools
 import json
 import math
@@ -87,11 +88,17 @@ class Cell:
     name: str
     factors: dict[str, Any]  # every factor, defaults filled in
 
-    def settings(self, evals: int, seed: int) -> dict[str, Any]:
-        """The bench settings of this cell for one seed (corpus is not one: see RUNNABLE_CORPORA)."""
+    def settings(self, evals: int, seed: int, experiment: str = "") -> dict[str, Any]:
+        """The bench settings of this cell for one seed (corpus is not one: see RUNNABLE_CORPORA). A memory
+        cell learns in a lesson store of its own for each seed, empty when it starts: lessons of another
+        cell, seed or experiment would make the cells' outcomes depend on the order they ran in."""
         f = self.factors
-        return {"evals": evals, "policy": f["policy"], "search": f["search"], "seed": seed,
-                "feedback": f["feedback"], "objective": f["objective"], "memory": f["memory"]}  # fmt: skip
+        out = {"evals": evals, "policy": f["policy"], "search": f["search"], "seed": seed,
+               "feedback": f["feedback"], "objective": f["objective"], "memory": f["memory"]}  # fmt: skip
+        if f["memory"]:
+            digest = hashlib.sha1(f"{experiment}/{self.name}/{seed}".encode()).hexdigest()[:16]
+            out["memory_collection"] = f"kernelpro-memory-{digest}"
+        return out
 
 
 @dataclass(frozen=True)
@@ -357,7 +364,7 @@ def run_experiment(out: Path, exp: Experiment, suite: bench.Suite, cfg: Config, 
         if progress:
             progress(i, len(pairs), f"{cell.name} seed {seed}")
         try:
-            manifest = bench.open_bench(folder, suite, cell.settings(exp.evals, seed), resume=True)
+            manifest = bench.open_bench(folder, suite, cell.settings(exp.evals, seed, exp.name), resume=True)
             result = bench.run_bench(
                 folder, suite, cfg, manifest, replay=replay, progress=task_progress,
                 on_row=(lambda row, c=cell.name, s=seed: on_row(c, s, row)) if on_row else None,

@@ -292,7 +292,10 @@ class _Run:
     def _context(self, nid: int) -> Context:
         node = self.nodes[nid]
         prof = node.profile
-        findings = tuple(prof.findings) if prof else ()
+        # The findings are the tools' reading of the counters: under "raw" and "none" no policy gets them
+        # (the expert then picks its edits blind, in an order drawn from the run's seed).
+        sees = self.cfg.feedback in ("advice", "json")
+        findings = tuple(prof.findings) if prof and sees else ()
         bound = prof.bound if prof else ""
         best = self.search.best()
         blocks: tuple[Any, ...] = ()
@@ -324,7 +327,7 @@ class _Run:
             siblings=tuple(o for c in self.search.children(nid) if (o := self._outcome(c)) is not None),
             best=self._outcome(best) if best not in (None, ROOT) else None,
             arch=resolve_arch(self.cfg),  # what the candidates are compiled for (the GPU's, with "auto")
-            extra={"evidence": evidence},
+            extra={"evidence": evidence} if sees else {"evidence": evidence, "blind_seed": self.cfg.seed},
         )
 
     def _lesson(self, nid: int) -> None:
@@ -683,4 +686,4 @@ def _open_memory(cfg: Config) -> Any:
         return None
     from pipeline.memory import Memory
 
-    return Memory(cfg)
+    return Memory(cfg, cfg.memory_collection)

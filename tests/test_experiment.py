@@ -405,3 +405,29 @@ def test_ctrl_c_says_how_to_go_on(tmp_path, monkeypatch):
     assert res.exit_code == 130, res.output
     assert f"--out {out} --resume --replay {RECORDED}" in res.stderr and "Traceback" not in res.output
     assert not (ex.cell_folder(out, "search=mcts", 0) / bench.STORE).exists()
+
+
+def test_each_memory_cell_and_seed_learns_in_a_store_of_its_own(tmp_path):
+    """Lessons of one cell or seed must not reach another: each memory run gets its own collection, empty at
+    its start, and the machine's default one is left alone."""
+    from pipeline.memory import Memory
+
+    toml = make_experiment(tmp_path, seeds="[0, 1]", evals=16, tasks=1)
+    toml.write_text(toml.read_text().replace('search = ["mcts", "greedy"]', "memory = [false, true]")
+                    .replace('baseline = "search=mcts"', 'baseline = "memory=off"'))  # fmt: skip
+    result = start(tmp_path, toml, tmp_path / "out")
+    assert [r.error for r in result.runs] == [None] * 4
+    names = []
+    for seed in (0, 1):
+        off = bench.read_manifest(ex.cell_folder(result.out, "memory=off", seed))["settings"]
+        on = bench.read_manifest(ex.cell_folder(result.out, "memory=on", seed))["settings"]
+        assert "memory_collection" not in off
+        names.append(on["memory_collection"])
+        folder = ex.cell_folder(result.out, "memory=on", seed)
+        (row,) = rows_of(result.out, "memory=on", seed)
+        state = fold(read_events(folder / bench.RUNS / row["run_id"] / "log.jsonl"))
+        assert state.header.config["memory_collection"] == on["memory_collection"]
+    assert len(set(names)) == 2 and "kernelpro-memory" not in names
+    cfg = config.load(home=tmp_path / "home")
+    assert all(Memory(cfg, name).list(100) for name in names)  # each run learned in its own store
+    assert not Memory(cfg).list(100)  # and nothing in the default one

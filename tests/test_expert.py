@@ -3,6 +3,7 @@ real nvcc compiles for sm_90a, and the generated kernels' results through a CPU 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import shutil
 import textwrap
@@ -903,3 +904,23 @@ def test_emulated_edits_match_the_reference(cases, name):
     # A task of many regions has many edits, each an emulator build: an even sample across them (every
     # region's edits come in turn) keeps CI's time, and a fixed stride keeps it deterministic.
     _emulate(path, cands[:: -(-len(cands) // MAX_EMULATED)], CASES[name][3])
+
+
+def test_without_advice_the_edits_come_in_an_order_drawn_from_the_seed():
+    """The no-feedback arm of an ablation: the same vocabulary and budget, the order drawn per run seed and
+    parent, the findings not read."""
+    path = TASKS / "softmax.py"
+    (parent,) = ExpertPolicy().propose(ctx(path), 1)
+    finding = Finding("bank", 0.8, {}, "d", "a", edits=("tile_shared_memory",))
+
+    def edits(seed=None, findings=()):
+        c = ctx(path, parent=parent.candidate, findings=findings)
+        if seed is not None:
+            c = dataclasses.replace(c, extra={"blind_seed": seed})
+        return [(k.edit, k.candidate.key) for k in ExpertPolicy().propose(c, 50)]
+
+    advised, first, second = edits(findings=(finding,)), edits(1), edits(2)
+    assert advised[0][0] == "tile_shared_memory(softmax: smem_row=True)"
+    # the same kernels, nothing more or less (two edits may write the same kernel: the first label stays)
+    assert {k for _, k in first} == {k for _, k in second} == {k for _, k in advised}
+    assert first == edits(1, (finding,)) and first != second  # reproducible, blind to the findings

@@ -209,3 +209,28 @@ def test_a_task_the_expert_cannot_write_is_refused_before_a_run_starts(tmp_path)
     )
     assert res.exit_code == 2 and "expert policy cannot write kernels" in res.output, res.output
     assert not (tmp_path / "runs").exists()  # nothing half-made on disk
+
+
+def test_without_feedback_the_expert_reads_no_findings_and_picks_its_edits_blind(tmp_path, monkeypatch):
+    """feedback = "none" (and "raw") must change what the expert does, or the tools-against-none ablation
+    measures nothing: its contexts carry no findings, and the run's seed to draw its edit order from."""
+    from pipeline.generate.expert import ExpertPolicy
+
+    seen: list = []
+    propose = ExpertPolicy.propose
+
+    def spy(self, ctx, n):
+        seen.append(ctx)
+        return propose(self, ctx, n)
+
+    monkeypatch.setattr(ExpertPolicy, "propose", spy)
+    for feedback in ("advice", "none"):
+        seen.clear()
+        cfg = cfg_for(tmp_path / feedback, max_evals=16, feedback=feedback, seed=3)
+        optimize(ROOT / "tasks" / f"{TASK}.py", cfg, replay=recordings(TASK))
+        kids = [c for c in seen if c.parent is not None]
+        assert kids, feedback
+        if feedback == "advice":
+            assert any(c.findings for c in kids) and all("blind_seed" not in c.extra for c in kids)
+        else:
+            assert all(not c.findings and c.extra["blind_seed"] == 3 for c in kids)

@@ -9,6 +9,7 @@ module in families/ lists its edits); across regions the heaviest goes first. Ed
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping
 
 from pipeline.generate.expert.families import FAMILIES, edit_names, family_of, owner
@@ -73,10 +74,17 @@ def _weight(r: Region, low: Lowered) -> int:
     return max(sizes, default=0)
 
 
-def legal_edits(plan: Plan, low: Lowered, suggested: Iterable[str] = ()) -> list[tuple[str, Plan]]:
-    """Every legal single edit of the plan, suggested edits first, each distinct plan once."""
+def legal_edits(
+    plan: Plan, low: Lowered, suggested: Iterable[str] = (), blind: random.Random | None = None
+) -> list[tuple[str, Plan]]:
+    """Every legal single edit of the plan, suggested edits first, each distinct plan once. `blind`: no
+    advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an ablation)."""
     vocab = edit_names()
-    order = list(dict.fromkeys([e for e in suggested if e in vocab] + list(PRIORITY) + list(vocab)))
+    if blind is not None:
+        order = sorted(vocab)
+        blind.shuffle(order)
+    else:
+        order = list(dict.fromkeys([e for e in suggested if e in vocab] + list(PRIORITY) + list(vocab)))
     fused = plan.fused()
     live: list[tuple[Region, RegionPlan | None, Mapping[str, Edit]]] = []
     for r in low.regions:

@@ -8,6 +8,7 @@ candidate is then hybrid, and the proposal's notes say so); a task with nothing 
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,12 @@ class ExpertPolicy:
                 ctx, start, n, notes, empty="no kernel could be written for this task", hunter=self.hunter
             )
         suggested = [e for f in ctx.findings for e in f.edits]
+        seed = ctx.extra.get("blind_seed")  # no advice: the edits in an order drawn per run and parent
+        blind = None if seed is None else random.Random(f"{seed}:{parent_key}")
         moves = [
-            (label, p) for label, p in edits.legal_edits(parent_plan, low, suggested) if label not in done
+            (label, p)
+            for label, p in edits.legal_edits(parent_plan, low, suggested, blind)
+            if label not in done
         ]
         made = {label.split("(", 1)[0] for label, _ in moves}
         skipped = sorted({e for e in suggested if e in edits.NOT_APPLICABLE and e not in made})
