@@ -606,7 +606,7 @@ def test_data_dependent_references_are_unsupported(tmp_path, body, word):
 
 def test_a_lone_library_call_no_template_takes_is_unsupported(tmp_path):
     body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.matmul(a, b)"
-    path = task_file(tmp_path, "mm", body, "[torch.randn(8, 6), torch.randn(6, 8)]")  # K = 6: no 16-byte rows
+    path = task_file(tmp_path, "mm", body, "[torch.randn(8, 6).double(), torch.randn(6, 8).double()]")  # fp64
     (p,) = ExpertPolicy().propose(ctx(path), 2)
     assert p.status == ProposalStatus.UNSUPPORTED and "matmul" in p.reason
 

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline.compile import _cutlass, compile_candidates
 from pipeline.config import Config
@@ -24,7 +25,7 @@ from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates import gemm_tf32 as tf32_template
 from pipeline.generate.expert.templates.code import CUTE_FLAGS
 from pipeline.static_check import check_launcher
-from pipeline.tasks import probe
+from pipeline.tasks import load_module, probe
 from pipeline.types import Kind, Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,7 +130,7 @@ def test_which_linear_layers_the_template_takes(tmp_path):
     cases = {
         "bf16": (linear(tmp_path, "bf16"), ""),
         "fp32": (linear(tmp_path, "fp32", dt="float32"), "bf16 or fp16"),
-        "odd_k": (linear(tmp_path, "odd_k", k=1001), "multiple of 8"),
+        "odd_k": (linear(tmp_path, "odd_k", k=1001), ""),  # rows copied 16 bytes apart for TMA
     }
     for name, (path, why) in cases.items():
         low = prepare(capture(path))
@@ -146,8 +147,10 @@ def test_which_products_the_template_takes_and_how_their_operands_lie(tmp_path):
         "bmm": ((4, 5, 64), (4, 64, 24), "torch.bmm(a, b)", gemm.Form("MN", True)),
         "batched4d": ((2, 3, 5, 64), (2, 3, 64, 24), "a @ b", gemm.Form("MN", True)),
         "linear": ((5, 64), (24, 64), "F.linear(a, b)", K),
-        "odd_n": ((5, 64), (64, 25), "torch.mm(a, b)", "N = 25 is not a multiple of 8"),
-        "odd_k": ((4, 5, 60), (4, 60, 24), "torch.bmm(a, b)", "K = 60"),
+        "odd_n": ((5, 64), (64, 25), "torch.mm(a, b)", gemm.Form("MN", False, pad_rows=True)),
+        "odd_k": ((4, 5, 60), (4, 60, 24), "torch.bmm(a, b)", gemm.Form("MN", True, pad_rows=True)),
+        "odd_k_linear": ((5, 60), (24, 60), "F.linear(a, b)", gemm.Form("K", False, pad_rows=True)),
+        "odd_n_linear": ((5, 64), (25, 64), "F.linear(a, b)", K),  # N of a K-major B: rows are K long
         "broadcast": ((5, 64), (4, 64, 24), "torch.matmul(a, b)", "broadcast batch dims"),
         "vector": ((5, 64), (64,), "torch.matmul(a, b)", "matrix-vector"),
     }
@@ -312,10 +315,7 @@ def test_fp32_products_go_to_the_3xtf32_template_and_16_bit_ones_do_not(tmp_path
             ),
             MN,
         ),
-        "odd_k": (
-            linear(tmp_path, "k1030", k=1030, dt="float32"),
-            "K = 1030 is not a positive multiple of 4",
-        ),
+        "odd_k": (linear(tmp_path, "k1030", k=1030, dt="float32"), gemm.Form("K", False, pad_rows=True)),
         "bf16": (linear(tmp_path, "l16"), "takes fp32 operands, not bfloat16"),
     }
     for name, (path, want) in cases.items():
@@ -387,3 +387,74 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK, (c.edit, b.log)
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
+
+
+class _PaddedRowsKernels:
+    """The launcher's kernels with the WGMMA product stood in for by torch on what its tensor maps describe:
+    our pad and gather kernels emulated, each tensor map checked to be one TMA can encode."""
+
+    def __init__(self, emulated):
+        self.emulated = emulated
+        self.padded = 0
+
+    def tensor_map(self, t, box_rows, box_cols, swizzle=128):
+        assert t.stride(-1) == 1 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1]), t.stride()
+        return t  # TMA reads the view: its width, zeros past it
+
+    def __getattr__(self, name):
+        if name.endswith("_gemm"):
+            return self._gemm
+        self.padded += name.endswith("_pad")
+        return getattr(self.emulated, name)
+
+    @staticmethod
+    def _gemm(grid, block, args, shared_mem=0):
+        a, b, out = args[:3]
+        m, n, k = (int(v) for v in args[-3:])
+        assert a.shape[-2:] == (m, k), (a.shape, m, k)
+        prod = a.double() @ (b.double().transpose(-1, -2) if b.shape[-2:] == (n, k) else b.double())
+        out.copy_(prod.reshape(out.shape).to(out.dtype))
+
+
+@pytest.mark.parametrize(
+    ("name", "a", "b", "expr", "dt"),
+    [
+        ("bmm_odd_k", (4, 5, 60), (4, 60, 24), "torch.bmm(a, b)", "bfloat16"),
+        ("mm_odd_n", (5, 64), (64, 25), "torch.mm(a, b)", "bfloat16"),
+        ("linear_odd_k", (7, 3, 1001), (40, 1001), "F.linear(a, b)", "bfloat16"),
+        ("tf32_odd_k_and_n", (9, 30), (30, 13), "torch.mm(a, b)", "float32"),
+    ],
+)
+def test_rows_tma_cannot_read_are_copied_wider_by_our_kernel(tmp_path, name, a, b, expr, dt):
+    """K (or N of a row-major B) not a 16-byte multiple: the launcher copies the operand into wider rows with
+    our kernel and hands TMA a view of the true width; still our kernels alone, and the product right."""
+    inputs = ", ".join(f"torch.randn{s}.to(torch.{dt})" for s in (a, b))
+    body = f"class Model(nn.Module):\n    def forward(self, a, b):\n        return {expr}\n"
+    path = task(tmp_path, name, body, inputs)
+    t = probe(path)
+    (ours,) = [
+        p.candidate
+        for p in ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+        if p.candidate and uses_cute(plan_of(p.candidate.source))
+    ][:1]
+    report = check_launcher(ours.launcher)
+    assert report.ok and report.kind.value == "custom", report.library_ops
+    rid = re.search(r"kernels\.kp_(\w+)_pad\(", ours.launcher).group(1)
+    from cuda_emulator import build, load_model
+
+    from pipeline.generate.expert.templates.code import GATHER
+
+    fake = _PaddedRowsKernels(build("\n".join(gemm.pad_kernel(rid, dt)) + "\n" + GATHER, tmp_path))
+    model = load_model(ours.launcher, fake)()
+    x, y = (torch.randn(s).to(getattr(torch, dt)) for s in (a, b))
+    want = load_module(path).Model()(x, y)
+    got = model(x, y)
+    assert fake.padded >= 1
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    if (
+        name == "tf32_odd_k_and_n"
+    ):  # the source with its pad kernel builds for the H200 (one case: nvcc's time)
+        (build_,) = compile_candidates([ours], Config(home=tmp_path / "home", arch="sm_90a"))
+        assert build_.status.value == "ok" and f"kp_{rid}_pad" in {r.name for r in build_.resources}, (
+            build_.log
+        )

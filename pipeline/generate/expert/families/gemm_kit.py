@@ -12,6 +12,7 @@ more reuse of each A tile), pipeline_loads (one more stage in the TMA ring, as m
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -92,10 +93,12 @@ def form(r: Region, low: Lowered, spec: Spec) -> Form | str:
             return f"broadcast batch dims ({a.shape} @ {b.shape}) have no WGMMA template"
         if a.shape[-1] != k:
             return "the operands' inner dims differ"
-        if cols % q:
-            return f"N = {cols} is not a multiple of {q} (TMA needs 16-byte rows of B)"
-    if k % q or not k:
-        return f"K = {k} is not a positive multiple of {q} (TMA needs 16-byte rows)"
+    if not k:
+        return "K = 0: nothing to multiply"
+    # TMA reads rows 16 bytes apart: other widths are copied into wider rows first (its zero fill past the
+    # width covers the tail), one pass over the operand, a few percent of the product's time
+    pad = bool(k % q or (f.b_major == "MN" and cols % q))
+    f = dataclasses.replace(f, pad_rows=pad)
     if not spec.tiles(f):
         return "no tile of this template fits shared memory for this operand form"
     return f

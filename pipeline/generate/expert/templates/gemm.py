@@ -55,6 +55,7 @@ class Form:
 
     b_major: str  # "K": B is a linear layer's (N, K) weight; "MN": B is (..., K, N), row-major
     batched: bool  # (..., M, K) @ (..., K, N) with equal leading dims; otherwise A's leading dims are rows
+    pad_rows: bool = False  # K (or N of a row-major B) not a 16-byte multiple: rows copied wider for TMA
 
 
 def max_stages(bn: int) -> int:
@@ -143,10 +144,12 @@ def code(r: Region, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, lines: list
     a, w = r.node.args[:2]
     ops_ = epi.operands if epi else ()
     inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
-    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, bx)
+    pad = f.pad_rows
+    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, bx, pad)
     outs = (epi.out,) if epi else r.outputs
-    cuda = "\n".join(lines) + "\n"
-    return Code(cuda, src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs)
+    cuda = "\n".join(lines + (pad_kernel(rid, r.node.dtype) if pad else [])) + "\n"
+    kernels = (f"kp_{rid}_gemm", *((f"kp_{rid}_pad",) if pad else ()))
+    return Code(cuda, src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
 
 
 # The consumer warpgroups' start: their registers, the MMA slice and fragments over the stages, the accumulators.
@@ -364,6 +367,42 @@ def boxes(f: Form, rp: GemmPlan, dt: str) -> Boxes:
     return Boxes((BM, BK), b, 8, _GATHER[dt], "WGMMA kernel")
 
 
+def pad_kernel(rid: str, dt: str) -> list[str]:
+    """Our copy of an operand into rows a 16-byte multiple apart (what TMA reads); the columns past its width
+    are never read: the tensor map stops at the width, and TMA fills what lies beyond it with zeros."""
+    ct = ctype(dt)
+    return [
+        'extern "C" __global__ void __launch_bounds__(256)',
+        f"kp_{rid}_pad(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long rows, long long w, "
+        "long long wp) {",
+        "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < rows * w;",
+        "         i += (long long)gridDim.x * blockDim.x) {",
+        "        const long long r = i / w;",
+        "        dst[r * wp + (i - r * w)] = src[i];",
+        "    }",
+        "}",
+    ]
+
+
+def tma_rows(rid: str, q: int) -> list[str]:
+    """A launcher's nested helper (after tma_ready): t as TMA can read it, its rows copied by our kernel into
+    rows a multiple of q elements apart when its width is not (a view of the width: no torch copy)."""
+    return [
+        "",
+        "    def tma_rows(t):  # rows 16 bytes apart for TMA: else copied into wider rows by our kernel",
+        "        t = tma_ready(t)",
+        "        width = t.shape[-1]",
+        f"        if width % {q} == 0 or t.numel() == 0:",
+        "            return t",
+        f"        wp = -(-width // {q}) * {q}",
+        "        wide = torch.empty((*t.shape[:-1], wp), dtype=t.dtype, device=t.device)",
+        "        args = (t, wide, numpy.int64(t.numel() // width), numpy.int64(width), numpy.int64(wp))",
+        f"        kernels.kp_{rid}_pad((max(1, min(-(-t.numel() // 256), MAX_GRID_Y * 32)),), (256,), args)"
+        "  # noqa: F821",
+        "        return wide[..., :width]",
+    ]
+
+
 def tma_ready(gather: str) -> list[str]:
     """A launcher's nested helper: t contiguous on a 16-byte aligned base, as TMA needs; else our gather
     kernel copies it (not torch: the candidate stays our kernels only)."""
@@ -383,7 +422,7 @@ def tma_ready(gather: str) -> list[str]:
 
 
 def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
-              names: list[str], sig: Signature, bx: Boxes) -> str:  # fmt: skip
+              names: list[str], sig: Signature, bx: Boxes, pad: bool = False) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
     what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
     lines = [
@@ -392,29 +431,34 @@ def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: in
         f'{rp.stages} stages)."""',
         "",
         *tma_ready(bx.gather),
+        *(tma_rows(rid, bx.align) if pad else ()),
         "",
         "    k = x.shape[-1]",
         "    lead = tuple(x.shape[:-1])",
     ]
+    ready = "tma_rows" if pad else "tma_ready"
     if f.b_major == "K":
         lines += [
             "    n = w.shape[0]",
             "    batch, m = 1, x.numel() // k",
-            "    b = tma_ready(w).reshape(1, n, k)",
+            f"    b = {ready}(w).reshape(1, n, k)",
         ]
     else:
         rows = "1, x.numel() // k" if not f.batched else "math.prod(lead[:-1]), lead[-1]"
         lead_b = "batch" if f.batched else "1"
-        b = f"tma_ready(_contig(w.transpose(-1, -2))).reshape({lead_b}, n, k)" if bx.transpose_b else (
-            f"tma_ready(w).reshape({lead_b}, k, n)")  # fmt: skip
+        b = f"{ready}(_contig(w.transpose(-1, -2))).reshape({lead_b}, n, k)" if bx.transpose_b else (
+            f"{ready}(w).reshape({lead_b}, k, n)")  # fmt: skip
         lines += ["    n = w.shape[-1]", f"    batch, m = {rows}", f"    b = {b}"]
-    q = bx.align
-    rows16 = f"k % {q}" if f.b_major == "K" else f"k % {q} or n % {q}"  # rows of A and B that TMA reads
+    if not pad:
+        q = bx.align
+        rows16 = f"k % {q}" if f.b_major == "K" else f"k % {q} or n % {q}"  # rows of A and B that TMA reads
+        lines += [
+            f"    if {rows16}:",
+            f"        raise ValueError(f'kernelpro expert: our {bx.kind} needs 16-byte rows for TMA (K, and N of "
+            f"a row-major B, multiples of {q}), not K={{k}}, N={{n}}')",
+        ]
     lines += [
-        f"    if {rows16}:",
-        f"        raise ValueError(f'kernelpro expert: our {bx.kind} needs 16-byte rows for TMA (K, and N of a "
-        f"row-major B, multiples of {q}), not K={{k}}, N={{n}}')",
-        "    a = tma_ready(x).reshape(batch, m, k)",
+        f"    a = {ready}(x).reshape(batch, m, k)",
         f"    out = torch.empty((batch * m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
     ]
     lines += operand_lines(ops_, "*lead", "batch * m")

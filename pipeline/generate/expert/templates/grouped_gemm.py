@@ -238,17 +238,24 @@ LOAD_B
     for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
         int group, row0, M, m_blk, n_blk;
         locate(tile, group, row0, M, m_blk, n_blk);
+        // A group's last tile may end within its first 64 rows: the warpgroup of the other 64 then issues no
+        // MMA (it still keeps the ring's barriers), and its partner has the tensor cores to itself. With
+        // many small groups (256 experts, 128 tokens each on average) a third of the rows tiles cover are
+        // past their group's end.
+        const bool busy = m_blk * BM + 64 * (wg - 1) < M;
         clear(acc);
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
             const int st = it % STAGES;
             Full::wait(&s.full[st], (it / STAGES) & 1);
-            warpgroup_fence_operand(acc);
-            warpgroup_arrive();
-            CUTE_UNROLL
-            for (int kb = 0; kb < size<2>(tCrA); ++kb) cute::gemm(mma, tCrA(_, _, kb, st), tCrB(_, _, kb, st), acc);
-            warpgroup_commit_batch();
-            warpgroup_wait<1>();  // keep this k-tile's MMAs in flight; the previous one's are done
-            warpgroup_fence_operand(acc);
+            if (busy) {
+                warpgroup_fence_operand(acc);
+                warpgroup_arrive();
+                CUTE_UNROLL
+                for (int kb = 0; kb < size<2>(tCrA); ++kb) cute::gemm(mma, tCrA(_, _, kb, st), tCrB(_, _, kb, st), acc);
+                warpgroup_commit_batch();
+                warpgroup_wait<1>();  // keep this k-tile's MMAs in flight; the previous one's are done
+                warpgroup_fence_operand(acc);
+            }
             if (kt > 0 && threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);
         }
         warpgroup_wait<0>();
