@@ -26,6 +26,10 @@ GEOMETRIES = {
     "grouped_1d": dict(d=1, cin=12, cout=9, g=3, k=4, s=3, p=2, size=(29,)),
     "grouped_3d": dict(d=3, cin=4, cout=6, g=2, k=2, p=1, size=(3, 5, 4)),
     "depthwise_f16": dict(cin=16, cout=16, g=16, k=3, p=1, size=(7, 9), dt="float16"),
+    # transposed (weight (C_in, C_out / groups, taps)): strided, padded, dilated, with an output padding
+    "transposed_2d": dict(cin=8, cout=6, g=2, k=(3, 4), s=(2, 3), p=(1, 2), dl=(2, 1), op=1, size=(7, 9)),
+    "transposed_1d": dict(d=1, cin=6, cout=9, g=3, k=5, s=3, p=2, dl=2, op=0, size=(11,)),
+    "transposed_depthwise_3d": dict(d=3, cin=4, cout=4, g=4, k=3, s=2, p=1, op=1, size=(3, 4, 5)),
 }
 
 
@@ -51,7 +55,6 @@ def test_the_family_takes_grouped_convolutions(tmp_path, name):
     ("kw", "why"),
     [
         (dict(cin=5, cout=24), "ungrouped"),
-        (dict(cin=8, cout=8, g=4, op=1, s=2), "transposed"),
         (dict(cin=8, cout=8, g=8, dt="float64"), "fp32, fp16 or bf16"),
     ],
 )

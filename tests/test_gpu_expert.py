@@ -349,6 +349,18 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "grouped_convt_f32": (  # grouped transposed 2-D: strided, padded, dilated, an output padding, a bias
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.ConvTranspose2d(32, 48, (3, 5), stride=(2, 3), padding=(1, 2), output_padding=1,
+                                               groups=4, dilation=(2, 1))
+            def forward(self, x):
+                return self.conv(x)
+        """,
+        "[]",
+    ),
     # pooling on the CUDA cores: max with dilation and ceil mode, average without the padding in the count
     "max_pool3d": (
         """
@@ -490,6 +502,7 @@ SHAPES = {
     "convt2d_f32": ["(2, 8, 17, 13)"],
     "dwconv_f32": ["(3, 12, 37, 53)", "(1, 12, 1, 2)"],
     "grouped_conv_f16": ["(2, 12, 301)"],
+    "grouped_convt_f32": ["(3, 32, 37, 29)"],
     "convt3d_f32": ["(2, 4, 5, 9, 7)"],
     "sdpa_causal": [
         "(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 64)",
@@ -538,6 +551,7 @@ CONVS = {n for n in FAMILIES if n.startswith("conv")}  # fp32: our implicit GEMM
 DIRECT = {
     "dwconv_f32",
     "grouped_conv_f16",
+    "grouped_convt_f32",
 }  # grouped: our direct kernel in the tuned plan, cuDNN in the plain
 ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
 

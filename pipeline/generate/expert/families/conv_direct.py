@@ -1,5 +1,5 @@
-"""Grouped and depthwise convolutions (conv1d/2d/3d with groups > 1, not transposed) on the CUDA cores: a
-direct kernel (templates/conv_direct.py). The plain plan keeps cuDNN, the tuned one takes our kernel; the
+"""Grouped and depthwise convolutions (conv1d/2d/3d with groups > 1, forward or transposed) on the CUDA cores:
+a direct kernel (templates/conv_direct.py). The plain plan keeps cuDNN, the tuned one takes our kernel; the
 search keeps whichever measures faster.
 
 The elementwise region after it (the convolution's bias among it) is fused on its stores in the tuned plan
@@ -45,8 +45,6 @@ def form(r: Region, low: Lowered) -> ConvForm | str:
         return f
     if f.groups == 1:
         return "an ungrouped convolution is an implicit GEMM's (families/conv_tf32.py)"
-    if f.transposed:
-        return "a grouped transposed convolution has no direct template yet"
     return f
 
 

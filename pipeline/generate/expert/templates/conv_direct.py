@@ -1,5 +1,6 @@
-"""Our own grouped and depthwise convolution on the CUDA cores (which convolutions it takes, and its plans:
-families/conv_direct.py).
+"""Our own grouped and depthwise convolution, forward or transposed, on the CUDA cores (which convolutions it
+takes, and its plans: families/conv_direct.py). A transposed one gathers: each output sums the inputs whose
+taps land on it (i * stride - pad + k * dilation == o), so no atomics and the same epilogue on the store.
 
 A depthwise or grouped convolution does little work per output (C_in / groups x taps products), too little
 for the tensor cores' tiles: an implicit GEMM per group would be an N of one output channel. So each thread
@@ -53,6 +54,18 @@ constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
 constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
 constexpr long long CHW = (long long)ID * IH * IW;
+constexpr bool TRANSPOSED = {"true" if f.transposed else "false"};  // weight (C_in, C_out / groups, taps)
+// The input coordinate a tap reads for an output coordinate, or -1: forward, o * S - P + k * D; transposed,
+// the i with i * S - P + k * D == o (none unless S divides it).
+__device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
+    if (!TRANSPOSED) {{
+        const int i = o * S - P + k * D;
+        return (unsigned)i < (unsigned)n ? i : -1;
+    }}
+    const int t = o + P - k * D;
+    if (t < 0 || t % S) return -1;
+    return t / S < n ? t / S : -1;
+}}
 }}  // namespace kp_{rid}
 extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.decls()}) {{
     using namespace kp_{rid};
@@ -63,27 +76,30 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
     const int oy = (int)(row % OH), oz = (int)((row / OH) % OD), co = (int)((row / ((long long)OH * OD)) % COUT);
     const long long n = row / ((long long)OH * OD * COUT);
     const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)(co / COUT_G) * CIN_G) * CHW;  // its group
-    const {t}* wc = w + (long long)co * CIN_G * KD * KH * KW;
+    const long long taps = (long long)KD * KH * KW;
+    const {t}* wc = TRANSPOSED ? w + ((long long)(co / COUT_G) * CIN_G * COUT_G + co % COUT_G) * taps
+                               : w + (long long)co * CIN_G * taps;
+    const long long wstep = TRANSPOSED ? COUT_G * taps : taps;  // from one input channel's taps to the next
     float acc[OUTS];
     #pragma unroll
     for (int v = 0; v < OUTS; ++v) acc[v] = 0.f;
     for (int ci = 0; ci < CIN_G; ++ci) {{
         #pragma unroll
         for (int kz = 0; kz < KD; ++kz) {{
-            const int iz = oz * SD - PD + kz * DD;
-            if ((unsigned)iz >= (unsigned)ID) continue;
+            const int iz = src(oz, kz, SD, PD, DD, ID);
+            if (iz < 0) continue;
             #pragma unroll
             for (int ky = 0; ky < KH; ++ky) {{
-                const int iy = oy * SH - PH + ky * DH;
-                if ((unsigned)iy >= (unsigned)IH) continue;
+                const int iy = src(oy, ky, SH, PH, DH, IH);
+                if (iy < 0) continue;
                 const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
                 #pragma unroll
                 for (int kx = 0; kx < KW; ++kx) {{
-                    const float wv = ld(wc[((ci * KD + kz) * KH + ky) * KW + kx]);
+                    const float wv = ld(wc[ci * wstep + (kz * KH + ky) * KW + kx]);
                     #pragma unroll
                     for (int v = 0; v < OUTS; ++v) {{
-                        const int ox = lane + v * LANES, ix = ox * SW - PW + kx * DW;
-                        if (ox < OW && (unsigned)ix < (unsigned)IW) acc[v] = fmaf(ld(xr[ix]), wv, acc[v]);
+                        const int ox = lane + v * LANES, ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
+                        if (ix >= 0) acc[v] = fmaf(ld(xr[ix]), wv, acc[v]);
                     }}
                 }}
             }}
@@ -103,13 +119,15 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
     )
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
-    w_shape = (f.cout, cin_g, *f.kernel[3 - dims :])
+    w_shape = (
+        (f.cin, cout_g, *f.kernel[3 - dims :]) if f.transposed else (f.cout, cin_g, *f.kernel[3 - dims :])
+    )
     out_sp = ", ".join(str(o) for o in f.out[3 - dims :])
     x, w = r.node.args[:2]
     inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
     launcher = "\n".join([
         f"def _dconv_{rid}(sms, {', '.join(n for n, _ in inputs)}):",
-        f'    """The {"depthwise" if cin_g == 1 else "grouped"} convolution ({f.groups} groups) on the CUDA '
+        f'    """The {"depthwise" if cin_g == 1 else "grouped"}{" transposed" if f.transposed else ""} convolution ({f.groups} groups) on the CUDA '
         f'cores: {rp.outs} outputs a thread, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
         "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
