@@ -327,7 +327,8 @@ class _Run:
             siblings=tuple(o for c in self.search.children(nid) if (o := self._outcome(c)) is not None),
             best=self._outcome(best) if best not in (None, ROOT) else None,
             arch=resolve_arch(self.cfg),  # what the candidates are compiled for (the GPU's, with "auto")
-            extra={"evidence": evidence} if sees else {"evidence": evidence, "blind_seed": self.cfg.seed},
+            extra={"evidence": evidence, "objective": self.cfg.objective}
+            | ({} if sees else {"blind_seed": self.cfg.seed}),
         )
 
     def _lesson(self, nid: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -924,3 +925,28 @@ def test_without_advice_the_edits_come_in_an_order_drawn_from_the_seed():
     # the same kernels, nothing more or less (two edits may write the same kernel: the first label stays)
     assert {k for _, k in first} == {k for _, k in second} == {k for _, k in advised}
     assert first == edits(1, (finding,)) and first != second  # reproducible, blind to the findings
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", ["elementwise_chain", "softmax", "layernorm"])
+def test_the_power_edit_is_made_under_an_energy_objective_only_and_keeps_the_results(name):
+    """lower_power (a persistent grid over 75% or 50% of the SMs) comes right after the profile's
+    suggestions when the objective counts joules, never when it is time; its kernels compute the same."""
+    path = TASKS / f"{name}.py"
+    (parent,) = ExpertPolicy().propose(ctx(path), 1)
+
+    def kids(objective):
+        c = dataclasses.replace(ctx(path, parent=parent.candidate), extra={"objective": objective})
+        return [k for k in ExpertPolicy().propose(c, 50) if k.candidate]
+
+    assert not [k for k in kids("time") if k.edit.startswith("lower_power")]
+    for objective in ("energy", "edp"):
+        power = kids(objective)[:2]
+        assert [k.edit.split("(")[0] for k in power] == ["lower_power", "lower_power"], [
+            k.edit for k in power
+        ]
+    shares = [int(m) for k in power for m in re.findall(r"sms \* (\d+) // 100", k.candidate.launcher)]
+    assert sorted(set(shares)) == [50, 75]
+    torch.manual_seed(3)
+    shape = {"layernorm": (5, 8192)}.get(name, (37, 777))
+    _emulate(path, [k.candidate for k in power], 1e-5, inputs=[torch.randn(*shape)], sms=8)

@@ -47,8 +47,12 @@ NOT_APPLICABLE = {
     "use_tma": "TMA is used by the WGMMA GEMM only; the memory-streaming kernels load with vector accesses",
     "fix_bank_conflicts": "shared memory is only used for reductions and row caches with unit-stride access",
     "avoid_local_arrays": "the templates keep their per-thread arrays in registers (fully unrolled)",
-    "lower_power": "the expert has no power-capping edit",
+    "lower_power": "only the elementwise and row-wise kernels have a power edit (a persistent grid over part "
+    "of the SMs), made under --objective energy or edp only",
 }
+# Edits that trade nothing for speed and aim at joules: made only when the objective counts energy, right
+# after what the profile suggests (a kernel with speed left to gain gets that first).
+ENERGY = ("lower_power",)
 
 
 def base_plan(low: Lowered, tuned: bool) -> Plan:
@@ -75,16 +79,22 @@ def _weight(r: Region, low: Lowered) -> int:
 
 
 def legal_edits(
-    plan: Plan, low: Lowered, suggested: Iterable[str] = (), blind: random.Random | None = None
+    plan: Plan,
+    low: Lowered,
+    suggested: Iterable[str] = (),
+    blind: random.Random | None = None,
+    energy: bool = False,
 ) -> list[tuple[str, Plan]]:
     """Every legal single edit of the plan, suggested edits first, each distinct plan once. `blind`: no
-    advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an ablation)."""
-    vocab = edit_names()
+    advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an ablation). `energy`:
+    the objective counts joules, so the ENERGY edits are made too, right after the suggested ones."""
+    vocab = [e for e in edit_names() if energy or e not in ENERGY]
     if blind is not None:
         order = sorted(vocab)
         blind.shuffle(order)
     else:
-        order = list(dict.fromkeys([e for e in suggested if e in vocab] + list(PRIORITY) + list(vocab)))
+        first = [e for e in suggested if e in vocab] + [e for e in ENERGY if e in vocab]
+        order = list(dict.fromkeys(first + list(PRIORITY) + list(vocab)))
     fused = plan.fused()
     live: list[tuple[Region, RegionPlan | None, Mapping[str, Edit]]] = []
     for r in low.regions:

@@ -52,10 +52,11 @@ class ExpertPolicy:
             )
         suggested = [e for f in ctx.findings for e in f.edits]
         seed = ctx.extra.get("blind_seed")  # no advice: the edits in an order drawn per run and parent
+        energy = ctx.extra.get("objective") in ("energy", "edp")
         blind = None if seed is None else random.Random(f"{seed}:{parent_key}")
         moves = [
             (label, p)
-            for label, p in edits.legal_edits(parent_plan, low, suggested, blind)
+            for label, p in edits.legal_edits(parent_plan, low, suggested, blind, energy)
             if label not in done
         ]
         made = {label.split("(", 1)[0] for label, _ in moves}

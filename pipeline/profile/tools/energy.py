@@ -42,7 +42,9 @@ class EnergyTool:
             )
             advice = (
                 "Cut work per result: remove over-fetch and re-reads, redundant instructions, and use the "
-                "lowest precision the tolerance allows (bf16/fp8 tensor cores)."
+                "lowest precision the tolerance allows (bf16/fp8 tensor cores). A bandwidth-bound kernel can "
+                "stream from part of the SMs (a persistent grid over 50-75% of them) at the same speed while "
+                "the idle SMs draw less."
             )
             # At the limit the clocks drop, which slows compute-bound kernels most; a saturating kernel of
             # any kind reaches the limit on the H200 (good elementwise kernels draw ~715 W), so this stays a

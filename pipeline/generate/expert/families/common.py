@@ -56,6 +56,19 @@ def persistent_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
         yield from change("persistent_grid", plan, rp, persistent=blocks_per_sm(rp.threads))
 
 
+SM_SHARES = (75, 50)  # percent of the SMs: HBM saturates before every SM streams; idle SMs draw less
+
+
+def fewer_sms(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    """An energy edit (objective energy or edp): the same work on a persistent grid over part of the SMs.
+    A bandwidth-bound kernel keeps its speed while fewer SMs issue; the harness's matched-speed rule keeps
+    it only where it does."""
+    if not rp.sm_share:
+        for share in SM_SHARES:
+            yield from change("lower_power", plan, rp, persistent=rp.persistent or blocks_per_sm(rp.threads),
+                              sm_share=share)  # fmt: skip
+
+
 def increase_occupancy(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
     if not rp.min_blocks:
         yield from change("increase_occupancy", plan, rp, min_blocks=blocks_per_sm(rp.threads))

@@ -29,6 +29,7 @@ class EwPlan(RegionPlan):
     threads: int = 256
     unroll: int = 1  # vector accesses in flight per thread
     persistent: int = 0  # blocks per SM for a persistent grid-stride grid; 0: a block per piece of work
+    sm_share: int = 0  # percent of the SMs the persistent grid spans (lower_power); 0: all
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
 
 
@@ -68,6 +69,7 @@ FAMILY = Family(
         "coarsen_threads": common.unroll("coarsen_threads"),
         "more_parallelism": _parallelism,
         "persistent_grid": common.persistent_grid,
+        "lower_power": common.fewer_sms,
         "pipeline_loads": common.unroll("pipeline_loads"),
         "resize_grid": common.resize_grid,
         "increase_occupancy": common.increase_occupancy,

@@ -41,6 +41,7 @@ class RowPlan(RegionPlan):
     threads: int = 256
     unroll: int = 1  # loop iterations in flight per thread
     persistent: int = 0  # blocks per SM for a persistent grid-stride grid; 0: a block per row
+    sm_share: int = 0  # percent of the SMs the persistent grid spans (lower_power); 0: all
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
     splits: int = 0  # split a row over blocks to reach this many blocks per SM when rows are few (0: never)
     regs: int = 0  # two-pass ops: the row held in registers, this many vectors per thread
@@ -173,6 +174,7 @@ FAMILY = Family(
         "tile_shared_memory": _tile,
         "remove_divergence": _divergence,
         "persistent_grid": common.persistent_grid,
+        "lower_power": common.fewer_sms,
         "pipeline_loads": common.unroll("pipeline_loads"),
         "resize_grid": _resize,
         "increase_occupancy": common.increase_occupancy,

@@ -31,6 +31,11 @@ def launch_bounds(threads: int, min_blocks: int) -> str:
     return f"__launch_bounds__({threads}, {min_blocks})" if min_blocks else f"__launch_bounds__({threads})"
 
 
+def grid_sms(share: int) -> str:
+    """The launcher's SM count for a persistent grid: `sms`, or a share of it in percent (lower_power)."""
+    return f"max(1, sms * {share} // 100)" if share else "sms"
+
+
 def torch_dtype(dtype: str) -> str:
     return f"torch.{dtype}"
 

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import Bcast, EwLayout
 from pipeline.generate.expert.regions import Region
-from pipeline.generate.expert.templates.code import Code, chain_function, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.code import (
+    Code,
+    chain_function,
+    ctype,
+    grid_sms,
+    launch_bounds,
+    torch_dtype,
+)
 from pipeline.generate.expert.templates.signature import Signature, Variant, i64, kernel, ptr
 
 if TYPE_CHECKING:
@@ -184,7 +191,9 @@ def _launcher(region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variant
     ret = ", ".join(outs)
     lines.append(f"    if rows * cols == 0:\n        return {ret}")
     lines.append(f"    args = ({sig.args()},)")
-    lines.append(f"    grid = _grid(sms, rows, cols, {rp.vec}, {rp.threads}, {rp.unroll}, {rp.persistent})")
+    lines.append(
+        f"    grid = _grid({grid_sms(rp.sm_share)}, rows, cols, {rp.vec}, {rp.threads}, {rp.unroll}, {rp.persistent})"
+    )
     vec_tensors = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR] + [
         f"q{j}" for j, (out, _) in enumerate(lay.outputs) if out not in inplace
     ]

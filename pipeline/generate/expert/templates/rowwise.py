@@ -19,7 +19,7 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.regions import Region, RegionKind
 from pipeline.generate.expert.templates import reduce_ops, shapes
-from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, region_source
+from pipeline.generate.expert.templates.code import Code, ctype, grid_sms, launch_bounds, region_source
 from pipeline.generate.expert.templates.fused import Fused, identity
 from pipeline.generate.expert.templates.signature import Param, Signature, Variant, i32, i64, kernel, ptr
 
@@ -511,7 +511,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             "    blocks = max(1, min(rows, MAX_GRID_X))",
         ]
     if rp.persistent:
-        lines.append(f"    blocks = max(1, min(blocks, sms * {rp.persistent}))")
+        lines.append(f"    blocks = max(1, min(blocks, {grid_sms(rp.sm_share)} * {rp.persistent}))")
     red = "0" if rp.warp_rows else ("33 * 16" if rp.warp_reduce else "block * 16")
     lines.append(f"    smem = {red}")
     if lay.op == "group_norm":
