@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline import stages  # noqa: E402
 from pipeline.config import load  # noqa: E402
 from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
-from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy, supports  # noqa: E402
 from pipeline.tasks import load_module, probe  # noqa: E402
 from pipeline.types import Status, speedup  # noqa: E402
 from pipeline.verify import make_inputs  # noqa: E402
@@ -51,11 +51,18 @@ def candidates(path: Path) -> list:
 
 
 def libraries(module, model) -> dict[str, Callable]:
-    """The same computation by the libraries: fn(x, counts) each."""
+    """The same computation by the libraries, each called with the task's inputs: (x, counts), or for a weight
+    gradient (x, dy, counts)."""
     import torch
     import torch.nn.functional as F
 
-    w = next(p for p in model.parameters() if p.dim() == 3)
+    w = next((p for p in model.parameters() if p.dim() == 3), None)
+    if w is None:  # a weight gradient: the groups split the tokens (K)
+
+        def ragged_k(x, dy, counts):
+            return torch._grouped_mm(x.t(), dy, offs=counts.cumsum(0).to(torch.int32))
+
+        return {"torch._grouped_mm": ragged_k}
     swiglu = w.shape[-1] == 2 * model.intermediate if hasattr(model, "intermediate") else False
 
     def epilogue(h):
@@ -114,9 +121,9 @@ def time_libraries(path: Path, flops: float) -> dict[str, dict]:
     rows = {}
     for name, fn in libraries(module, model).items():
         with torch.no_grad():
-            x, counts = inputs_for(0)
-            want = model(x, counts)
-            got = fn(x, counts)
+            args = inputs_for(0)
+            want = model(*args)
+            got = fn(*args)
             err = ((got.float() - want.float()).norm() / want.float().norm()).item()
             t = time_cuda(fn, inputs_for, trials=50, budget_s=3.0, warmup=3)
         rows[name] = {"ms": t.median_ms, "tflops": flops / t.median_ms / 1e9, "rel_err": err}
@@ -145,6 +152,8 @@ def main() -> int:
             t0 = time.monotonic()
             cands = candidates(path)
             say(f"{name}: {len(cands)} candidates in {time.monotonic() - t0:.0f} s")
+            if not cands:  # e.g. a weight gradient: the libraries are still timed, for the record
+                say(f"{name}: no grouped kernel of ours: {supports(path)[1]}")
             rows: dict[str, dict] = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
             for i in range(args.repeat):
                 evaluated = stages.evaluate_candidates(path, cands, cfg, pool=pool)

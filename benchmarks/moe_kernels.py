@@ -54,10 +54,10 @@ def run_task(name: str, cfg, trials: int) -> dict[str, list[float]]:
     def inputs_for(call: int) -> list:
         return make_inputs(module, call, gpu)
 
-    x, counts = inputs_for(0)
+    args = inputs_for(0)
     alts = make_inputs(module, 1, gpu, "get_alt_inputs")
     with torch.no_grad():
-        want = model(x, counts)
+        want = model(*args)
         want_alt = [model(*a) for a in alts]
     row: dict[str, list[float]] = {}
 
@@ -77,13 +77,13 @@ def run_task(name: str, cfg, trials: int) -> dict[str, list[float]]:
         ours = ours.to(gpu)
         ours.load_state_dict(model.state_dict())
         with torch.no_grad():
-            errs = [rel_err(ours(x, counts), want)]
+            errs = [rel_err(ours(*args), want)]
             errs += [rel_err(ours(*a), w) for a, w in zip(alts, want_alt, strict=True)]
         timed(c.edit, ours, max(errs))
     timed("reference loop", model, 0.0)
     for label, fn in bench_moe.libraries(module, model).items():
         with torch.no_grad():
-            timed(label, fn, rel_err(fn(x, counts), want))
+            timed(label, fn, rel_err(fn(*args), want))
     return row
 
 

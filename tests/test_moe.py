@@ -290,3 +290,59 @@ def test_the_benchmarks_library_baselines_compute_what_the_loop_does(tmp_path):
         if name == "k_major_then_scaled":  # the product alone: the loop's relu and scale follow it
             got = torch.relu(got) * 0.5
         torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+WGRAD = """    def forward(self, x, dy, counts):
+        out = {init}
+        start = 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                out[e] = x[start : start + n].t() @ dy[start : start + n]
+            start += n
+        return out
+"""
+INPUTS_WGRAD = (
+    f"\n\ndef get_inputs():\n    c = {COUNTS}\n"
+    "    return [torch.randn(int(c.sum()), K, dtype=DT), torch.randn(int(c.sum()), N, dtype=DT), c]\n"
+)
+
+
+def test_a_weight_gradient_loop_is_one_grouped_gemm_split_along_the_tokens(tmp_path):
+    """out[e] = x[rows of e]^T @ dy[rows of e]: captured as torch._grouped_mm(x.t(), dy, offs), which computes
+    what the loop does under any routing (idle experts' zeros included); the expert says plainly that our
+    grouped kernel does not split K yet, and a buffer that does not start as zeros is refused."""
+    from pipeline.generate.expert.grouped import NotGrouped, rewrite
+
+    path = _write(tmp_path, "wgrad", _model("", WGRAD.format(init="x.new_zeros(E, K, N)")), INPUTS_WGRAD)
+    ops = [n.op for n in capture(path).nodes]
+    assert ops.count("_grouped_mm") == 1 and "t" in ops and "mm" not in ops, ops
+    module = load_module(path)
+    model = module.Model()
+    grouped = rewrite(module, model)
+    for counts in _routings(40):
+        x, dy = torch.randn(40, 64, dtype=torch.bfloat16), torch.randn(40, 48, dtype=torch.bfloat16)
+        want, got = model(x, dy, counts), grouped(x, dy, counts)
+        got = got[0] if isinstance(got, list | tuple) else got  # the graph module returns its outputs
+        assert got.shape == want.shape == (6, 64, 48)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+    ok, why = supports(path)
+    assert not ok and "split K" in why, why
+    junk = _write(tmp_path, "junk", _model("", WGRAD.format(init="x.new_empty(E, K, N)")), INPUTS_WGRAD)
+    with pytest.raises(NotGrouped, match="zeros"):
+        rewrite(load_module(junk), load_module(junk).Model())
+
+
+def test_the_benchmarks_weight_gradient_baseline_computes_what_the_loop_does(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_moe
+
+    path = _write(tmp_path, "wgrad", _model("", WGRAD.format(init="x.new_zeros(E, K, N)")), INPUTS_WGRAD)
+    module = load_module(path)
+    model = module.Model()
+    args = module.get_inputs()
+    got = bench_moe.libraries(module, model)["torch._grouped_mm"](*args)
+    torch.testing.assert_close(got.float(), model(*args).float(), rtol=2e-2, atol=2e-2)
+    t = probe(ROOT / "tasks" / "moe" / "qwen3_fc2_wgrad.py")  # the full-size task: (E, I, H) from 65536 rows
+    assert t.flops == 2 * 65536 * 768 * 2048

@@ -50,6 +50,7 @@ class Loop:
     chain: list[Any]  # the first group's row-wise ops after its product
     written: Any  # the value the first group writes into its rows (its product, or the chain's last op)
     loop_nodes: set[Any]  # every node of the unrolled loop, dropped by the rewrite
+    ragged_k: bool = False  # a weight gradient: out[e] = x[rows of e]^T @ w[rows of e], the groups along K
 
 
 def rewrite(module: ModuleType, model: Any) -> Any:
@@ -122,6 +123,8 @@ def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any
     mms = [n for n in gm.graph.nodes if _is(n, aten.mm.default)]
     if len(mms) < 2:
         raise NotGrouped("the traced forward has no loop of matrix products over experts")
+    if _is(mms[0].args[1], aten.slice.Tensor):  # both operands rows of a group: a weight gradient
+        return _recognise_wgrad(mms, inputs, names), names
     groups: list[Group] = []
     loop_nodes: set[Any] = set()
     operands = set()
@@ -167,6 +170,63 @@ def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any
     return Loop(
         x, w, k_major, counts, cumulative, lead, out, groups[0].mm, ops, copy.args[1], loop_nodes
     ), names
+
+
+def _rows(n: Any) -> tuple[Any, int, int] | None:
+    """(tensor, start, end) when n is a slice of rows of a tensor (step 1), else None."""
+    import torch
+
+    if not (_is(n, torch.ops.aten.slice.Tensor) and n.args[1] == 0 and (n.args[4:] or (1,))[0] == 1):
+        return None
+    start = int(n.args[2] or 0) if len(n.args) > 2 else 0
+    return n.args[0], start, start + int(n.meta["val"].shape[0])
+
+
+_ZEROS = ("zeros", "new_zeros", "zeros_like")
+
+
+def _recognise_wgrad(mms: list[Any], inputs: list, names: dict[Any, tuple[str, Any]]) -> Loop:
+    """out[e] = x[rows of e]^T @ dy[rows of e] for each expert, out zeros where an expert has no token:
+    the weight gradient of a grouped GEMM, one grouped GEMM whose groups split K (the tokens)."""
+    import torch
+
+    aten = torch.ops.aten
+    groups: list[Group] = []
+    operands, outs, loop_nodes = set(), set(), set()
+    for mm in mms:
+        a, b = mm.args
+        transposed = _is(a, aten.t.default) or (
+            _is(a, aten.transpose.int) and sorted(a.args[1:]) in ([-2, -1], [0, 1])
+        )
+        ra, rb = (_rows(a.args[0]) if transposed else None), _rows(b)
+        if ra is None or rb is None or ra[1:] != rb[1:]:
+            raise NotGrouped("a weight gradient's product is not rows^T @ the same rows of another tensor")
+        users = list(mm.users)
+        if len(users) != 1 or not _is(users[0], aten.copy_.default) or users[0].args[1] is not mm:
+            raise NotGrouped("an expert's weight gradient is not written once into the output")
+        dst = users[0].args[0]
+        if not (_is(dst, aten.select.int) and dst.args[1] == 0):
+            raise NotGrouped("an expert's weight gradient is not written into out[e]")
+        groups.append(Group(mm, int(dst.args[2]), ra[1], ra[2]))
+        operands.add((ra[0], rb[0]))
+        outs.add(dst.args[0])
+        loop_nodes.update((mm, a, a.args[0], b, dst, users[0]))
+    if len(operands) != 1 or len(outs) != 1:
+        raise NotGrouped("the weight gradients do not all take rows of the same two tensors into one output")
+    ((x, dy),), (out,) = operands, outs
+    if names.get(x, ("",))[0] != "input" or names.get(dy, ("",))[0] != "input":
+        raise NotGrouped("a weight gradient's operands are not forward inputs")
+    if {x.meta["val"].dtype, dy.meta["val"].dtype} != {torch.bfloat16}:
+        raise NotGrouped("grouped GEMMs are written for bf16 operands (as torch._grouped_mm)")
+    if len({g.expert for g in groups}) != len(groups):
+        raise NotGrouped("an expert's weight gradient is written twice")
+    if not (out.op == "call_function" and _name(out).split(".")[0] in _ZEROS):
+        raise NotGrouped(
+            "the weight gradients' output does not start as zeros (an idle expert's would be junk)"
+        )
+    counts, cumulative, lead = _routing(groups, inputs, out)
+    loop_nodes.add(out)
+    return Loop(x, dy, False, counts, cumulative, lead, out, groups[0].mm, [], groups[0].mm, loop_nodes, True)
 
 
 def _end(sl: Any) -> int | None:
@@ -287,7 +347,9 @@ def _rebuild(model: Any, loop: Loop, names: dict[Any, tuple[str, Any]], n_inputs
         offs = g.call_function(aten.cumsum.default, (c, 0))
     offs = g.call_function(aten._to_copy.default, (offs,), {"dtype": torch.int32})
     w = g.call_function(aten.transpose.int, (env[loop.w], -2, -1)) if loop.k_major else env[loop.w]
-    env[loop.mm] = g.call_function(aten._grouped_mm.default, (env[loop.x], w, offs))
+    # a weight gradient: x^T (H, tokens) times dy (tokens, I), the groups along the tokens (K)
+    x = g.call_function(aten.t.default, (env[loop.x],)) if loop.ragged_k else env[loop.x]
+    env[loop.mm] = g.call_function(aten._grouped_mm.default, (x, w, offs))
     for n in loop.chain:
         env[n] = g.node_copy(n, lambda a: env[a])
     env[loop.out] = env[loop.written]

@@ -196,10 +196,23 @@ def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]
     low = prepare(graph)
     ours = [r for r in low.regions if _computed_by_us(r, low)]
     if not ours:
-        lib = [n.target for r in low.regions for n in r.nodes if r.kind is RegionKind.LIBRARY]
-        why = [*low.notes, *(f"{t} stays in cuBLAS/cuDNN" for t in lib)] or ["the reference is only views"]
+        lib = [f"{r.node.target} stays in the library: {_why_library(r, low)}" for r in low.regions
+               if r.kind is RegionKind.LIBRARY]  # fmt: skip
+        why = [*low.notes, *lib] or ["the reference is only views"]
         return None, f"nothing for our kernels to compute: {'; '.join(why)}"
     return low, ""
+
+
+def _why_library(r: Region, low: Lowered) -> str:
+    """Why no template of ours takes a library region: the first product family's reason that is about this
+    op, not about other ops ("only grouped GEMMs ...")."""
+    from pipeline.generate.expert.families import gemm16, gemm_tf32, grouped_gemm
+
+    for family in (grouped_gemm, gemm_tf32, gemm16):
+        why = family.form(r, low)
+        if isinstance(why, str) and not why.startswith("only "):
+            return why
+    return "no template of ours computes it (cuBLAS/cuDNN do)"
 
 
 def supports(task_path: str | Path) -> tuple[bool, str]:

@@ -38,6 +38,11 @@ def form(r: Region, low: Lowered) -> GroupedForm | str:
     a, w, offs = (low.by_name.get(v.name) if isinstance(v, Ref) else None for v in n.args[:3])
     if a is None or w is None or offs is None or not a.shape or not w.shape or not offs.shape:
         return "the operands' shapes are unknown"
+    if len(a.shape) == 2 and len(w.shape) == 2:
+        return (
+            "a grouped GEMM whose groups split K (a weight gradient, x[rows of e]^T @ dy[rows of e]) has no "
+            "template of ours yet: torch._grouped_mm computes it"
+        )
     if {a.dtype, w.dtype, n.dtype} != {"bfloat16"}:
         return f"the grouped template takes bf16 operands, not {a.dtype} x {w.dtype}"
     if len(a.shape) != 2 or len(w.shape) != 3 or offs.shape != (w.shape[0],):
