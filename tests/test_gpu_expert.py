@@ -705,3 +705,18 @@ def test_grouped_gemm_verifies_on_odd_groups(pool, home, tmp_path, name, bounds)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=True)
     assert any(ours(c) for c in cands)
+
+
+@pytest.mark.parametrize("task_id", ["softmax", "elementwise_chain"])
+def test_the_power_edit_verifies_as_our_kernels(pool, home, task_id):
+    """lower_power (objective energy): the same kernels on a persistent grid over 75% and 50% of the SMs."""
+    path = ROOT / "tasks" / f"{task_id}.py"
+    t = probe(path)
+    policy = ExpertPolicy()
+    (parent,) = policy.propose(Context(task=t, reference=t.source, parent=None), 1)
+    ctx = Context(task=t, reference=t.source, parent=parent.candidate, extra={"objective": "energy"})
+    kids = [k for k in policy.propose(ctx, 2) if k.status == ProposalStatus.OK]
+    assert [k.edit.split("(")[0] for k in kids] == ["lower_power", "lower_power"], [k.edit for k in kids]
+    cands = [k.candidate for k in kids]
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=False)
