@@ -3,7 +3,7 @@ against the per-expert loop in the same worker run), then the libraries on the s
 torch._grouped_mm (with torch's SwiGLU after it for fc1) and VeOmni's Triton group GEMM where the package
 imports. Fresh inputs and routing each call, L2 flushed, CUDA events, median of many (pipeline.timing).
 
-    python benchmarks/bench_moe.py --out DIR [--tasks qwen3_fc1,qwen3_fc2] [--repeat 2]
+    python benchmarks/bench_moe.py --out DIR [--tasks qwen3_fc1,qwen3_fc2] [--repeat 2] [--compile]
 
 Writes DIR/results.json (one entry per task, rewritten after each) and prints a line per task.
 """
@@ -139,10 +139,15 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tasks", default=",".join(TASKS))
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="time torch.compile of the reference loop too")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = load(
-        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=3.0
+        home=args.out / "home",
+        baselines=("eager", "compile") if args.compile else ("eager",),
+        energy=False,
+        timing_trials=50,
+        timing_budget_s=3.0,
     )
     results: dict[str, dict] = {}
     with stages.open_pool(cfg) as pool:
@@ -154,7 +159,7 @@ def main() -> int:
             say(f"{name}: {len(cands)} candidates in {time.monotonic() - t0:.0f} s")
             if not cands:  # e.g. a weight gradient: the libraries are still timed, for the record
                 say(f"{name}: no grouped kernel of ours: {supports(path)[1]}")
-            rows: dict[str, dict] = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
+            rows: dict[str, dict] = {c.edit: {"ours_ms": [], "eager_ms": [], "compile_ms": []} for c in cands}
             for i in range(args.repeat):
                 evaluated = stages.evaluate_candidates(path, cands, cfg, pool=pool)
                 say(f"{name}: evaluation {i + 1} of {args.repeat} done at {time.monotonic() - t0:.0f} s")
@@ -167,6 +172,8 @@ def main() -> int:
                         continue
                     row["ours_ms"].append(m.timing.median_ms)
                     row["eager_ms"].append(m.baselines["eager"].median_ms)
+                    if "compile" in m.baselines:  # torch.compile of the loop, timed in the same worker run
+                        row["compile_ms"].append(m.baselines["compile"].median_ms)
             libs = time_libraries(path, flops)
             say(f"{name}: libraries timed at {time.monotonic() - t0:.0f} s")
             for row in rows.values():
@@ -174,6 +181,8 @@ def main() -> int:
                     best = min(row["ours_ms"])
                     row["tflops"] = flops / best / 1e9
                     row["vs_loop"] = speedup(min(row["eager_ms"]), best)
+                    if row["compile_ms"]:
+                        row["vs_compile"] = speedup(min(row["compile_ms"]), best)
                     for lib, v in libs.items():
                         row[f"vs {lib}"] = speedup(v["ms"], best)
             results[name] = {"candidates": rows, "libraries": libs, "flops": flops}
