@@ -90,7 +90,7 @@ LOOPS = {  # name -> (weights, forward, inputs): tokens sorted by expert, rows g
 READS = {
     "swiglu_skip_idle": "(int)offs[e]",
     "offsets": "(int)(offs[e] - (e ? offs[e - 1] : 0))",
-    "bounds_from_zero": "(int)(offs[e + 1] - offs[e])",
+    "bounds_from_zero": "(int)(offs[e + 1] - (e ? offs[e] : 0))",
 }
 INPUTS_P = INPUTS.replace("dtype=DT), c]", "dtype=DT), c, torch.rand(int(c.sum()), 1, dtype=DT)]")
 REFUSED = {  # name -> (forward, inputs, what the reason says)

@@ -70,8 +70,10 @@ def _rows_of(g: Groups) -> str:
     """C++ for expert e's row count, read from the groups array `offs`."""
     if g.counts:
         return "(int)offs[e]"
-    if g.skip:  # ends after a leading zero: expert e's rows run from offs[e] to offs[e + 1]
-        return "(int)(offs[e + 1] - offs[e])"
+    if (
+        g.skip
+    ):  # ends after a leading entry: the rows of torch._grouped_mm(offs=ends[1:]), row_end[e] = offs[e + 1]
+        return "(int)(offs[e + 1] - (e ? offs[e] : 0))"
     return "(int)(offs[e] - (e ? offs[e - 1] : 0))"
 
 
