@@ -862,7 +862,7 @@ def _experiment_output(folder: Path, reports: dict[str, Path], result: Any, json
         if result is not None:
             doc["runs"] = [{"cell": r.cell, "seed": r.seed, "ran": list(r.ran), "skipped": list(r.skipped),
                             "error": r.error} for r in result.runs]  # fmt: skip
-        doc.update(cells=data["cells"], comparisons=data["comparisons"],
+        doc.update(cells=data["cells"], comparisons=data["comparisons"], retrieval=data.get("retrieval"),
                    reports={k: str(v) for k, v in reports.items()})  # fmt: skip
         print(json.dumps(doc, indent=2, default=str))
         return
@@ -881,6 +881,13 @@ def _experiment_output(folder: Path, reports: dict[str, Path], result: Any, json
     out.print(table)
     for name, c in data["cells"].items():
         _say(f"{name}: {c['written']} rows, {c['verified']} verified, {_x(c['ours_over_eager'])} over eager")
+    retrieval = data.get("retrieval") or {}
+    if retrieval.get("error"):
+        _say(f"retrieval not measured: {retrieval['error']}")
+    for corpus, r in retrieval.get("corpora", {}).items():
+        k = retrieval["k"]
+        got = f"recall@{k} {r['recall']:.3f}, MRR {r['mrr']:.3f}" if "recall" in r else r.get("error", "")
+        _say(f"retrieval of {corpus} on {retrieval['cases']} queries: {got}")
     if result is not None:
         done = sum(len(r.skipped) for r in result.runs)
         if done:
