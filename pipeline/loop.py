@@ -677,7 +677,10 @@ def _open_hunter(cfg: Config) -> tuple[Any, list[str]]:
     from corpora import index_commands
     from pipeline.config import corpus_names
 
-    names = corpus_names(cfg.corpus)
+    try:
+        names = corpus_names(cfg.corpus)
+    except ValueError as e:  # a resumed run's recorded corpus that this checkout no longer defines
+        return None, [f"no building blocks: {e}"]
     if not names:
         return None, ["corpus none: no building blocks from a source index"]
     try:

@@ -664,3 +664,20 @@ def test_use_is_counted_from_a_recorded_run_log(tmp_path):
     md = "\n".join(suite_report.corpus_markdown({"retrieval": None, "cells": {cell: {"use": use}}}))
     assert "| corpus=cutlass+local | 1 | 4 | 3 | local | 1 | 1 | 1 | `kp/block_reduce.cuh` (1) |" in md
     assert "| corpus=cutlass+local | 1 | 4 | 3 | cutlass | 1 | 0 | " in md
+
+
+def test_the_cccl_example_is_a_corpus_experiment_with_its_query_set():
+    """examples/experiments/cccl_scan_reduce.toml (docs/corpus-experiment.md) loads: two corpus cells over the
+    KernelBench level 1 scans and reductions its list file names, and a query set of CCCL files."""
+    from index.hunt import load_cases
+
+    folder = ROOT / "examples" / "experiments"
+    exp = ex.load_experiment(folder / "cccl_scan_reduce.toml")
+    assert [c.name for c in exp.cells] == ["corpus=cutlass", "corpus=cutlass+cccl"]
+    assert exp.baseline == "corpus=cutlass" and exp.cells[1].factors["policy"] == "llm"
+    assert exp.suite == folder / "cccl_scan_reduce.txt" and exp.queries == folder / "cccl_queries.toml"
+    tasks = [x for x in exp.suite.read_text().splitlines() if x and not x.startswith("#")]
+    assert len(tasks) == 11 and all(t.startswith("kernelbench/level1/") for t in tasks)
+    assert any("cumsum" in t for t in tasks) and any("reduction_over_a_dimension" in t for t in tasks)
+    cases = load_cases(exp.queries)
+    assert len(cases) == 17 and all(e.startswith("cccl:cub/") for c in cases for e in c.expected)

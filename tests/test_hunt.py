@@ -241,6 +241,8 @@ def test_the_loop_opens_the_configured_corpora(small_corpora) -> None:
                      "`make index CORPUS=cccl` (kernelpro index build --corpus cccl))"]  # fmt: skip
     hunter, notes = _open_hunter(cfg.replace(corpus="none"))
     assert hunter is None and notes == ["corpus none: no building blocks from a source index"]
+    hunter, notes = _open_hunter(cfg.replace(corpus="gone"))  # a resumed run's corpus this checkout lacks
+    assert hunter is None and notes[0].startswith("no building blocks: corpus = 'gone' (unknown 'gone')")
     # The user's folder corpus is named with the folder its index needs.
     _, notes = _open_hunter(cfg.replace(home=cfg.home.parent / "empty", corpus="local"))
     assert "corpus local" in notes[0] and "kernelpro index build --corpus local --folder DIR" in notes[0]
