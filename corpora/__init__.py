@@ -58,6 +58,18 @@ def list_corpora() -> list[str]:
     return sorted(p.stem for p in CORPORA_DIR.glob("*.toml"))
 
 
+def index_commands(name: str) -> tuple[str, str]:
+    """How to build a corpus's index: the make target and the kernelpro command (a folder corpus also needs
+    its folder: FOLDER / --folder)."""
+    try:
+        folder = load_corpus(name).source == "folder"
+    except CorpusError:  # an unknown or broken corpus file: the plain command still names it
+        folder = False
+    make = "make index" if name == "cutlass" else f"make index CORPUS={name}"
+    kp = f"kernelpro index build --corpus {name}"
+    return (make + " FOLDER=DIR", kp + " --folder DIR") if folder else (make, kp)
+
+
 def load_corpus(name_or_path: str | Path, *, folder: str | Path | None = None) -> Corpus:
     """Load a corpus by name (a TOML in this folder) or from a TOML file's path.
 

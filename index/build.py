@@ -334,8 +334,10 @@ def build_index(
     total = coll.count()
     manifest = _read_manifest(cfg, name)
     emb_name = lazy.value.name if lazy.value else (cfg.embed_model or DEFAULT_MODEL_NAME)
-    if changed or removed or not manifest or manifest.get("chunks") != total:
-        _write_all_sidecars(cfg, corp, coll, emb_name, len(present), t0, note)
+    # A folder corpus's index says where its files are (the runs' source tools read them there).
+    moved = corp.source == "folder" and bool(manifest) and manifest.get("root") != _root_text(root)
+    if changed or removed or moved or not manifest or manifest.get("chunks") != total:
+        _write_all_sidecars(cfg, corp, coll, emb_name, len(present), t0, note, root)
     seconds = time.monotonic() - t0
     return BuildReport(
         corpus=corp.name,
@@ -353,8 +355,19 @@ def build_index(
     )
 
 
+def _root_text(root: Path) -> str:
+    return str(Path(root).resolve())
+
+
 def _write_all_sidecars(
-    cfg: Config, corp: Corpus, coll: Collection, model: str, files: int, t0: float, note: Progress
+    cfg: Config,
+    corp: Corpus,
+    coll: Collection,
+    model: str,
+    files: int,
+    t0: float,
+    note: Progress,
+    root: Path | None = None,
 ) -> None:
     """BM25 + ids + symbols + manifest, rebuilt from what the collection holds now (the source of truth)."""
     ids = coll.ids_where(None)
@@ -387,6 +400,8 @@ def _write_all_sidecars(
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "seconds": round(time.monotonic() - t0, 2),
     }
+    if corp.source == "folder" and root is not None:
+        manifest["root"] = _root_text(root)
     write_sidecars(
         sidecar_dir(cfg, coll.name),
         [r.id for r in records],

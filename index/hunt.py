@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from corpora import Corpus, load_corpus
+from corpora import Corpus, index_commands, load_corpus
 from index.build import collection_name
 from index.sidecar import load_sidecars, tokenize
 from index.store import Embedder, StoreError, open_store
@@ -242,9 +242,8 @@ class EvalReport:
 
 
 def _no_index(corpus: str) -> StoreError:
-    return StoreError(
-        f"no index for corpus {corpus}: run `make index` (kernelpro index build --corpus {corpus})"
-    )
+    make, kp = index_commands(corpus)
+    return StoreError(f"no index for corpus {corpus}: run `{make}` ({kp})")
 
 
 def include_line(path: str, kind: str) -> str | None:
@@ -676,6 +675,67 @@ def get_hunter(cfg: Config, corpus: str = "cutlass") -> Hunter:
     return _HUNTERS[key]
 
 
+class Hunters:
+    """Several corpora's hunters as one, with a Hunter's `hunt`: each corpus is asked for the k best and the
+    answers are merged by score, best first (ties: the better rank within its corpus, then the corpora's
+    order). The scores are on one scale: every corpus fuses its retrievers' ranks with the same weights
+    (reciprocal rank, k=60), and an identifier query's exact hit gets the same bonus in any corpus. Each
+    Block names its corpus (Block.corpus)."""
+
+    def __init__(self, hunters: Sequence[Hunter]) -> None:
+        if not hunters:
+            raise ValueError("Hunters needs one hunter at least")
+        names = [h.corpus for h in hunters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a corpus twice among {names}")
+        self.hunters = tuple(hunters)
+        self.cfg = hunters[0].cfg
+        self.corpus = "+".join(names)
+
+    def member(self, corpus: str) -> Hunter:
+        """The hunter of one corpus (KeyError when it is not one of these)."""
+        for h in self.hunters:
+            if h.corpus == corpus:
+                return h
+        raise KeyError(corpus)
+
+    def hunt(
+        self,
+        query: str,
+        k: int = 5,
+        arch: str | None = None,
+        kinds: Iterable[str] | None = None,
+        snippet_lines: int = SNIPPET_LINES,
+    ) -> list[Block]:
+        """The k best building blocks over all the corpora, best first."""
+        kinds = tuple(kinds) if kinds is not None else None
+        ranked = []
+        for order, h in enumerate(self.hunters):
+            for rank, b in enumerate(h.hunt(query, k=k, arch=arch, kinds=kinds, snippet_lines=snippet_lines)):
+                ranked.append((-b.score, rank, order, b))
+        ranked.sort(key=lambda t: t[:3])
+        return [b for *_, b in ranked[:k]]
+
+    def follow_includes(self, block: Block, *args: Any, **kwargs: Any) -> list[Block]:
+        """Definitions the block uses, from its own corpus."""
+        return self.member(block.corpus).follow_includes(block, *args, **kwargs)
+
+
+def open_corpora(cfg: Config, names: Sequence[str]) -> tuple[Hunter | Hunters | None, dict[str, str]]:
+    """The hunter over those of the named corpora whose index opens (a Hunters for several; None for none),
+    and, for each other one, the first line of why not."""
+    opened: list[Hunter] = []
+    missing: dict[str, str] = {}
+    for name in names:
+        try:
+            opened.append(get_hunter(cfg, name))
+        except Exception as e:  # no index, another embedding model, a store that does not open
+            missing[name] = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if not opened:
+        return None, missing
+    return (opened[0] if len(opened) == 1 else Hunters(opened)), missing
+
+
 def hunt(
     query: str,
     cfg: Config,
@@ -713,7 +773,13 @@ def _is_hit(path: str, expected: Sequence[str]) -> bool:
     return any(path.startswith(e) if e.endswith("/") else path == e for e in expected)
 
 
-def evaluate(hunter: Hunter, cases: Iterable[EvalCase | tuple[Any, ...]], k: int = 5) -> EvalReport:
+def _block_hit(b: Block, expected: Sequence[str]) -> bool:
+    """An expected path as the corpus names it, or with its corpus in front (`cccl:cub/...`): over several
+    corpora the second says which one must answer."""
+    return _is_hit(b.path, expected) or _is_hit(f"{b.corpus}:{b.path}", expected)
+
+
+def evaluate(hunter: Hunter | Hunters, cases: Iterable[EvalCase | tuple[Any, ...]], k: int = 5) -> EvalReport:
     """recall@k (any expected file among the top k) and MRR over the top 10; one warm-up query first."""
     norm: list[EvalCase] = []
     for c in cases:
@@ -733,7 +799,7 @@ def evaluate(hunter: Hunter, cases: Iterable[EvalCase | tuple[Any, ...]], k: int
         blocks = hunter.hunt(c.query, k=max(k, 10), arch=c.arch)
         ms = (time.perf_counter() - t0) * 1000
         paths = tuple(b.path for b in blocks)
-        rank = next((i + 1 for i, p in enumerate(paths) if _is_hit(p, c.expected)), None)
+        rank = next((i + 1 for i, b in enumerate(blocks) if _block_hit(b, c.expected)), None)
         results.append(CaseResult(c, rank, paths, ms))
     recall = sum(1 for r in results if r.rank is not None and r.rank <= k) / len(results)
     mrr = sum(1 / r.rank for r in results if r.rank is not None) / len(results)

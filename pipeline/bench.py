@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import Config
+from pipeline.config import Config, validate
 from pipeline.runlog import RunLogError, read_events
 from pipeline.runstate import RunState, fold
 from pipeline.selfcheck import read_store, task_files, task_key
@@ -39,7 +39,7 @@ REPORTS = {"json": "summary.json", "markdown": "report.md", "html": "report.html
 DEFAULTS: dict[str, Any] = {"evals": 12, "policy": "expert", "search": "mcts"}
 # Settings a bench records only when given (an experiment's cells): benches made without them keep the
 # manifest they always had, and run with the config's own values.
-OPTIONAL = ("seed", "feedback", "objective", "memory", "memory_collection")
+OPTIONAL = ("seed", "feedback", "objective", "memory", "memory_collection", "corpus")
 
 
 class BenchError(ValueError):
@@ -362,16 +362,21 @@ def read_manifest(out: Path) -> dict[str, Any]:
 def bench_config(cfg: Config, out: Path, manifest: dict[str, Any]) -> Config:
     """The config every task of the bench runs with: its settings, its runs folder, and no memory across
     tasks unless the bench asks for it (an experiment's memory cell): a task's result must not depend on
-    which tasks ran before it on this machine."""
+    which tasks ran before it on this machine. A bench without a corpus setting draws building blocks from
+    the config's corpora (cutlass unless KERNELPRO_CORPUS says otherwise)."""
     s = manifest["settings"]
-    return cfg.replace(
+    bench_cfg = cfg.replace(
         runs_dir=Path(out) / RUNS,
         max_evals=int(s["evals"]),
         policy=s["policy"],
         search=s["search"],
         memory=bool(s.get("memory", False)),
-        **{k: s[k] for k in ("seed", "feedback", "objective", "memory_collection") if s.get(k) is not None},
+        **{k: s[k] for k in OPTIONAL if k != "memory" and s.get(k) is not None},
     )
+    try:
+        return validate(bench_cfg)
+    except ValueError as e:  # a manifest edited by hand: say which bench, not a crash in every task
+        raise BenchError(f"{Path(out) / MANIFEST}: {e}") from None
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -473,6 +473,15 @@ def _check_replay(paths: list[Path]) -> None:
             )
 
 
+RunCorpusOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--corpus",
+        help="building blocks from: a corpus (corpora/*.toml), corpora joined by '+' (cutlass+cccl), or none",
+    ),
+]
+
+
 @app.command()
 @_user_errors
 def optimize(
@@ -504,6 +513,7 @@ def optimize(
         int | None, typer.Option(min=0, help="seed of the search and the verification inputs")
     ] = None,
     memory: Annotated[bool | None, typer.Option("--memory/--no-memory", help="lessons across runs")] = None,
+    corpus: RunCorpusOpt = None,
     resume: Annotated[
         str | None, typer.Option(help="continue the run with this id (its recorded settings and budgets)")
     ] = None,
@@ -537,6 +547,7 @@ def optimize(
         speed_tolerance=speed_tolerance, max_evals=max_evals, max_wall_s=max_wall, max_tokens=max_tokens,
         max_cost_usd=max_cost,
         children_per_expand=children, feedback=_value(feedback), seed=seed, memory=memory, runs_dir=runs_dir,
+        corpus=corpus,
     )  # fmt: skip
     given = {k for k, v in (("max_evals", max_evals), ("max_wall_s", max_wall), ("max_tokens", max_tokens),
                             ("max_cost_usd", max_cost)) if v is not None}  # fmt: skip
@@ -641,6 +652,7 @@ def bench(
     ] = None,
     policy: Annotated[Policy | None, typer.Option(help="expert (default), llm or auto")] = None,
     search: Annotated[Search | None, typer.Option(help="mcts (default) or greedy")] = None,
+    corpus: RunCorpusOpt = None,
     match: Annotated[
         str | None, typer.Option(help="only tasks whose key (folder/name) this regex finds")
     ] = None,
@@ -674,7 +686,9 @@ def bench(
         )
     tasks = bench_mod.load_suite(suite, match)
     index = bench_mod.ReplayIndex.scan(replay) if replay is not None else None
-    settings = {"evals": evals, "policy": _value(policy), "search": _value(search)}
+    if corpus is not None:
+        config_mod.corpus_names(corpus)  # a bad value is one line before the bench folder is made
+    settings = {"evals": evals, "policy": _value(policy), "search": _value(search), "corpus": corpus}
     manifest = bench_mod.open_bench(out_dir, tasks, settings, resume)
     cfg = config_mod.load(home=home)
     bar, update = _progress(json_out)
@@ -848,7 +862,7 @@ def _experiment_output(folder: Path, reports: dict[str, Path], result: Any, json
         if result is not None:
             doc["runs"] = [{"cell": r.cell, "seed": r.seed, "ran": list(r.ran), "skipped": list(r.skipped),
                             "error": r.error} for r in result.runs]  # fmt: skip
-        doc.update(cells=data["cells"], comparisons=data["comparisons"],
+        doc.update(cells=data["cells"], comparisons=data["comparisons"], retrieval=data.get("retrieval"),
                    reports={k: str(v) for k, v in reports.items()})  # fmt: skip
         print(json.dumps(doc, indent=2, default=str))
         return
@@ -867,6 +881,13 @@ def _experiment_output(folder: Path, reports: dict[str, Path], result: Any, json
     out.print(table)
     for name, c in data["cells"].items():
         _say(f"{name}: {c['written']} rows, {c['verified']} verified, {_x(c['ours_over_eager'])} over eager")
+    retrieval = data.get("retrieval") or {}
+    if retrieval.get("error"):
+        _say(f"retrieval not measured: {retrieval['error']}")
+    for corpus, r in retrieval.get("corpora", {}).items():
+        k = retrieval["k"]
+        got = f"recall@{k} {r['recall']:.3f}, MRR {r['mrr']:.3f}" if "recall" in r else r.get("error", "")
+        _say(f"retrieval of {corpus} on {retrieval['cases']} queries: {got}")
     if result is not None:
         done = sum(len(r.skipped) for r in result.runs)
         if done:

@@ -69,6 +69,9 @@ class Config:
     feedback: str = "advice"  # advice | json | raw | none: what the policy sees of the profile (ablations)
     memory: bool = True  # lessons across runs, in Chroma
     memory_collection: str = "kernelpro-memory"  # an experiment gives each cell and seed its own
+    # where building blocks come from: a corpus (corpora/*.toml), corpora joined by "+" (cutlass+cccl), or
+    # "none"; each one's index is built by `kernelpro index build --corpus NAME`
+    corpus: str = "cutlass"
     # LLM endpoint (any OpenAI-compatible server); the key never reaches a worker or a log
     llm_base_url: str | None = None
     llm_api_key: str | None = None
@@ -209,8 +212,36 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "sandbox_layers": SANDBOX_LAYERS,
     "sandbox_ncu_layers": SANDBOX_LAYERS,
 }
+NO_CORPUS = "none"
 _COLLECTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,61}[A-Za-z0-9]")  # what Chroma accepts
 _FOLDERS = ("home", "runs_dir")  # chroma_path: index/store.py says it, as a StoreError, where it is opened
+
+
+def corpus_names(value: object) -> tuple[str, ...]:
+    """The corpora a `corpus` setting names, in its order; () for "none". A ValueError of one line says what
+    is allowed: "none", one corpus of corpora/*.toml, or several of them joined by "+" (each once)."""
+    from corpora import list_corpora
+
+    known = list_corpora()
+    if value == NO_CORPUS:
+        return ()
+    parts = str(value).split("+") if isinstance(value, str) else []
+    unknown = [p for p in parts if p not in known]
+    twice = sorted({p for p in parts if parts.count(p) > 1})
+    if parts and not unknown and not twice:
+        return tuple(parts)
+    if not parts:
+        why = "not text"
+    elif NO_CORPUS in parts:
+        why = f"{NO_CORPUS!r} joined with corpora"
+    elif "" in parts:
+        why = "an empty name"
+    else:
+        why = f"unknown {unknown[0]!r}" if unknown else f"{twice[0]} named twice"
+    raise ValueError(
+        f"corpus = {value!r} ({why}) is not {NO_CORPUS!r}, a corpus or corpora joined by '+' (e.g. "
+        f"cutlass+cccl); the corpora are {', '.join(known)}"
+    )
 
 
 def _range_text(low: float | None, high: float | None, open_low: bool) -> str:
@@ -245,6 +276,10 @@ def validate(cfg: Config) -> Config:
             f"memory_collection = {cfg.memory_collection!r} is not a collection name: 3 to 63 letters, digits, "
             "'.', '_' or '-', starting and ending with a letter or digit"
         )
+    try:
+        corpus_names(cfg.corpus)
+    except ValueError as e:
+        problems.append(str(e))
     for name in _FOLDERS:
         path = Path(getattr(cfg, name))
         if path.exists() and not path.is_dir():

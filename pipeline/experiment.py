@@ -13,6 +13,11 @@ An experiment is a TOML file:
     [matrix]                       # the cells: every combination of these values
     search = ["mcts", "greedy"]
 
+The factors: policy, search, feedback, memory, objective, and corpus: where the building blocks come from,
+"none", one corpus of corpora/*.toml or several joined by "+" ("cutlass+cccl"), each indexed beforehand
+with `kernelpro index build --corpus NAME`. A corpus cell whose index is missing still runs, without that
+corpus's building blocks, and its runs' notes and the report say so.
+
 Each cell x seed is a bench folder (pipeline/bench.py) under DIR/cells/<cell>/seed-<n>/, so an experiment
 resumes cell by cell and, inside a cell, task by task. The experiment folder holds its manifest
 (experiment.json), a copy of the TOML that reruns it from there (experiment.toml), and the reports
@@ -22,6 +27,12 @@ The comparison of a cell with the baseline is paired by task: per task, the rati
 (cell over baseline, the geometric mean over the seeds both verified), then over tasks the geomean ratio
 with a bootstrap confidence interval, a Wilcoxon signed-rank test on the log ratios, and wins, losses and
 ties. Tasks are the unit (seeds are repeated measures of one task), so n is the number of paired tasks.
+
+The corpora of the cells are measured two more ways. Retrieval: with `queries = "file.toml"` (a query set
+of `[[case]]` tables, query and expect, as index.hunt.load_cases reads; relative to the experiment file),
+recall@5 and MRR of each cell's corpora on it, whenever their indexes are built (retrieval.json in the
+experiment folder, measured again at every run). Use: which building blocks the runs' candidates took from
+each corpus, read from the run logs.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import itertools
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,32 +51,29 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import bench
-from pipeline.config import CHOICES, Config
+from pipeline.config import CHOICES, NO_CORPUS, Config, corpus_names
 
-MANIFEST, COPY, CELLS = "experiment.json", "experiment.toml", "cells"
+MANIFEST, COPY, CELLS, RETRIEVAL = "experiment.json", "experiment.toml", "cells", "retrieval.json"
 REPORTS = {"json": "summary.json", "markdown": "report.md", "html": "report.html"}
 RESAMPLES = 10_000  # bootstrap resamples of the paired tasks
 LEVEL = 0.95  # of the bootstrap interval
 TIE = 0.01  # a ratio within 1% of 1 is a tie: closer than timing noise on one GPU
 MIN_PAIRS = 2  # paired tasks with a non-zero difference the signed-rank test needs to say anything
-
-# The factors a cell may set, their allowed values and the value a cell gets when the TOML does not say.
-# corpus: the config has no corpus setting yet; the loop draws building blocks from the cutlass index
-# whenever one is built, so only that value can run (the others are named to say so, not to run).
-RUNNABLE_CORPORA = ("cutlass",)
+RECALL_K = 5  # retrieval: recall@k of the query set (MRR over the top 10, as index.hunt.evaluate)
 
 
 def _corpora() -> tuple[str, ...]:
     from corpora import list_corpora
 
-    return ("none", *list_corpora())
+    return (NO_CORPUS, *list_corpora())
 
 
+# The factors a cell may set, their allowed values and the value a cell gets when the TOML does not say.
 FACTORS: dict[str, tuple[Any, ...]] = {
     "policy": tuple(p for p in CHOICES["policy"] if p != "auto"),  # a cell says which policy it measures
     "search": CHOICES["search"],
     "feedback": CHOICES["feedback"],
-    "corpus": (),  # filled from corpora/*.toml when checked
+    "corpus": (),  # none, a corpus of corpora/*.toml, or corpora joined by "+": config.corpus_names checks it
     "memory": (False, True),
     "objective": CHOICES["objective"],
 }
@@ -76,7 +85,8 @@ DEFAULT_FACTORS: dict[str, Any] = {
     "memory": False,
     "objective": "time",
 }
-KEYS = ("name", "description", "suite", "evals", "seeds", "baseline", "fixed", "matrix", "resamples")
+KEYS = ("name", "description", "suite", "evals", "seeds", "baseline", "fixed", "matrix", "resamples",
+        "queries")  # fmt: skip
 
 
 class ExperimentError(ValueError):
@@ -89,12 +99,13 @@ class Cell:
     factors: dict[str, Any]  # every factor, defaults filled in
 
     def settings(self, evals: int, seed: int, experiment: str = "") -> dict[str, Any]:
-        """The bench settings of this cell for one seed (corpus is not one: see RUNNABLE_CORPORA). A memory
-        cell learns in a lesson store of its own for each seed, empty when it starts: lessons of another
-        cell, seed or experiment would make the cells' outcomes depend on the order they ran in."""
+        """The bench settings of this cell for one seed. A memory cell learns in a lesson store of its own for
+        each seed, empty when it starts: lessons of another cell, seed or experiment would make the cells'
+        outcomes depend on the order they ran in."""
         f = self.factors
         out = {"evals": evals, "policy": f["policy"], "search": f["search"], "seed": seed,
-               "feedback": f["feedback"], "objective": f["objective"], "memory": f["memory"]}  # fmt: skip
+               "feedback": f["feedback"], "objective": f["objective"], "memory": f["memory"],
+               "corpus": f["corpus"]}  # fmt: skip
         if f["memory"]:
             digest = hashlib.sha1(f"{experiment}/{self.name}/{seed}".encode()).hexdigest()[:16]
             out["memory_collection"] = f"kernelpro-memory-{digest}"
@@ -114,9 +125,11 @@ class Experiment:
     baseline: str  # a cell's name
     resamples: int = RESAMPLES
     description: str = ""
+    queries: Path | None = None  # the retrieval query set, resolved against the TOML's folder
 
     def definition(self) -> dict[str, Any]:
-        """What makes two runs the same experiment (the suite is checked by its fingerprint)."""
+        """What makes two runs the same experiment (the suite is checked by its fingerprint; the query set
+        only changes the report, so it is not part of it)."""
         return {"evals": self.evals, "seeds": list(self.seeds), "baseline": self.baseline,
                 "cells": {c.name: c.factors for c in self.cells}, "resamples": self.resamples}  # fmt: skip
 
@@ -132,17 +145,45 @@ def _allowed(factor: str) -> tuple[Any, ...]:
 
 
 def _check_value(where: str, factor: str, value: Any) -> Any:
+    if factor == "corpus":  # "none", a corpus, or corpora joined by "+"
+        try:
+            corpus_names(value)
+        except ValueError as e:
+            raise ExperimentError(f"{where}: {e}") from None
+        return value
     allowed = _allowed(factor)
     # bool is an int in Python: `memory = 1` or `policy = true` must not slip through as a match.
     if value not in allowed or isinstance(value, bool) != isinstance(allowed[0], bool):
         shown = ", ".join("true" if a is True else "false" if a is False else str(a) for a in allowed)
         raise ExperimentError(f"{where}: {factor} = {value!r} is not one of {shown}")
-    if factor == "corpus" and value not in RUNNABLE_CORPORA:
-        raise ExperimentError(
-            f"{where}: corpus = {value!r} cannot run yet: the config has no corpus setting (the search uses the "
-            f"cutlass index whenever one is built); only {', '.join(RUNNABLE_CORPORA)} runs today"
-        )
     return value
+
+
+def _check_queries(path: Path, value: Any) -> Path:
+    """The query set's path (relative to the experiment file) once it reads as `[[case]]` tables, each with a
+    query and what it expects (a path or a list of paths)."""
+    if not isinstance(value, str) or not value:
+        raise ExperimentError(f"{path}: queries = the path of a query set (a TOML of [[case]] tables)")
+    queries = Path(value).expanduser()
+    queries = Path(os.path.normpath(queries if queries.is_absolute() else path.parent / queries))
+    try:
+        cases = tomllib.loads(queries.read_text()).get("case")
+    except OSError as e:
+        raise ExperimentError(f"{path}: queries = {value!r}: cannot read {queries} ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ExperimentError(f"{path}: queries = {value!r}: {queries} is not TOML ({e})") from None
+    if not isinstance(cases, list) or not cases:
+        raise ExperimentError(f"{path}: queries = {value!r}: {queries} has no [[case]] tables")
+    for i, c in enumerate(cases, 1):
+        query, expect = (c.get("query"), c.get("expect")) if isinstance(c, dict) else (None, None)
+        paths = [expect] if isinstance(expect, str) else expect if isinstance(expect, list) else []
+        good = bool(paths) and all(isinstance(e, str) and e for e in paths)
+        if not good or not isinstance(query, str) or not query.strip():
+            raise ExperimentError(
+                f"{path}: queries = {value!r}: case {i} of {queries} needs query = words and expect = a path "
+                "or a list of paths, relative to the corpus root (`corpus:path` names the corpus)"
+            )
+    return queries
 
 
 def _check_factor(where: str, factor: str) -> None:
@@ -233,8 +274,9 @@ def load_experiment(path: str | Path) -> Experiment:
     description = data.get("description", "")
     if not isinstance(name, str) or not isinstance(description, str):
         raise ExperimentError(f"{path}: name and description are text")
+    queries = _check_queries(path, data["queries"]) if "queries" in data else None
     return Experiment(name, path, suite, evals, tuple(seeds), fixed, levels, cells, baseline, resamples,
-                      description)  # fmt: skip
+                      description, queries)  # fmt: skip
 
 
 def _toml_value(v: Any) -> str:
@@ -249,13 +291,18 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"no TOML for {v!r}")
 
 
-def to_toml(exp: Experiment, where: Path) -> str:
-    """The experiment as TOML for a file in the folder `where`: its suite path relative to that folder, so
-    the copy kept beside the results reruns the same experiment from there."""
-    target, here = exp.suite.resolve(), Path(where).resolve()
-    # Relative while both share a folder below the root (a checkout moved whole still works), else absolute.
+def _relative(target: Path, where: Path) -> str:
+    """A path as seen from the folder `where`: relative while both share a folder below the root (a checkout
+    moved whole still works), else absolute."""
+    target, here = Path(target).resolve(), Path(where).resolve()
     shared = os.path.commonpath([target, here]) != target.anchor
-    suite = os.path.relpath(target, here) if shared else str(target)
+    return os.path.relpath(target, here) if shared else str(target)
+
+
+def to_toml(exp: Experiment, where: Path) -> str:
+    """The experiment as TOML for a file in the folder `where`: its suite (and query set) paths relative to
+    that folder, so the copy kept beside the results reruns the same experiment from there."""
+    suite = _relative(exp.suite, where)
     lines = [
         f"# kernelpro experiment (a copy of {exp.path}; rerun: kernelpro experiment THIS_FILE --out DIR)"
     ]
@@ -264,6 +311,8 @@ def to_toml(exp: Experiment, where: Path) -> str:
         lines.append(f"description = {_toml_value(exp.description)}")
     lines += [f"suite = {_toml_value(suite)}", f"evals = {exp.evals}", f"seeds = {_toml_value(list(exp.seeds))}",
               f"baseline = {_toml_value(exp.baseline)}", f"resamples = {exp.resamples}"]  # fmt: skip
+    if exp.queries is not None:
+        lines.append(f"queries = {_toml_value(_relative(exp.queries, where))}")
     if exp.fixed:
         lines += ["", "[fixed]", *(f"{k} = {_toml_value(v)}" for k, v in exp.fixed.items())]
     lines += ["", "[matrix]", *(f"{k} = {_toml_value(list(v))}" for k, v in exp.matrix.items())]
@@ -374,7 +423,149 @@ def run_experiment(out: Path, exp: Experiment, suite: bench.Suite, cfg: Config, 
             runs.append(CellRun(cell.name, seed, folder, error=str(e)))
     if progress:
         progress(len(pairs), len(pairs), "")
+    write_retrieval(out, exp, cfg)
     return ExperimentResult(Path(out), tuple(runs), write_reports(out))
+
+
+# -- the corpora: retrieval and use ------------------------------------------------------------------------
+
+
+def measure_retrieval(exp: Experiment, cfg: Config) -> dict[str, Any] | None:
+    """recall@k and MRR of each cell's corpora on the experiment's query set (index.hunt.evaluate), or why
+    not (no corpus, an index not built); None without a query set."""
+    if exp.queries is None:
+        return None
+    out: dict[str, Any] = {"queries": str(exp.queries), "k": RECALL_K, "cases": None, "corpora": {}}
+    try:
+        from index.hunt import evaluate, load_cases, open_corpora
+
+        cases = load_cases(exp.queries)
+    except Exception as e:  # the index stack is not installed, or the file changed since it was checked
+        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return out
+    out["cases"] = len(cases)
+    for corpus in dict.fromkeys(c.factors["corpus"] for c in exp.cells):
+        entry: dict[str, Any] = {"cells": [c.name for c in exp.cells if c.factors["corpus"] == corpus]}
+        names = corpus_names(corpus)
+        hunter, missing = open_corpora(cfg, names) if names else (None, {})
+        if not names:
+            entry["error"] = "no corpus: the runs retrieve nothing"
+        elif missing:
+            entry["error"] = "not measured: " + "; ".join(f"{n}: {why}" for n, why in missing.items())
+        else:
+            try:
+                report = evaluate(hunter, cases, k=RECALL_K)  # type: ignore[arg-type]
+            except Exception as e:  # a case's bad arch filter, a store that failed under the queries
+                entry["error"] = f"not measured: {type(e).__name__}: {str(e)[:200]}"
+            else:
+                cases_out = [{"query": r.case.query, "rank": r.rank} for r in report.per_case]
+                entry.update(
+                    recall=report.recall_at_5, mrr=report.mrr, p50_ms=report.p50_ms, per_case=cases_out
+                )
+        out["corpora"][corpus] = entry
+    return out
+
+
+def write_retrieval(out: Path, exp: Experiment, cfg: Config) -> dict[str, Any] | None:
+    """The retrieval measured now (the indexes may have been built since the last run), kept beside the
+    results so the reports re-render without the indexes."""
+    path = Path(out) / RETRIEVAL
+    data = measure_retrieval(exp, cfg)
+    if data is None:
+        path.unlink(missing_ok=True)
+    else:
+        bench._write_atomic(path, json.dumps(data, indent=1) + "\n")
+    return data
+
+
+def read_retrieval(out: Path) -> dict[str, Any] | None:
+    path = Path(out) / RETRIEVAL
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+_PREFIXED = re.compile(r"([A-Za-z0-9_.-]+):([^:].*)")  # corpus:path, not a C++ name (cutlass::arch::...)
+_MISSING = re.compile(r"no building blocks from the source index(?: of corpus (\S+))?")
+
+
+def block_corpus(
+    block: str, source: str, run_corpora: Sequence[str], known: Sequence[str]
+) -> tuple[str, str]:
+    """(corpus, block) of one entry of a candidate's `blocks`: `corpus:path` as the LLM records a block
+    since runs draw on several corpora; an atom of the expert's GEMM templates (its `// building block:`
+    line) is a CUTLASS symbol, checked against the installed CUTLASS headers whatever the corpus setting;
+    a bare path of a run over one corpus is that corpus's; else "unattributed"."""
+    m = _PREFIXED.fullmatch(block)
+    if m and m.group(1) in known:
+        return m.group(1), m.group(2)
+    if re.search(rf"^// building block: {re.escape(block)} \(", source, re.M):
+        return "cutlass", block
+    if len(run_corpora) == 1:
+        return run_corpora[0], block
+    return "unattributed", block
+
+
+def _run_states(out: Path, cell: str, rows_by_seed: Mapping[int, Sequence[Mapping[str, Any]]]) -> Any:
+    """(row, the folded run log) of each row of the cell whose run log reads."""
+    from pipeline.runlog import RunLogError, read_events
+    from pipeline.runstate import fold
+
+    for seed, rows in rows_by_seed.items():
+        for r in rows:
+            log = cell_folder(out, cell, seed) / bench.RUNS / str(r.get("run_id")) / "log.jsonl"
+            if not r.get("run_id") or not log.is_file():
+                continue  # a task that never ran (unsupported, no recording): no search
+            try:
+                yield r, fold(read_events(log))
+            except (RunLogError, OSError):
+                continue
+
+
+def corpus_use(
+    out: Path, cell: str, rows_by_seed: Mapping[int, Sequence[Mapping[str, Any]]]
+) -> dict[str, Any]:
+    """Which building blocks the cell's runs took from each corpus, from their logs: per corpus the
+    candidates that record one of its blocks, the runs whose best candidate does, and each block's count;
+    and the runs that had no index of a corpus (their notes)."""
+    from corpora import list_corpora
+
+    known = list_corpora()
+    runs = candidates = with_blocks = 0
+    by_corpus: dict[str, dict[str, Any]] = {}
+    missing: dict[str, int] = {}
+    for row, state in _run_states(out, cell, rows_by_seed):
+        runs += 1
+        try:
+            run_corpora = corpus_names(state.header.config.get("corpus", "cutlass"))  # older logs: cutlass
+        except ValueError:
+            run_corpora = ()
+        for note in row.get("notes") or ():
+            m = _MISSING.match(str(note))
+            for name in (m.group(1),) if m and m.group(1) else run_corpora if m else ():
+                missing[name] = missing.get(name, 0) + 1
+        best = state.final.node if state.final else state.end.best_node if state.end else None
+        for node in state.nodes.values():
+            cand = node.candidate
+            if cand is None:
+                continue
+            candidates += 1
+            used: dict[str, list[str]] = {}
+            for b in cand.blocks:
+                corpus, name = block_corpus(b, cand.source, run_corpora, known)
+                used.setdefault(corpus, []).append(name)
+            with_blocks += bool(used)
+            for corpus, names in used.items():
+                e = by_corpus.setdefault(corpus, {"candidates": 0, "best": 0, "blocks": {}})
+                e["candidates"] += 1
+                e["best"] += node.id == best
+                for name in dict.fromkeys(names):
+                    e["blocks"][name] = e["blocks"].get(name, 0) + 1
+    for e in by_corpus.values():
+        e["blocks"] = dict(sorted(e["blocks"].items(), key=lambda kv: (-kv[1], kv[0])))
+    return {"runs": runs, "candidates": candidates, "with_blocks": with_blocks,
+            "by_corpus": dict(sorted(by_corpus.items())), "missing_index": missing}  # fmt: skip
 
 
 # -- statistics (pure) -------------------------------------------------------------------------------------
@@ -492,19 +683,7 @@ def load_cells(out: Path, manifest: dict[str, Any]) -> dict[str, dict[int, list[
 def cell_curve(out: Path, cell: str, rows_by_seed: Mapping[int, Sequence[Mapping[str, Any]]],
                evals: int) -> tuple[list[float], int]:  # fmt: skip
     """A cell's evaluations-to-best curve over its runs' logs, and how many runs it averages."""
-    from pipeline.runlog import RunLogError, read_events
-    from pipeline.runstate import fold
-
-    curves = []
-    for seed, rows in rows_by_seed.items():
-        for r in rows:
-            log = cell_folder(out, cell, seed) / bench.RUNS / str(r.get("run_id")) / "log.jsonl"
-            if not r.get("run_id") or not log.is_file():
-                continue  # a task that never ran (unsupported, no recording): no search to draw
-            try:
-                curves.append(best_so_far(fold(read_events(log)).points, evals))
-            except (RunLogError, OSError):
-                continue
+    curves = [best_so_far(state.points, evals) for _, state in _run_states(out, cell, rows_by_seed)]
     return mean_curve(curves), len(curves)
 
 
@@ -528,6 +707,7 @@ def analyse(out: Path) -> dict[str, Any]:
             "ours_over_eager": s["ours_over_eager"],
             "curve": curve,
             "curve_runs": n,
+            "use": corpus_use(out, name, by_seed),
         }
     base = d["baseline"]
     comparisons = [
@@ -544,6 +724,7 @@ def analyse(out: Path) -> dict[str, Any]:
         "tie": TIE,
         "cells": summary,
         "comparisons": comparisons,
+        "retrieval": read_retrieval(out),
     }
 
 

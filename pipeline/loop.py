@@ -493,7 +493,7 @@ def optimize(
         raise
     try:
         task = evaluator.task()
-        hunter, hunter_note = _open_hunter(cfg)
+        hunter, hunter_notes = _open_hunter(cfg)
         memory = _open_memory(cfg)
         toolbox = None
         if policy_name == "llm":
@@ -528,8 +528,7 @@ def optimize(
                 _record(log, state, ev.CeilingsEvent(ceil))
         run = _Run(cfg, log, evaluator, policy, policy_name, task, base, state, memory, hunter, live, progress,
                    time.monotonic())  # fmt: skip
-        if hunter_note:
-            run.notes.append(hunter_note)
+        run.notes.extend(hunter_notes)
         try:
             run.restore()
         except (KeyError, TypeError, ValueError) as e:
@@ -672,14 +671,33 @@ def _typed(cfg: Config, name: str, text: str) -> Any:
     return text
 
 
-def _open_hunter(cfg: Config) -> tuple[Any, str | None]:
-    """The source hunter when an index was built (`make index`); the search runs without one otherwise."""
-    try:
-        from index.hunt import get_hunter
+def _open_hunter(cfg: Config) -> tuple[Any, list[str]]:
+    """The source hunter over the corpora of the config's `corpus` whose index was built (`make index`), one
+    Hunter or a Hunters for several, and a note for each corpus without one; the search runs without
+    building blocks from a corpus whose index is missing, and with none at all under "none"."""
+    from corpora import index_commands
+    from pipeline.config import corpus_names
 
-        return get_hunter(cfg), None
-    except Exception as e:
-        return None, f"no building blocks from the source index ({str(e).splitlines()[0]}); run `make index`"
+    try:
+        names = corpus_names(cfg.corpus)
+    except ValueError as e:  # a resumed run's recorded corpus that this checkout no longer defines
+        return None, [f"no building blocks: {e}"]
+    if not names:
+        return None, ["corpus none: no building blocks from a source index"]
+    try:
+        from index.hunt import open_corpora
+
+        hunter, missing = open_corpora(cfg, names)
+    except Exception as e:  # the index stack is not installed
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return None, [f"no building blocks from the source index ({why}); run `make index`"]
+    notes = []
+    for name, why in missing.items():
+        note = f"no building blocks from the source index of corpus {name} ({why})"
+        if "index build" not in why:
+            note += f"; build it with `{index_commands(name)[1]}`"
+        notes.append(note)
+    return hunter, notes
 
 
 def _open_memory(cfg: Config) -> Any:

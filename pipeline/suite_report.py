@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from corpora import index_commands
 from pipeline.report import RC, pyplot, svg, template
 
 KIND_COLOURS = {"custom": "#1565c0", "hybrid": "#ef6c00"}
@@ -212,7 +213,72 @@ def experiment_markdown(data: dict[str, Any]) -> str:
             continue
         lines += ["| task | ratio | seeds |", "| --- | ---: | ---: |"]
         lines += [f"| {_cell(t['key'])} | {t['ratio']:.3f} | {t['seeds']} |" for t in c["tasks"]]
+    corpora = {c["factors"]["corpus"] for c in data["cells"].values()}
+    if data.get("retrieval") is not None or corpora != {"cutlass"}:
+        lines += corpus_markdown(data)
     return "\n".join(lines) + "\n"
+
+
+def corpus_markdown(data: dict[str, Any]) -> list[str]:
+    """The corpora of the cells, three ways: retrieval on the query set, use in the runs, and the outcome."""
+    lines = ["", "## Corpora", ""]
+    lines.append("Where the building blocks come from, measured three ways: retrieval (the cell's index finds "
+                 "what the query set expects), use (the building blocks its runs' candidates took from each "
+                 "corpus) and outcome (the paired comparison with the baseline, above).")  # fmt: skip
+    lines += ["", "### Retrieval", ""]
+    r = data.get("retrieval")
+    if r is None:
+        lines.append('Not measured: the experiment names no query set (`queries = "file.toml"`: `[[case]]` '
+                     "tables of query and expect, beside the experiment file).")  # fmt: skip
+    elif r.get("error"):
+        lines.append(
+            f"Not measured: the query set `{r['queries']}` could not be evaluated ({_cell(r['error'])})."
+        )
+    else:
+        k = r["k"]
+        lines.append(f"Query set `{r['queries']}` ({r['cases']} cases), evaluated when the experiment last ran: "
+                     f"recall@{k} (an expected file among the first {k} blocks) and the mean reciprocal rank "
+                     "over the first 10, on each cell's corpora together.")  # fmt: skip
+        lines += ["", f"| corpus | cells | recall@{k} | MRR | query p50 ms | note |",
+                  "| --- | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+        for corpus, e in r["corpora"].items():
+            cells = ", ".join(f"`{_cell(c)}`" for c in e["cells"])
+            if "recall" in e:
+                lines.append(
+                    f"| {corpus} | {cells} | {e['recall']:.3f} | {e['mrr']:.3f} | {e['p50_ms']:.1f} | |"
+                )
+            else:
+                lines.append(f"| {corpus} | {cells} | – | – | – | {_cell(e.get('error', ''))} |")
+    lines += ["", "### Use", ""]
+    lines.append("From the run logs: the candidates proposed, those that record a building block, and per corpus "
+                 "the candidates and the runs' best candidates that use one of its blocks. An LLM candidate "
+                 "records the blocks shown to it that its source names (an include line or the symbol); the "
+                 "expert's GEMM atoms (its `// building block:` lines) are CUTLASS symbols checked against the "
+                 "installed CUTLASS headers, so they count for cutlass whatever the corpus.")  # fmt: skip
+    lines += ["", "| cell | runs | candidates | with a block | corpus | its candidates | best candidates | "
+              "blocks | most used |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    notes = []
+    for name, c in data["cells"].items():
+        u = c.get("use") or {}
+        head = f"| {_cell(name)} | {u.get('runs', 0)} | {u.get('candidates', 0)} | {u.get('with_blocks', 0)}"
+        by = u.get("by_corpus") or {}
+        if not by:
+            lines.append(f"{head} | – | 0 | 0 | 0 | – |")
+        for corpus, e in by.items():
+            top = ", ".join(f"`{_cell(b)}` ({n})" for b, n in list(e["blocks"].items())[:3])
+            lines.append(
+                f"{head} | {corpus} | {e['candidates']} | {e['best']} | {len(e['blocks'])} | {top} |"
+            )
+        for corpus, n in (u.get("missing_index") or {}).items():
+            notes.append(f"- `{_cell(name)}`: {n} run{'s' if n != 1 else ''} had no index of {corpus}, so no "
+                         f"building blocks from it (`{index_commands(corpus)[1]}`)")  # fmt: skip
+    if notes:
+        lines += ["", *notes]
+    lines += ["", "### Outcome", ""]
+    lines.append(
+        "The paired per-task comparison of each cell with the baseline cell: see *Against the baseline*."
+    )
+    return lines
 
 
 def experiment_curve_svg(data: dict[str, Any]) -> str:

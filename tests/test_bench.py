@@ -383,3 +383,37 @@ def test_rows_of_two_machines_merged_into_one_folder_count_once(ran, tmp_path):
     md = (out / "report.md").read_text()
     assert sum(x.startswith(f"| {rows[0]['key']} |") for x in md.splitlines()) == 1
     assert next(x for x in md.splitlines() if x.startswith(f"| {rows[0]['key']} |")).endswith("| 99.0 |")
+
+
+def test_a_bench_with_a_corpus_runs_every_task_with_it(tmp_path):
+    """corpus is a bench setting when given: in the manifest, the config of every run (its header), and kept
+    on resume; a bench made without it runs with the config's corpus (cutlass unless KERNELPRO_CORPUS)."""
+    make_suite(tmp_path)
+    out, home = tmp_path / "out", tmp_path / "home"
+    base = ["--out", str(out), "--home", str(home), "--replay", str(RECORDED), "--match", "1_Softmax"]
+    res = cli(str(tmp_path / "suite"), *base, "--evals", "2", "--corpus", "cutlass+local", "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["settings"] == {"evals": 2, "policy": "expert", "search": "mcts", "corpus": "cutlass+local"}
+    (row,) = store_rows(out)
+    state = fold(read_events(out / bench.RUNS / row["run_id"] / "log.jsonl"))
+    assert state.header.config["corpus"] == "cutlass+local"
+    # No index in this home: each corpus says so, with the command that builds it.
+    assert [n for n in row["notes"] if "building blocks" in n] == [
+        "no building blocks from the source index of corpus cutlass (no index for corpus cutlass: run "
+        "`make index` (kernelpro index build --corpus cutlass))",
+        "no building blocks from the source index of corpus local (no index for corpus local: run "
+        "`make index CORPUS=local FOLDER=DIR` (kernelpro index build --corpus local --folder DIR))",
+    ]
+    one_line_error(cli(str(tmp_path / "suite"), *base, "--resume", "--corpus", "none"),
+                   "runs every task with --corpus cutlass+local, not none")  # fmt: skip
+    cfg = bench.bench_config(config.load(home=home, corpus="cccl"), out, bench.read_manifest(out))
+    assert cfg.corpus == "cutlass+local"  # the bench's own
+    plain = {"suite": "s", "fingerprint": "f", "settings": {"evals": 2, "policy": "expert", "search": "mcts"}}
+    assert bench.bench_config(config.load(home=home, corpus="cccl"), out, plain).corpus == "cccl"
+    broken = {
+        **plain,
+        "settings": {**plain["settings"], "corpus": "cutlass+nope"},
+    }  # a manifest edited by hand
+    with pytest.raises(bench.BenchError, match=r"bench.json: bad configuration: corpus = 'cutlass\+nope'"):
+        bench.bench_config(config.load(home=home), out, broken)

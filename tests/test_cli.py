@@ -344,6 +344,38 @@ def test_meaningless_config_values_are_named_with_their_range(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_corpus_setting_is_none_a_corpus_or_corpora_joined_by_plus(tmp_path, monkeypatch):
+    from pipeline import config
+
+    assert config.Config().corpus == "cutlass"  # today's behaviour unless said otherwise
+    for value, names in (("none", ()), ("cutlass", ("cutlass",)), ("cutlass+cccl", ("cutlass", "cccl")),
+                         ("local+cutlass+cutlass_dsl", ("local", "cutlass", "cutlass_dsl"))):  # fmt: skip
+        assert config.corpus_names(value) == names
+        assert config.validate(config.Config(corpus=value)).corpus == value
+    for value, why in (("cutlas", "(unknown 'cutlas')"), ("cutlass+cutlass", "(cutlass named twice)"),
+                       ("none+cccl", "('none' joined with corpora)"), ("cutlass+", "(an empty name)"),
+                       ("", "(an empty name)"), ("cutlass cccl", "(unknown 'cutlass cccl')"),
+                       (None, "(not text)")):  # fmt: skip
+        with pytest.raises(ValueError) as e:
+            config.validate(config.Config(corpus=value))  # type: ignore[arg-type]
+        msg = str(e.value)
+        assert f"corpus = {value!r} {why} is not 'none', a corpus or corpora joined by '+'" in msg, msg
+        assert msg.endswith("the corpora are cccl, cutlass, cutlass_dsl, local") and "\n" not in msg
+    monkeypatch.setenv("KERNELPRO_CORPUS", "cutlass+local")
+    assert config.load(home=tmp_path / "h").corpus == "cutlass+local"
+    assert config.load(home=tmp_path / "h", corpus="none").corpus == "none"  # the option wins
+
+
+def test_a_bad_corpus_is_one_line_from_the_environment_and_the_options(tmp_path):
+    needle = "corpus = 'cccl+nope' (unknown 'nope') is not 'none'"
+    assert_cli_one_line_error(opt(tmp_path, "--task", str(SOFTMAX), *REPLAY, env={"KERNELPRO_CORPUS": "cccl+nope"}),
+                              needle)  # fmt: skip
+    assert_cli_one_line_error(opt(tmp_path, "--task", str(SOFTMAX), "--corpus", "cccl+nope", *REPLAY), needle)
+    res = cli("bench", str(ROOT / "tasks"), "--out", str(tmp_path / "b"), "--corpus", "cccl+nope")
+    assert_cli_one_line_error(res, needle)
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "b").exists()
+
+
 def test_every_numeric_config_field_has_a_range():
     import dataclasses
 

@@ -88,7 +88,8 @@ def test_each_cell_and_seed_is_a_bench_with_its_own_settings(ran):
         folder = ex.cell_folder(result.out, cell, 0)
         manifest = bench.read_manifest(folder)
         assert manifest["settings"] == {"evals": EVALS, "policy": "expert", "search": search, "seed": 0,
-                                        "feedback": "advice", "objective": "time", "memory": False}  # fmt: skip
+                                        "feedback": "advice", "objective": "time", "memory": False,
+                                        "corpus": "cutlass"}  # fmt: skip
         rows = {r["key"]: r for r in rows_of(result.out, cell)}
         assert [r["status"] for r in rows.values()] == ["ok", "ok", "no_recording"]
         for key in ("level1/1_Softmax", "level1/2_SoftmaxAgain"):
@@ -313,8 +314,14 @@ def test_best_so_far_from_a_recorded_run_log():
         (('policy = "expert"', 'policy = "auto"'), "policy = 'auto' is not one of llm, expert"),
         (('policy = "expert"', 'feedback = "loud"'), "feedback = 'loud' is not one of advice, json, raw, none"),
         (('policy = "expert"', 'objective = "power"'), "objective = 'power' is not one of time, energy, edp"),
-        (('policy = "expert"', 'corpus = "nope"'), "corpus = 'nope' is not one of none, cccl, cutlass"),
-        (('policy = "expert"', 'corpus = "none"'), "corpus = 'none' cannot run yet"),
+        (('policy = "expert"', 'corpus = "nope"'), "corpus = 'nope' (unknown 'nope') is not 'none', a corpus or corpora joined by '+'"),
+        (('policy = "expert"', 'corpus = "cutlass+nope"'), "the corpora are cccl, cutlass, cutlass_dsl, local"),
+        (('policy = "expert"', 'corpus = "cutlass+cutlass"'), "corpus = 'cutlass+cutlass' (cutlass named twice)"),
+        (('policy = "expert"', 'corpus = "none+cccl"'), "('none' joined with corpora)"),
+        (('policy = "expert"', "corpus = true"), "corpus = True (not text)"),
+        (('search = ["mcts", "greedy"]', 'corpus = ["cutlass", "cutlass+"]'), "corpus = 'cutlass+' (an empty name)"),
+        (('name = "ablation"', 'name = "ablation"\nqueries = "missing.toml"'), "queries = 'missing.toml': cannot read"),
+        (('name = "ablation"', 'name = "ablation"\nqueries = 3'), "queries = the path of a query set"),
         (('search = ["mcts", "greedy"]', 'search = ["mcts"]'), "give [matrix] a factor with two values"),
         (('search = ["mcts", "greedy"]', 'search = ["mcts", "mcts"]'), "names a value twice"),
         (('search = ["mcts", "greedy"]', 'search = "mcts"'), "search = a list of values"),
@@ -431,3 +438,246 @@ def test_each_memory_cell_and_seed_learns_in_a_store_of_its_own(tmp_path):
     cfg = config.load(home=tmp_path / "home")
     assert all(Memory(cfg, name).list(100) for name in names)  # each run learned in its own store
     assert not Memory(cfg).list(100)  # and nothing in the default one
+
+
+# -- the corpus factor: runs, retrieval and use ----------------------------------------------------------------
+
+CORPUS_TOML = """
+name = "corpora"
+suite = "suite"
+evals = 2
+seeds = [0]
+baseline = {{corpus = "cutlass"}}
+{queries}
+[fixed]
+policy = "expert"
+
+[matrix]
+corpus = {corpora}
+"""
+
+
+def corpus_experiment(root: Path, corpora: list[str], queries: str = "") -> Path:
+    make_experiment(root, evals=2, tasks=1)
+    path = root / "corpora.toml"
+    path.write_text(CORPUS_TOML.format(corpora=json.dumps(corpora), queries=queries))
+    return path
+
+
+def test_corpus_cells_run_with_their_corpus_and_say_which_index_is_missing(tmp_path):
+    toml = corpus_experiment(tmp_path, ["cutlass", "none", "cutlass+local"])
+    result = start(tmp_path, toml, tmp_path / "out")  # a home with no index at all
+    assert [(r.cell, r.error) for r in result.runs] == [
+        ("corpus=cutlass", None), ("corpus=none", None), ("corpus=cutlass+local", None)]  # fmt: skip
+    missing = {
+        "corpus=cutlass": {"cutlass": 1},
+        "corpus=none": {},
+        "corpus=cutlass+local": {"cutlass": 1, "local": 1},
+    }
+    data = json.loads((result.out / "summary.json").read_text())
+    for corpus in ("cutlass", "none", "cutlass+local"):
+        cell = f"corpus={corpus}"
+        folder = ex.cell_folder(result.out, cell, 0)
+        assert bench.read_manifest(folder)["settings"]["corpus"] == corpus
+        (row,) = rows_of(result.out, cell)
+        assert row["status"] == "ok"
+        state = fold(read_events(folder / bench.RUNS / row["run_id"] / "log.jsonl"))
+        assert state.header.config["corpus"] == corpus
+        use = data["cells"][cell]["use"]
+        assert use["runs"] == 1 and use["candidates"] == len(state.nodes) - 1 > 0
+        assert use["with_blocks"] == 0 and use["by_corpus"] == {}  # the expert's softmax takes no atom
+        assert use["missing_index"] == missing[cell]
+    (row,) = rows_of(result.out, "corpus=cutlass+local")
+    assert any("of corpus local (no index for corpus local: run `make index CORPUS=local FOLDER=DIR` "
+               "(kernelpro index build --corpus local --folder DIR))" in n for n in row["notes"])  # fmt: skip
+    # Outcome: without building blocks to take, the corpus changes nothing: every paired task is a tie.
+    assert [(c["cell"], c["paired"], c["ties"]) for c in data["comparisons"]] == [
+        ("corpus=none", 1, 1), ("corpus=cutlass+local", 1, 1)]  # fmt: skip
+    assert data["retrieval"] is None and not (result.out / ex.RETRIEVAL).exists()
+    md = (result.out / "report.md").read_text()
+    assert "## Corpora" in md and "### Retrieval" in md and "### Use" in md and "### Outcome" in md
+    assert "Not measured: the experiment names no query set" in md
+    assert "| corpus=cutlass+local | 1 | " in md
+    assert ("- `corpus=cutlass+local`: 1 run had no index of local, so no building blocks from it "
+            "(`kernelpro index build --corpus local --folder DIR`)") in md  # fmt: skip
+    assert "<h2>Corpora</h2>" in (result.out / "report.html").read_text()
+
+
+QUERIES = """
+[[case]]
+query = "SM90_TMA_LOAD_2D"
+expect = "include/cute/arch/copy_sm90_tma.hpp"
+
+[[case]]
+query = "Swizzle"
+expect = "cutlass:include/cute/swizzle.hpp"
+
+[[case]]
+query = "block_reduce_sum"
+expect = "local:kp/block_reduce.cuh"
+
+[[case]]
+query = "warp inclusive scan with shuffles"
+expect = ["kp/block_scan.cuh"]
+"""
+
+
+def test_the_retrieval_of_each_corpus_cell_on_the_query_set(tmp_path, small_corpora):
+    """Two small real indexes (cutlass, local): each corpus cell's hunter on a query set beside the experiment;
+    a cell whose index is not built, and the cell without a corpus, say why they have no figures."""
+    indexed, _, _ = small_corpora
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "queries.toml").write_text(QUERIES)
+    toml = corpus_experiment(
+        tmp_path, ["cutlass", "cutlass+local", "cccl", "none"], 'queries = "q/queries.toml"'
+    )
+    exp = ex.load_experiment(toml)
+    assert exp.queries == tmp_path / "q" / "queries.toml"
+    suite = bench.load_suite(exp.suite)
+    out = tmp_path / "out"
+    ex.open_experiment(out, exp, suite, resume=False)
+    cfg = config.load(home=indexed.home)
+    result = ex.run_experiment(out, exp, suite, cfg, replay=bench.ReplayIndex.scan(RECORDED))
+    assert [r.error for r in result.runs] == [None] * 4
+    r = json.loads((out / ex.RETRIEVAL).read_text())
+    assert r["queries"] == str(tmp_path / "q" / "queries.toml") and r["cases"] == 4 and r["k"] == 5
+    got = r["corpora"]
+    assert list(got) == ["cutlass", "cutlass+local", "cccl", "none"]
+    # cutlass alone finds its two files first and cannot answer for the user's kernels.
+    assert [c["rank"] for c in got["cutlass"]["per_case"]] == [1, 1, None, None]
+    assert (got["cutlass"]["recall"], got["cutlass"]["mrr"]) == (0.5, 0.5)
+    both = got["cutlass+local"]
+    assert both["recall"] == 1.0 and [c["rank"] for c in both["per_case"]][:3] == [1, 1, 1]
+    assert both["cells"] == ["corpus=cutlass+local"] and both["p50_ms"] > 0
+    assert got["cccl"]["error"] == ("not measured: cccl: no index for corpus cccl: run `make index CORPUS=cccl` "
+                                    "(kernelpro index build --corpus cccl)")  # fmt: skip
+    assert got["none"]["error"] == "no corpus: the runs retrieve nothing"
+    data = json.loads((out / "summary.json").read_text())
+    assert data["retrieval"] == r
+    assert data["cells"]["corpus=cutlass+local"]["use"]["missing_index"] == {}  # both indexes opened
+    assert data["cells"]["corpus=cccl"]["use"]["missing_index"] == {"cccl": 1}
+    md = (out / "report.md").read_text()
+    assert f"Query set `{tmp_path / 'q' / 'queries.toml'}` (4 cases)" in md
+    assert "| cutlass | `corpus=cutlass` | 0.500 | 0.500 |" in md
+    assert f"| cutlass+local | `corpus=cutlass+local` | 1.000 | {both['mrr']:.3f} |" in md
+    assert "| cccl | `corpus=cccl` | – | – | – | not measured: cccl: no index for corpus cccl" in md
+    # The copy beside the results names the same query set; the reports re-render without the indexes.
+    assert ex.load_experiment(out / ex.COPY).queries == exp.queries
+    (out / "report.md").unlink()
+    ex.write_reports(out)
+    assert "| cutlass | `corpus=cutlass` | 0.500 | 0.500 |" in (out / "report.md").read_text()
+    res = cli("--report", str(out))
+    assert res.exit_code == 0, res.output
+    assert "retrieval of cutlass on 4 queries: recall@5 0.500, MRR 0.500" in res.stdout
+    assert "retrieval of none on 4 queries: no corpus: the runs retrieve nothing" in res.stdout
+
+
+def test_a_bad_query_set_is_one_line(tmp_path):
+    (tmp_path / "q.toml").write_text('[[case]]\nquery = "x"\n')
+    toml = corpus_experiment(tmp_path, ["cutlass", "none"], 'queries = "q.toml"')
+    with pytest.raises(
+        ex.ExperimentError, match=r"queries = 'q.toml': case 1 of .*q.toml needs query = words"
+    ):
+        ex.load_experiment(toml)
+    (tmp_path / "q.toml").write_text("[nothing]\n")
+    with pytest.raises(ex.ExperimentError, match="has no \\[\\[case\\]\\] tables"):
+        ex.load_experiment(toml)
+    (tmp_path / "q.toml").write_text("[[case]\n")
+    with pytest.raises(ex.ExperimentError, match="is not TOML"):
+        ex.load_experiment(toml)
+
+
+LLM_REPLY = (
+    '```cuda\n#include "kp/block_reduce.cuh"\nextern "C" __global__ void k(float* x) { x[0] = 1; }\n```\n'
+    "```python\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+    "        kernels.k((1,), (1,), (x,))\n        return x\n```\n"
+)
+
+
+def test_use_is_counted_from_a_recorded_run_log(tmp_path):
+    """A run over cutlass+local written with the real run log: an expert GEMM candidate (its CUTLASS atoms), an
+    LLM candidate that used a local block (recorded as local:path), one that records a bare path (a log of
+    before the corpus was recorded: which corpus is not known), one with no block; the LLM one is the best."""
+    from pipeline import events as ev
+    from pipeline import suite_report
+    from pipeline.generate.base import Context
+    from pipeline.generate.expert import ExpertPolicy
+    from pipeline.generate.parse import to_candidate
+    from pipeline.runlog import RunLog
+    from pipeline.tasks import probe
+
+    gemm = tmp_path / "gemm.py"
+    gemm.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.linear = nn.Linear(1024, 1000, bias=False, dtype=torch.float16)\n\n"
+        "    def forward(self, x):\n        return self.linear(x)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(77, 1024, dtype=torch.float16)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    t = probe(gemm)
+    [expert] = [
+        p.candidate for p in ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 1)
+    ]
+    assert expert is not None and expert.blocks
+    shown = (("kp/block_reduce.cuh", "block_reduce_sum", "local"),)
+    llm, _ = to_candidate(LLM_REPLY, "gemm", None, "llm: block reduce", shown)
+    bare, _ = to_candidate(
+        LLM_REPLY.replace("x[0] = 1", "x[0] = 2"), "gemm", None, "llm: old", (shown[0][:2],)
+    )
+    plain, _ = to_candidate(
+        LLM_REPLY.replace('#include "kp/block_reduce.cuh"\n', ""), "gemm", None, "llm: plain"
+    )
+    assert (llm.blocks, bare.blocks, plain.blocks) == (
+        ("local:kp/block_reduce.cuh",),
+        ("kp/block_reduce.cuh",),
+        (),
+    )
+
+    cell, run_id = "corpus=cutlass+local", "20990101-000000-gemm-0001"
+    runs = ex.cell_folder(tmp_path, cell, 0) / bench.RUNS
+    start_ev = ev.Start(
+        run_id, {"id": "gemm"}, str(gemm), {"corpus": "cutlass+local"}, "llm", "mcts", "replay"
+    )
+    log = RunLog.create(runs, run_id, ev.encode(start_ev)[1])
+    for node, cand in enumerate((expert, llm, bare, plain), 1):
+        log.append(*ev.encode(ev.Proposal(node=node, parent=0, edit=cand.edit or "", candidate=cand)))
+    log.append(*ev.encode(ev.End(reason="evaluation budget spent (4)", best_node=2, evaluations=4)))
+    log.close()
+    note = "no building blocks from the source index of corpus local (no index for corpus local: ...)"
+    use = ex.corpus_use(tmp_path, cell, {0: [{"key": "gemm", "run_id": run_id, "notes": [note]}]})
+    atoms = dict.fromkeys(expert.blocks, 1)
+    assert use == {
+        "runs": 1, "candidates": 4, "with_blocks": 3,
+        "by_corpus": {
+            "cutlass": {"candidates": 1, "best": 0, "blocks": dict(sorted(atoms.items()))},
+            "local": {"candidates": 1, "best": 1, "blocks": {"kp/block_reduce.cuh": 1}},
+            "unattributed": {"candidates": 1, "best": 0, "blocks": {"kp/block_reduce.cuh": 1}},
+        },
+        "missing_index": {"local": 1},
+    }  # fmt: skip
+    assert any("MMA_64x" in a for a in atoms) and any("TMA_LOAD" in a for a in atoms)
+    # Under one corpus a bare path is that corpus's.
+    assert ex.block_corpus("kp/block_reduce.cuh", "", ("local",), ("cutlass", "local")) == (
+        "local",
+        "kp/block_reduce.cuh",
+    )
+    md = "\n".join(suite_report.corpus_markdown({"retrieval": None, "cells": {cell: {"use": use}}}))
+    assert "| corpus=cutlass+local | 1 | 4 | 3 | local | 1 | 1 | 1 | `kp/block_reduce.cuh` (1) |" in md
+    assert "| corpus=cutlass+local | 1 | 4 | 3 | cutlass | 1 | 0 | " in md
+
+
+def test_the_cccl_example_is_a_corpus_experiment_with_its_query_set():
+    """examples/experiments/cccl_scan_reduce.toml (docs/corpus-experiment.md) loads: two corpus cells over the
+    KernelBench level 1 scans and reductions its list file names, and a query set of CCCL files."""
+    from index.hunt import load_cases
+
+    folder = ROOT / "examples" / "experiments"
+    exp = ex.load_experiment(folder / "cccl_scan_reduce.toml")
+    assert [c.name for c in exp.cells] == ["corpus=cutlass", "corpus=cutlass+cccl"]
+    assert exp.baseline == "corpus=cutlass" and exp.cells[1].factors["policy"] == "llm"
+    assert exp.suite == folder / "cccl_scan_reduce.txt" and exp.queries == folder / "cccl_queries.toml"
+    tasks = [x for x in exp.suite.read_text().splitlines() if x and not x.startswith("#")]
+    assert len(tasks) == 11 and all(t.startswith("kernelbench/level1/") for t in tasks)
+    assert any("cumsum" in t for t in tasks) and any("reduction_over_a_dimension" in t for t in tasks)
+    cases = load_cases(exp.queries)
+    assert len(cases) == 17 and all(e.startswith("cccl:cub/") for c in cases for e in c.expected)

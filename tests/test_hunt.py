@@ -186,3 +186,98 @@ def test_the_gemm_building_blocks_are_found_through_the_index(full_cutlass) -> N
         found = atoms.find(need, hunter)
         assert found.via == "index", (need.what, found)
         assert found == dataclasses.replace(atoms.find(need), via="index"), need.what
+
+
+# --- several corpora at once (config `corpus = "cutlass+local"`) -----------------------------------------
+
+
+def test_several_corpora_are_hunted_as_one_merged_by_score(small_corpora) -> None:
+    from index.hunt import Hunters, open_corpora
+
+    cfg, _, _ = small_corpora
+    both, missing = open_corpora(cfg, ["cutlass", "local"])
+    assert isinstance(both, Hunters) and missing == {} and both.corpus == "cutlass+local"
+    cut, loc = both.member("cutlass"), both.member("local")
+    # An identifier answers from the corpus that defines it, first, whichever corpus is named first.
+    [top, *_] = both.hunt("block_reduce_sum", k=4)
+    assert (top.corpus, top.path, top.symbol) == ("local", "kp/block_reduce.cuh", "block_reduce_sum")
+    [top, *_] = both.hunt("SM90_TMA_LOAD_2D", k=4)
+    assert (top.corpus, top.path) == ("cutlass", "include/cute/arch/copy_sm90_tma.hpp")
+    for query in ("warp inclusive scan with shuffles", "swizzle", "shared memory copy"):
+        got = both.hunt(query, k=6)
+        # The k best of the two corpora's own answers, by their fused scores, best first.
+        own = sorted([*cut.hunt(query, k=6), *loc.hunt(query, k=6)], key=lambda b: -b.score)[:6]
+        assert [(b.corpus, b.path, b.symbol) for b in got] == [(b.corpus, b.path, b.symbol) for b in own]
+        assert [b.score for b in got] == sorted((b.score for b in got), reverse=True)
+    assert {b.corpus for b in both.hunt("warp shuffle sum copy swizzle", k=8)} == {"cutlass", "local"}
+    # Dependencies are followed in the block's own corpus.
+    [scan] = [b for b in both.hunt("warp_inclusive_scan", k=3) if b.symbol == "warp_inclusive_scan"]
+    assert any(d.symbol == "warp_reduce_sum" and d.corpus == "local" for d in both.follow_includes(scan))
+
+
+def test_a_corpus_without_an_index_is_left_out_and_said(small_corpora) -> None:
+    from index.hunt import open_corpora
+
+    cfg, _, _ = small_corpora
+    hunter, missing = open_corpora(cfg, ["cutlass", "cccl"])
+    assert hunter is not None and hunter.corpus == "cutlass"  # the one built, alone
+    assert missing == {"cccl": "no index for corpus cccl: run `make index CORPUS=cccl` "
+                               "(kernelpro index build --corpus cccl)"}  # fmt: skip
+    assert open_corpora(cfg, ["cutlass_dsl"])[0] is None
+
+
+def test_the_loop_opens_the_configured_corpora(small_corpora) -> None:
+    from index.hunt import Hunter, Hunters
+    from pipeline.loop import _open_hunter
+
+    cfg, _, _ = small_corpora
+    hunter, notes = _open_hunter(cfg)  # the default: cutlass
+    assert isinstance(hunter, Hunter) and hunter.corpus == "cutlass" and notes == []
+    hunter, notes = _open_hunter(cfg.replace(corpus="local+cutlass"))
+    assert isinstance(hunter, Hunters) and [h.corpus for h in hunter.hunters] == ["local", "cutlass"]
+    hunter, notes = _open_hunter(cfg.replace(corpus="cutlass+local+cccl"))
+    assert hunter.corpus == "cutlass+local"
+    assert notes == ["no building blocks from the source index of corpus cccl (no index for corpus cccl: run "
+                     "`make index CORPUS=cccl` (kernelpro index build --corpus cccl))"]  # fmt: skip
+    hunter, notes = _open_hunter(cfg.replace(corpus="none"))
+    assert hunter is None and notes == ["corpus none: no building blocks from a source index"]
+    hunter, notes = _open_hunter(cfg.replace(corpus="gone"))  # a resumed run's corpus this checkout lacks
+    assert hunter is None and notes[0].startswith("no building blocks: corpus = 'gone' (unknown 'gone')")
+    # The user's folder corpus is named with the folder its index needs.
+    _, notes = _open_hunter(cfg.replace(home=cfg.home.parent / "empty", corpus="local"))
+    assert "corpus local" in notes[0] and "kernelpro index build --corpus local --folder DIR" in notes[0]
+
+
+def test_the_expert_and_the_tools_work_over_several_corpora(small_corpora) -> None:
+    from index.hunt import open_corpora
+    from pipeline.generate.expert import atoms
+    from pipeline.generate.toolbox import LocalToolBox
+
+    cfg, _, kernels = small_corpora
+    both, _ = open_corpora(cfg, ["local", "cutlass"])
+    # The GEMM's TMA atom: the index (the cutlass corpus among the two) answers, the headers confirm.
+    found = atoms.find(atoms.TMA_LOAD_3D, both)
+    assert found.via == "index" and found.header == "cute/arch/copy_sm90_tma.hpp"
+    box = LocalToolBox(both)
+    text = box.search_sources("block_reduce_sum", k=2)
+    assert "### local:kp/block_reduce.cuh" in text
+    # Each file is read from its own corpus's folder (the local one where its index was built from).
+    assert "block_reduce_sum" in box.open_source("local:kp/block_reduce.cuh")
+    assert "cutlass:include/cute/swizzle.hpp lines 1-" in box.open_source("include/cute/swizzle.hpp")
+    assert "kp/block_reduce.cuh" in box.follow_includes("kp/block_scan.cuh")
+    refused = box.open_source("cutlass:kp/block_reduce.cuh")  # not a file of that corpus
+    assert refused.startswith("refused") and "corpora 'local', 'cutlass'" in refused
+    assert (kernels / "kp" / "block_reduce.cuh").is_file()
+
+
+def test_evaluate_over_several_corpora_names_the_corpus_when_asked(small_corpora) -> None:
+    from index.hunt import open_corpora
+
+    cfg, _, _ = small_corpora
+    both, _ = open_corpora(cfg, ["cutlass", "local"])
+    report = evaluate(both, [("block_reduce_sum", "kp/block_reduce.cuh"),
+                             ("block_reduce_sum", "local:kp/block_reduce.cuh"),
+                             ("block_reduce_sum", "cutlass:kp/block_reduce.cuh"),
+                             ("SM90_TMA_LOAD_2D", "cutlass:include/cute/arch/copy_sm90_tma.hpp")])  # fmt: skip
+    assert [r.rank for r in report.per_case] == [1, 1, None, 1]
+    assert report.recall_at_5 == 0.75 and report.mrr == 0.75

@@ -430,6 +430,19 @@ def test_parse_failures_have_reasons(text, why):
         to_candidate(text, "t", None, "llm: x")
 
 
+def test_the_blocks_a_reply_uses_are_recorded_with_their_corpus():
+    """Over several corpora a path alone does not say where a block came from: `corpus:path` does."""
+    cu = '#include "kp/block_reduce.cuh"\n' + CU.replace("x[0] = 1", "x[0] = SM90_TMA_LOAD_2D::n")
+    text = f"```cuda\n{cu}```\n```python\n{PY}```"
+    shown = (("kp/block_reduce.cuh", "block_reduce_sum", "local"),
+             ("include/cute/arch/copy_sm90_tma.hpp", "SM90_TMA_LOAD_2D", "cutlass"),
+             ("include/cute/swizzle.hpp", "Swizzle", "cutlass"))  # fmt: skip
+    cand, _ = to_candidate(text, "t", None, "llm: x", shown)
+    assert cand.blocks == ("local:kp/block_reduce.cuh", "cutlass:include/cute/arch/copy_sm90_tma.hpp")
+    cand, _ = to_candidate(text, "t", None, "llm: x", tuple(b[:2] for b in shown))  # no corpus given
+    assert cand.blocks == ("kp/block_reduce.cuh", "include/cute/arch/copy_sm90_tma.hpp")
+
+
 def test_unclosed_fence_is_ignored():
     assert fences("```cuda\nint x;\n") == []
 

@@ -234,3 +234,42 @@ def test_without_feedback_the_expert_reads_no_findings_and_picks_its_edits_blind
             assert any(c.findings for c in kids) and all("blind_seed" not in c.extra for c in kids)
         else:
             assert all(not c.findings and c.extra["blind_seed"] == 3 for c in kids)
+
+
+def test_a_run_draws_on_the_configured_corpora_and_says_which_are_missing(
+    tmp_path, small_corpora, monkeypatch
+):
+    """corpus = "cutlass+local+cccl" over an index of cutlass and local: the run hunts both (once the best
+    softmax, the one the recording profiled, is expanded), says cccl has no index and how to build it, and
+    its header records the setting. The expert's softmax edits take no building block, so its tree is the
+    tree of a run with no corpus."""
+    from index.hunt import Hunters
+
+    hunted: list[set[str]] = []
+    real = Hunters.hunt
+
+    def spy(self, query, *args, **kw):  # the real hunt, watched
+        blocks = real(self, query, *args, **kw)
+        hunted.append({b.corpus for b in blocks})
+        return blocks
+
+    monkeypatch.setattr(Hunters, "hunt", spy)
+    indexed, _, _ = small_corpora
+    trees, notes = {}, {}
+    for corpus in ("cutlass+local+cccl", "none"):
+        cfg = cfg_for(tmp_path / corpus, max_evals=16).replace(home=indexed.home, chroma_path=indexed.chroma_path,
+                                                               corpus=corpus)  # fmt: skip
+        out = optimize(ROOT / "tasks" / f"{TASK}.py", cfg, replay=recordings(TASK))
+        start = read_events(out.folder / "log.jsonl")[0]
+        assert start.data["config"]["corpus"] == corpus
+        trees[corpus], notes[corpus] = tree(out.folder), out.notes
+    assert hunted and hunted[0] == {"cutlass", "local"}
+    assert trees["cutlass+local+cccl"] == trees["none"]
+    index_notes = {
+        k: [n for n in v if "building blocks" in n or "source hunt" in n] for k, v in notes.items()
+    }
+    assert index_notes["none"] == ["corpus none: no building blocks from a source index"]
+    assert index_notes["cutlass+local+cccl"] == [
+        "no building blocks from the source index of corpus cccl (no index for corpus cccl: run "
+        "`make index CORPUS=cccl` (kernelpro index build --corpus cccl))"
+    ]  # and no "source hunt failed": the two corpora answered

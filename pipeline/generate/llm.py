@@ -339,7 +339,9 @@ class LLMPolicy:
         tools = [TOOL_SPECS[t] for t in offered]
         limit = self.cfg.llm_tool_calls
         used = 0
-        shown_blocks = [(b.path, b.symbol) for b in ctx.blocks if hasattr(b, "path")]
+        shown_blocks = [
+            (b.path, b.symbol, getattr(b, "corpus", "")) for b in ctx.blocks if hasattr(b, "path")
+        ]
         notes = [f"prompt {self.prompt_version}", f"model {self.cfg.llm_model}"]
         for _ in range(limit + EXTRA_TOOL_ROUNDS + 1):
             result = self._complete(messages, tools, tally)

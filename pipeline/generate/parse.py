@@ -149,18 +149,23 @@ def to_candidate(
     task_id: str,
     parent: str | None,
     default_edit: str,
-    block_paths: tuple[tuple[str, str], ...] = (),
+    block_paths: tuple[tuple[str, ...], ...] = (),
     label_format: str = "llm: {label}",
 ) -> tuple[Candidate, Reply]:
     """Parse, check and build the candidate. The edit is label_format filled with the EDIT label, else
-    default_edit. block_paths: (path, symbol) of the building blocks shown; those whose include line or
-    symbol name appears in the source are recorded as used."""
+    default_edit. block_paths: (path, symbol) or (path, symbol, corpus) of the building blocks shown; those
+    whose include line or symbol name appears in the source are recorded as used (`corpus:path` where the
+    corpus is given, so a run over several corpora says which one each came from)."""
     reply = parse_reply(text)
     check_reply(reply)
     edit = (
         label_format.replace("{label}", reply.label) if reply.label else default_edit
     )  # not .format: edits may hold braces
-    used = tuple(p for p, sym in block_paths if _uses(reply.source, p, sym))
+    used = tuple(
+        f"{b[2]}:{b[0]}" if len(b) > 2 and b[2] else b[0]
+        for b in block_paths
+        if _uses(reply.source, b[0], b[1])
+    )
     cand = make_candidate(
         task_id, reply.source, reply.launcher, parent=parent, edit=edit, blocks=tuple(dict.fromkeys(used))
     )

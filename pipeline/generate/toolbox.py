@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pipeline.profile.evidence import Evidence
 
 if TYPE_CHECKING:
-    from index.hunt import Block, Hunter
+    from index.hunt import Block, Hunter, Hunters
 
 NO_INDEX = "no source index built: run `make index` (kernelpro index build) to let me search sources"
 NO_EVIDENCE = (
@@ -126,24 +126,25 @@ class LocalToolBox:
 
     def __init__(
         self,
-        hunter: Hunter | None = None,
+        hunter: Hunter | Hunters | None = None,
         evidence: Evidence | None = None,
         *,
         root: str | Path | None = None,
         arch: str | None = None,
     ) -> None:
-        self.hunter = hunter
+        self.hunter = hunter  # a Hunter, or an index.hunt.Hunters over several corpora
         self.evidence = evidence
         self.arch = arch
-        self._root = Path(root) if root is not None else None
-        self._root_error: str | None = None
+        self._root = Path(root) if root is not None else None  # the files of a single corpus, if known
+        self._roots: dict[str, Path] = {}  # corpus -> its files on disk, resolved when first read
+        self._root_errors: dict[str, str] = {}
         # Proposals run in threads; the index (Chroma client, embedding model) is shared, so one query at a time.
         self._lock = threading.Lock()
 
     def with_evidence(self, evidence: Evidence | None) -> LocalToolBox:
         """The same index with another parent's profile (the loop makes one per expansion)."""
         box = LocalToolBox(self.hunter, evidence, root=self._root, arch=self.arch)
-        box._root_error = self._root_error
+        box._roots, box._root_errors = self._roots, self._root_errors
         box._lock = self._lock
         return box
 
@@ -172,33 +173,53 @@ class LocalToolBox:
             return f"no building blocks found for {query!r}"
         return _cut("\n\n".join(format_block(b) for b in blocks))
 
-    def _corpus_root(self) -> Path | None:
-        if self._root is None and self._root_error is None and self.hunter is not None:
+    def _members(self) -> tuple[Any, ...]:
+        """The hunter of each corpus searched (one, or the members of a Hunters)."""
+        if self.hunter is None:
+            return ()
+        return tuple(getattr(self.hunter, "hunters", None) or (self.hunter,))
+
+    def _corpus_root(self, member: Any) -> Path | None:
+        name = member.corpus
+        if self._root is not None and len(self._members()) == 1:
+            return self._root
+        if name not in self._roots and name not in self._root_errors:
             try:  # lazily: resolving a packaged corpus reads distribution metadata
                 from corpora import load_corpus, resolve_root
 
-                cfg = self.hunter.cfg
-                self._root = resolve_root(load_corpus(self.hunter.corpus), cfg.cache_dir)
+                # A folder corpus (local) is read where its index was built from (--folder), when known.
+                built = (getattr(getattr(member, "side", None), "manifest", None) or {}).get("root")
+                if built and Path(built).is_dir():
+                    self._roots[name] = Path(built)
+                else:
+                    self._roots[name] = resolve_root(load_corpus(name), member.cfg.cache_dir)
             except Exception as e:
-                self._root_error = f"{type(e).__name__}: {str(e)[:200]}"
-        return self._root
+                self._root_errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+        return self._roots.get(name)
 
-    def _indexed(self, path: str) -> str | None:
-        """The corpus-relative path when it names an indexed file; None for anything else."""
-        assert self.hunter is not None
+    def _indexed(self, path: str) -> tuple[Any, str] | None:
+        """The corpus's hunter and the corpus-relative path when it names an indexed file (`corpus:path` or
+        the path alone, looked up in the corpora in order); None for anything else."""
         p = str(path).strip().replace("\\", "/")
-        prefix = f"{self.hunter.corpus}:"
-        p = p.removeprefix(prefix)
-        pure = PurePosixPath(p)
-        if pure.is_absolute() or ".." in pure.parts:
-            return None
-        p = pure.as_posix()
-        return p if p in self.hunter.all_paths else None
+        members = self._members()
+        named = [(m, p.removeprefix(f"{m.corpus}:")) for m in members if p.startswith(f"{m.corpus}:")]
+        for m, rel in named or [(m, p) for m in members]:
+            pure = PurePosixPath(rel)
+            if pure.is_absolute() or ".." in pure.parts:
+                return None
+            if pure.as_posix() in m.all_paths:
+                return m, pure.as_posix()
+        return None
 
-    def _read(self, rel: str) -> str:
-        root = self._corpus_root()
+    def _names(self) -> str:
+        names = [m.corpus for m in self._members()]
+        return f"corpus {names[0]!r}" if len(names) == 1 else f"corpora {', '.join(map(repr, names))}"
+
+    def _read(self, member: Any, rel: str) -> str:
+        root = self._corpus_root(member)
         if root is None:
-            raise FileNotFoundError(f"the corpus files are not on disk ({self._root_error or 'no root'})")
+            why = self._root_errors.get(member.corpus, "no root")
+            raise FileNotFoundError(f"the corpus files are not on disk ({why})")
         root = root.resolve()
         full = (root / rel).resolve()
         if not full.is_relative_to(root):  # a symlink out of the corpus
@@ -208,15 +229,16 @@ class LocalToolBox:
     def open_source(self, path: str, start_line: int = 1, end_line: int | None = None) -> str:
         if self.hunter is None:
             return NO_INDEX
-        rel = self._indexed(path)
-        if rel is None:
+        found = self._indexed(path)
+        if found is None:
             # Only files of the index: the model must not read arbitrary files of this machine.
             return (
-                f"refused: {path!r} is not a file of the indexed corpus {self.hunter.corpus!r}; use a path "
-                "exactly as search_sources printed it"
+                f"refused: {path!r} is not a file of the indexed {self._names()}; use a path exactly as "
+                "search_sources printed it"
             )
+        member, rel = found
         try:
-            lines = self._read(rel).splitlines()
+            lines = self._read(member, rel).splitlines()
         except (OSError, PermissionError) as e:
             return f"error: cannot read {rel}: {e}"
         start = max(1, int(start_line or 1))
@@ -226,25 +248,26 @@ class LocalToolBox:
             return f"{rel} has only {len(lines)} lines"
         body = "\n".join(f"{n:5d}  {lines[n - 1]}" for n in range(start, end + 1))
         more = f"\n... ({len(lines) - end} more lines)" if end < len(lines) else ""
-        return _cut(f"{self.hunter.corpus}:{rel} lines {start}-{end} of {len(lines)}\n{body}{more}")
+        return _cut(f"{member.corpus}:{rel} lines {start}-{end} of {len(lines)}\n{body}{more}")
 
     def follow_includes(self, path: str) -> str:
         if self.hunter is None:
             return NO_INDEX
-        rel = self._indexed(path)
-        if rel is None:
-            return f"refused: {path!r} is not a file of the indexed corpus {self.hunter.corpus!r}"
+        found = self._indexed(path)
+        if found is None:
+            return f"refused: {path!r} is not a file of the indexed {self._names()}"
+        member, rel = found
         from index.hunt import Block, include_line
 
-        includes = self.hunter.file_includes.get(rel, ())
+        includes = member.file_includes.get(rel, ())
         try:
-            text = self._read(rel)
+            text = self._read(member, rel)
         except (OSError, PermissionError):
             text = ""
         out = [f"{rel} includes: {', '.join(includes) if includes else '(nothing)'}"]
         if text:
             block = Block(
-                corpus=self.hunter.corpus,
+                corpus=member.corpus,
                 path=rel,
                 symbol=PurePosixPath(rel).name,
                 kind="header",
@@ -256,7 +279,7 @@ class LocalToolBox:
             )
             try:
                 with self._lock:
-                    deps = self.hunter.follow_includes(block)
+                    deps = member.follow_includes(block)
             except Exception as e:
                 deps = []
                 out.append(f"(could not follow definitions: {type(e).__name__})")
