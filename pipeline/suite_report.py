@@ -177,8 +177,8 @@ def experiment_markdown(data: dict[str, Any]) -> str:
     lines.append(f"- baseline: `{d['baseline']}`")
     factors = [c["factors"] for c in data["cells"].values()]
     if any(f["memory"] for f in factors):
-        lines.append("- memory: the cells with memory on share this machine's lesson store (its `kernelpro-memory` "
-                     "collection), so lessons of earlier runs, cells and seeds reach later ones")  # fmt: skip
+        lines.append("- memory: each cell with memory on learns in a lesson store of its own for each seed, empty "
+                     "when its run starts, so no cell reads another's lessons")  # fmt: skip
     if any(f["objective"] != "time" for f in factors):
         lines.append("- objective: a cell that minimises energy or edp is compared on the time of the best "
                      "candidate by its own objective")  # fmt: skip

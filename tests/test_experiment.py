@@ -160,7 +160,10 @@ def test_the_reports_hold_the_comparison_and_the_curve(ran):
 
     data["cells"]["search=greedy"]["factors"].update(memory=True, objective="edp")
     md = suite_report.experiment_markdown(data)  # caveats said where a cell has them
-    assert "- memory: the cells with memory on share" in md and "- objective: a cell that minimises" in md
+    assert (
+        "- memory: each cell with memory on learns in a lesson store of its own" in md
+        and "- objective: a cell that minimises" in md
+    )
 
 
 def test_the_copy_beside_the_results_is_the_same_experiment(ran):
