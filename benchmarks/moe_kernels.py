@@ -29,10 +29,6 @@ from pipeline.config import load  # noqa: E402
 from pipeline.tasks import load_module, probe  # noqa: E402
 
 
-def rel_err(got, want) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
-
-
 def run_task(name: str, cfg, trials: int) -> dict[str, list[float]]:
     import torch
 
@@ -61,13 +57,13 @@ def run_task(name: str, cfg, trials: int) -> dict[str, list[float]]:
         want_alt = [model(*a) for a in alts]
     row: dict[str, list[float]] = {}
 
+    def show(label: str, ms: float, err: float) -> None:
+        row[label] = [ms, flops / ms / 1e9, err]
+        print(f"{name}: {label}: {ms:.3f} ms, {row[label][1]:.0f} TFLOP/s, error {err:.2g}", flush=True)
+
     def timed(label: str, fn, err: float) -> None:
         with torch.no_grad():
-            t = time_cuda(fn, inputs_for, trials=trials, budget_s=3.0, warmup=2)
-        row[label] = [t.median_ms, flops / t.median_ms / 1e9, err]
-        print(
-            f"{name}: {label}: {t.median_ms:.3f} ms, {row[label][1]:.0f} TFLOP/s, error {err:.2g}", flush=True
-        )
+            show(label, time_cuda(fn, inputs_for, trials=trials, budget_s=3.0, warmup=2).median_ms, err)
 
     for c, b in zip(cands, builds, strict=True):
         if b.cubin_path is None:
@@ -77,13 +73,12 @@ def run_task(name: str, cfg, trials: int) -> dict[str, list[float]]:
         ours = ours.to(gpu)
         ours.load_state_dict(model.state_dict())
         with torch.no_grad():
-            errs = [rel_err(ours(*args), want)]
-            errs += [rel_err(ours(*a), w) for a, w in zip(alts, want_alt, strict=True)]
+            errs = [bench_moe.rel_err(ours(*args), want)]
+            errs += [bench_moe.rel_err(ours(*a), w) for a, w in zip(alts, want_alt, strict=True)]
         timed(c.edit, ours, max(errs))
     timed("reference loop", model, 0.0)
-    for label, fn in bench_moe.libraries(module, model).items():
-        with torch.no_grad():
-            timed(label, fn, rel_err(fn(*args), want))
+    for label, v in bench_moe.time_libraries(path, flops, trials).items():
+        show(label, v["ms"], v["rel_err"])
     return row
 
 
