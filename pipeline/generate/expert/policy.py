@@ -204,15 +204,18 @@ def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]
 
 
 def _why_library(r: Region, low: Lowered) -> str:
-    """Why no template of ours takes a library region: the first product family's reason that is about this
-    op, not about other ops ("only grouped GEMMs ...")."""
-    from pipeline.generate.expert.families import gemm16, gemm_tf32, grouped_gemm
+    """Why no template of ours takes a library region: the reason of the product family its op belongs to."""
+    from pipeline.generate.expert.families import gemm16, gemm_kit, gemm_tf32, grouped_gemm
 
-    for family in (grouped_gemm, gemm_tf32, gemm16):
-        why = family.form(r, low)
-        if isinstance(why, str) and not why.startswith("only "):
-            return why
-    return "no template of ours computes it (cuBLAS/cuDNN do)"
+    none = "no template of ours computes it (cuBLAS/cuDNN do)"
+    if r.node.op == "gemm_grouped":
+        family: Any = grouped_gemm
+    elif r.node.op in gemm_kit.OPS:
+        family = gemm16 if r.node.dtype in ("bfloat16", "float16") else gemm_tf32
+    else:
+        return none
+    why = family.form(r, low)
+    return why if isinstance(why, str) else none
 
 
 def supports(task_path: str | Path) -> tuple[bool, str]:
