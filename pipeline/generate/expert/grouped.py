@@ -130,17 +130,15 @@ def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any
     operands = set()
     for mm in mms:
         a, b = mm.args
-        k_major = _is(b, aten.t.default) or (
-            _is(b, aten.transpose.int) and sorted(b.args[1:]) in ([-2, -1], [0, 1])
-        )
+        k_major = _transposed(b)
         sel = b.args[0] if k_major else b
-        if not (_is(a, aten.slice.Tensor) and a.args[1] == 0 and (a.args[4:] or (1,))[0] == 1):
+        rows = _rows(a)
+        if rows is None:
             raise NotGrouped("a product's rows are not a slice of the tokens")
         if not (_is(sel, aten.select.int) and sel.args[1] == 0):
             raise NotGrouped("a product's weight is not one expert's slice w[e] of stacked weights")
-        start = int(a.args[2] or 0) if len(a.args) > 2 else 0
-        groups.append(Group(mm, int(sel.args[2]), start, start + int(a.meta["val"].shape[0])))
-        operands.add((a.args[0], sel.args[0], k_major))
+        groups.append(Group(mm, int(sel.args[2]), rows[1], rows[2]))
+        operands.add((rows[0], sel.args[0], k_major))
         loop_nodes.update((mm, a, b, sel))
     if len(operands) != 1:
         raise NotGrouped("the products do not all take rows of one tensor and one stack of weights")
@@ -172,6 +170,14 @@ def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any
     ), names
 
 
+def _transposed(n: Any) -> bool:
+    """n is a 2-D matrix's transpose (t, or transpose of its last two dims)."""
+    import torch
+
+    aten = torch.ops.aten
+    return _is(n, aten.t.default) or (_is(n, aten.transpose.int) and sorted(n.args[1:]) in ([-2, -1], [0, 1]))
+
+
 def _rows(n: Any) -> tuple[Any, int, int] | None:
     """(tensor, start, end) when n is a slice of rows of a tensor (step 1), else None."""
     import torch
@@ -195,10 +201,7 @@ def _recognise_wgrad(mms: list[Any], inputs: list, names: dict[Any, tuple[str, A
     operands, outs, loop_nodes = set(), set(), set()
     for mm in mms:
         a, b = mm.args
-        transposed = _is(a, aten.t.default) or (
-            _is(a, aten.transpose.int) and sorted(a.args[1:]) in ([-2, -1], [0, 1])
-        )
-        ra, rb = (_rows(a.args[0]) if transposed else None), _rows(b)
+        ra, rb = (_rows(a.args[0]) if _transposed(a) else None), _rows(b)
         if ra is None or rb is None or ra[1:] != rb[1:]:
             raise NotGrouped("a weight gradient's product is not rows^T @ the same rows of another tensor")
         users = list(mm.users)
