@@ -939,12 +939,19 @@ def test_the_power_edit_is_made_under_an_energy_objective_only_and_keeps_the_res
         c = dataclasses.replace(ctx(path, parent=parent.candidate), extra={"objective": objective})
         return [k for k in ExpertPolicy().propose(c, 50) if k.candidate]
 
+    def roots(objective):  # the root's children: plain, tuned, then the tuned plan with one edit each
+        c = dataclasses.replace(ctx(path), extra={"objective": objective})
+        return [k.edit for k in ExpertPolicy().propose(c, 50) if k.candidate]
+
     assert not [k for k in kids("time") if k.edit.startswith("lower_power")]
+    assert not [e for e in roots("time") if "lower_power" in e]
     for objective in ("energy", "edp"):
         power = kids(objective)[:2]
         assert [k.edit.split("(")[0] for k in power] == ["lower_power", "lower_power"], [
             k.edit for k in power
         ]
+        first = roots(objective)[2:4]  # a short run makes them before the speed edits
+        assert [e.split(", ")[1].split("(")[0] for e in first] == ["lower_power"] * 2, first
     shares = [int(m) for k in power for m in re.findall(r"sms \* (\d+) // 100", k.candidate.launcher)]
     assert sorted(set(shares)) == [50, 75]
     torch.manual_seed(3)

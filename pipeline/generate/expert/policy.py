@@ -39,11 +39,16 @@ class ExpertPolicy:
         parent_plan = plan_of(ctx.parent.source) if ctx.parent is not None else None
         parent_key = ctx.parent.key if ctx.parent is not None else ""  # the root's key in the search memory
         done = {t.edit for t in ctx.tried if t.parent == parent_key}
+        energy = ctx.extra.get("objective") in ("energy", "edp")
         if ctx.parent is None or parent_plan is None:
-            # First kernels: plain, tuned, then the tuned plan with one edit each (for a widening root).
+            # First kernels: plain, tuned, then the tuned plan with one edit each (for a widening root); under
+            # an energy objective the power edits come first among those, or a short run never makes them.
             tuned = edits.base_plan(low, True)
             start = [("expert: plain kernels", edits.base_plan(low, False)), ("expert: tuned kernels", tuned)]
-            start += [(f"expert: tuned kernels, {label}", p) for label, p in edits.legal_edits(tuned, low)]
+            start += [
+                (f"expert: tuned kernels, {label}", p)
+                for label, p in edits.legal_edits(tuned, low, energy=energy)
+            ]
             if ctx.parent is not None:  # a parent the expert did not write: offer its own first kernels
                 start = [(f"{label} (rewrite of a foreign parent)", p) for label, p in start]
             start = [(label, p) for label, p in start if label not in done]
@@ -52,7 +57,6 @@ class ExpertPolicy:
             )
         suggested = [e for f in ctx.findings for e in f.edits]
         seed = ctx.extra.get("blind_seed")  # no advice: the edits in an order drawn per run and parent
-        energy = ctx.extra.get("objective") in ("energy", "edp")
         blind = None if seed is None else random.Random(f"{seed}:{parent_key}")
         moves = [
             (label, p)
