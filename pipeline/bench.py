@@ -460,6 +460,9 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     started = time.monotonic()
     slowest = 0.0
     remaining: tuple[str, ...] = ()
+    if cfg.ray:
+        ran, stopped, remaining = _run_on_ray(out, suite, todo, cfg, budget_s, replay, progress, on_row)
+        todo = []  # run there
     for i, key in enumerate(todo):
         elapsed = time.monotonic() - started
         if budget_s is not None and ran and elapsed + slowest > budget_s:
@@ -487,6 +490,52 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     reports = write_reports(out)
     return BenchResult(out, tuple(_in_order(read_store(store), suite)), tuple(ran), skipped, remaining,
                        stopped, reports)  # fmt: skip
+
+
+def _run_on_ray(out: Path, suite: Suite, todo: list[str], cfg: Config, budget_s: float | None,
+                replay: ReplayIndex | None, progress: Callable[[int, int, str], None] | None,
+                on_row: Callable[[dict[str, Any]], None] | None) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
+    """The tasks as Ray tasks across the cluster (pipeline/cluster.py), one GPU each; every row and run
+    folder lands here, on the head. A task lost with its node gets no row: `--resume` runs it again."""
+    from pipeline import cluster
+
+    cluster.connect(cfg.ray)
+    started, slowest = time.monotonic(), 0.0
+    ran: list[str] = []
+    lost: list[str] = []
+
+    def may_start() -> bool:
+        return budget_s is None or not ran or time.monotonic() - started + slowest <= budget_s
+
+    items = [(k, suite.tasks[k]) for k in todo]
+    for key, row, files, why in cluster.run_bench_tasks(
+        items, cfg, replay.find if replay else None, may_start
+    ):
+        if row is None:
+            lost.append(key)
+            if on_row:
+                on_row({"key": key, "status": "lost", "wall_s": 0.0, "error": f"lost with its node: {why}"})
+            continue
+        if row.get("run_id"):
+            folder = cfg.runs_dir / row["run_id"]
+            for rel, data in files.items():
+                (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+                (folder / rel).write_bytes(data)
+        append_row(out / STORE, row)
+        ran.append(key)
+        slowest = max(slowest, row["wall_s"])
+        if progress:
+            progress(len(ran) + len(lost), len(todo), key)
+        if on_row:
+            on_row(row)
+    done = set(ran)
+    remaining = tuple(k for k in todo if k not in done)
+    stopped = None
+    if lost:
+        stopped = f"{len(lost)} task(s) lost with their node ({', '.join(lost)})"
+    elif remaining:
+        stopped = f"budget of {budget_s:g} s: {time.monotonic() - started:.0f} s used, the slowest task took {slowest:.0f} s"
+    return ran, stopped, remaining
 
 
 def _in_order(rows: list[dict[str, Any]], suite: Suite | None = None) -> list[dict[str, Any]]:

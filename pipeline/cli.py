@@ -482,6 +482,16 @@ RunCorpusOpt = Annotated[
 ]
 
 
+RayOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        help="evaluate on a Ray cluster: local (start one on this machine's GPUs), auto (the cluster this "
+        "machine is in) or its ADDRESS; one actor per GPU, nvcc as CPU tasks",
+    ),
+]
+
+
 @app.command()
 @_user_errors
 def optimize(
@@ -514,6 +524,7 @@ def optimize(
     ] = None,
     memory: Annotated[bool | None, typer.Option("--memory/--no-memory", help="lessons across runs")] = None,
     corpus: RunCorpusOpt = None,
+    ray: RayOpt = None,
     resume: Annotated[
         str | None, typer.Option(help="continue the run with this id (its recorded settings and budgets)")
     ] = None,
@@ -547,7 +558,7 @@ def optimize(
         speed_tolerance=speed_tolerance, max_evals=max_evals, max_wall_s=max_wall, max_tokens=max_tokens,
         max_cost_usd=max_cost,
         children_per_expand=children, feedback=_value(feedback), seed=seed, memory=memory, runs_dir=runs_dir,
-        corpus=corpus,
+        corpus=corpus, ray=ray,
     )  # fmt: skip
     given = {k for k, v in (("max_evals", max_evals), ("max_wall_s", max_wall), ("max_tokens", max_tokens),
                             ("max_cost_usd", max_cost)) if v is not None}  # fmt: skip
@@ -653,6 +664,7 @@ def bench(
     policy: Annotated[Policy | None, typer.Option(help="expert (default), llm or auto")] = None,
     search: Annotated[Search | None, typer.Option(help="mcts (default) or greedy")] = None,
     corpus: RunCorpusOpt = None,
+    ray: RayOpt = None,
     match: Annotated[
         str | None, typer.Option(help="only tasks whose key (folder/name) this regex finds")
     ] = None,
@@ -690,7 +702,7 @@ def bench(
         config_mod.corpus_names(corpus)  # a bad value is one line before the bench folder is made
     settings = {"evals": evals, "policy": _value(policy), "search": _value(search), "corpus": corpus}
     manifest = bench_mod.open_bench(out_dir, tasks, settings, resume)
-    cfg = config_mod.load(home=home)
+    cfg = config_mod.load(home=home, ray=ray)
     bar, update = _progress(json_out)
 
     def progress(done: int, total: int, key: str) -> None:
@@ -799,6 +811,7 @@ def experiment(
         Path | None,
         typer.Option("--report", help="re-render the reports of this experiment folder; run nothing"),
     ] = None,
+    ray: RayOpt = None,
     json_out: JsonOpt = False,
     home: HomeOpt = None,
 ) -> None:
@@ -822,7 +835,7 @@ def experiment(
     suite = bench_mod.load_suite(exp.suite)
     index = bench_mod.ReplayIndex.scan(replay) if replay is not None else None
     exp_mod.open_experiment(out_dir, exp, suite, resume)
-    cfg = config_mod.load(home=home)
+    cfg = config_mod.load(home=home, ray=ray)
     bar, update = _progress(json_out)
 
     def cells(done: int, total: int, label: str) -> None:

@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import Config
 from pipeline.types import Build, Candidate, KernelResources, Status, from_dict, to_dict
@@ -396,7 +397,12 @@ def compile_candidates(
         else:
             todo.append((key, candidates[indices[0]]))
 
-    if todo:
+    if todo and cfg.ray:  # Ray tasks on the cluster's CPU nodes; the head's cache keeps what they built
+        from pipeline.cluster import compile_remote
+
+        for done_ in compile_remote(todo, cfg, version):
+            finish(done_.key, _keep_remote(cache, done_))
+    elif todo:
         jobs = max(1, min(cfg.compile_jobs, len(todo)))
         with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="nvcc") as pool:
             # Threads suffice: each one only waits on its nvcc process.
@@ -406,6 +412,30 @@ def compile_candidates(
             for future in concurrent.futures.as_completed(futures):
                 finish(futures[future], future.result())
     return [b for b in results if b is not None]
+
+
+def _keep_remote(cache: Path, done: Any) -> Build:
+    """A build made on another node (pipeline/cluster.py), with its cubin written into this cache."""
+    build = done.build
+    if not done.cacheable:
+        if done.cubin is None:
+            return build
+        # usable now, not kept: held in a file of its own for the workers to load
+        path = cache / f".uncached-{done.key}.cubin"
+        _atomic_bytes(path, done.cubin)
+        return _for_candidate(build, build.candidate_key, cubin_path=str(path.resolve()))
+    with tempfile.TemporaryDirectory(prefix=_WORKDIR_PREFIX) as work:
+        cubin = None
+        if done.cubin is not None:
+            cubin = Path(work, _CUBIN_NAME)
+            cubin.write_bytes(done.cubin)
+        return _store(cache, done.key, build, cubin)
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def _for_candidate(build: Build, candidate_key: str, **changes) -> Build:

@@ -20,6 +20,9 @@ class Config:
     nvcc_flags: tuple[str, ...] = ("-O3", "-std=c++17", "-lineinfo")
     compile_timeout_s: float = 180.0
     compile_jobs: int = max(1, os.cpu_count() or 1)
+    # Ray (pipeline/cluster.py): "" keeps everything on this machine and never imports Ray; "local" starts
+    # Ray here, "auto" or an address joins a cluster (GPU actors for evaluations, CPU tasks for nvcc)
+    ray: str = ""
     # isolated GPU worker
     device: str = "cuda"  # "cpu" runs the protocol on the CPU (tests with Python stand-ins)
     job_timeout_s: float = 300.0  # wall time for one job in the worker

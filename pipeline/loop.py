@@ -630,7 +630,8 @@ def _finish(run: _Run, stop: str, evaluator: Evaluator) -> OptimizeOutcome:
     folder = run.log.folder
     best = run.chosen()
     exported = None
-    notes = list(dict.fromkeys(run.notes))
+    pool_notes = getattr(getattr(evaluator, "pool", None), "notes", [])  # Ray: GPU actors lost or drained
+    notes = list(dict.fromkeys([*run.notes, *pool_notes]))
     if best is not None and best != ROOT:
         node = run.nodes[best]
         assert node.candidate is not None and node.evaluation is not None

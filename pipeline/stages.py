@@ -31,6 +31,11 @@ class NoGPUError(Exception):
 def open_pool(cfg: Config) -> WorkerPool:
     """Confined workers for candidates, one per GPU; the pool's reference worker (trusted work: probing
     tasks, calibration, torch.compile baselines) starts on first use."""
+    if cfg.ray:  # one actor per GPU of the cluster, each wrapping a worker like these
+        from pipeline import cluster
+
+        cluster.connect(cfg.ray)
+        return cluster.RayPool(cfg)  # type: ignore[return-value]
     if cfg.device == "cpu":
         return WorkerPool(cfg, [None])
     gpus = visible_gpus()
