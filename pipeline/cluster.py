@@ -40,6 +40,7 @@ from pipeline.types import Build, Status
 from pipeline.worker import JobResult, Worker
 
 DRAIN_AFTER = 3  # crashes in a row on one GPU before its actor is drained
+WAIT_S = 5.0  # how often a waiting bench looks whether the cluster still has a GPU
 LOCAL = "local"  # start a Ray instance on this machine (its GPUs), rather than join a cluster
 
 
@@ -442,7 +443,15 @@ def run_bench_tasks(
 
     submit()
     while running:
-        ready, _ = ray.wait(list(running), num_returns=1)
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=WAIT_S)
+        if not ready:
+            if ray.cluster_resources().get("GPU", 0) < 1:  # no node left to run them: they would wait forever
+                for ref, key in running.items():
+                    ray.cancel(ref, force=True)
+                    yield key, None, {}, "no GPU left on the Ray cluster"
+                running.clear()
+                todo.clear()
+            continue
         key = running.pop(ready[0])
         try:
             row, files = ray.get(ready[0])
