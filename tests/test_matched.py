@@ -238,3 +238,36 @@ def test_a_resumed_run_keeps_its_speed_tolerance(tmp_path):
     state = fold(read_events(r.folder / "log.jsonl"))
     assert {SLOW, NEAR} <= {n.key for n in state.nodes.values() if n.time_ms}
     assert r.best_key == NEAR
+
+
+# -- replayed: an energy run recorded on the H200 as it was (no energies put in) ---------------------------
+
+ENERGY_RUN = ROOT / "tests" / "fixtures" / "energy" / "elementwise_chain" / "log.jsonl"  # 2026-12-02, 8 evals
+
+
+def test_a_real_energy_run_replays_to_its_recorded_choice_and_front(tmp_path):
+    """The recording: `bench tasks --evals 8` under objective energy. The power edits (a persistent grid on
+    75% or 50% of the SMs) were made first, measured 10-13% slower and no more frugal (the H200 stays near
+    700 W), so the fastest candidate is also the lowest in energy: chosen, and the whole front."""
+    recorded = fold(read_events(ENERGY_RUN))
+    assert recorded.end is not None and recorded.end.best_key
+    cfg = config.load(runs_dir=tmp_path / "runs", home=tmp_path / "home", memory=False, policy="expert",
+                      objective="energy", max_evals=8, corpus="none")  # fmt: skip
+    r = optimize(ROOT / "tasks" / "elementwise_chain.py", cfg, replay=[ENERGY_RUN])
+    state = fold(read_events(r.folder / "log.jsonl"))
+    assert [n.key for n in state.nodes.values()] == [n.key for n in recorded.nodes.values()]
+    assert r.best_key == recorded.end.best_key
+    front = pareto_front(_all(state))
+    assert [state.nodes[c.node].key for c in front] == [recorded.end.best_key]
+    power = [n for n in state.nodes.values() if n.edit and "lower_power" in n.edit]
+    assert len(power) == 2 and all(n.time_ms > 1.02 * state.nodes[front[0].node].time_ms for n in power)
+
+
+def _all(state) -> list[Candidate]:
+    out = []
+    for n in state.nodes.values():
+        m = n.evaluation.measurement if n.evaluation else None
+        e = m.energy if m else None
+        if n.time_ms is not None and e is not None:
+            out.append(Candidate(n.id, n.time_ms, e.joules_per_call, e.spread))
+    return out
