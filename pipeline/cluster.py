@@ -358,6 +358,7 @@ def _compile_task(candidate: Any, key: str, cfg: Config, toolkit: str) -> Compil
 def compile_remote(todo: Sequence[tuple[str, Any]], cfg: Config, toolkit: str) -> Iterator[Compiled]:
     """Each (key, candidate) compiled by a Ray task of its own (one CPU apiece, so the cluster's CPU nodes
     share the nvcc work), yielded as they finish; a task lost past its retries is a compile error."""
+    connect(cfg.ray)
     remote = ray.remote(num_cpus=1, max_retries=2)(_compile_task)
     refs = {remote.remote(c, key, cfg, toolkit): key for key, c in todo}
     while refs:
