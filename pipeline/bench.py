@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import Config, validate
+from pipeline.reasons import first_line
 from pipeline.runlog import RunLogError, read_events
 from pipeline.runstate import RunState, fold
 from pipeline.selfcheck import read_store, task_files, task_key
@@ -193,7 +194,7 @@ def run_task(key: str, path: Path, cfg: Config, *, replay: ReplayIndex | None = 
     except (OptimizeError, RunLogError) as e:
         status, error = TaskStatus.ERROR, str(e)
     except Exception as e:  # a stage's bug must not end the suite: the row says what it was
-        status, error = TaskStatus.CRASH, f"{type(e).__name__}: {_first_line(e)}"
+        status, error = TaskStatus.CRASH, f"{type(e).__name__}: {first_line(e)}"
     row["status"] = status.value
     if error is not None:
         row["error"] = error
@@ -202,11 +203,6 @@ def run_task(key: str, path: Path, cfg: Config, *, replay: ReplayIndex | None = 
         wall_s=round(time.monotonic() - t0, 1),
     )
     return row
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else "(no message)"
 
 
 # -- replayed evaluations ----------------------------------------------------------------------------------
@@ -466,7 +462,7 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     for i, key in enumerate(todo):
         elapsed = time.monotonic() - started
         if budget_s is not None and ran and elapsed + slowest > budget_s:
-            stopped = f"budget of {budget_s:g} s: {elapsed:.0f} s used, the slowest task took {slowest:.0f} s"
+            stopped = _budget_spent(budget_s, elapsed, slowest)
             remaining = tuple(todo[i:])
             break
         if progress:
@@ -534,8 +530,12 @@ def _run_on_ray(out: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
     if lost:
         stopped = f"{len(lost)} task(s) lost with their node ({', '.join(lost)})"
     elif remaining:
-        stopped = f"budget of {budget_s:g} s: {time.monotonic() - started:.0f} s used, the slowest task took {slowest:.0f} s"
+        stopped = _budget_spent(budget_s, time.monotonic() - started, slowest)
     return ran, stopped, remaining
+
+
+def _budget_spent(budget_s: float | None, elapsed: float, slowest: float) -> str:
+    return f"budget of {budget_s:g} s: {elapsed:.0f} s used, the slowest task took {slowest:.0f} s"
 
 
 def _in_order(rows: list[dict[str, Any]], suite: Suite | None = None) -> list[dict[str, Any]]:

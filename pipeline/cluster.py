@@ -35,6 +35,7 @@ from ray.exceptions import RayActorError, RayError
 
 from pipeline import jobs
 from pipeline.config import Config
+from pipeline.reasons import first_line
 from pipeline.stages import NoGPUError
 from pipeline.types import Build, Status
 from pipeline.worker import JobResult, Worker
@@ -160,22 +161,15 @@ def _result(reply: tuple) -> JobResult:
     return JobResult(ok, decoded, Status(status) if status else None, reason, seconds)  # type: ignore[arg-type]
 
 
-class _Reference:
-    """pool.reference for the stages: the trusted jobs go to the first live actor's trusted worker."""
+class _Proxy:
+    """pool.reference (trusted jobs: the first live actor's trusted worker) and pool.first (its confined
+    one), with Worker.request's signature, for the stages."""
 
-    def __init__(self, pool: RayPool) -> None:
-        self.pool = pool
-
-    def request(self, job: jobs.Job, timeout_s: float | None = None, cpu_s: float | None = None) -> JobResult:
-        return self.pool.request(job, timeout_s, trusted=True)
-
-
-class _First:
-    def __init__(self, pool: RayPool) -> None:
-        self.pool = pool
+    def __init__(self, pool: RayPool, trusted: bool) -> None:
+        self.pool, self.trusted = pool, trusted
 
     def request(self, job: jobs.Job, timeout_s: float | None = None, cpu_s: float | None = None) -> JobResult:
-        return self.pool.request(job, timeout_s, trusted=False)
+        return self.pool.request(job, timeout_s, trusted=self.trusted)
 
 
 class RayPool:
@@ -222,8 +216,8 @@ class RayPool:
         self.head = _node()
         self.trace: list[tuple[int, int, float, float]] = []  # (actor, job of its map, start, end) in seconds
         self._lock = threading.Lock()
-        self.reference = _Reference(self)
-        self.first = _First(self)
+        self.reference = _Proxy(self, trusted=True)
+        self.first = _Proxy(self, trusted=False)
 
     def __enter__(self) -> RayPool:
         return self
@@ -259,9 +253,13 @@ class RayPool:
             where = f"GPU actor {i} (node {self.info[i]['node'][:12]}, GPU {self.info[i]['gpu']})"
             with self._lock:
                 if self.live[i]:
-                    self.notes.append(f"{where} lost: {_first_line(e)}")
+                    self.notes.append(f"{where} lost: {first_line(e, type(e).__name__)}")
                 self.live[i] = False
-            return JobResult(False, status=Status.CRASH, reason=f"{where} was lost mid-job: {_first_line(e)}")
+            return JobResult(
+                False,
+                status=Status.CRASH,
+                reason=f"{where} was lost mid-job: {first_line(e, type(e).__name__)}",
+            )
         with self._lock:
             self.jobs_run[i] += 1
             self.crashes[i] = self.crashes[i] + 1 if r.status is Status.CRASH else 0
@@ -317,11 +315,6 @@ class RayPool:
         return [r for r in results if r is not None]
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else type(e).__name__
-
-
 # -- compile jobs as Ray tasks --------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Compiled:
@@ -367,7 +360,7 @@ def compile_remote(todo: Sequence[tuple[str, Any]], cfg: Config, toolkit: str) -
         try:
             yield ray.get(ready[0])
         except RayError as e:
-            why = f"the compile task was lost: {_first_line(e)}"
+            why = f"the compile task was lost: {first_line(e, type(e).__name__)}"
             yield Compiled(key, Build("", Status.COMPILE_ERROR, None, log=why), None, False)
 
 
@@ -458,5 +451,5 @@ def run_bench_tasks(
             row, files = ray.get(ready[0])
             yield key, row, files, ""
         except RayError as e:
-            yield key, None, {}, _first_line(e)
+            yield key, None, {}, first_line(e, type(e).__name__)
         submit()

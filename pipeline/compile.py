@@ -422,7 +422,7 @@ def _keep_remote(cache: Path, done: Any) -> Build:
             return build
         # usable now, not kept: held in a file of its own for the workers to load
         path = cache / f".uncached-{done.key}.cubin"
-        _atomic_bytes(path, done.cubin)
+        _atomic_write(path, done.cubin)
         return _for_candidate(build, build.candidate_key, cubin_path=str(path.resolve()))
     with tempfile.TemporaryDirectory(prefix=_WORKDIR_PREFIX) as work:
         cubin = None
@@ -430,12 +430,6 @@ def _keep_remote(cache: Path, done: Any) -> Build:
             cubin = Path(work, _CUBIN_NAME)
             cubin.write_bytes(done.cubin)
         return _store(cache, done.key, build, cubin)
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _for_candidate(build: Build, candidate_key: str, **changes) -> Build:
@@ -571,9 +565,12 @@ def _store(cache: Path, key: str, build: Build, cubin: Path | None) -> Build:
     return _for_candidate(build, build.candidate_key, cubin_path=cubin_path)
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _atomic_write(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    tmp.write_text(text)
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
     os.replace(tmp, path)
 
 

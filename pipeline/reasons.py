@@ -84,6 +84,13 @@ CODES: dict[str, Code] = {
 }
 
 
+def first_line(e: BaseException, empty: str = "(no message)") -> str:
+    """An exception's message as one line of a reason (its first, at most 300 characters); `empty` when it
+    has none."""
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else empty
+
+
 def code_of(reason: str) -> str:
     """The code a reason starts with: "mismatch" for "mismatch: ...", "static:try_except" for
     "static:try_except: ..."."""

@@ -465,7 +465,7 @@ def _run_one(path: Path, cfg: Config, pool: _Deadline, env: dict[str, str]) -> d
         try:
             [result] = stages.evaluate_candidates(path, [cand], cfg, pool=pool)  # type: ignore[arg-type]
         except Exception as e:  # a task the harness cannot take is a row, not the end of the sweep
-            why = [f"task_error: {type(e).__name__}: {_first_line(e)}"]
+            why = [f"task_error: {type(e).__name__}: {reasons.first_line(e)}"]
         else:
             v = result.verdict
             status, why = v.status.value, list(v.reasons)
@@ -514,22 +514,17 @@ def _eager_runs(path: Path, cfg: Config, pool: _Deadline) -> tuple[bool | None, 
     try:
         stages.run_baselines(path, cfg.replace(baselines=("eager",), energy=False), pool=pool)  # type: ignore[arg-type]
     except TaskError as e:
-        text = _first_line(e)
+        text = reasons.first_line(e)
         if any(m in text for m in _BROKEN_TASK):
             return False, f"TaskError: {text}"
         return None, f"not checked: the harness cannot probe the task: {text}"
     except Exception as e:
-        return False, f"{type(e).__name__}: {_first_line(e)}"
+        return False, f"{type(e).__name__}: {reasons.first_line(e)}"
     return True, None
 
 
 # pipeline/tasks.py's messages for a task file that cannot be loaded at all (as opposed to probed)
 _BROKEN_TASK = ("importing the task raised", "syntax error at line", "task file not found", "missing `")
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0][:300] if lines else "(no message)"
 
 
 def _code(why: Sequence[str]) -> str | None:

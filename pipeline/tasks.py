@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from pipeline.reasons import first_line
 from pipeline.types import Task, TensorSpec
 
 # Default tolerances per dtype: elementwise |out - ref| <= atol + rtol * |ref|, and a bound on the relative
@@ -63,7 +64,7 @@ def _exec_module(source: str, path: Path) -> ModuleType:
     except Exception as e:
         sys.modules.pop(name, None)
         raise TaskError(
-            f"{path.name}: importing the task raised {type(e).__name__}: {_first_line(e)}"
+            f"{path.name}: importing the task raised {type(e).__name__}: {first_line(e)}"
         ) from None
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, attr):
@@ -86,19 +87,19 @@ def probe(path: str | Path) -> Task:
             init_args = list(module.get_init_inputs())
     except Exception as e:
         raise TaskError(
-            f"{path.name}: building the init inputs raised {type(e).__name__}: {_first_line(e)}"
+            f"{path.name}: building the init inputs raised {type(e).__name__}: {first_line(e)}"
         ) from None
     try:
         inputs = meta_inputs(module)
     except Exception as e:
         raise TaskError(
-            f"{path.name}: building the inputs raised {type(e).__name__}: {_first_line(e)}"
+            f"{path.name}: building the inputs raised {type(e).__name__}: {first_line(e)}"
         ) from None
     try:
         model = _model_on_meta(module, init_args)
     except Exception as e:
         raise TaskError(
-            f"{path.name}: building the model raised {type(e).__name__}: {_first_line(e)}"
+            f"{path.name}: building the model raised {type(e).__name__}: {first_line(e)}"
         ) from None
     if not inputs:
         raise TaskError(f"{path.name}: get_inputs() returned no inputs")
@@ -129,7 +130,7 @@ def probe(path: str | Path) -> Task:
             out = _probe_on_gpu(module, init_args, counter)
             if out is None:
                 raise TaskError(
-                    f"{path.name}: the reference forward raised {type(e).__name__}: {_first_line(e)}"
+                    f"{path.name}: the reference forward raised {type(e).__name__}: {first_line(e)}"
                     + (
                         ""
                         if torch.cuda.is_available()
@@ -222,8 +223,3 @@ def _model_on_meta(module: ModuleType, init_args: list):
 
 def _spec(t) -> TensorSpec:
     return TensorSpec(shape=tuple(int(s) for s in t.shape), dtype=str(t.dtype).removeprefix("torch."))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else "(no message)"
