@@ -23,10 +23,13 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.config import Config
 from pipeline.types import Build, Candidate, KernelResources, Status, from_dict, to_dict
+
+if TYPE_CHECKING:
+    from pipeline.cluster import Compiled  # only for the type: importing it imports Ray
 
 # Bump when the cached JSON or the way a Build is derived from nvcc's output changes.
 _CACHE_FORMAT = 1
@@ -414,22 +417,17 @@ def compile_candidates(
     return [b for b in results if b is not None]
 
 
-def _keep_remote(cache: Path, done: Any) -> Build:
-    """A build made on another node (pipeline/cluster.py), with its cubin written into this cache."""
-    build = done.build
+def _keep_remote(cache: Path, done: Compiled) -> Build:
+    """A build made on another node (pipeline/cluster.py), with its cubin stored in this cache. One the node
+    did not cache (a timeout, a lost task, another toolkit) has no cubin and is not kept here either."""
     if not done.cacheable:
-        if done.cubin is None:
-            return build
-        # usable now, not kept: held in a file of its own for the workers to load
-        path = cache / f".uncached-{done.key}.cubin"
-        _atomic_write(path, done.cubin)
-        return _for_candidate(build, build.candidate_key, cubin_path=str(path.resolve()))
+        return done.build
     with tempfile.TemporaryDirectory(prefix=_WORKDIR_PREFIX) as work:
         cubin = None
         if done.cubin is not None:
             cubin = Path(work, _CUBIN_NAME)
             cubin.write_bytes(done.cubin)
-        return _store(cache, done.key, build, cubin)
+        return _store(cache, done.key, done.build, cubin)
 
 
 def _for_candidate(build: Build, candidate_key: str, **changes) -> Build:
@@ -565,12 +563,9 @@ def _store(cache: Path, key: str, build: Build, cubin: Path | None) -> Build:
     return _for_candidate(build, build.candidate_key, cubin_path=cubin_path)
 
 
-def _atomic_write(path: Path, data: str | bytes) -> None:
+def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    if isinstance(data, bytes):
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data)
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
