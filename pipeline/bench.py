@@ -22,7 +22,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from pipeline.selfcheck import read_store, task_files, task_key
 from pipeline.types import speedup
 
 MANIFEST, STORE, RUNS = "bench.json", "results.jsonl", "runs"
+RETRIED = "results.retried.jsonl"  # rows taken out of the store by --retry, kept: nothing measured is lost
 REPORTS = {"json": "summary.json", "markdown": "report.md", "html": "report.html"}
 # The settings every task of a bench gets; a resumed bench keeps its own (comparable rows).
 DEFAULTS: dict[str, Any] = {"evals": 12, "policy": "expert", "search": "mcts"}
@@ -72,12 +73,13 @@ def row_status(row: dict[str, Any]) -> str:
 # -- one run's row ---------------------------------------------------------------------------------------
 
 # Where a run's seconds went: each gap between two events of its log counts for the later one's stage.
-STAGE_OF = {"baselines": "baselines", "result": "evaluations", "profile": "profile"}
+STAGE_OF = {"baselines": "baselines", "result": "evaluations", "profile": "profile", "final": "final"}
 
 
 def seconds_by_stage(events: Sequence[Any]) -> dict[str, float]:
     """The run's wall time from its start to its last event, by stage (baselines, candidate evaluations,
-    profiling, the rest: proposing, compiling while nothing else is logged, bookkeeping)."""
+    profiling, the best's final re-measure with energy, the rest: proposing, compiling while nothing else
+    is logged, bookkeeping)."""
     out = dict.fromkeys((*STAGE_OF.values(), "other"), 0.0)
     for prev, e in itertools.pairwise(events):
         out[STAGE_OF.get(e.type, "other")] += max(0.0, e.t - prev.t)
@@ -440,12 +442,16 @@ class BenchResult:
 def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
               budget_s: float | None = None, replay: ReplayIndex | None = None,
               progress: Callable[[int, int, str], None] | None = None,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:  # fmt: skip
+              on_row: Callable[[dict[str, Any]], None] | None = None,
+              retry: Collection[str] = ()) -> BenchResult:  # fmt: skip
     """Each task of the suite without a row through `optimize`, one row each as it ends; then the reports.
-    With `budget_s`, no task starts when the slowest task so far would not fit in what is left."""
+    With `budget_s`, no task starts when the slowest task so far would not fit in what is left. `retry`:
+    statuses whose rows are run again (a task that failed for want of something since installed)."""
     out = Path(out)
     store = out / STORE
     cfg = bench_config(cfg, out, manifest)
+    if retry:
+        take_out(store, retry)
     rows = read_store(store)
     done = {r["key"] for r in rows}
     todo = [k for k in suite.tasks if k not in done]
@@ -486,6 +492,24 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     reports = write_reports(out)
     return BenchResult(out, tuple(_in_order(read_store(store), suite)), tuple(ran), skipped, remaining,
                        stopped, reports)  # fmt: skip
+
+
+def take_out(store: Path, statuses: Collection[str]) -> list[dict[str, Any]]:
+    """Move the rows of these statuses from the store to RETRIED beside it (appended first, so a kill in
+    between leaves a row in both places, never in neither); their tasks then count as not run."""
+    unknown = set(statuses) - {s.value for s in TaskStatus}
+    if unknown:
+        raise BenchError(
+            f"--retry {', '.join(sorted(unknown))}: not a task status "
+            f"({', '.join(s.value for s in TaskStatus)})"
+        )
+    rows = read_store(store)
+    out = [r for r in rows if row_status(r) in statuses]
+    if out:
+        for r in out:
+            append_row(store.with_name(RETRIED), r)
+        _write_atomic(store, "".join(json.dumps(r) + "\n" for r in rows if row_status(r) not in statuses))
+    return out
 
 
 def _run_on_ray(out: Path, suite: Suite, todo: list[str], cfg: Config, budget_s: float | None,

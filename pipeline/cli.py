@@ -671,6 +671,13 @@ def bench(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue the bench in --out: skip tasks done")
     ] = False,
+    retry: Annotated[
+        str | None,
+        typer.Option(
+            help="with --resume: run again the tasks whose rows have these statuses, comma-separated "
+            "(e.g. unsupported,crash); their old rows move to results.retried.jsonl"
+        ),
+    ] = None,
     replay: Annotated[
         Path | None,
         typer.Option(help="answer evaluations from run logs recorded on a GPU under this folder (no GPU)"),
@@ -696,6 +703,9 @@ def bench(
         raise ValueError(
             "give a SUITE (a folder of task files or a list file) and --out DIR, or --report DIR"
         )
+    retry_statuses = tuple(dict.fromkeys(x.strip() for x in (retry or "").split(",") if x.strip()))
+    if retry_statuses and not resume:
+        raise ValueError("--retry re-runs tasks of a bench that exists: add --resume")
     tasks = bench_mod.load_suite(suite, match)
     index = bench_mod.ReplayIndex.scan(replay) if replay is not None else None
     if corpus is not None:
@@ -728,6 +738,7 @@ def bench(
                 replay=index,
                 progress=progress,
                 on_row=on_row,
+                retry=retry_statuses,
             )
     except KeyboardInterrupt:
         # Not optimize's hint: the bench resumes the task in flight from its run log by itself.

@@ -170,6 +170,22 @@ def test_resume_skips_finished_tasks_and_renders_the_reports_again(ran, tmp_path
     assert len(list((out / bench.RUNS).iterdir())) == 2
 
 
+def test_retry_runs_the_tasks_of_the_statuses_named_again_and_keeps_their_old_rows(ran, tmp_path):
+    root, suite, _, _ = ran
+    out = copy_bench(ran, tmp_path)
+    old = store_rows(out)
+    with pytest.raises(bench.BenchError, match="--retry unsupportd: not a task status"):
+        start(root, suite, out, resume=True, retry=("unsupportd",))
+    assert store_rows(out) == old and not (out / bench.RETRIED).exists()  # a typo changes nothing
+    again = start(root, suite, out, resume=True, retry=("no_recording",))
+    assert again.ran == ("level1/3_LayerNorm<b>",) and len(again.skipped) == 2
+    new = store_rows(out)
+    assert new[:2] == old[:2] and [r["key"] for r in new] == [r["key"] for r in old]
+    assert [json.loads(x) for x in (out / bench.RETRIED).read_text().splitlines()] == [old[2]]
+    r = CliRunner().invoke(app, ["bench", str(suite), "--out", str(out), "--retry", "crash"])
+    assert r.exit_code != 0 and "add --resume" in r.output
+
+
 def test_a_task_killed_in_flight_is_resumed_from_its_run_log(ran, tmp_path):
     root, suite, _, _ = ran
     out = copy_bench(ran, tmp_path)

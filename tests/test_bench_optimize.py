@@ -5,6 +5,7 @@ the summary of a store and where a run's seconds went, over rows made from run l
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -56,8 +57,10 @@ def test_a_rows_seconds_by_stage_add_up_to_its_logged_time():
     for log in sorted(RUNS.glob("*/*/log.jsonl")):
         events = read_events(log)
         got = bench_optimize.summarise(log.parent)["seconds"]
-        assert set(got) == {"baselines", "evaluations", "profile", "other"}
+        assert set(got) == {"baselines", "evaluations", "profile", "final", "other"}
         assert math.isclose(sum(got.values()), events[-1].t - events[0].t, abs_tol=0.3), (log, got)
         first_baselines = next(e for e in events if e.type == "baselines")
         assert got["baselines"] >= round(first_baselines.t - events[0].t, 1) - 0.05
         assert got["evaluations"] > 0  # the recordings evaluated candidates
+        final = [(a, b) for a, b in itertools.pairwise(events) if b.type == "final"]
+        assert math.isclose(got["final"], sum(b.t - a.t for a, b in final), abs_tol=0.05)

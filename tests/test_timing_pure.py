@@ -3,11 +3,13 @@ repeat rule over injected readings, floors, type round trips."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
 import pytest
 
+from pipeline import calibrate
 from pipeline.calibrate import Ceilings, floor_ms
 from pipeline.energy import LoopMismatch, Window, energy_record, relative_spread, repeat_windows
 from pipeline.timing import hidden_work, summarize
@@ -48,6 +50,18 @@ def test_floor_memory_bound():
 def test_floor_compute_bound_uses_the_fastest_honest_rate():
     assert floor_ms(task("bfloat16", 780e9, 1000), CEIL) == pytest.approx(1.0)
     assert floor_ms(task("float32", 400e9, 1000), CEIL) == pytest.approx(1.0)  # 3xTF32 reaches fp32 accuracy
+
+
+def test_ceilings_cached_by_an_older_measurement_are_measured_again(tmp_path):
+    fresh = Ceilings("NVIDIA H200", 4.4e12, 5.1e13, 3.9e14, 7.9e14, {}, version=calibrate.VERSION)
+    path = calibrate.save(tmp_path, fresh)
+    assert calibrate.load_cached(tmp_path, "NVIDIA H200") == fresh
+    # A cache of version 1 (the cold single memcpy that read 3.8 TB/s) carries no version field.
+    old = {k: v for k, v in fresh.__dict__.items() if k != "version"} | {"copy_bytes_per_s": 3.8e12}
+    path.write_text(json.dumps(old))
+    assert calibrate.load_cached(tmp_path, "NVIDIA H200") is None
+    path.write_text("{not json")
+    assert calibrate.load_cached(tmp_path, "NVIDIA H200") is None
 
 
 def test_measurement_round_trip_and_derived_numbers():
