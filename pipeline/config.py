@@ -48,6 +48,7 @@ class Config:
     energy_max_repeats: int = 8  # windows at most: the budget when the spread stays above energy_spread
     energy_spread: float = 0.01  # target relative standard error of the energy per call over the windows
     baselines: tuple[str, ...] = ("eager", "compile", "max-autotune-no-cudagraphs")
+    baseline_cache: bool = True  # optimize reuses a task's baselines measured on this GPU and software before
     suspicious_speedup: float = 10.0
     # Chroma index: embedded in a folder, or a server when chroma_host is set
     chroma_path: Path = Path(".kernelpro/chroma")

@@ -56,7 +56,9 @@ class GpuEvaluator:
 
     def baselines(self) -> Baselines:
         cfg = self.cfg.replace(baselines=("eager", "compile"))
-        _, self._baselines = stages.run_baselines(self.task_path, cfg, pool=self.pool)
+        _, self._baselines = stages.run_baselines(
+            self.task_path, cfg, pool=self.pool, cached=self.cfg.baseline_cache
+        )
         return self._baselines
 
     def ceilings(self) -> Ceilings | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import calibrate, jobs, reasons
+from pipeline import baseline_cache, calibrate, jobs, reasons
 from pipeline.candidates import load_candidate
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
@@ -202,20 +202,28 @@ def _with_compiled_baselines(
 
 
 def run_baselines(
-    task_path: str | Path, cfg: Config, pool: WorkerPool | None = None
+    task_path: str | Path, cfg: Config, pool: WorkerPool | None = None, cached: bool = False
 ) -> tuple[Task, Baselines]:
-    """Eager and torch.compile baselines of a task, measured in one worker run; compile time reported apart."""
+    """Eager and torch.compile baselines of a task, measured in one worker run; compile time reported apart.
+    `cached`: reuse the ones measured for this task's source, settings and GPU software before
+    (pipeline/baseline_cache.py), and keep these for next time."""
     if not Path(task_path).is_file():
         raise TaskError(f"task file not found: {task_path}")
     own_pool = pool is None
     pool = pool or open_pool(cfg)
     try:
         task = probe_task(pool, task_path)
-        # torch.compile runs ptxas and process pools: only the unconfined reference worker can.
-        r = pool.reference.request(jobs.Baseline(task, settings(cfg)), timeout_s=max(cfg.job_timeout_s, 900))
-        if not isinstance(r.answer, jobs.BaselinesAnswer):
-            raise RuntimeError(f"baseline run failed: {r.reason or 'the worker gave no timings'}")
-        base = r.answer.baselines
+        key = _cache_key(pool, task, cfg) if cached else None
+        base = baseline_cache.load(cfg.home, key) if key else None
+        if base is None:
+            # torch.compile runs ptxas and process pools: only the unconfined reference worker can.
+            job = jobs.Baseline(task, settings(cfg))
+            r = pool.reference.request(job, timeout_s=max(cfg.job_timeout_s, 900))
+            if not isinstance(r.answer, jobs.BaselinesAnswer):
+                raise RuntimeError(f"baseline run failed: {r.reason or 'the worker gave no timings'}")
+            base = r.answer.baselines
+            if key:
+                baseline_cache.save(cfg.home, key, base)
         ceil = ceilings(pool, cfg)
         if ceil is not None:
             base = dataclasses.replace(base, floor_ms=calibrate.floor_ms(task, ceil))
@@ -223,6 +231,16 @@ def run_baselines(
     finally:
         if own_pool:
             pool.close()
+
+
+def _cache_key(pool: WorkerPool, task: Task, cfg: Config) -> str | None:
+    """The baseline cache's key on a GPU whose environment the reference worker can report; else None."""
+    if cfg.device != "cuda":
+        return None
+    r = pool.reference.request(jobs.Environment("cuda"), timeout_s=120)
+    if not isinstance(r.answer, jobs.EnvironmentAnswer) or not r.answer.environment.get("gpu"):
+        return None
+    return baseline_cache.key(task, settings(cfg), r.answer.environment)
 
 
 @dataclass(frozen=True)

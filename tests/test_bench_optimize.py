@@ -64,3 +64,25 @@ def test_a_rows_seconds_by_stage_add_up_to_its_logged_time():
         assert got["evaluations"] > 0  # the recordings evaluated candidates
         final = [(a, b) for a, b in itertools.pairwise(events) if b.type == "final"]
         assert math.isclose(got["final"], sum(b.t - a.t for a, b in final), abs_tol=0.05)
+
+
+def test_throughput_counts_the_timed_candidates_over_the_runs_minutes(tmp_path):
+    """benchmarks/bench_throughput.py's figure over a bench whose evaluations replay H200 recordings."""
+    import bench_throughput
+
+    from pipeline import bench, config
+
+    suite_file = tmp_path / "suite.txt"
+    suite_file.write_text(f"{ROOT / 'tasks' / 'softmax.py'}\n")
+    suite = bench.load_suite(suite_file)
+    manifest = bench.open_bench(tmp_path / "b", suite, {"evals": 3, "policy": "expert", "search": None}, False)
+    result = bench.run_bench(tmp_path / "b", suite, config.load(home=tmp_path / "h"), manifest,
+                             replay=bench.ReplayIndex.scan(RUNS))  # fmt: skip
+    got = bench_throughput.throughput(result)
+    (row,) = result.rows
+    events = read_events(tmp_path / "b" / "runs" / row["run_id"] / "log.jsonl")
+    timed = [e for e in events if e.type == "result" and e.data["measurement"] and e.data["measurement"]["timing"]]
+    assert got["candidates_timed"] == len(timed) > 0
+    assert math.isclose(got["gpu_minutes"], (events[-1].t - events[0].t) / 60, abs_tol=1e-3)
+    assert math.isclose(sum(got["seconds_by_stage"].values()), events[-1].t - events[0].t, abs_tol=0.3)
+    assert got["per_task"][row["key"]]["timed"] == len(timed)

@@ -55,6 +55,19 @@ def test_calibrate_gives_plausible_ceilings(pool, home):
     assert (home / "calibration").is_dir()
 
 
+def test_baselines_are_cached_per_task_and_reused_with_a_note(pool, home):
+    cfg = cfg_for(home)
+    task = ROOT / "tasks" / "softmax.py"
+    _, first = stages.run_baselines(task, cfg, pool=pool, cached=True)
+    assert not any("from the cache" in n for n in first.notes)
+    assert list((home / "baselines" / "cache").glob("*.json"))
+    _, again = stages.run_baselines(task, cfg, pool=pool, cached=True)
+    assert again.timings == first.timings and again.floor_ms == first.floor_ms
+    assert any("from the cache" in n for n in again.notes)
+    _, fresh = stages.run_baselines(task, cfg, pool=pool)  # not asked for: measured anew
+    assert not any("from the cache" in n for n in fresh.notes) and fresh.timings != first.timings
+
+
 @pytest.mark.parametrize("task_id", sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir()))
 def test_honest_example_verifies_and_is_timed(pool, home, task_id):
     (r,) = stages.evaluate_candidates(

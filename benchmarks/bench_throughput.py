@@ -1,0 +1,82 @@
+"""Search throughput on one GPU: plain-CUDA candidates verified and timed per GPU-minute (issue 17's figure),
+over small memory-bound tasks with their baselines cached.
+
+    python benchmarks/bench_throughput.py --out DIR [--tasks elementwise_chain,softmax,layernorm,reduce_mean]
+                                          [--evals 16] [--json]
+
+Two `kernelpro bench` passes over the same tasks, each in its own folder under DIR with one home: the first
+(1 evaluation a task) measures the baselines and leaves them in the baseline cache, the second (--evals) is
+the one measured. A candidate counts when the harness verified it and timed it; the minutes are the second
+pass's run logs from each run's first event to its last (the GPU is held all that time: compiles, proposals,
+profiles and the final re-measure included). Prints one JSON document: the figure, and where the seconds
+went by stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import bench, config  # noqa: E402
+from pipeline.runlog import read_events  # noqa: E402
+from pipeline.runstate import fold  # noqa: E402
+
+DEFAULT_TASKS = "elementwise_chain,softmax,layernorm,reduce_mean"
+
+
+def run_pass(out: Path, tasks: list[Path], evals: int, home: Path) -> bench.BenchResult:
+    suite_file = out.with_suffix(".txt")
+    suite_file.write_text("".join(f"{p}\n" for p in tasks))
+    suite = bench.load_suite(suite_file)
+    manifest = bench.open_bench(out, suite, {"evals": evals, "policy": "expert", "search": None}, False)
+    return bench.run_bench(out, suite, config.load(home=home), manifest)
+
+
+def throughput(result: bench.BenchResult) -> dict:
+    """Verified-and-timed candidates per minute of the runs' wall time, and the seconds by stage."""
+    counted, seconds, stages = 0, 0.0, dict.fromkeys((*bench.STAGE_OF.values(), "other"), 0.0)
+    per_task = {}
+    for row in result.rows:
+        if not row.get("run_id"):
+            continue
+        events = read_events(result.out / bench.RUNS / row["run_id"] / "log.jsonl")
+        state = fold(events)
+        n = sum(1 for p in state.points if p.time_ms)
+        wall = events[-1].t - events[0].t
+        counted, seconds = counted + n, seconds + wall
+        for k, v in bench.seconds_by_stage(events).items():
+            stages[k] += v
+        per_task[row["key"]] = {"timed": n, "wall_s": round(wall, 1), "status": row["status"]}
+    return {
+        "candidates_timed": counted,
+        "gpu_minutes": round(seconds / 60, 3),
+        "per_gpu_minute": round(counted / (seconds / 60), 1) if seconds else None,
+        "seconds_by_stage": {k: round(v, 1) for k, v in stages.items()},
+        "per_task": per_task,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in tasks (tasks/NAME.py), comma-separated")
+    ap.add_argument("--evals", type=int, default=16)
+    args = ap.parse_args(argv)
+    tasks = [ROOT / "tasks" / f"{t}.py" for t in args.tasks.split(",") if t]
+    args.out.mkdir(parents=True, exist_ok=True)
+    home = args.out / "home"
+    run_pass(args.out / "warm", tasks, 1, home)  # measures the baselines; the cache keeps them
+    result = run_pass(args.out / "timed", tasks, args.evals, home)
+    doc = {"evals": args.evals, "tasks": [t.stem for t in tasks], **throughput(result)}
+    print(json.dumps(doc, indent=1))
+    (args.out / "throughput.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
