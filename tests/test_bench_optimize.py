@@ -75,13 +75,17 @@ def test_throughput_counts_the_timed_candidates_over_the_runs_minutes(tmp_path):
     suite_file = tmp_path / "suite.txt"
     suite_file.write_text(f"{ROOT / 'tasks' / 'softmax.py'}\n")
     suite = bench.load_suite(suite_file)
-    manifest = bench.open_bench(tmp_path / "b", suite, {"evals": 3, "policy": "expert", "search": None}, False)
+    manifest = bench.open_bench(
+        tmp_path / "b", suite, {"evals": 3, "policy": "expert", "search": None}, False
+    )
     result = bench.run_bench(tmp_path / "b", suite, config.load(home=tmp_path / "h"), manifest,
                              replay=bench.ReplayIndex.scan(RUNS))  # fmt: skip
     got = bench_throughput.throughput(result)
     (row,) = result.rows
     events = read_events(tmp_path / "b" / "runs" / row["run_id"] / "log.jsonl")
-    timed = [e for e in events if e.type == "result" and e.data["measurement"] and e.data["measurement"]["timing"]]
+    timed = [
+        e for e in events if e.type == "result" and e.data["measurement"] and e.data["measurement"]["timing"]
+    ]
     assert got["candidates_timed"] == len(timed) > 0
     assert math.isclose(got["gpu_minutes"], (events[-1].t - events[0].t) / 60, abs_tol=1e-3)
     assert math.isclose(sum(got["seconds_by_stage"].values()), events[-1].t - events[0].t, abs_tol=0.3)
