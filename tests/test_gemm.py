@@ -458,3 +458,81 @@ def test_rows_tma_cannot_read_are_copied_wider_by_our_kernel(tmp_path, name, a, 
         assert build_.status.value == "ok" and f"kp_{rid}_pad" in {r.name for r in build_.resources}, (
             build_.log
         )
+
+
+# ------------------------------------------------------------------------------- fp32: split-K
+
+
+class _SplitKernels:
+    """The 3xTF32 GEMM stood in for by torch, block for block over its split of K (each split's partial into
+    its workspace slice, as the kernel does); the sum kernel run by the CUDA emulator from the source."""
+
+    def __init__(self, emulated):
+        self.emulated = emulated
+        self.grids: list[tuple] = []
+
+    def tensor_map(self, t, box_rows, box_cols, swizzle=128):
+        return t
+
+    def __getattr__(self, name):
+        return self._gemm if name.endswith("_gemm") else getattr(self.emulated, name)
+
+    def _gemm(self, grid, block, args, shared_mem=0):
+        a, b, ws = args[:3]
+        k = int(args[-1])
+        self.grids.append(grid)
+        splits = grid[1] if len(grid) > 1 else 1
+        kall = -(-k // tf32_template.BK)
+        chunk = -(-kall // splits) * tf32_template.BK
+        for z in range(splits):
+            lo, hi = min(k, z * chunk), min(k, (z + 1) * chunk)
+            part = a[..., lo:hi].double() @ b[..., lo:hi].double().transpose(-1, -2)  # B is K-major (n, k)
+            (ws[z] if splits > 1 else ws).copy_(part.reshape(ws.shape[-2:]).to(ws.dtype))
+
+
+def test_a_product_with_few_tiles_and_a_long_k_splits_k_and_sums_the_partials_in_order(tmp_path):
+    """200 x 200 outputs (4 tiles) over K = 4096: the tuned plan splits K 8 ways (4 x 8 blocks, each with 16
+    k tiles), the edits offer 4 and none; the launcher's sum kernel (emulated) adds the slices into the
+    product, and the split kernel builds for sm_90a without spills."""
+    body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.mm(a, b)\n"
+    path = task(tmp_path, "mm_split", body, "torch.randn(200, 4096), torch.randn(4096, 200)")
+    low = prepare(capture(path))
+    tuned = base_plan(low, True)
+    (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
+    assert (g.splits, g.epilogue) == (8, "") and "split-K=8" in g.describe()
+    moves = {label: p for label, p in legal_edits(tuned, low)}
+    splits = sorted(p.get(g.rid).splits for label, p in moves.items() if "splits=" in label)
+    assert splits == [1, 4]
+    assert not any(label.startswith("fuse_epilogue") for label in moves)
+    t = probe(path)
+    ours = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[-1].candidate
+    assert plan_of(ours.source) == tuned and "SPLITS = 8" in ours.source
+    assert check_launcher(ours.launcher).ok and "K split 8 ways" in ours.launcher
+    from cuda_emulator import build, load_model
+
+    from pipeline.generate.expert.templates.code import GATHER
+
+    rid = g.rid
+    fake = _SplitKernels(build(tf32_template.SPLIT_SUM.replace("RID", rid) + "\n" + GATHER, tmp_path))
+    model = load_model(ours.launcher, fake)()
+    x, y = torch.randn(200, 4096), torch.randn(4096, 200)
+    torch.testing.assert_close(model(x, y).double(), x.double() @ y.double(), rtol=1e-5, atol=1e-4)
+    assert fake.grids == [(4, 8)]
+    if _cutlass()[0]:
+        (b,) = compile_candidates([ours], Config(home=tmp_path / "home", arch="sm_90a"))
+        assert b.status == Status.OK, b.log
+        res = {r.name: r for r in b.resources}
+        assert res[f"kp_{rid}_gemm"].spill_stores == 0 and f"kp_{rid}_splitk" in res
+
+
+def test_a_product_that_fills_the_gpu_does_not_split(tmp_path):
+    body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.mm(a, b)\n"
+    path = task(tmp_path, "mm_big", body, "torch.randn(2048, 1024), torch.randn(1024, 2048)")
+    low = prepare(capture(path))
+    (g,) = [rp for rp in base_plan(low, True).regions if isinstance(rp, Tf32Plan)]
+    assert g.splits == 1  # 256 tiles: two waves already
+    fused = prepare(
+        capture(linear(tmp_path, "l32f", k=4096, n=200, dt="float32", expr="torch.relu(self.linear(x))"))
+    )
+    (h,) = [rp for rp in base_plan(fused, True).regions if isinstance(rp, Tf32Plan)]
+    assert (h.splits, h.epilogue) == (1, "linear")  # the epilogue fused: no split (the sum kernel has none)

@@ -4,15 +4,26 @@ cuBLAS's fp32 path they run on the CUDA cores (about 50 TFLOP/s on the H200). Th
 cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a repair. Knobs and edits:
 gemm_kit.py (tiles 128 x 128, 32 deep; templates/gemm_tf32.py says why not 256). A row-major B is
 gathered K-major before the kernel (tf32 WGMMA reads K-major operands only).
+
+Split-K: a GEMM with too few output tiles to fill the GPU (256 x 256 outputs over K = 524288 is 4 tiles on
+132 SMs) splits K over `splits` blocks a tile, each summing its share into an fp32 workspace slice, then
+one small kernel adds the slices in order. The tuned plan takes the split that fills a wave; the
+more_parallelism / resize_grid edits offer half and twice that. Only without a fused epilogue (the sum
+kernel would have to compute it), so fuse_epilogue is not offered on a split plan, nor a split on a fused
+one.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families.base import change, changed
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
+from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import gemm_tf32
 from pipeline.generate.expert.templates.gemm import Form
@@ -22,6 +33,11 @@ from pipeline.generate.expert.templates.gemm import Form
 class Tf32Plan(GemmPlan):
     TAG: ClassVar[str] = "wgmma_3xtf32"
     BK: ClassVar[int] = gemm_tf32.BK
+
+    splits: int = 1  # K split across this many blocks a tile (split-K), their partials summed after
+
+    def describe(self) -> str:
+        return super().describe() + (f" split-K={self.splits}" if self.splits > 1 else "")
 
 
 SPEC = gemm_kit.Spec(
@@ -35,7 +51,86 @@ SPEC = gemm_kit.Spec(
     kernel="3xTF32 WGMMA kernel (fp32 accuracy on the tensor cores)",
     order=21,
 )
-FAMILY = gemm_kit.family(SPEC)
+WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
+MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
+
+
+def _tiles_and_ktiles(r: Region, low: Lowered) -> tuple[int, int] | None:
+    """Output tiles (128 x 128) and k tiles of the region's GEMM, from the graph's static shapes."""
+    a, b = (low.by_name.get(getattr(v, "name", "")) for v in r.node.args[:2])
+    if a is None or b is None or not a.shape or not b.shape:
+        return None
+    f = gemm_kit.form(r, low, SPEC)
+    if isinstance(f, str):
+        return None
+    k = a.shape[-1]
+    n = b.shape[0] if f.b_major == "K" else b.shape[-1]
+    batch, m = (math.prod(a.shape[:-2]), a.shape[-2]) if f.batched else (1, math.prod(a.shape[:-1]))
+    bm, bn = gemm_tf32.BM, gemm_tf32.TILE_N[-1]
+    return batch * -(-m // bm) * -(-n // bn), -(-k // gemm_tf32.BK)
+
+
+def wave_split(r: Region, low: Lowered) -> int:
+    """The power-of-two split that brings the tiles to a wave, as far as each split keeps MIN_SHARE k tiles;
+    1 when the tiles already fill the GPU."""
+    tk = _tiles_and_ktiles(r, low)
+    if tk is None:
+        return 1
+    tiles, ktiles = tk
+    s = 1
+    while (
+        tiles * s * 2 <= 2 * WAVE
+        and tiles * s < WAVE
+        and ktiles // (s * 2) >= MIN_SHARE
+        and s < gemm_tf32.MAX_SPLITS
+    ):
+        s *= 2
+    return s
+
+
+def _split_edit(edit: str) -> Any:
+    def apply(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
+        if rp is None or rp.epilogue:
+            return
+        best = wave_split(r, low)
+        tk = _tiles_and_ktiles(r, low)
+        ktiles = tk[1] if tk else 0
+        for s in dict.fromkeys((best, best // 2, best * 2, 1)):
+            if s != rp.splits and 1 <= s <= gemm_tf32.MAX_SPLITS and (s == 1 or ktiles // s >= MIN_SHARE):
+                yield from change(edit, plan, rp, splits=s)
+
+    return apply
+
+
+def _family() -> Any:
+    base = gemm_kit.family(SPEC)
+    fuse = base.edits["fuse_epilogue"]
+
+    def fuse_unsplit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
+        if rp is not None and rp.splits > 1:
+            return
+        yield from fuse(plan, rp, r, low)
+
+    def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
+        plan = base.settle(plan, r, low, tuned)
+        rp = plan.get(r.rid)
+        if tuned and isinstance(rp, Tf32Plan) and not rp.epilogue and (s := wave_split(r, low)) > 1:
+            plan = changed(plan, rp, splits=s)
+        return plan
+
+    edits = {**base.edits, "fuse_epilogue": fuse_unsplit}
+    for name in ("more_parallelism", "resize_grid"):
+        tile, split = base.edits[name], _split_edit(name)
+
+        def both(plan: Plan, rp: Any, r: Region, low: Lowered, tile: Any = tile, split: Any = split) -> Any:
+            yield from tile(plan, rp, r, low)
+            yield from split(plan, rp, r, low)
+
+        edits[name] = both
+    return dataclasses.replace(base, edits=edits, settle=settle)
+
+
+FAMILY = _family()
 
 
 def form(r: Region, low: Lowered) -> Form | str:

@@ -28,6 +28,7 @@ failed the same way; it may be right, and is not retried yet.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from pipeline.generate.expert import atoms
@@ -35,6 +36,7 @@ from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT, Boxes, Form, GemmEpilogue
+from pipeline.generate.expert.templates.signature import Signature
 
 if TYPE_CHECKING:
     from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
@@ -44,6 +46,7 @@ BK = 32  # one 128-byte swizzle row of fp32
 # and ran at half the speed of 128 on the H200.
 TILE_N = (128,)  # with a ring of at least two stages (tests/test_gemm.py)
 PROMOTE = 4  # k tiles (128 of K) accumulated by the tensor cores before their sum is added on the CUDA cores
+MAX_SPLITS = 32  # K split across this many blocks at most (split-K: few output tiles, a long K)
 SPLITTERS = 96  # the producer warpgroup's warps 1-3
 _FLOAT = 4
 
@@ -107,13 +110,18 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
-        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE};",
+        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE}{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''};",
         *split_stages(b, smem),
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
     ]
     sig = gemm.signature(epi, out_dt)
     body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    splits = rp.splits
+    if splits > 1:
+        if epi is not None:  # the plan's edits never make this: the sum of the partials is the epilogue
+            raise ValueError(f"region {rid}: split-K keeps no fused epilogue")
+        body = _split_k(body)
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
@@ -124,7 +132,77 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         "}",
     ]
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
-    return gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
+    code = gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
+    return _with_split_sum(code, rid, sig, smem, splits) if splits > 1 else code
+
+
+def _split_k(body: str) -> str:
+    """The kernel body with K split over blockIdx.y: each block sums its share of the k tiles into its own
+    slice of the fp32 workspace (out, SPLITS slices of batch x M x N); the sum kernel adds the slices."""
+    whole = "    const int ktiles = (K + BK - 1) / BK;\n"
+    share = (
+        "    const int kall = (K + BK - 1) / BK, kchunk = (kall + SPLITS - 1) / SPLITS;\n"
+        "    const int kbeg = blockIdx.y * kchunk;  // this block's first k tile\n"
+        "    const int ktiles = max(0, min(kall, kbeg + kchunk) - kbeg);\n"
+    )
+    assert body.count(whole) == 1 and body.count("kt * BK, ") == 2, "the body's K loop changed"
+    body = body.replace(whole, share).replace("kt * BK, ", "(kbeg + kt) * BK, ")
+    # After the prologue's tile indices: this split's slice of the workspace.
+    anchor = "    const int n_blk = (tile % per_group) / rows;\n"
+    assert body.count(anchor) == 1
+    return body.replace(
+        anchor, anchor + "    out += (long long)blockIdx.y * (gridDim.x / (mt * nt)) * M * N;\n"
+    )
+
+
+def _with_split_sum(code: Code, rid: str, sig: Signature, smem: int, splits: int) -> Code:
+    """The launcher runs the GEMM into a workspace of `splits` slices, then the sum kernel into the output."""
+    call = f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821"
+    assert code.launcher.count(call) == 1, "the GEMM launch line changed"
+    into_ws = Signature(
+        tuple(dataclasses.replace(p, value="ws") if p.name == "out" else p for p in sig.params)
+    )
+    split_call = "\n".join([
+        f"        ws = torch.empty(({splits}, batch * m, n), dtype=torch.float32, device=x.device)",
+        f"        kernels.kp_{rid}_gemm((grid, {splits}), (384,), ({into_ws.args()}), shared_mem={smem})  # noqa: F821",
+        "        total = batch * m * n",
+        "        blocks = max(1, min(-(-total // 1024), 65535 * 32))",
+        f"        kernels.kp_{rid}_splitk((blocks,), (256,), (ws, out, numpy.int64(total), numpy.int32({splits})))"
+        "  # noqa: F821",
+    ])  # fmt: skip
+    cuda = code.cuda + SPLIT_SUM.replace("RID", rid)
+    launcher = code.launcher.replace(call, split_call).replace(
+        'stages)."""', f'stages, K split {splits} ways)."""', 1
+    )
+    return dataclasses.replace(
+        code, cuda=cuda, launcher=launcher, kernels=(*code.kernels, f"kp_{rid}_splitk")
+    )
+
+
+# The split-K partial sums added in split order (deterministic), 16 bytes at a time when rows allow.
+SPLIT_SUM = r"""extern "C" __global__ void __launch_bounds__(256)
+kp_RID_splitk(const float* __restrict__ ws, float* __restrict__ out, long long n, int splits) {
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((n & 3) == 0) {
+        const long long n4 = n / 4;
+        for (long long i = first; i < n4; i += step) {
+            float4 acc = reinterpret_cast<const float4*>(ws)[i];
+            for (int z = 1; z < splits; ++z) {
+                const float4 v = reinterpret_cast<const float4*>(ws + z * n)[i];
+                acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+            }
+            reinterpret_cast<float4*>(out)[i] = acc;
+        }
+    } else {
+        for (long long i = first; i < n; i += step) {
+            float acc = ws[i];
+            for (int z = 1; z < splits; ++z) acc += ws[z * n + i];
+            out[i] = acc;
+        }
+    }
+}
+"""
 
 
 LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
