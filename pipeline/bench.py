@@ -341,6 +341,13 @@ def open_bench(out: Path, suite: Suite, settings: dict[str, Any], resume: bool) 
     for k, v in settings.items():
         if v is not None and k in own and own[k] != v:
             raise BenchError(f"{out} runs every task with --{k} {own[k]}, not {v}: one budget per bench")
+        if (
+            v is not None and k not in own and k in OPTIONAL
+        ):  # it would be ignored: say so, not run without it
+            raise BenchError(
+                f"{out} was made without --{k} (its tasks run with the config's {k}); give another --out for "
+                f"--{k} {v}: one budget per bench"
+            )
     return manifest
 
 

@@ -425,6 +425,10 @@ def test_a_bench_with_a_corpus_runs_every_task_with_it(tmp_path):
                    "runs every task with --corpus cutlass+local, not none")  # fmt: skip
     cfg = bench.bench_config(config.load(home=home, corpus="cccl"), out, bench.read_manifest(out))
     assert cfg.corpus == "cutlass+local"  # the bench's own
+    bare = tmp_path / "bare"  # made without --corpus: a corpus given on resume would be ignored, so refused
+    assert cli(str(tmp_path / "suite"), *base[2:], "--out", str(bare), "--evals", "2").exit_code == 0
+    one_line_error(cli(str(tmp_path / "suite"), *base[2:], "--out", str(bare), "--resume", "--corpus", "none"),
+                   "was made without --corpus")  # fmt: skip
     plain = {"suite": "s", "fingerprint": "f", "settings": {"evals": 2, "policy": "expert", "search": "mcts"}}
     assert bench.bench_config(config.load(home=home, corpus="cccl"), out, plain).corpus == "cccl"
     broken = {
