@@ -458,7 +458,7 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     store = out / STORE
     cfg = bench_config(cfg, out, manifest)
     if retry:
-        take_out(store, retry)
+        take_out(store, retry, suite.tasks)
     rows = read_store(store)
     done = {r["key"] for r in rows}
     todo = [k for k in suite.tasks if k not in done]
@@ -501,9 +501,10 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
                        stopped, reports)  # fmt: skip
 
 
-def take_out(store: Path, statuses: Collection[str]) -> list[dict[str, Any]]:
-    """Move the rows of these statuses from the store to RETRIED beside it (appended first, so a kill in
-    between leaves a row in both places, never in neither); their tasks then count as not run."""
+def take_out(store: Path, statuses: Collection[str], keys: Collection[str]) -> list[dict[str, Any]]:
+    """Move the rows of these statuses whose task is among `keys` (the suite as --match left it) from the
+    store to RETRIED beside it (appended first, so a kill in between leaves a row in both places, never in
+    neither); their tasks then count as not run."""
     unknown = set(statuses) - {s.value for s in TaskStatus}
     if unknown:
         raise BenchError(
@@ -511,11 +512,12 @@ def take_out(store: Path, statuses: Collection[str]) -> list[dict[str, Any]]:
             f"({', '.join(s.value for s in TaskStatus)})"
         )
     rows = read_store(store)
-    out = [r for r in rows if row_status(r) in statuses]
+    out = [r for r in rows if row_status(r) in statuses and r["key"] in keys]
     if out:
         for r in out:
             append_row(store.with_name(RETRIED), r)
-        _write_atomic(store, "".join(json.dumps(r) + "\n" for r in rows if row_status(r) not in statuses))
+        gone = {id(r) for r in out}
+        _write_atomic(store, "".join(json.dumps(r) + "\n" for r in rows if id(r) not in gone))
     return out
 
 

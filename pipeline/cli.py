@@ -675,7 +675,8 @@ def bench(
         str | None,
         typer.Option(
             help="with --resume: run again the tasks whose rows have these statuses, comma-separated "
-            "(e.g. unsupported,crash); their old rows move to results.retried.jsonl"
+            "(e.g. unsupported,crash; with --match, only those tasks: --retry ok --match NAME re-runs one "
+            "after a fix); their old rows move to results.retried.jsonl"
         ),
     ] = None,
     replay: Annotated[

@@ -182,6 +182,12 @@ def test_retry_runs_the_tasks_of_the_statuses_named_again_and_keeps_their_old_ro
     new = store_rows(out)
     assert new[:2] == old[:2] and [r["key"] for r in new] == [r["key"] for r in old]
     assert [json.loads(x) for x in (out / bench.RETRIED).read_text().splitlines()] == [old[2]]
+    # With --match, only the matched tasks' rows: one task re-run after a fix, the others kept.
+    again = start(root, suite, out, resume=True, retry=("ok",), match="2_Softmax")
+    assert again.ran == ("level1/2_SoftmaxAgain",) and len(store_rows(out)) == 3
+    assert [r["key"] for r in store_rows(out)][-1] == "level1/2_SoftmaxAgain"
+    retried = [json.loads(x)["key"] for x in (out / bench.RETRIED).read_text().splitlines()]
+    assert retried == ["level1/3_LayerNorm<b>", "level1/2_SoftmaxAgain"]
     r = CliRunner().invoke(app, ["bench", str(suite), "--out", str(out), "--retry", "crash"])
     assert r.exit_code != 0 and "add --resume" in r.output
 
