@@ -542,6 +542,8 @@ def test_a_python_scalar_argument_is_specialized_and_checked(tmp_path):
     assert torch.allclose(model(a, 3.25), torch.relu(a * 3.25))
     with pytest.raises(ValueError, match=r"compiled for s = 3\.25"):
         model(a, 2.0)
+    report = check_launcher(tuned.candidate.launcher)  # the guard is a Python comparison, not a tensor op
+    assert report.ok and report.kind.value == "custom", report.library_ops
 
 
 def test_einsums_that_are_products_become_gemms(tmp_path):

@@ -120,8 +120,10 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
     lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
     first = g.inputs[0].name if g.inputs else None
     for name, value in g.scalars:  # specialized at capture, as torch.export does
+        # Compared inside a tuple: a bare `s != 3.14` reads as a tensor op to the static check (an argument
+        # may be a tensor), which would call every candidate of such a task hybrid.
         lines += [
-            f"        if {name} != {value!r}:",
+            f"        if ({name},) != ({value!r},):",
             f"            raise ValueError(f'kernelpro expert: compiled for {name} = {value!r} (the value the "
             f"reference was captured with), got {{{name}!r}}')",
         ]
