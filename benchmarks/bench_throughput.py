@@ -8,8 +8,9 @@ Two `kernelpro bench` passes over the same tasks, each in its own folder under D
 (1 evaluation a task) measures the baselines and leaves them in the baseline cache, the second (--evals) is
 the one measured. A candidate counts when the harness verified it and timed it; the minutes are the second
 pass's run logs from each run's first event to its last (the GPU is held all that time: compiles, proposals,
-profiles and the final re-measure included). Prints one JSON document: the figure, and where the seconds
-went by stage.
+profiles and the final re-measure included). Prints one JSON document: the figure, where the seconds went
+by stage, and the worker's own phases summed over the search's evaluations (verify, timing, eager,
+profile_check, energy).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def run_pass(out: Path, tasks: list[Path], evals: int, home: Path) -> bench.Benc
 def throughput(result: bench.BenchResult) -> dict:
     """Verified-and-timed candidates per minute of the runs' wall time, and the seconds by stage."""
     counted, seconds, stages = 0, 0.0, dict.fromkeys((*bench.STAGE_OF.values(), "other"), 0.0)
+    worker: dict[str, float] = {}  # the worker's phases, summed over the evaluations (Measurement.seconds)
     per_task = {}
     for row in result.rows:
         if not row.get("run_id"):
@@ -47,6 +49,10 @@ def throughput(result: bench.BenchResult) -> dict:
         events = read_events(result.out / bench.RUNS / row["run_id"] / "log.jsonl")
         state = fold(events)
         n = sum(1 for p in state.points if p.time_ms)
+        for node in state.nodes.values():
+            m = node.evaluation.measurement if node.evaluation else None
+            for k, v in (m.seconds if m else {}).items():
+                worker[k] = worker.get(k, 0.0) + v
         wall = events[-1].t - events[0].t
         counted, seconds = counted + n, seconds + wall
         for k, v in bench.seconds_by_stage(events).items():
@@ -57,6 +63,7 @@ def throughput(result: bench.BenchResult) -> dict:
         "gpu_minutes": round(seconds / 60, 3),
         "per_gpu_minute": round(counted / (seconds / 60), 1) if seconds else None,
         "seconds_by_stage": {k: round(v, 1) for k, v in stages.items()},
+        "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())},
         "per_task": per_task,
     }
 

@@ -14,6 +14,8 @@ the verdict.
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -42,6 +44,15 @@ class Outcome:
     library: list[str] = field(default_factory=list)  # library kernels that ran (hybrid candidates)
     reasons: list[str] = field(default_factory=list)
     below_floor: bool = False  # SUSPICIOUS for beating the roofline floor, not only for beating eager
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase below
+
+    @contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
 
 
 class Session:
@@ -99,9 +110,10 @@ def measure(
     out = Outcome()
     s = session.s
     try:
-        out.timing = timing.time_cuda(
-            session.candidate, session.inputs_for, check=session.check, **session.timing_kwargs()
-        )
+        with out.phase("timing"):
+            out.timing = timing.time_cuda(
+                session.candidate, session.inputs_for, check=session.check, **session.timing_kwargs()
+            )
     except verify.CandidateFailure:
         raise
     except Exception as e:
@@ -113,13 +125,15 @@ def measure(
         out.reasons.append(hidden)
         return out
     if "eager" in s.baselines:
-        out.baselines["eager"] = timing.time_cuda(
-            session.reference, session.inputs_for, **session.timing_kwargs()
-        )
+        with out.phase("eager"):
+            out.baselines["eager"] = timing.time_cuda(
+                session.reference, session.inputs_for, **session.timing_kwargs()
+            )
     bandwidth = ceilings.copy_bytes_per_s if ceilings else 3e12
     if ceilings:
         out.floor_ms = floor_ms(session.task, ceilings)
-    status, why, out.library = profile_check(session, kernel_names, bandwidth, kind)
+    with out.phase("profile_check"):
+        status, why, out.library = profile_check(session, kernel_names, bandwidth, kind)
     out.reasons += why
     if status != Status.OK:
         out.status = status
@@ -138,7 +152,8 @@ def measure(
             f"{reasons.TOO_FAST}: {over_eager:.1f}x over eager (above {s.suspicious_speedup:g}x)"
         )
     if s.energy and out.status in (Status.OK, Status.SUSPICIOUS):
-        out.energy = energy(session, median, out.reasons)
+        with out.phase("energy"):
+            out.energy = energy(session, median, out.reasons)
     return out
 
 

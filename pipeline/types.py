@@ -163,6 +163,9 @@ class Measurement:
     counters: dict[str, float] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    # Wall seconds of the worker's phases for this candidate (verify, timing, eager, profile_check, energy):
+    # where an evaluation's time goes, for the search's throughput
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def speedup_eager(self) -> float | None:

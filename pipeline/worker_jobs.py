@@ -6,6 +6,7 @@ come back as statuses, and a job that leaves the CUDA context unusable asks to b
 from __future__ import annotations
 
 import platform
+import time
 import types
 from typing import Any
 
@@ -168,6 +169,7 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         return answer(verdict(f.status, [f.reason]))
 
     out_bytes = sum(o.numel * _itemsize(o.dtype) for o in task.outputs)
+    t_verify = time.perf_counter()
     try:
         proto = verify.run_protocol(
             module,
@@ -186,6 +188,7 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
     except Exception as e:
         return answer(verdict(*_crashed(e, "verifying the candidate")))
     why = list(proto.reasons)
+    verify_s = round(time.perf_counter() - t_verify, 3)
     if proto.status != Status.OK or device.type != "cuda" or not s.time:
         return answer(verdict(proto.status, why, proto))
 
@@ -215,6 +218,7 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         floor_ms=outcome.floor_ms,
         environment=environment("cuda"),
         reasons=tuple(why),
+        seconds={"verify": verify_s, **outcome.seconds},
     )
     return answer(verdict(status, why, proto), m)
 
@@ -235,8 +239,6 @@ def _itemsize(dtype: str) -> int:
 
 def _compile(task: Task, reference, mode: str, notes: list[str]):
     """torch.compile'd reference, compiled once per worker; compile time kept out of the timing."""
-    import time
-
     key = (task.source_hash, mode)
     for old in [k for k in _compiled if k[0] != task.source_hash]:
         del _compiled[old]  # another task's compiled model keeps its weights on the GPU

@@ -380,7 +380,7 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
         kids = policy.propose(Context(task=t, reference=t.source, parent=tuned), 8)
         cands += [tuned, *(k.candidate for k in kids if "bn=" in k.edit or "stages=" in k.edit)][:2]
     # K-major B read in place; a row-major one gathered K-major by our kernel first (tf32 reads K-major only)
-    gathered = {"_contig(w.transpose(-1, -2))" in c.launcher for c in cands}
+    gathered = {"transposed(w)" in c.launcher for c in cands}
     assert gathered == {False, True} and all("GMMA::Major" not in c.source for c in cands)
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for c, b in zip(cands, builds, strict=True):
@@ -444,7 +444,10 @@ def test_rows_tma_cannot_read_are_copied_wider_by_our_kernel(tmp_path, name, a, 
 
     from pipeline.generate.expert.templates.code import GATHER
 
-    fake = _PaddedRowsKernels(build("\n".join(gemm.pad_kernel(rid, dt)) + "\n" + GATHER, tmp_path))
+    transpose = tf32_template.TRANSPOSE.replace("RID", rid) if dt == "float32" else ""
+    fake = _PaddedRowsKernels(
+        build("\n".join(gemm.pad_kernel(rid, dt)) + "\n" + GATHER + transpose, tmp_path)
+    )
     model = load_model(ours.launcher, fake)()
     x, y = (torch.randn(s).to(getattr(torch, dt)) for s in (a, b))
     want = load_module(path).Model()(x, y)
@@ -513,7 +516,8 @@ def test_a_product_with_few_tiles_and_a_long_k_splits_k_and_sums_the_partials_in
     from pipeline.generate.expert.templates.code import GATHER
 
     rid = g.rid
-    fake = _SplitKernels(build(tf32_template.SPLIT_SUM.replace("RID", rid) + "\n" + GATHER, tmp_path))
+    emulated = tf32_template.SPLIT_SUM + tf32_template.TRANSPOSE
+    fake = _SplitKernels(build(emulated.replace("RID", rid) + "\n" + GATHER, tmp_path))
     model = load_model(ours.launcher, fake)()
     x, y = torch.randn(200, 4096), torch.randn(4096, 200)
     torch.testing.assert_close(model(x, y).double(), x.double() @ y.double(), rtol=1e-5, atol=1e-4)
@@ -523,6 +527,20 @@ def test_a_product_with_few_tiles_and_a_long_k_splits_k_and_sums_the_partials_in
         assert b.status == Status.OK, b.log
         res = {r.name: r for r in b.resources}
         assert res[f"kp_{rid}_gemm"].spill_stores == 0 and f"kp_{rid}_splitk" in res
+        assert res[f"kp_{rid}_transpose"].spill_stores == 0
+
+
+def test_a_row_major_b_is_made_k_major_by_the_tiled_transpose(tmp_path):
+    """The 3xTF32 kernel reads B K-major: a row-major (..., K, N) B goes through our 32 x 32 tiled transpose
+    (emulated here on edge tiles and a batch), not the generic gather that reads B column by column."""
+    import numpy
+    from cuda_emulator import build
+
+    k = build(tf32_template.TRANSPOSE.replace("RID", "t"), tmp_path)
+    src = torch.randn(3, 37, 45)
+    dst = torch.full((3, 45, 37), float("nan"))
+    k.kp_t_transpose((2, 2, 3), (32, 8), (src, dst, numpy.int64(37), numpy.int64(45)))
+    assert torch.equal(dst, src.transpose(-1, -2))
 
 
 def test_a_product_that_fills_the_gpu_does_not_split(tmp_path):

@@ -81,6 +81,9 @@ def test_honest_example_verifies_and_is_timed(pool, home, task_id):
     assert m is not None and m.timing is not None and m.timing.median_ms > 0
     assert "eager" in m.baselines and m.floor_ms is not None and m.floor_ms > 0
     assert m.environment.get("gpu")
+    assert {"verify", "timing", "eager", "profile_check"} <= set(m.seconds) and all(
+        v >= 0 for v in m.seconds.values()
+    )
     if task_id in HYBRID:
         assert r.verdict.library_ops
 

@@ -64,6 +64,21 @@ def test_ceilings_cached_by_an_older_measurement_are_measured_again(tmp_path):
     assert calibrate.load_cached(tmp_path, "NVIDIA H200") is None
 
 
+def test_a_measurements_phases_add_up_and_survive_the_round_trip():
+    from pipeline.measure import Outcome
+
+    out = Outcome()
+    for _ in range(2):
+        with out.phase("timing"):
+            pass
+    with pytest.raises(RuntimeError), out.phase("eager"):
+        raise RuntimeError("a phase that fails still counts its time")
+    assert set(out.seconds) == {"timing", "eager"} and all(v >= 0 for v in out.seconds.values())
+    m = Measurement("k", Status.OK, seconds={"verify": 0.5, **out.seconds})
+    assert from_dict(Measurement, to_dict(m)) == m
+    assert from_dict(Measurement, {"candidate_key": "k", "status": "ok"}).seconds == {}  # older logs
+
+
 def test_measurement_round_trip_and_derived_numbers():
     t = Timing(2.0, 1.9, 2.1, 1.8, 2.5, 40, 2.2, 2.1)
     m = Measurement("k", Status.OK, timing=t, baselines={"eager": Timing(6.0, 6, 6, 6, 6, 10)}, floor_ms=1.0)

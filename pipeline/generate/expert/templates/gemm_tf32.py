@@ -133,7 +133,58 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     ]
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
     code = gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
+    if f.b_major == "MN":
+        code = _with_transpose(code, rid)
     return _with_split_sum(code, rid, sig, smem, splits) if splits > 1 else code
+
+
+def _with_transpose(code: Code, rid: str) -> Code:
+    """A row-major B made K-major by a tiled transpose (32 x 32 tiles through shared memory: reads and writes
+    both coalesced) instead of the generic gather, which reads B column-wise: for level 1's (524288, 256) B
+    that gather took most of the product's time."""
+    gather = "_contig(w.transpose(-1, -2))"
+    anchor = "    k = x.shape[-1]\n"
+    assert code.launcher.count(gather) == 1 and code.launcher.count(anchor) == 1, "the launcher changed"
+    helper = "\n".join([
+        "    def transposed(t):  # (..., K, N) as a contiguous (..., N, K): our tiled transpose, else the gather",
+        "        if t.numel() == 0 or not t.is_contiguous() or t.dtype != torch.float32:",
+        "            return _contig(t.transpose(-1, -2))",
+        "        rows, cols = t.shape[-2], t.shape[-1]",
+        "        batch = t.numel() // (rows * cols)",
+        "        if -(-rows // 32) > MAX_GRID_Y or batch > MAX_GRID_Y:",
+        "            return _contig(t.transpose(-1, -2))",
+        "        out = torch.empty((*t.shape[:-2], cols, rows), dtype=t.dtype, device=t.device)",
+        "        grid = (-(-cols // 32), -(-rows // 32), batch)",
+        f"        kernels.kp_{rid}_transpose(grid, (32, 8), (t, out, numpy.int64(rows), numpy.int64(cols)))"
+        "  # noqa: F821",
+        "        return out",
+        "",
+    ])  # fmt: skip
+    launcher = code.launcher.replace(gather, "transposed(w)").replace(anchor, helper + anchor)
+    cuda = code.cuda + TRANSPOSE.replace("RID", rid)
+    return dataclasses.replace(
+        code, cuda=cuda, launcher=launcher, kernels=(*code.kernels, f"kp_{rid}_transpose")
+    )
+
+
+# B (..., rows, cols) into (..., cols, rows), one 32 x 32 tile a block; the +1 column keeps the tile's
+# column reads on 32 banks.
+TRANSPOSE = r"""extern "C" __global__ void __launch_bounds__(256)
+kp_RID_transpose(const float* __restrict__ src, float* __restrict__ dst, long long rows, long long cols) {
+    __shared__ float tile[32][33];
+    const long long base = (long long)blockIdx.z * rows * cols;
+    const long long c0 = (long long)blockIdx.x * 32, r0 = (long long)blockIdx.y * 32;
+    for (int j = threadIdx.y; j < 32; j += 8) {
+        const long long r = r0 + j, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[j][threadIdx.x] = src[base + r * cols + c];
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += 8) {
+        const long long c = c0 + j, r = r0 + threadIdx.x;
+        if (c < cols && r < rows) dst[base + c * rows + r] = tile[threadIdx.x][j];
+    }
+}
+"""
 
 
 def _split_k(body: str) -> str:
