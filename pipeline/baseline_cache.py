@@ -10,6 +10,7 @@ speedup a run reports rests on the cached figures alone.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -57,7 +58,7 @@ def load(home: Path, k: str) -> Baselines | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     note = f"baselines from the cache, measured {when} on this GPU and software ({p.name})"
-    return Baselines(**{**base.__dict__, "notes": (*base.notes, note)})
+    return dataclasses.replace(base, notes=(*base.notes, note))
 
 
 def save(home: Path, k: str, base: Baselines) -> Path:

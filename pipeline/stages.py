@@ -222,7 +222,7 @@ def run_baselines(
             if not isinstance(r.answer, jobs.BaselinesAnswer):
                 raise RuntimeError(f"baseline run failed: {r.reason or 'the worker gave no timings'}")
             base = r.answer.baselines
-            if key:
+            if key and set(cfg.baselines) <= set(base.timings):  # a mode that failed is tried again next time
                 baseline_cache.save(cfg.home, key, base)
         ceil = ceilings(pool, cfg)
         if ceil is not None:
