@@ -2,7 +2,7 @@
 over small memory-bound tasks with their baselines cached.
 
     python benchmarks/bench_throughput.py --out DIR [--tasks elementwise_chain,softmax,layernorm,reduce_mean]
-                                          [--evals 16] [--json]
+                                          [--evals 16] [--no-energy]
 
 Two `kernelpro bench` passes over the same tasks, each in its own folder under DIR with one home: the first
 (1 evaluation a task) measures the baselines and leaves them in the baseline cache, the second (--evals) is
@@ -30,11 +30,12 @@ from pipeline.runstate import fold  # noqa: E402
 DEFAULT_TASKS = "elementwise_chain,softmax,layernorm,reduce_mean"
 
 
-def run_pass(out: Path, tasks: list[Path], evals: int, home: Path) -> bench.BenchResult:
+def run_pass(out: Path, tasks: list[Path], evals: int, home: Path, energy: bool = True) -> bench.BenchResult:
     suite_file = out.with_suffix(".txt")
     suite_file.write_text("".join(f"{p}\n" for p in tasks))
     suite = bench.load_suite(suite_file)
-    manifest = bench.open_bench(out, suite, {"evals": evals, "policy": "expert", "search": None}, False)
+    settings = {"evals": evals, "policy": "expert", "search": None, "energy": energy}
+    manifest = bench.open_bench(out, suite, settings, False)
     return bench.run_bench(out, suite, config.load(home=home), manifest)
 
 
@@ -73,13 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in tasks (tasks/NAME.py), comma-separated")
     ap.add_argument("--evals", type=int, default=16)
+    ap.add_argument("--no-energy", action="store_true", help="the bench's --no-energy: no final energy")
     args = ap.parse_args(argv)
     tasks = [ROOT / "tasks" / f"{t}.py" for t in args.tasks.split(",") if t]
     args.out.mkdir(parents=True, exist_ok=True)
     home = args.out / "home"
-    run_pass(args.out / "warm", tasks, 1, home)  # measures the baselines; the cache keeps them
-    result = run_pass(args.out / "timed", tasks, args.evals, home)
-    doc = {"evals": args.evals, "tasks": [t.stem for t in tasks], **throughput(result)}
+    energy = not args.no_energy
+    run_pass(args.out / "warm", tasks, 1, home, energy)  # measures the baselines; the cache keeps them
+    result = run_pass(args.out / "timed", tasks, args.evals, home, energy)
+    doc = {"evals": args.evals, "energy": energy, "tasks": [t.stem for t in tasks], **throughput(result)}
     print(json.dumps(doc, indent=1))
     (args.out / "throughput.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -41,7 +41,7 @@ REPORTS = {"json": "summary.json", "markdown": "report.md", "html": "report.html
 DEFAULTS: dict[str, Any] = {"evals": 12, "policy": "expert", "search": "mcts"}
 # Settings a bench records only when given (an experiment's cells): benches made without them keep the
 # manifest they always had, and run with the config's own values.
-OPTIONAL = ("seed", "feedback", "objective", "memory", "memory_collection", "corpus")
+OPTIONAL = ("seed", "feedback", "objective", "memory", "memory_collection", "corpus", "energy")
 
 
 class BenchError(ValueError):

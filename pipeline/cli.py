@@ -665,6 +665,14 @@ def bench(
     search: Annotated[Search | None, typer.Option(help="mcts (default) or greedy")] = None,
     corpus: RunCorpusOpt = None,
     ray: RayOpt = None,
+    energy: Annotated[
+        bool | None,
+        typer.Option(
+            "--energy/--no-energy",
+            help="measure energy per call (eager's, and the best's in its final re-measure); --no-energy "
+            "saves 10-30 s a task under --objective time (default: the config's, on)",
+        ),
+    ] = None,
     match: Annotated[
         str | None, typer.Option(help="only tasks whose key (folder/name) this regex finds")
     ] = None,
@@ -711,7 +719,8 @@ def bench(
     index = bench_mod.ReplayIndex.scan(replay) if replay is not None else None
     if corpus is not None:
         config_mod.corpus_names(corpus)  # a bad value is one line before the bench folder is made
-    settings = {"evals": evals, "policy": _value(policy), "search": _value(search), "corpus": corpus}
+    settings = {"evals": evals, "policy": _value(policy), "search": _value(search), "corpus": corpus,
+                "energy": energy}  # fmt: skip
     manifest = bench_mod.open_bench(out_dir, tasks, settings, resume)
     cfg = config_mod.load(home=home, ray=ray)
     bar, update = _progress(json_out)

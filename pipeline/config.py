@@ -280,6 +280,10 @@ def validate(cfg: Config) -> Config:
             f"memory_collection = {cfg.memory_collection!r} is not a collection name: 3 to 63 letters, digits, "
             "'.', '_' or '-', starting and ending with a letter or digit"
         )
+    if cfg.objective != "time" and not cfg.energy:
+        problems.append(
+            f"objective = {cfg.objective!r} counts joules: it needs energy measured (energy = True)"
+        )
     try:
         corpus_names(cfg.corpus)
     except ValueError as e:

@@ -431,6 +431,17 @@ def test_a_bench_with_a_corpus_runs_every_task_with_it(tmp_path):
                    "runs every task with --corpus cutlass+local, not none")  # fmt: skip
     cfg = bench.bench_config(config.load(home=home, corpus="cccl"), out, bench.read_manifest(out))
     assert cfg.corpus == "cutlass+local"  # the bench's own
+    quiet = tmp_path / "quiet"  # --no-energy: a setting of the bench, in every run's config
+    res = cli(
+        str(tmp_path / "suite"), *base[2:], "--out", str(quiet), "--evals", "2", "--no-energy", "--json"
+    )
+    assert res.exit_code == 0 and json.loads(res.stdout)["settings"]["energy"] is False, res.output
+    (row,) = store_rows(quiet)
+    assert (
+        fold(read_events(quiet / bench.RUNS / row["run_id"] / "log.jsonl")).header.config["energy"] == "False"
+    )
+    one_line_error(cli(str(tmp_path / "suite"), *base[2:], "--out", str(quiet), "--resume", "--energy"),
+                   "runs every task with --energy False, not True")  # fmt: skip
     bare = tmp_path / "bare"  # made without --corpus: a corpus given on resume would be ignored, so refused
     assert cli(str(tmp_path / "suite"), *base[2:], "--out", str(bare), "--evals", "2").exit_code == 0
     one_line_error(cli(str(tmp_path / "suite"), *base[2:], "--out", str(bare), "--resume", "--corpus", "none"),

@@ -387,6 +387,17 @@ def test_every_numeric_config_field_has_a_range():
     config.validate(config.Config())  # the defaults are in range
 
 
+def test_an_energy_objective_without_energy_measured_is_refused():
+    from pipeline import config
+
+    for objective in ("energy", "edp"):
+        with pytest.raises(
+            ValueError, match=f"objective = '{objective}' counts joules: it needs energy measured"
+        ):
+            config.validate(config.Config(objective=objective, energy=False))
+    assert not config.validate(config.Config(energy=False)).energy  # time alone needs none
+
+
 def test_cli_choices_are_the_configs():
     from pipeline import cli as cli_mod
     from pipeline import config
