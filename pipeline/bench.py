@@ -78,8 +78,8 @@ STAGE_OF = {"baselines": "baselines", "result": "evaluations", "profile": "profi
 
 def seconds_by_stage(events: Sequence[Any]) -> dict[str, float]:
     """The run's wall time from its start to its last event, by stage (baselines, candidate evaluations,
-    profiling, the best's final re-measure with energy, the rest: proposing, compiling while nothing else
-    is logged, bookkeeping)."""
+    profiling, the best's final re-measure (with energy unless the bench measures none), the rest:
+    proposing, compiling while nothing else is logged, bookkeeping)."""
     out = dict.fromkeys((*STAGE_OF.values(), "other"), 0.0)
     for prev, e in itertools.pairwise(events):
         out[STAGE_OF.get(e.type, "other")] += max(0.0, e.t - prev.t)
@@ -341,9 +341,8 @@ def open_bench(out: Path, suite: Suite, settings: dict[str, Any], resume: bool) 
     for k, v in settings.items():
         if v is not None and k in own and own[k] != v:
             raise BenchError(f"{out} runs every task with --{k} {own[k]}, not {v}: one budget per bench")
-        if (
-            v is not None and k not in own and k in OPTIONAL
-        ):  # it would be ignored: say so, not run without it
+        # A setting the bench was made without would be ignored: say so rather than run without it.
+        if v is not None and k not in own and k in OPTIONAL:
             raise BenchError(
                 f"{out} was made without --{k} (its tasks run with the config's {k}); give another --out for "
                 f"--{k} {v}: one budget per bench"
@@ -517,7 +516,7 @@ def take_out(store: Path, statuses: Collection[str], keys: Collection[str]) -> l
         for r in out:
             append_row(store.with_name(RETRIED), r)
         gone = {id(r) for r in out}
-        _write_atomic(store, "".join(json.dumps(r) + "\n" for r in rows if id(r) not in gone))
+        _write_atomic(store, "".join(json.dumps(r, default=str) + "\n" for r in rows if id(r) not in gone))
     return out
 
 
