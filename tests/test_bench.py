@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -454,3 +455,34 @@ def test_a_bench_with_a_corpus_runs_every_task_with_it(tmp_path):
     }  # a manifest edited by hand
     with pytest.raises(bench.BenchError, match=r"bench.json: bad configuration: corpus = 'cutlass\+nope'"):
         bench.bench_config(config.load(home=home), out, broken)
+
+
+def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_logs(tmp_path):
+    """benchmarks/device_sweep.sh, as a GPU call runs it, here with evaluations replayed: the bench folder
+    is resumed in a copy under /tmp, and $OUT gets the rows, the reports and one tar of the new run logs."""
+    import os
+    import subprocess
+    import tarfile
+
+    suite = make_suite(tmp_path)
+    kept = tmp_path / "kept"
+    first = cli(str(suite), "--out", str(kept), "--evals", str(EVALS), "--replay", str(RECORDED),
+                "--match", "1_Softmax", "--home", str(tmp_path / "home"))  # fmt: skip
+    assert first.exit_code == 0, first.output
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "OUT": str(out), "KERNELPRO_HOME": str(tmp_path / "home")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # python3: this venv's
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_sweep.sh"), str(suite), str(kept), "600", "--replay",
+         str(RECORDED)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in (out / bench.STORE).read_text().splitlines()]
+    assert [x["key"] for x in rows] == ["level1/1_Softmax", "level1/2_SoftmaxAgain", "level1/3_LayerNorm<b>"]
+    assert len(store_rows(kept)) == 1  # the repository's copy is left as it was
+    with tarfile.open(out / "logs.tgz") as tar:
+        names = tar.getnames()
+    assert len(names) == 1 and names[0].endswith("log.jsonl")  # the one new run with a recording
+    assert (out / "summary.json").is_file() and "rc=0" in (out / "bench.out").read_text()

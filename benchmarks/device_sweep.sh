@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One part of a resumable bench sweep on the GPU machine, its results brought back in few files.
+#
+#   bash benchmarks/device_sweep.sh SUITE BENCH_DIR BUDGET_S [more `kernelpro bench` options]
+#
+# SUITE: a folder of task files carried with the call (e.g. a copy of KernelBench's level1 in an ignored
+# folder); BENCH_DIR: the bench folder kept in the repository (benchmarks/results/bench-level1), copied to
+# /tmp and resumed there, so the repository's copy changes only when its files are copied back by hand.
+# WHEELS (optional): a folder of wheels the image lacks (nvidia-cutlass for the GEMM families), installed
+# first. Writes to $OUT (the device tool's folder): the bench's rows, summary and report, doctor's view of
+# the toolchain, and one tar of the new runs' logs (the tool brings back a few files only).
+set -u
+suite=${1:?usage: device_sweep.sh SUITE BENCH_DIR BUDGET_S [bench options]}
+bench=${2:?}; budget=${3:?}; shift 3
+out=${OUT:?run this through the device tool: OUT is its output folder}
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+work=/tmp/sweep-$(basename "$bench")
+rm -rf "$work" && cp -r "$bench" "$work" && chmod -R u+w "$work"
+python3 -m pipeline.cli doctor > "$out/doctor.txt" 2>&1
+touch "$work/.started"  # the runs written after this are this part's
+python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budget" "$@" \
+  > "$out/bench.out" 2> "$out/bench.err"
+echo "rc=$?" >> "$out/bench.out"
+for f in results.jsonl results.retried.jsonl summary.json report.md; do
+  [ -f "$work/$f" ] && cp "$work/$f" "$out/"
+done
+(cd "$work" && find runs -maxdepth 2 -name log.jsonl -newer .started -print0 | tar czf "$out/logs.tgz" --null -T -)
+tail -4 "$out/bench.err"; tail -4 "$out/bench.out"
