@@ -21,7 +21,8 @@ with |acc| and keeps its sign. So the accumulator holds PROMOTE k tiles from zer
 added to fp32 registers on the CUDA cores, rounded to nearest (DeepSeek-V3's promotion for fp8).
 
 tf32 WGMMA reads K-major operands only. A row-major (K, N) B ("MN-major") is first copied K-major by our
-gather kernel: one more read and write of B (about 1% of an 8192^3 product). A transposing split inside the
+tiled transpose (32 x 32 tiles through shared memory): one more read and write of B, about 1% of an 8192^3
+product at copy speed (the generic gather used before read B column-wise, far slower). A transposing split inside the
 kernel (a staging tile, 4 x 4 register transposes) was tried on the H200 before the promotion above and
 failed the same way; it may be right, and is not retried yet.
 """
