@@ -115,10 +115,11 @@ def _copy_bandwidth(dev) -> float:
     from pipeline.timing import time_cuda
 
     free, _ = torch.cuda.mem_get_info(dev)
+    fits = int(0.8 * free) // 8  # fp32 elements a buffer when source and copy fit in 80% of what is free
+    # 1 GiB and 4 GiB a buffer; on a GPU with less free, the largest whole MiB that fits (never none)
+    sizes = [n for n in (2**28, 2**30) if n <= fits] or [max(2**18, fits // 2**18 * 2**18)]
     best = 0.0
-    for n in (2**28, 2**30):  # fp32 elements: 1 GiB and 4 GiB a buffer
-        if 2 * 4 * n > 0.8 * free:
-            continue
+    for n in sizes:
         src = torch.rand(n, device=dev)
         dst = torch.empty_like(src)
         for fn in (lambda d=dst, s=src: d.copy_(s), lambda d=dst, s=src: torch.mul(s, 1.0, out=d)):
