@@ -61,12 +61,20 @@ def probe_task(pool: WorkerPool, path: str | Path) -> Task:
     )
 
 
-def ceilings(pool: WorkerPool, cfg: Config, force: bool = False) -> calibrate.Ceilings | None:
-    """This GPU's measured ceilings, from the cache or measured now (a few seconds)."""
+def gpu_environment(pool: WorkerPool) -> dict[str, str]:
+    """What the reference worker reports of its GPU and software (empty when it cannot)."""
+    r = pool.reference.request(jobs.Environment("cuda"), timeout_s=120)
+    return r.answer.environment if isinstance(r.answer, jobs.EnvironmentAnswer) else {}
+
+
+def ceilings(
+    pool: WorkerPool, cfg: Config, force: bool = False, environment: dict[str, str] | None = None
+) -> calibrate.Ceilings | None:
+    """This GPU's measured ceilings, from the cache or measured now (a few seconds). `environment`: the
+    reference worker's, when the caller has it already."""
     if cfg.device != "cuda":
         return None
-    env = pool.reference.request(jobs.Environment("cuda"), timeout_s=120)
-    gpu = env.answer.environment.get("gpu") if isinstance(env.answer, jobs.EnvironmentAnswer) else None
+    gpu = (gpu_environment(pool) if environment is None else environment).get("gpu")
     if gpu and not force:
         cached = calibrate.load_cached(cfg.home, gpu)
         if cached is not None:
@@ -213,7 +221,8 @@ def run_baselines(
     pool = pool or open_pool(cfg)
     try:
         task = probe_task(pool, task_path)
-        key = _cache_key(pool, task, cfg) if cached else None
+        env = gpu_environment(pool) if cfg.device == "cuda" else {}
+        key = baseline_cache.key(task, settings(cfg), env) if cached and env.get("gpu") else None
         base = baseline_cache.load(cfg.home, key) if key else None
         if base is None:
             # torch.compile runs ptxas and process pools: only the unconfined reference worker can.
@@ -224,23 +233,13 @@ def run_baselines(
             base = r.answer.baselines
             if key and set(cfg.baselines) <= set(base.timings):  # a mode that failed is tried again next time
                 baseline_cache.save(cfg.home, key, base)
-        ceil = ceilings(pool, cfg)
+        ceil = ceilings(pool, cfg, environment=env)
         if ceil is not None:
             base = dataclasses.replace(base, floor_ms=calibrate.floor_ms(task, ceil))
         return task, base
     finally:
         if own_pool:
             pool.close()
-
-
-def _cache_key(pool: WorkerPool, task: Task, cfg: Config) -> str | None:
-    """The baseline cache's key on a GPU whose environment the reference worker can report; else None."""
-    if cfg.device != "cuda":
-        return None
-    r = pool.reference.request(jobs.Environment("cuda"), timeout_s=120)
-    if not isinstance(r.answer, jobs.EnvironmentAnswer) or not r.answer.environment.get("gpu"):
-        return None
-    return baseline_cache.key(task, settings(cfg), r.answer.environment)
 
 
 @dataclass(frozen=True)

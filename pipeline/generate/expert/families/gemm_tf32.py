@@ -3,7 +3,7 @@ kernel (templates/gemm_tf32.py), with the elementwise region after it fused on i
 cuBLAS's fp32 path they run on the CUDA cores (about 50 TFLOP/s on the H200). The plain plan keeps
 cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a repair. Knobs and edits:
 gemm_kit.py (tiles 128 x 128, 32 deep; templates/gemm_tf32.py says why not 256). A row-major B is
-gathered K-major before the kernel (tf32 WGMMA reads K-major operands only).
+made K-major by a tiled transpose before the kernel (tf32 WGMMA reads K-major operands only).
 
 Split-K: a GEMM with too few output tiles to fill the GPU (256 x 256 outputs over K = 524288 is 4 tiles on
 132 SMs) splits K over `splits` blocks a tile, each summing its share into an fp32 workspace slice, then
@@ -73,17 +73,15 @@ def _tiles_and_ktiles(r: Region, low: Lowered) -> tuple[int, int] | None:
 def wave_split(r: Region, low: Lowered) -> int:
     """The power-of-two split that brings the tiles to a wave, as far as each split keeps MIN_SHARE k tiles;
     1 when the tiles already fill the GPU."""
-    tk = _tiles_and_ktiles(r, low)
+    return _wave(_tiles_and_ktiles(r, low))
+
+
+def _wave(tk: tuple[int, int] | None) -> int:
     if tk is None:
         return 1
     tiles, ktiles = tk
     s = 1
-    while (
-        tiles * s * 2 <= 2 * WAVE
-        and tiles * s < WAVE
-        and ktiles // (s * 2) >= MIN_SHARE
-        and s < gemm_tf32.MAX_SPLITS
-    ):
+    while tiles * s < WAVE and ktiles // (s * 2) >= MIN_SHARE and s < gemm_tf32.MAX_SPLITS:
         s *= 2
     return s
 
@@ -92,9 +90,8 @@ def _split_edit(edit: str) -> Any:
     def apply(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
         if rp is None or rp.epilogue:
             return
-        best = wave_split(r, low)
         tk = _tiles_and_ktiles(r, low)
-        ktiles = tk[1] if tk else 0
+        best, ktiles = _wave(tk), tk[1] if tk else 0
         for s in dict.fromkeys((best, best // 2, best * 2, 1)):
             if s != rp.splits and 1 <= s <= gemm_tf32.MAX_SPLITS and (s == 1 or ktiles // s >= MIN_SHARE):
                 yield from change(edit, plan, rp, splits=s)
