@@ -42,6 +42,11 @@ class Config:
     timing_trials: int = 100
     timing_budget_s: float = 2.0
     warmup: int = 5
+    # Share of the timed calls whose outputs are checked against eager (each decided at random after the call
+    # returns; the five synchronised calls always are). A candidate that cheats on enough calls to move the
+    # median (50 of 100) escapes a quarter-share check with odds 0.75**50, below one in a million; checking
+    # every call made eager's rerun and the comparison most of an evaluation's time.
+    check_fraction: float = 0.25
     energy: bool = True
     energy_window_s: float = 1.5
     energy_repeats: int = 3  # NVML windows at least; more until the spread is under energy_spread
@@ -180,6 +185,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "timing_trials": (1, None, False),
     "timing_budget_s": (0, None, True),
     "warmup": (0, None, False),
+    "check_fraction": (0, 1, True),
     "energy_window_s": (0, None, True),
     "energy_repeats": (1, None, False),
     "energy_max_repeats": (1, None, False),

@@ -100,6 +100,10 @@ class Session:
         s = self.s
         return dict(trials=s.timing_trials, budget_s=s.timing_budget_s, warmup=s.warmup, flusher=self.flusher)
 
+    def checked_timing_kwargs(self) -> dict[str, Any]:
+        """The candidate's timing: its timed calls checked against eager, a random share of them."""
+        return dict(self.timing_kwargs(), check=self.check, check_fraction=self.s.check_fraction)
+
 
 def measure(
     session: Session, kind: Kind, kernel_names: tuple[str, ...], ceilings: Ceilings | None
@@ -112,7 +116,7 @@ def measure(
     try:
         with out.phase("timing"):
             out.timing = timing.time_cuda(
-                session.candidate, session.inputs_for, check=session.check, **session.timing_kwargs()
+                session.candidate, session.inputs_for, **session.checked_timing_kwargs()
             )
     except verify.CandidateFailure:
         raise

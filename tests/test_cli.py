@@ -336,6 +336,8 @@ def test_meaningless_config_values_are_named_with_their_range(tmp_path):
         ("KERNELPRO_MAX_EVALS", "0", "max_evals = 0"),
         ("KERNELPRO_MAX_WALL_S", "0", "max_wall_s = 0.0 (KERNELPRO_MAX_WALL_S or its option) is out of range: it must be more than 0"),
         ("KERNELPRO_LLM_TEMPERATURE", "3", "llm_temperature = 3.0"),
+        ("KERNELPRO_CHECK_FRACTION", "0", "check_fraction = 0.0 (KERNELPRO_CHECK_FRACTION or its option) is out of range: it must be between 0 and 1 (more than 0)"),
+        ("KERNELPRO_CHECK_FRACTION", "1.5", "check_fraction = 1.5"),
         ("KERNELPRO_SEARCH", "beam", "search = 'beam' is not one of mcts, greedy"),
         ("KERNELPRO_BASELINES", "eager,turbo", "baselines = 'turbo' is not one of"),
     ):  # fmt: skip
