@@ -309,10 +309,11 @@ CASES: dict[str, tuple[str, str, str, float]] = {
             def __init__(self):
                 super().__init__()
                 self.head = nn.Linear(40, 1)
-            def forward(self, a, b, x):
-                return torch.matmul(a, b), torch.relu(self.head(x)) * 2.0, torch.mv(a, b[:, 0]) - 1.0
-        """,
-        "[torch.randn(9, 301), torch.randn(301, 1), torch.randn(2, 3, 40)]",
+            def forward(self, a, b, x, c, d):
+                return (torch.matmul(a, b), torch.relu(self.head(x)) * 2.0, torch.mv(a, b[:, 0]) - 1.0,
+                        torch.matmul(c, d))
+        """,  # 301 and 40 wrap by 32-bit division, 64 by a mask (kp_wrap)
+        "[torch.randn(9, 301), torch.randn(301, 1), torch.randn(2, 3, 40), torch.randn(5, 64), torch.randn(64, 1)]",
         "[]",
         1e-5,
     ),
@@ -400,13 +401,14 @@ def test_an_fp32_matrix_vector_product_lowers_to_a_row_wise_dot_product(cases, t
     low = prepare(capture(cases["gemv"]))
     assert not [r for r in low.regions if r.kind is RegionKind.LIBRARY]  # no 1-column GEMM left to cuBLAS
     dots = [r for r in low.regions if r.kind is RegionKind.REDUCE]
-    assert [r.node.shape for r in dots] == [(9, 1), (2, 3, 1), (9,)]
+    assert [r.node.shape for r in dots] == [(9, 1), (2, 3, 1), (9,), (5, 1)]
     tuned = base_plan(low, True)
     fused = {rp.rid: rp.prologue for rp in tuned.regions if getattr(rp, "prologue", "")}
     assert fused == {
         "matmul": "matmul_prod",
         "linear_dot": "linear_prod",
         "mv": "mv_prod",
+        "matmul_1": "matmul_1_prod",
     }  # x * v on the loads
     # A product with more than one column, or in bf16, stays a GEMM
     body = "class Model(nn.Module):\n    def forward(self, a, b, c):\n        return a @ b, c @ c[:, :1]"

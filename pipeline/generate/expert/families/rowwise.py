@@ -29,6 +29,7 @@ KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
 MAX_SPLITS = 8
 FEW_ROWS = 256  # rows of a two-pass op below which a split is planned (about 2 an SM on a 132-SM H200)
 SHORT_ROW = 1024  # a warp per row below this many elements
+LONG_ROW_PASSES = 4  # a reduction's tuned loop is unrolled this far when a row takes that many block passes
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
     # softmax (4096 columns) and layer norm (8192) on the H200.
     if regs := regs_for(rp, r, low, 256):
         rp = dataclasses.replace(rp, threads=256, regs=regs)
+    elif r.kind is RegionKind.REDUCE and lay.reduced >= LONG_ROW_PASSES * rp.vec * rp.threads:
+        # A long row streamed once (a sum, a GEMV's dot products): four loads in flight per thread, where
+        # one at a time left a block waiting on DRAM latency between its loads.
+        rp = dataclasses.replace(rp, unroll=LONG_ROW_PASSES)
     return rp
 
 

@@ -69,7 +69,7 @@ class Fused:
                 k = extra[i]
                 cls = self.extra[k][2]
                 operand = f"{self.prefix}{k}"
-                at = {Bcast.FULL: "i", Bcast.COL: f"i % {operand}n"}.get(cls, "0")
+                at = {Bcast.FULL: "i", Bcast.COL: f"kp_wrap(i, {operand}n)"}.get(cls, "0")
                 args.append(f"ld({operand}[{at}])")
         return (
             f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n"
