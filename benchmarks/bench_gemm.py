@@ -195,7 +195,11 @@ def candidates(path: Path) -> list:
         if k.status == ProposalStatus.OK and any(x in k.edit for x in ("bn=", "stages=", "warps="))
     ]
     ours = [c for c in (tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
-    return ours or [p.candidate for p in first]  # no GEMM kernel (a GEMV): the plain and tuned plans
+    if ours:
+        return ours
+    # No GEMM kernel (a GEMV): the plain and tuned plans, and the tuned one with other loads in flight.
+    unrolled = [k.candidate for k in kids if k.status == ProposalStatus.OK and "unroll=" in k.edit]
+    return [p.candidate for p in first] + unrolled[:2]
 
 
 def main() -> int:
