@@ -13,6 +13,7 @@ no task could get past (no GPU, Ctrl-C) stops it, without a row.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import hashlib
@@ -22,10 +23,10 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import Config, validate
 from pipeline.reasons import first_line
@@ -33,6 +34,9 @@ from pipeline.runlog import RunLogError, read_events
 from pipeline.runstate import RunState, fold
 from pipeline.selfcheck import read_store, task_files, task_key
 from pipeline.types import speedup
+
+if TYPE_CHECKING:
+    from pipeline.worker import WorkerPool
 
 MANIFEST, STORE, RUNS = "bench.json", "results.jsonl", "runs"
 RETRIED = "results.retried.jsonl"  # rows taken out of the store by --retry, kept: nothing measured is lost
@@ -162,7 +166,7 @@ def own_gemm(state: RunState, floor_ms: float | None) -> dict[str, Any]:
 
 
 def run_task(key: str, path: Path, cfg: Config, *, replay: ReplayIndex | None = None,
-             resume: str | None = None) -> dict[str, Any]:  # fmt: skip
+             resume: str | None = None, pool: WorkerPool | None = None) -> dict[str, Any]:  # fmt: skip
     """One task through `optimize`: its row, whatever happened. Only what stops every task (no GPU, no
     toolchain, Ctrl-C) is raised."""
     from pipeline.compile import ToolchainError
@@ -181,7 +185,7 @@ def run_task(key: str, path: Path, cfg: Config, *, replay: ReplayIndex | None = 
                 f"no recorded run of this task's source under {replay.root}",
             )
         else:
-            outcome = optimize(path, cfg, resume=resume, replay=recordings or None)
+            outcome = optimize(path, cfg, resume=resume, replay=recordings or None, pool=pool)
             row.update(summarise(outcome.folder))
             row.update(run_id=outcome.run_id, notes=list(outcome.notes))
             status = TaskStatus.OK if row.get("ours_ms") else TaskStatus.NO_KERNEL
@@ -463,14 +467,46 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     todo = [k for k in suite.tasks if k not in done]
     skipped = tuple(k for k in suite.tasks if k in done)
     unfinished = _unfinished_runs(cfg.runs_dir, {r.get("run_id") for r in rows if r.get("run_id")})
-    ran: list[str] = []
-    stopped = None
-    started = time.monotonic()
-    slowest = 0.0
-    remaining: tuple[str, ...] = ()
     if cfg.ray:
         ran, stopped, remaining = _run_on_ray(out, suite, todo, cfg, budget_s, replay, progress, on_row)
-        todo = []  # run there
+    else:
+        with _shared_pool(cfg, bool(todo) and replay is None) as pool:
+            ran, stopped, remaining = _run_here(
+                store, suite, todo, cfg, budget_s, replay, progress, on_row, unfinished, pool
+            )
+    reports = write_reports(out)
+    return BenchResult(out, tuple(_in_order(read_store(store), suite)), tuple(ran), skipped, remaining,
+                       stopped, reports)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _shared_pool(cfg: Config, wanted: bool) -> Iterator[WorkerPool | None]:
+    """One set of GPU workers for all of a bench's tasks run here: a confined worker takes ~11 s to start,
+    which every task paid again. (A worker drops the previous task's compiled baselines when the next task
+    comes.) Without a GPU, NoGPUError: it stops every task, as it would have in the first one."""
+    if not wanted:
+        yield None
+        return
+    from pipeline.stages import open_pool
+
+    pool = open_pool(cfg)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s: float | None,
+              replay: ReplayIndex | None, progress: Callable[[int, int, str], None] | None,
+              on_row: Callable[[dict[str, Any]], None] | None, unfinished: dict[str, str],
+              pool: WorkerPool | None) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
+    """The tasks of `todo` one after the other on this machine, a row each as it ends: (ran, why it
+    stopped early, the tasks left)."""
+    ran: list[str] = []
+    stopped = None
+    remaining: tuple[str, ...] = ()
+    started = time.monotonic()
+    slowest = 0.0
     for i, key in enumerate(todo):
         elapsed = time.monotonic() - started
         if budget_s is not None and ran and elapsed + slowest > budget_s:
@@ -484,7 +520,7 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
         resume = unfinished.get(key)
         if resume and not _resumable(cfg.runs_dir, resume):
             resume = None
-        row = run_task(key, suite.tasks[key], cfg, replay=replay, resume=resume)
+        row = run_task(key, suite.tasks[key], cfg, replay=replay, resume=resume, pool=pool)
         if resume:
             row["resumed"] = resume
         append_row(store, row)
@@ -495,9 +531,7 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     else:
         if progress and todo:
             progress(len(todo), len(todo), "")
-    reports = write_reports(out)
-    return BenchResult(out, tuple(_in_order(read_store(store), suite)), tuple(ran), skipped, remaining,
-                       stopped, reports)  # fmt: skip
+    return ran, stopped, remaining
 
 
 def take_out(store: Path, statuses: Collection[str], keys: Collection[str]) -> list[dict[str, Any]]:

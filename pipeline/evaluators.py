@@ -37,11 +37,22 @@ class GpuEvaluator:
 
     name = "gpu"
 
-    def __init__(self, task_path: Path, cfg: Config, feedback: str = "advice", energy: bool = False) -> None:
+    def __init__(
+        self,
+        task_path: Path,
+        cfg: Config,
+        feedback: str = "advice",
+        energy: bool = False,
+        pool: stages.WorkerPool | None = None,
+    ) -> None:
         self.task_path = Path(task_path)
         self.cfg = cfg
         self.feedback = feedback
-        self.pool = stages.open_pool(cfg)  # NoGPUError before anything is written
+        # A pool handed in (a bench's, shared by its tasks) is its owner's to close.
+        self._owns_pool = pool is None
+        self.pool = (
+            pool if pool is not None else stages.open_pool(cfg)
+        )  # NoGPUError before anything is written
         # Baselines other than eager are measured once per run (run_baselines); each candidate is timed
         # next to a fresh eager call, so its reward compares like with like.
         self.eval_cfg = cfg.replace(baselines=("eager",), energy=energy)
@@ -99,7 +110,8 @@ class GpuEvaluator:
         )
 
     def close(self) -> None:
-        self.pool.close()
+        if self._owns_pool:
+            self.pool.close()
 
 
 def feedback_text(mode: str, cls: Any, findings: list[Finding], evidence: Any) -> str:

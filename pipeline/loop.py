@@ -28,6 +28,7 @@ from pipeline.search import make_search, matched
 from pipeline.search.reward import Objective, objective_value, reward_at_speed
 from pipeline.tasks import TaskError
 from pipeline.types import Baselines, Evaluation, Measurement, Status, Task, speedup, to_dict
+from pipeline.worker import WorkerPool
 
 REPAIRABLE = frozenset({Status.COMPILE_ERROR, Status.MISMATCH, Status.LAUNCH_ERROR})
 
@@ -451,13 +452,15 @@ def optimize(
     progress: Callable[[Live], None] | None = None,
     more: int | None = None,
     budgets_given: Collection[str] = (),
+    pool: WorkerPool | None = None,
 ) -> OptimizeOutcome:
     """Search for the fastest correct kernel for a task; every step lands in runs/<run-id>/log.jsonl.
 
     `replay`: answer evaluations from a run log recorded on a GPU instead of running them (tests, demos).
     `resume`: continue that run with its recorded search settings and budgets; the budget fields named in
     `budgets_given` (set on purpose by the caller) win. A finished run comes back as it is, nothing appended
-    (`finished_before`), unless `more` asks for that many more evaluations.
+    (`finished_before`), unless `more` asks for that many more evaluations. `pool`: GPU workers already
+    running (a bench's, kept across its tasks: a confined worker takes ~11 s to start); the caller closes it.
     """
     task_path = Path(task_path)
     log: runlog.RunLog | None = None
@@ -483,7 +486,9 @@ def optimize(
                     [Path(replay)] if isinstance(replay, str | Path) else [Path(r) for r in replay]
                 )
                 if replay
-                else GpuEvaluator(task_path, cfg, feedback=cfg.feedback, energy=cfg.objective != "time")
+                else GpuEvaluator(
+                    task_path, cfg, feedback=cfg.feedback, energy=cfg.objective != "time", pool=pool
+                )
             )
         except FileNotFoundError as e:
             raise OptimizeError(str(e)) from None

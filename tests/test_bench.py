@@ -486,3 +486,23 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
         names = tar.getnames()
     assert len(names) == 1 and names[0].endswith("log.jsonl")  # the one new run with a recording
     assert (out / "summary.json").is_file() and "rc=0" in (out / "bench.out").read_text()
+
+
+def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
+    """The tasks run here share one worker pool (a confined worker takes ~11 s to start on the H200): a
+    task's evaluator leaves it open, the bench closes it at the end, also when a task raised."""
+    from pipeline import jobs
+    from pipeline.evaluators import GpuEvaluator
+
+    cfg = config.load(home=tmp_path / "home", device="cpu", job_timeout_s=60, worker_memory_mb=4096)
+    with bench._shared_pool(cfg, False) as none:
+        assert none is None  # replayed, or nothing to run: no worker started
+    with pytest.raises(RuntimeError, match="a stage failed"), bench._shared_pool(cfg, True) as pool:
+        assert pool is not None
+        worker = pool.first
+        assert isinstance(worker.request(jobs.Ping()).answer, jobs.Pong)
+        GpuEvaluator(SOFTMAX, cfg, pool=pool).close()  # one task's run ends
+        assert worker.alive()  # still there for the next task
+        assert isinstance(worker.request(jobs.Ping()).answer, jobs.Pong)
+        raise RuntimeError("a stage failed")
+    assert not worker.alive()

@@ -59,15 +59,6 @@ __device__ __forceinline__ long long head_of(long long start, long long n) {
     return h < n ? h : n;
 }
 
-// i % n for an operand that repeats every n elements of a flat index (a fused matrix-vector product's
-// vector, a bias): a mask when n is a power of two, 32-bit division when both fit. A 64-bit division is a
-// software routine of ~70 instructions on the GPU: on every element it made a GEMV compute-bound.
-__device__ __forceinline__ long long kp_wrap(long long i, long long n) {
-    if ((n & (n - 1)) == 0) return i & (n - 1);
-    if ((((unsigned long long)i | (unsigned long long)n) >> 32) == 0) return (unsigned)i % (unsigned)n;
-    return i % n;
-}
-
 // ---- math: NaN-propagating like torch, precise libm calls (no fast-math) ----
 __device__ __forceinline__ float kp_sq(float x) { return x * x; }
 __device__ __forceinline__ float kp_cube(float x) { return x * x * x; }

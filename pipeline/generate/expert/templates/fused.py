@@ -14,6 +14,20 @@ from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import chain_function, ctype
 from pipeline.generate.expert.templates.signature import Param, i64, ptr
 
+# Emitted only with a fused vector operand (guarded: several regions may carry it), so that no other
+# kernel's source, and so no recorded candidate's key, changes with it.
+WRAP = r"""#ifndef KP_WRAP_DEFINED
+#define KP_WRAP_DEFINED
+// i % n for an operand that repeats every n elements of a flat index (a fused matrix-vector product's
+// vector, a bias): a mask when n is a power of two, 32-bit division when both fit. A 64-bit division is a
+// software routine of ~70 instructions on the GPU: on every element it made a GEMV compute-bound.
+__device__ __forceinline__ long long kp_wrap(long long i, long long n) {
+    if ((n & (n - 1)) == 0) return i & (n - 1);
+    if ((((unsigned long long)i | (unsigned long long)n) >> 32) == 0) return (unsigned)i % (unsigned)n;
+    return i % n;
+}
+#endif"""
+
 
 def prepare_lines(operands: list[tuple[str, Bcast]], shape: str) -> list[str]:
     """Launcher lines making each fused operand (launcher name, class) what a kernel indexes: contiguous at
@@ -57,7 +71,8 @@ class Fused:
         return prepare_lines([(f"{self.prefix}{k}", cls) for k, (_, _, cls) in enumerate(self.extra)], shape)
 
     def chain(self) -> str:
-        return chain_function(self.region, list(self.region.inputs))
+        wrap = any(cls is Bcast.COL for _, _, cls in self.extra)
+        return "\n".join([*([WRAP] if wrap else []), chain_function(self.region, list(self.region.inputs))])
 
     def lam(self, name: str) -> str:
         args = []
