@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One part of a resumable bench sweep on the GPU machine, its results brought back in few files.
+# One part of a resumable bench sweep on the GPU machine, its results brought back in one file.
 #
 #   bash benchmarks/device_sweep.sh SUITE BENCH_DIR BUDGET_S [more `kernelpro bench` options]
 #
@@ -7,8 +7,10 @@
 # folder); BENCH_DIR: the bench folder kept in the repository (benchmarks/results/bench-level1), copied to
 # /tmp and resumed there, so the repository's copy changes only when its files are copied back by hand.
 # WHEELS (optional): a folder of wheels the image lacks (nvidia-cutlass for the GEMM families), installed
-# first. Writes to $OUT (the device tool's folder): the bench's rows, summary and report, doctor's view of
-# the toolchain, and one tar of the new runs' logs (the tool brings back a few files only).
+# first. Writes $OUT/sweep-NAME.tgz (NAME: BENCH_DIR's name): the bench's rows (results.jsonl, and
+# results.retried.jsonl with --retry), summary.json, report.md, bench.out / bench.err, doctor.txt (the
+# toolchain it ran with) and runs/*/log.jsonl of this part's runs. One file: the device tool brings back
+# only a few a call, and the sweep may share its call with other work.
 set -u
 suite=${1:?usage: device_sweep.sh SUITE BENCH_DIR BUDGET_S [bench options]}
 bench=${2:?}; budget=${3:?}; shift 3
@@ -17,15 +19,18 @@ if [ -n "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-work=/tmp/sweep-$(basename "$bench")
+name=$(basename "$bench")
+work=/tmp/sweep-$name
 rm -rf "$work" && cp -r "$bench" "$work" && chmod -R u+w "$work"
-python3 -m pipeline.cli doctor > "$out/doctor.txt" 2>&1
+python3 -m pipeline.cli doctor > "$work/doctor.txt" 2>&1
 touch "$work/.started"  # the runs written after this are this part's
 python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budget" "$@" \
-  > "$out/bench.out" 2> "$out/bench.err"
-echo "rc=$?" >> "$out/bench.out"
-for f in results.jsonl results.retried.jsonl summary.json report.md; do
-  [ -f "$work/$f" ] && cp "$work/$f" "$out/"
-done
-(cd "$work" && find runs -maxdepth 2 -name log.jsonl -newer .started -print0 | tar czf "$out/logs.tgz" --null -T -)
-tail -4 "$out/bench.err"; tail -4 "$out/bench.out"
+  > "$work/bench.out" 2> "$work/bench.err"
+echo "rc=$?" >> "$work/bench.out"
+(cd "$work" && {
+  for f in results.jsonl results.retried.jsonl summary.json report.md bench.out bench.err doctor.txt; do
+    [ -f "$f" ] && printf '%s\0' "$f"
+  done
+  find runs -maxdepth 2 -name log.jsonl -newer .started -print0
+} | tar czf "$out/sweep-$name.tgz" --null -T -)
+tail -4 "$work/bench.err"; tail -4 "$work/bench.out"

@@ -459,7 +459,8 @@ def test_a_bench_with_a_corpus_runs_every_task_with_it(tmp_path):
 
 def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_logs(tmp_path):
     """benchmarks/device_sweep.sh, as a GPU call runs it, here with evaluations replayed: the bench folder
-    is resumed in a copy under /tmp, and $OUT gets the rows, the reports and one tar of the new run logs."""
+    is resumed in a copy under /tmp, and $OUT gets one tar: the rows, the reports, the output and the new
+    run logs."""
     import os
     import subprocess
     import tarfile
@@ -479,13 +480,17 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(x) for x in (out / bench.STORE).read_text().splitlines()]
+    assert [p.name for p in out.iterdir()] == ["sweep-kept.tgz"]  # one file: the device returns a few
+    with tarfile.open(out / "sweep-kept.tgz") as tar:
+        tar.extractall(tmp_path / "back", filter="data")
+    back = tmp_path / "back"
+    rows = [json.loads(x) for x in (back / bench.STORE).read_text().splitlines()]
     assert [x["key"] for x in rows] == ["level1/1_Softmax", "level1/2_SoftmaxAgain", "level1/3_LayerNorm<b>"]
     assert len(store_rows(kept)) == 1  # the repository's copy is left as it was
-    with tarfile.open(out / "logs.tgz") as tar:
-        names = tar.getnames()
-    assert len(names) == 1 and names[0].endswith("log.jsonl")  # the one new run with a recording
-    assert (out / "summary.json").is_file() and "rc=0" in (out / "bench.out").read_text()
+    logs = list((back / "runs").glob("*/log.jsonl"))
+    assert len(logs) == 1  # the one new run with a recording
+    assert (back / "summary.json").is_file() and "rc=0" in (back / "bench.out").read_text()
+    assert (back / "doctor.txt").is_file() and (back / "report.md").is_file()
 
 
 def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
