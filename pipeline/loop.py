@@ -31,6 +31,7 @@ from pipeline.types import Baselines, Evaluation, Measurement, Status, Task, spe
 from pipeline.worker import WorkerPool
 
 REPAIRABLE = frozenset({Status.COMPILE_ERROR, Status.MISMATCH, Status.LAUNCH_ERROR})
+EVERY_MOVE = 256  # more than the expert's vocabulary ever offers one plan: ask for all of its moves
 
 
 class OptimizeError(Exception):
@@ -258,6 +259,18 @@ class _Run:
         self.search.close(nid, reason)
         self._append(ev.Closed(nid, reason))
 
+    def _exhausted(self, nid: int) -> bool:
+        """Whether the expert has nothing new to offer from this node, whatever its profile would say. The
+        advice only orders the expert's vocabulary (edits.legal_edits makes the same edits either way), so a
+        node whose every edit renders a candidate already in the tree is closed before the Nsight Compute
+        run (~10 s on the H200) that would have preceded finding that out."""
+        node = self.nodes[nid]
+        if self.policy_name != "expert" or nid == ROOT or node.profile is not None or node.candidate is None:
+            return False
+        proposals = self.policy.propose(self._context(nid), EVERY_MOVE)
+        new = [p for p in proposals if p.status != ProposalStatus.NO_MOVE]
+        return all(p.status == ProposalStatus.OK and p.candidate and p.candidate.key in self.keys for p in new)
+
     def _profile(self, nid: int) -> None:
         node = self.nodes[nid]
         if nid == ROOT or node.profile is not None or node.evaluation is None:
@@ -411,6 +424,9 @@ class _Run:
             if nid is None:
                 return "the search has nothing left to expand"
             self._append(ev.Iteration(self.state.iteration + 1, nid))
+            if self._exhausted(nid):
+                self._close(nid, "every edit the expert can make of it gives a candidate already tried")
+                continue
             self._profile(nid)
             room = min(
                 self.search.room(nid),
