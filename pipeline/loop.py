@@ -269,7 +269,9 @@ class _Run:
             return False
         proposals = self.policy.propose(self._context(nid), EVERY_MOVE)
         new = [p for p in proposals if p.status != ProposalStatus.NO_MOVE]
-        return all(p.status == ProposalStatus.OK and p.candidate and p.candidate.key in self.keys for p in new)
+        return all(
+            p.status == ProposalStatus.OK and p.candidate and p.candidate.key in self.keys for p in new
+        )
 
     def _profile(self, nid: int) -> None:
         node = self.nodes[nid]
