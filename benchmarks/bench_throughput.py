@@ -10,7 +10,7 @@ the one measured. A candidate counts when the harness verified it and timed it; 
 pass's run logs from each run's first event to its last (the GPU is held all that time: compiles, proposals,
 profiles and the final re-measure included). Prints one JSON document: the figure, where the seconds went
 by stage, and the worker's own phases summed over the search's evaluations (verify, timing, eager,
-profile_check, energy).
+profile_check, energy) and the profiles' parts (SASS, the system profile, Nsight Compute).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def throughput(result: bench.BenchResult) -> dict:
     """Verified-and-timed candidates per minute of the runs' wall time, and the seconds by stage."""
     counted, seconds, stages = 0, 0.0, dict.fromkeys((*bench.STAGE_OF.values(), "other"), 0.0)
     worker: dict[str, float] = {}  # the worker's phases, summed over the evaluations (Measurement.seconds)
+    profiling: dict[str, float] = {}  # the profiles' parts, summed (Profile.seconds: sass, system, ncu)
     per_task = {}
     for row in result.rows:
         if not row.get("run_id"):
@@ -54,6 +55,8 @@ def throughput(result: bench.BenchResult) -> dict:
             m = node.evaluation.measurement if node.evaluation else None
             for k, v in (m.seconds if m else {}).items():
                 worker[k] = worker.get(k, 0.0) + v
+            for k, v in (node.profile.seconds if node.profile else {}).items():
+                profiling[k] = profiling.get(k, 0.0) + v
         wall = events[-1].t - events[0].t
         counted, seconds = counted + n, seconds + wall
         for k, v in bench.seconds_by_stage(events).items():
@@ -65,6 +68,7 @@ def throughput(result: bench.BenchResult) -> dict:
         "per_gpu_minute": round(counted / (seconds / 60), 1) if seconds else None,
         "seconds_by_stage": {k: round(v, 1) for k, v in stages.items()},
         "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())},
+        "profile_seconds": {k: round(v, 1) for k, v in sorted(profiling.items())},
         "per_task": per_task,
     }
 

@@ -96,7 +96,7 @@ class GpuEvaluator:
         except Exception as e:  # a profile is advice, not a verdict: the search goes on without it
             return Profile(candidate.key, False, notes=(f"profiling failed: {type(e).__name__}: {e}",))
         if pr.evidence is None:
-            return Profile(candidate.key, False, notes=pr.notes)
+            return Profile(candidate.key, False, notes=pr.notes, seconds=pr.seconds)
         cls, findings = advice.analyze(pr.evidence)
         self.evidence[candidate.key] = pr.evidence
         return Profile(
@@ -107,6 +107,7 @@ class GpuEvaluator:
             findings=tuple(findings),
             feedback=feedback_text(self.feedback, cls, findings, pr.evidence),
             notes=pr.notes,
+            seconds=pr.seconds,
         )
 
     def close(self) -> None:

@@ -7,8 +7,9 @@ when is pipeline/loop.py's business, not theirs.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,7 @@ class Profiling:
     evaluation: Evaluation
     evidence: Any | None  # pipeline.profile.evidence.Evidence
     notes: tuple[str, ...] = ()
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each part: sass, system, ncu
 
 
 def profile_candidate(
@@ -277,13 +279,21 @@ def profile_candidate(
         notes: list[str] = []
         code = candidate_code(cand, res.build, check_launcher(cand.launcher))
         assert code.cubin_path is not None
+        t0 = time.perf_counter()
         sass_text = collect.dump_sass(code.cubin_path)
         if sass_text is None:
             notes.append("no SASS: cuobjdump not found")
+        t1 = time.perf_counter()
         system = pool.first.request(jobs.SystemProfile(task, settings(cfg), code), timeout_s=300)
         if not isinstance(system.answer, jobs.SystemProfiled):
             notes.append(f"no system profile: {system.reason}")
+        t2 = time.perf_counter()
         ncu = collect.run_ncu(jobs.Ncu(str(Path(task_path).resolve()), cfg.seed, code), cfg)
+        seconds = {
+            "sass": round(t1 - t0, 3),
+            "system": round(t2 - t1, 3),
+            "ncu": round(time.perf_counter() - t2, 3),
+        }
         if ncu.status != Status.OK:
             notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")
         m = res.measurement
@@ -300,7 +310,7 @@ def profile_candidate(
             system=system.answer.system if isinstance(system.answer, jobs.SystemProfiled) else None,
             power_limit_w=float(env["power_limit_w"]) if env.get("power_limit_w") else None,
         )
-        return Profiling(res, evidence, tuple(notes))
+        return Profiling(res, evidence, tuple(notes), seconds)
     finally:
         if own_pool:
             pool.close()

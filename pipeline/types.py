@@ -257,6 +257,7 @@ class Profile:
     findings: tuple[Finding, ...] = ()
     feedback: str = ""  # advice block, JSON, raw metrics or nothing
     notes: tuple[str, ...] = ()
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each part: sass, system, ncu
 
 
 def to_dict(obj: Any) -> Any:

@@ -68,7 +68,12 @@ def a_run() -> list[ev.TypedEvent]:
         ev.LessonEvent(2, "tuned", None),
         ev.RepairFailed(2, ProposalStatus.NO_MOVE, "nothing to repair"),
         ev.Iteration(2, 1),
-        ev.ProfileEvent(Profile("a", True, "memory-bound", "memory", (finding,), "advice"), 1),
+        ev.ProfileEvent(
+            Profile(
+                "a", True, "memory-bound", "memory", (finding,), "advice", seconds={"ncu": 8.9, "sass": 0.1}
+            ),
+            1,
+        ),
         ev.ProposalFailed(ProposalStatus.UNPARSEABLE, "no code"),
         ev.Proposal(3, 1, "vec4", None, cand("c")),
         ev.Llm(Usage(10, 5, 0.001, 1), ProposalStatus.OK.value),
