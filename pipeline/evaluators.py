@@ -48,11 +48,10 @@ class GpuEvaluator:
         self.task_path = Path(task_path)
         self.cfg = cfg
         self.feedback = feedback
-        # A pool handed in (a bench's, shared by its tasks) is its owner's to close.
+        # A pool handed in (a bench's, shared by its tasks) is its owner's to close; opening one raises
+        # NoGPUError before anything is written.
         self._owns_pool = pool is None
-        self.pool = (
-            pool if pool is not None else stages.open_pool(cfg)
-        )  # NoGPUError before anything is written
+        self.pool = pool if pool is not None else stages.open_pool(cfg)
         # Baselines other than eager are measured once per run (run_baselines); each candidate is timed
         # next to a fresh eager call, so its reward compares like with like.
         self.eval_cfg = cfg.replace(baselines=("eager",), energy=energy)
