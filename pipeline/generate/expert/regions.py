@@ -272,6 +272,51 @@ def _kl_div(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(out[-1].name), reduction, dt)]
 
 
+def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """cross_entropy(x, t) over (N, C) logits and class indices, as ATen defines it without weights or label
+    smoothing: logsumexp(x[i]) - x[i, t[i]] for each target that is not ignore_index (0 for those), then
+    none / sum / mean, the mean over the targets kept (NaN when none is). One read of x: the row reduction
+    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements left to PyTorch (a hybrid)."""
+    a = n.args
+    x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    weight = a[2] if len(a) > 2 else n.kw("weight", None)
+    reduction = a[3] if len(a) > 3 else n.kw("reduction", 1)
+    ignore = a[4] if len(a) > 4 else n.kw("ignore_index", -100)
+    smoothing = a[5] if len(a) > 5 else n.kw("label_smoothing", 0.0)
+    if x is None or t is None or x.shape is None or t.shape is None or len(x.shape) != 2:
+        return None
+    rows, dt, name = (x.shape[0],), x.dtype, n.name
+    if weight is not None or smoothing or reduction not in (0, 1, 2) or not isinstance(ignore, int):
+        return None
+    if dt not in ops.FLOAT_DTYPES or t.dtype != "int64" or t.shape != rows or abs(ignore) >= 2**24:
+        return None  # (targets travel through fp32 in the elementwise kernels: exact below 2^24)
+    lse = _mk(f"{name}_lse", "logsumexp", (a[0], (1,), False), rows, dt)
+    keep = _mk(f"{name}_keep", "ne", (a[1], ignore), rows, "bool", "Scalar")
+    safe = dataclasses.replace(  # int64 out: PyTorch's (our elementwise kernels compute in fp32)
+        _mk(f"{name}_safe", "where", (Ref(keep.name), a[1], 0), rows, "int64", "ScalarOther"),
+        target="aten.where.ScalarOther",
+    )
+    index = _mk(f"{name}_index", "reshape", (Ref(safe.name), (rows[0], 1)), (rows[0], 1), "int64")
+    pick = dataclasses.replace(
+        _mk(f"{name}_pick", "gather", (a[0], 1, Ref(index.name)), (rows[0], 1), dt),
+        target="aten.gather.default",
+    )
+    picked = _mk(f"{name}_picked", "reshape", (Ref(pick.name), rows), rows, dt)
+    diff = _mk(f"{name}_diff", "sub", (Ref(lse.name), Ref(picked.name)), rows, dt, "Tensor")
+    loss = _mk(f"{name}_l" if reduction else name, "where", (Ref(keep.name), Ref(diff.name), 0.0), rows, dt,
+               "ScalarOther")  # fmt: skip
+    out = [lse, keep, safe, index, pick, picked, diff, loss]
+    if reduction == 0:
+        return [*out[:-1], dataclasses.replace(loss, target=n.target)]
+    total = _mk(f"{name}_total" if reduction == 1 else name, "sum", (Ref(loss.name),), (), dt)
+    if reduction == 2:
+        return [*out, dataclasses.replace(total, target=n.target)]
+    kept = _mk(f"{name}_kept", "where", (Ref(keep.name), 1.0, 0.0), rows, dt, "Scalar")
+    count = _mk(f"{name}_count", "sum", (Ref(kept.name),), (), dt)
+    mean = _mk(name, "div", (Ref(total.name), Ref(count.name)), (), dt, "Tensor")
+    return [*out, total, kept, count, dataclasses.replace(mean, target=n.target)]
+
+
 def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """A two-operand einsum that is a product: one contracted index, the last of the first operand and the
     first of a 2-D second ("bijl,lk->bijk": a matmul) or the middle of a 3-D one with the same batch index
@@ -319,6 +364,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op == "triplet_margin_loss" and n.shape is not None and (lowered := _triplet(n, by_name)):
         return lowered
     if n.op == "kl_div" and n.shape is not None and (lowered := _kl_div(n, by_name)):
+        return lowered
+    if n.op == "cross_entropy_loss" and n.shape is not None and (lowered := _cross_entropy(n, by_name)):
         return lowered
     if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
         return gemv
