@@ -257,6 +257,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "cosine": (  # three sums (the dot product and the squared norms, each product on its loads), then ew ops
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, c, d):
+                return (torch.mean(1 - F.cosine_similarity(a, b, dim=1)), F.cosine_similarity(c, d, dim=1),
+                        F.cosine_similarity(a, b * 0.0, dim=-1, eps=1e-6))
+        """,
+        "[torch.randn(9, 301), torch.randn(9, 301), torch.randn(3, 40, 7), torch.randn(3, 40, 7)]",
+        "[]",
+        1e-5,
+    ),
     "cross_entropy": (  # logsumexp in our row reduction; x[i, t[i]] a gather left to PyTorch; ignored targets
         """
         class Model(nn.Module):
@@ -370,6 +381,7 @@ FAMILIES = {
     "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"reduce", "ew", "torch", "view"},
+    "cosine": {"reduce", "ew"},
     "triangular": {"library", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim

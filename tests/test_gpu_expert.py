@@ -168,6 +168,14 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "cosine": (  # three row sums, each product on its loads, the norms' clamp and the division after
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.mean(1 - F.cosine_similarity(a, b, dim=1)), F.cosine_similarity(a, -a, dim=1)
+        """,
+        "[]",
+    ),
     "cross_entropy": (  # logsumexp in our row reduction; x[i, t[i]] a gather left to PyTorch (a hybrid)
         """
         class Model(nn.Module):
@@ -497,6 +505,7 @@ SHAPES = {
     "folded_scans": ["(129, 10007)", "(4, 1003, 65)"],
     "kl_div": ["(1001, 4097); (1001, 4097)"],
     "cross_entropy": ["(4097, 32000); (4097, 32000)", "(3, 5); (3, 5)"],
+    "cosine": ["(128, 4096); (128, 4096)", "(3, 5); (3, 5)"],
     "matmul_triangular": [
         "(300, 1024); (1024, 1000)",
         "(3, 129, 1032); (3, 1032, 136)",

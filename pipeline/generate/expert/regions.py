@@ -243,6 +243,39 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
 
 
+def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """cosine_similarity(x1, x2, dim, eps) of two same-shaped tensors: the dot product over the norms, each
+    norm at least eps (ATen divides each operand by its clamped norm before the sum: the same value up to
+    rounding). Three sums over the dim, each with its product on its loads."""
+    a = n.args
+    x1, x2 = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    dim = a[2] if len(a) > 2 else n.kw("dim", 1)
+    eps = float(a[3] if len(a) > 3 else n.kw("eps", 1e-8))
+    if x1 is None or x2 is None or not x1.shape or x1.shape != x2.shape or not isinstance(dim, int):
+        return None
+    dt, shape, name = n.dtype, x1.shape, n.name
+    if dt not in ops.FLOAT_DTYPES or x1.dtype != dt or x2.dtype != dt or not -len(shape) <= dim < len(shape):
+        return None
+    d = dim % len(shape)
+    rows = shape[:d] + shape[d + 1 :]
+    out: list[Node] = []
+    sums = []
+    for tag, u, v in (("dot", a[0], a[1]), ("sq1", a[0], a[0]), ("sq2", a[1], a[1])):
+        prod = _mk(f"{name}_{tag}_prod", "mul", (u, v), shape, dt, "Tensor")
+        total = _mk(f"{name}_{tag}", "sum", (Ref(prod.name), (d,), False), rows, dt, _OVERLOAD["sum"])
+        out += [prod, total]
+        sums.append(Ref(total.name))
+    norms = []
+    for k in (1, 2):
+        root = _mk(f"{name}_norm{k}", "sqrt", (sums[k],), rows, dt)
+        floor = _mk(f"{name}_clamped{k}", "clamp_min", (Ref(root.name), eps), rows, dt)
+        out += [root, floor]
+        norms.append(Ref(floor.name))
+    den = _mk(f"{name}_den", "mul", (norms[0], norms[1]), rows, dt, "Tensor")
+    cos = dataclasses.replace(_mk(name, "div", (sums[0], Ref(den.name)), rows, dt, "Tensor"), target=n.target)
+    return [*out, den, cos]
+
+
 def _kl_div(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """kl_div(input, target) as elementwise ops and one reduction, as ATen defines it: xlogy(t, t) - t * x
     (0 where t == 0, NaN where t < 0), or exp(t) * (t - x) for a log target. F.kl_div's batchmean is
@@ -366,6 +399,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op == "kl_div" and n.shape is not None and (lowered := _kl_div(n, by_name)):
         return lowered
     if n.op == "cross_entropy_loss" and n.shape is not None and (lowered := _cross_entropy(n, by_name)):
+        return lowered
+    if n.op == "cosine_similarity" and n.shape is not None and (lowered := _cosine(n, by_name)):
         return lowered
     if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
         return gemv
