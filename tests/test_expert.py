@@ -473,6 +473,20 @@ def test_capture_covers_family_cases(cases):
         assert left == LEFT_TO_TORCH.get(name, set()), (name, low.notes)
 
 
+def test_cross_entropy_outside_its_lowering_stays_in_pytorch(tmp_path):
+    """16-bit logits (ATen rounds x - lse once, the lowering would round lse first), class weights and
+    label smoothing: the loss is left whole to PyTorch, and the task says so."""
+    for name, call, inputs in (
+        ("ce_bf16", "F.cross_entropy(x, t)", "[torch.randn(4, 7).bfloat16(), torch.randint(0, 7, (4,))]"),
+        ("ce_smooth", "F.cross_entropy(x, t, label_smoothing=0.1)", "[torch.randn(4, 7), torch.randint(0, 7, (4,))]"),
+        ("ce_weight", "F.cross_entropy(x, t, weight=x[0].abs())", "[torch.randn(4, 7), torch.randint(0, 7, (4,))]"),
+    ):  # fmt: skip
+        body = f"class Model(nn.Module):\n    def forward(self, x, t):\n        return {call}"
+        low = prepare(capture(task_file(tmp_path, name, body, inputs)))
+        assert any(n.op == "cross_entropy_loss" for n in low.nodes), name
+        assert not any(n.op == "logsumexp" for n in low.nodes), name
+
+
 def test_a_positional_epilogue_fuses_only_where_gemm_rows_are_each_matrix_rows(tmp_path):
     body = "class Model(nn.Module):\n    def forward(self, a, b, c):\n        return torch.triu(a @ b), torch.tril(c @ b, 1)"
     path = task_file(

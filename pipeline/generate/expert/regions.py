@@ -321,8 +321,10 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     rows, dt, name = (x.shape[0],), x.dtype, n.name
     if weight is not None or smoothing or reduction not in (0, 1, 2) or not isinstance(ignore, int):
         return None
-    if dt not in ops.FLOAT_DTYPES or t.dtype != "int64" or t.shape != rows or abs(ignore) >= 2**24:
-        return None  # (targets travel through fp32 in the elementwise kernels: exact below 2^24)
+    # fp32 logits only: in 16 bits ATen rounds x - lse once, where the lowering would round lse first.
+    # Targets travel through fp32 in the elementwise kernels: exact below 2^24.
+    if dt != "float32" or t.dtype != "int64" or t.shape != rows or abs(ignore) >= 2**24:
+        return None
     lse = _mk(f"{name}_lse", "logsumexp", (a[0], (1,), False), rows, dt)
     keep = _mk(f"{name}_keep", "ne", (a[1], ignore), rows, "bool", "Scalar")
     safe = dataclasses.replace(  # int64 out: PyTorch's (our elementwise kernels compute in fp32)
