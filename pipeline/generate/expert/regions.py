@@ -254,7 +254,9 @@ def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     if x1 is None or x2 is None or not x1.shape or x1.shape != x2.shape or not isinstance(dim, int):
         return None
     dt, shape, name = n.dtype, x1.shape, n.name
-    if dt not in ops.FLOAT_DTYPES or x1.dtype != dt or x2.dtype != dt or not -len(shape) <= dim < len(shape):
+    # fp32 only: in 16 bits the three sums would be rounded to 16 bits between kernels, where ATen's norms
+    # accumulate and divide before any rounding.
+    if dt != "float32" or x1.dtype != dt or x2.dtype != dt or not -len(shape) <= dim < len(shape):
         return None
     d = dim % len(shape)
     rows = shape[:d] + shape[d + 1 :]
