@@ -90,3 +90,22 @@ def test_throughput_counts_the_timed_candidates_over_the_runs_minutes(tmp_path):
     assert math.isclose(got["gpu_minutes"], (events[-1].t - events[0].t) / 60, abs_tol=1e-3)
     assert math.isclose(sum(got["seconds_by_stage"].values()), events[-1].t - events[0].t, abs_tol=0.3)
     assert got["per_task"][row["key"]]["timed"] == len(timed)
+
+
+def test_the_peer_benchmark_writes_tasks_the_expert_takes_and_the_reference_runs(tmp_path):
+    """benchmarks/bench_peers.py's cases (our kernels against liger-kernel's, on the GPU): each task file is
+    valid, its reference runs here, and the expert writes kernels for it (cross-entropy as a hybrid)."""
+    import bench_peers
+    import torch
+
+    from pipeline.generate.expert import supports
+    from pipeline.tasks import load_module
+
+    for name in bench_peers.CASES:
+        path = bench_peers.write_task(tmp_path, name, rows=8, cols=64)
+        module = load_module(path)
+        out = module.Model(*module.get_init_inputs())(*module.get_inputs())
+        assert torch.isfinite(out).all() and out.numel() in (1, 8 * 64), name
+        ok, why = supports(path)
+        assert ok, (name, why)
+        assert ("gather" in why) == (name == "cross_entropy"), (name, why)
