@@ -14,8 +14,7 @@ the verdict.
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -25,6 +24,7 @@ import torch
 from pipeline import gpu_memory, reasons, verify
 from pipeline.calibrate import Ceilings, floor_ms
 from pipeline.jobs import Settings
+from pipeline.phases import phase
 from pipeline.types import Energy, Kind, Status, Task, Timing, speedup
 
 SUSPICIOUS_FLOOR_MARGIN = 0.8  # faster than 80% of the roofline floor is physically doubtful
@@ -46,13 +46,8 @@ class Outcome:
     below_floor: bool = False  # SUSPICIOUS for beating the roofline floor, not only for beating eager
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase below
 
-    @contextmanager
-    def phase(self, name: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        return phase(self.seconds, name)
 
 
 class Session:

@@ -7,7 +7,6 @@ when is pipeline/loop.py's business, not theirs.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from pipeline import baseline_cache, calibrate, jobs, reasons
 from pipeline.candidates import load_candidate
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
+from pipeline.phases import phase
 from pipeline.static_check import LauncherReport, check_launcher
 from pipeline.tasks import TaskError
 from pipeline.types import Baselines, Build, Candidate, Evaluation, Status, Task, Verdict
@@ -279,21 +279,17 @@ def profile_candidate(
         notes: list[str] = []
         code = candidate_code(cand, res.build, check_launcher(cand.launcher))
         assert code.cubin_path is not None
-        t0 = time.perf_counter()
-        sass_text = collect.dump_sass(code.cubin_path)
+        seconds: dict[str, float] = {}
+        with phase(seconds, "sass"):
+            sass_text = collect.dump_sass(code.cubin_path)
         if sass_text is None:
             notes.append("no SASS: cuobjdump not found")
-        t1 = time.perf_counter()
-        system = pool.first.request(jobs.SystemProfile(task, settings(cfg), code), timeout_s=300)
+        with phase(seconds, "system"):
+            system = pool.first.request(jobs.SystemProfile(task, settings(cfg), code), timeout_s=300)
         if not isinstance(system.answer, jobs.SystemProfiled):
             notes.append(f"no system profile: {system.reason}")
-        t2 = time.perf_counter()
-        ncu = collect.run_ncu(jobs.Ncu(str(Path(task_path).resolve()), cfg.seed, code), cfg)
-        seconds = {
-            "sass": round(t1 - t0, 3),
-            "system": round(t2 - t1, 3),
-            "ncu": round(time.perf_counter() - t2, 3),
-        }
+        with phase(seconds, "ncu"):
+            ncu = collect.run_ncu(jobs.Ncu(str(Path(task_path).resolve()), cfg.seed, code), cfg)
         if ncu.status != Status.OK:
             notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")
         m = res.measurement

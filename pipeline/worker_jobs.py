@@ -14,6 +14,7 @@ import torch
 
 from pipeline import gpu_memory, jobs, reasons, tasks, verify
 from pipeline.jobs import Answer, CandidateCode, Job
+from pipeline.phases import phase
 from pipeline.types import Baselines, Measurement, Status, Task, Timing, Verdict
 
 _compiled: dict[tuple[str, str], tuple[Any, float]] = {}  # (task hash, mode) -> (compiled model, compile s)
@@ -169,26 +170,26 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         return answer(verdict(f.status, [f.reason]))
 
     out_bytes = sum(o.numel * _itemsize(o.dtype) for o in task.outputs)
-    t_verify = time.perf_counter()
-    try:
-        proto = verify.run_protocol(
-            module,
-            init_args,
-            factory,
-            device,
-            trials=s.trials,
-            seed=s.seed,
-            atol=task.atol,
-            rtol=task.rtol,
-            norm_tol=task.norm_tol,
-            out_bytes=out_bytes,
-        )
-    except verify.CandidateFailure as f:
-        return answer(verdict(f.status, [f.reason]))
-    except Exception as e:
-        return answer(verdict(*_crashed(e, "verifying the candidate")))
+    seconds: dict[str, float] = {}
+    with phase(seconds, "verify"):
+        try:
+            proto = verify.run_protocol(
+                module,
+                init_args,
+                factory,
+                device,
+                trials=s.trials,
+                seed=s.seed,
+                atol=task.atol,
+                rtol=task.rtol,
+                norm_tol=task.norm_tol,
+                out_bytes=out_bytes,
+            )
+        except verify.CandidateFailure as f:
+            return answer(verdict(f.status, [f.reason]))
+        except Exception as e:
+            return answer(verdict(*_crashed(e, "verifying the candidate")))
     why = list(proto.reasons)
-    verify_s = round(time.perf_counter() - t_verify, 3)
     if proto.status != Status.OK or device.type != "cuda" or not s.time:
         return answer(verdict(proto.status, why, proto))
 
@@ -218,7 +219,7 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         floor_ms=outcome.floor_ms,
         environment=environment("cuda"),
         reasons=tuple(why),
-        seconds={"verify": verify_s, **outcome.seconds},
+        seconds={**seconds, **outcome.seconds},
     )
     return answer(verdict(status, why, proto), m)
 
