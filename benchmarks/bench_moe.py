@@ -5,6 +5,9 @@ imports. Fresh inputs and routing each call, L2 flushed, CUDA events, median of 
 
     python benchmarks/bench_moe.py --out DIR [--tasks qwen3_fc1,qwen3_fc2] [--repeat 2] [--compile]
 
+A whole block (`--tasks qwen3_block`) computes its routing itself: no library takes its inputs as they are,
+so eager and torch.compile of the reference (`--compile`) are its baselines.
+
 Writes DIR/results.json (one entry per task, rewritten after each) and prints a line per task.
 """
 
@@ -53,9 +56,13 @@ def candidates(path: Path) -> list:
 def libraries(module, model) -> dict[str, Callable]:
     """The same computation by the libraries, each called with the task's inputs: (x, counts), or for a weight
     gradient (x, dy, counts)."""
+    import inspect
+
     import torch
     import torch.nn.functional as F
 
+    if len(inspect.signature(module.Model.forward).parameters) < 3:  # forward(self, x): a whole block
+        return {}
     w = next((p for p in model.parameters() if p.dim() == 3), None)
     if w is None:  # a weight gradient: the groups split the tokens (K)
 

@@ -125,16 +125,21 @@ def probe(path: str | Path) -> Task:
             with counter, torch.no_grad():
                 out = model(*valued_inputs(module))
         except Exception:
-            # values computed from floating inputs (an MoE block's routing): only real data gives them
+            # values computed from floating inputs (an MoE block's routing): only real data gives them, on a
+            # GPU, or on the CPU with the large parameters' work skipped (cheap_values.py)
             counter = FlopCounterMode(display=False)
             out = _probe_on_gpu(module, init_args, counter)
+            if out is None:
+                counter = FlopCounterMode(display=False)
+                out = _probe_cheap(module, init_args, counter)
             if out is None:
                 raise TaskError(
                     f"{path.name}: the reference forward raised {type(e).__name__}: {first_line(e)}"
                     + (
                         ""
                         if torch.cuda.is_available()
-                        else " (on the meta device; a GPU would run it for real)"
+                        else " (on the meta device, and on the CPU with its large parameters on meta; a GPU "
+                        "would run it for real)"
                     )
                 ) from None
     outs = out if isinstance(out, list | tuple) else (out,)
@@ -161,6 +166,27 @@ def probe(path: str | Path) -> Task:
         min_bytes=int(in_bytes + param_bytes + out_bytes),
         param_bytes=int(param_bytes),
     )
+
+
+def _probe_cheap(module: ModuleType, init_args: list, counter: object) -> object | None:
+    """The reference run on the CPU with real inputs and its large parameters on meta (FLOPs counted), or
+    None if it cannot run so (a value it reads comes from a large parameter)."""
+    import torch
+
+    from pipeline import cheap_values
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = cheap_values.model(module, init_args)
+            inputs = cheap_values.inputs(module)
+            with counter, torch.no_grad(), cheap_values.mode():  # type: ignore[attr-defined]
+                out = model(*inputs)
+    except Exception:
+        return None
+    outs = out if isinstance(out, list | tuple) else (out,)
+    if not all(isinstance(o, torch.Tensor) for o in outs):
+        return None
+    return type(out)(o.to("meta") for o in outs) if isinstance(out, list | tuple) else out.to("meta")
 
 
 def _probe_on_gpu(module: ModuleType, init_args: list, counter: object) -> object | None:

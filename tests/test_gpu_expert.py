@@ -733,6 +733,19 @@ def test_grouped_gemm_verifies_on_odd_groups(pool, home, tmp_path, name, bounds)
     assert any(ours(c) for c in cands)
 
 
+def test_a_whole_moe_block_verifies_with_its_routing_computed(pool, home):
+    """Router, top-2, sort and bincount in the candidate (left to PyTorch), fc1 + SwiGLU and fc2 as two grouped
+    GEMMs on the routing it computes: groups of 0 to ~180 rows, some of one row. Verified against the loop."""
+    path = ROOT / "tests" / "fixtures" / "moe" / "small_block.py"
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    for c, r in zip(cands, results, strict=True):
+        assert r.build is not None and r.build.status == Status.OK, (c.edit, r.build and r.build.log)
+        assert r.verdict.status == Status.OK, (c.edit, r.verdict.reasons)
+        assert r.verdict.kind == Kind.HYBRID, (c.edit, r.verdict.library_ops)  # top-k and sort stay torch's
+    assert sum('"family":"wgmma_grouped"' in c.source.splitlines()[0] for c in cands) >= 2
+
+
 @pytest.mark.parametrize("task_id", ["softmax", "elementwise_chain"])
 def test_the_power_edit_verifies_as_our_kernels(pool, home, task_id):
     """lower_power (objective energy): the same kernels on a persistent grid over 75% and 50% of the SMs."""

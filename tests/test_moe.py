@@ -17,7 +17,7 @@ from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, supports
 from pipeline.generate.expert.graph import CaptureError
 from pipeline.static_check import check_launcher
-from pipeline.tasks import TaskError, load_module, probe
+from pipeline.tasks import load_module, probe
 from pipeline.types import Kind, Status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,13 +262,77 @@ def test_a_gated_epilogue_is_fused_into_the_grouped_kernel(tmp_path, name):
         assert ".split(" not in tuned.launcher and "size(acc) / 2" in tuned.source
 
 
-def test_the_whole_block_is_refused_plainly_on_the_cpu():
-    """Its routing comes from float data: the meta device cannot run it, the expert does not recognise it."""
+BLOCK = ROOT / "tests" / "fixtures" / "moe" / "small_block.py"
+
+
+def test_a_whole_block_is_captured_with_its_routing_computed_on_the_cpu():
+    """Router, top-k, sort and bincount run for real on the CPU; the loop's two products per expert become two
+    grouped GEMMs on the routing the block computes (a bincount export can size: a scatter-add into E zeros)."""
+    g = capture(BLOCK)
+    ops = [n.op for n in g.nodes]
+    assert ops.count("_grouped_mm") == 2 and ops.count("mm") == 1, ops  # fc1, fc2; the router's product
+    assert "bincount" not in ops and "scatter_add" in ops and "slice" not in ops, ops
+    assert any("grouped GEMMs" in note for note in g.notes), g.notes
+    assert sorted(s.key for s in g.state) == ["down", "gate_up", "router"]
+    ok, why = supports(BLOCK)
+    assert ok and "persistent grouped WGMMA kernel" in why, why
+
+
+def test_emulated_block_candidates_match_the_reference(tmp_path):
+    """The plain plan (torch._grouped_mm for both products, our kernels for the router's softmax and the rest)
+    against the loop, on three draws of the tokens (three routings); the tuned plan runs our grouped kernel
+    on both products with SwiGLU fused into fc1 (WGMMA: the GPU tests run it)."""
+    module = load_module(BLOCK)
+    torch.manual_seed(0)
+    ref = module.Model(*module.get_init_inputs())
+    t = probe(BLOCK)
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+    plain, tuned = (p.candidate for p in props)
+    plan = tuned.source.splitlines()[0]
+    assert plan.count('"family":"wgmma_grouped"') == 2 and '"epilogue":"silu"' in plan, plan
+    assert plain.launcher.count("torch._grouped_mm(") == 2
+    model = load_model(plain.launcher, build(plain.source, tmp_path))(*module.get_init_inputs())
+    model.load_state_dict(ref.state_dict())
+    for seed in range(3):
+        torch.manual_seed(seed)
+        (x,) = module.get_inputs()
+        want, got = ref(x), model(x)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_qwen3_block_is_probed_and_captured_at_full_size_on_the_cpu():
+    """65536 expert rows: the experts' stacks (1.2 GB) stay on meta, so this costs seconds, not minutes."""
     path = ROOT / "tasks" / "moe" / "qwen3_block.py"
-    ok, why = supports(path)
-    assert not ok and "not a loop over experts either" in why, why
-    with pytest.raises(TaskError, match="a GPU would run it for real"):
-        probe(path)
+    t = probe(path)
+    tokens, hidden = t.inputs[0].shape
+    rows, experts, inter = tokens * 8, 128, 768
+    assert (
+        t.flops == 2 * tokens * hidden * experts + 2 * rows * hidden * 2 * inter + 2 * rows * inter * hidden
+    )
+    ops = [n.op for n in capture(path).nodes]
+    assert ops.count("_grouped_mm") == 2, ops
+
+
+def test_a_routing_read_from_an_expert_stack_is_refused_plainly(tmp_path):
+    """Counts taken from the experts' own products cannot be known without computing them: said, not guessed."""
+    path = tmp_path / "routed_by_products.py"
+    path.write_text(
+        HEADER.replace("E, K, N = 6, 64, 48", "E, K, N = 6, 1024, 1024")
+        + "\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.w = nn.Parameter(torch.randn(E, K, N, dtype=torch.bfloat16))\n"
+        "    def forward(self, x):\n"
+        "        counts = torch.bincount((x @ self.w[0]).argmax(-1) % E, minlength=E)\n"
+        "        out = torch.empty_like(x)\n        start = 0\n"
+        "        for e, n in enumerate(counts.tolist()):\n"
+        "            out[start : start + n] = x[start : start + n] @ self.w[e]\n            start += n\n"
+        "        return out\n\n\ndef get_inputs():\n    return [torch.randn(64, K, dtype=torch.bfloat16)]\n"
+        + INIT
+    )
+    with pytest.raises(
+        CaptureError, match="not a loop over experts either: tracing the forward with real routing"
+    ):
+        capture(path)
 
 
 def test_the_benchmarks_library_baselines_compute_what_the_loop_does(tmp_path):

@@ -244,7 +244,7 @@ def _capture_grouped(module: ModuleType, model: Any, task_id: str, why: str) -> 
             f"{why}; its loop over experts, rewritten, did not export: {_first_line(e)}"
         ) from None
     graph = _from_export(ep, module, rewritten, inputs, task_id)
-    note = "a loop over experts (rows grouped by an integer input) captured as one grouped GEMM"
+    note = "a loop over experts (rows grouped by a routing) captured as grouped GEMMs"
     return dataclasses.replace(graph, notes=(*graph.notes, note), by_name=graph.by_name)
 
 

@@ -5,12 +5,16 @@ MoE code without a grouped kernel loops over the experts: tokens sorted by exper
 written into its rows of the output. torch.export cannot capture that (the slice bounds are values), so:
 
 1. trace the forward with make_fx on the meta device, its integer inputs real (a routing the task draws):
-   the loop unrolls into one `mm` per expert on `x[start:end]` and `w[e]`;
+   the loop unrolls into one `mm` per expert on `x[start:end]` and `w[e]`. A routing computed from float
+   data (a whole MoE block: router, top-k, tokens per expert) is traced with real inputs on the CPU and the
+   expert stacks on meta (cheap_values.py), and found among the traced values;
 2. check that the slices are exactly the groups that routing defines (counts, or their running sum),
-   that every product runs the same row-wise chain and lands in its own rows of one output, and that
-   nothing else reads the loop's values;
+   that every product runs the same row-wise chain (which may multiply by the same expert's slice of
+   another stack: fc1, SwiGLU, fc2) and lands in its own rows of one output, and that nothing else reads
+   the loop's values;
 3. trace again with another routing: the same structure must come out (no branch on the values);
-4. rewrite: `torch._grouped_mm(x, w, offs=cumsum(counts))`, the chain once on its result.
+4. rewrite: `torch._grouped_mm(x, w, offs=cumsum(counts))`, the chain once on its result (a product in it
+   a second grouped GEMM on the same groups).
 
 The rewritten module is then exported like any other reference. What is not recognised is said in one line.
 """
@@ -18,7 +22,7 @@ The rewritten module is then exported like any other reference. What is not reco
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -27,6 +31,10 @@ from pipeline.tasks import valued_inputs
 
 class NotGrouped(Exception):
     """The forward is not a loop over experts we can rewrite; the message says why in one line."""
+
+
+class _NeedsValues(NotGrouped):
+    """Tracing with meta float inputs failed: the forward reads values computed from float data."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class Loop:
     x: Any  # the fx placeholder the rows come from
     w: Any  # the fx placeholder of the stacked weights (E, K, N) or (E, N, K)
     k_major: bool  # w[e] is (N, K), used transposed
-    counts: int  # the position of the integer input that defines the groups
+    counts: Any  # the position of the integer input that defines the groups, or the traced node computing it
     cumulative: bool  # counts holds running ends (offsets), not sizes
     leading_zero: bool  # offsets with a leading 0 (E + 1 entries)
     out: Any  # the output buffer the groups are written into
@@ -51,17 +59,45 @@ class Loop:
     written: Any  # the value the first group writes into its rows (its product, or the chain's last op)
     loop_nodes: set[Any]  # every node of the unrolled loop, dropped by the rewrite
     ragged_k: bool = False  # a weight gradient: out[e] = x[rows of e]^T @ w[rows of e], the groups along K
+    products: dict[Any, tuple[Any, bool]] = field(default_factory=dict)  # chain mm -> (its stack, K-major)
 
 
 def rewrite(module: ModuleType, model: Any) -> Any:
     """A module computing the same as `model` (on meta) with its expert loop as one grouped GEMM;
     raises NotGrouped."""
     inputs = valued_inputs(module)
-    loop, names = _recognise(model, inputs)
+    try:
+        loop, names = _recognise(model, inputs)
+    except _NeedsValues as e:
+        if not any(p.dim() == 3 for p in model.parameters()):  # no expert stack: not worth a CPU run
+            raise NotGrouped(str(e)) from None
+        return _rewrite_computed_routing(module, model, len(inputs), str(e))
     # the same structure under another routing: the loop does not branch on the values
     other = _other_routing(inputs[loop.counts], loop.cumulative, loop.leading_zero)
     _recognise(model, [other if i == loop.counts else x for i, x in enumerate(inputs)])
     return _rebuild(model, loop, names, len(inputs))
+
+
+def _rewrite_computed_routing(module: ModuleType, model: Any, n_inputs: int, why: str) -> Any:
+    """rewrite() for a routing computed in the forward (an MoE block): traced with real inputs on the CPU,
+    the expert stacks on meta; the same structure must come out of a second draw of the inputs."""
+    import torch
+
+    from pipeline import cheap_values
+
+    traces = []
+    with torch.random.fork_rng(devices=[]):
+        try:
+            with torch.device("cpu"):
+                init_args = list(module.get_init_inputs())
+            cheap = cheap_values.model(module, init_args)
+            for seed in (0, 1):
+                torch.manual_seed(seed)
+                traces.append(_recognise(cheap, cheap_values.inputs(module), computed=True))
+        except (ValueError, RuntimeError, NotImplementedError) as e:
+            raise NotGrouped(f"{why}; running it with real inputs on the CPU raised {_line(e)}") from None
+    loop, names = traces[0]
+    return _rebuild(model, loop, names, n_inputs)
 
 
 def _other_routing(v: Any, cumulative: bool, lead: bool) -> Any:
@@ -76,13 +112,18 @@ def _other_routing(v: Any, cumulative: bool, lead: bool) -> Any:
     return torch.cat([first, moved]) if lead else moved
 
 
-def _trace(model: Any, inputs: list) -> tuple[Any, dict[Any, tuple[str, Any]]]:
+def _trace(model: Any, inputs: list, computed: bool = False) -> tuple[Any, dict[Any, tuple[str, Any]]]:
     """The forward unrolled by make_fx, its integer inputs held as constants (their values drive the loop:
-    `int(counts[e])`, `.tolist()`). Each placeholder -> ("param", state key) or ("input", position)."""
+    `int(counts[e])`, `.tolist()`). Each placeholder -> ("param", state key) or ("input", position).
+    computed: the inputs are real and the model's expert stacks on meta (cheap_values.py)."""
+    import contextlib
+
     import torch
     import torch.utils._pytree as pytree
     from torch.func import functional_call
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from pipeline import cheap_values
 
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     traced = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and x.is_floating_point()]
@@ -94,14 +135,18 @@ def _trace(model: Any, inputs: list) -> tuple[Any, dict[Any, tuple[str, Any]]]:
         return functional_call(model, st, tuple(args))
 
     try:
-        with torch.no_grad():
+        with torch.no_grad(), cheap_values.mode() if computed else contextlib.nullcontext():
             gm = make_fx(forward, tracing_mode="real", _error_on_data_dependent_ops=False)(
                 state, *(inputs[i] for i in traced)
             )
     except Exception as e:
-        raise NotGrouped(
-            f"tracing the forward with real routing raised {type(e).__name__}: {_line(e)}"
-        ) from None
+        # values read from meta data (`.tolist()` of a routing computed from a float input): worth a trace
+        # with real inputs; any other failure is not
+        kind = _NeedsValues if not computed and "meta tensor" in str(e).lower() else NotGrouped
+        raise kind(f"tracing the forward with real routing raised {type(e).__name__}: {_line(e)}") from None
+    if computed:  # the routing is among the traced values: keep them for _routing
+        cheap_values.strip_meta_moves(gm)
+        gm.meta["values"] = cheap_values.values(gm, [*state.values(), *(inputs[i] for i in traced)])
     leaves, _ = pytree.tree_flatten((state, *(inputs[i] for i in traced)))
     keys = [("param", k) for k in state] + [("input", i) for i in traced]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -115,42 +160,47 @@ def _line(e: BaseException) -> str:
     return lines[0][:200] if lines else type(e).__name__
 
 
-def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any]]]:
+def _recognise(model: Any, inputs: list, computed: bool = False) -> tuple[Loop, dict[Any, tuple[str, Any]]]:
     import torch
 
     aten = torch.ops.aten
-    gm, names = _trace(model, inputs)
+    gm, names = _trace(model, inputs, computed)
     mms = [n for n in gm.graph.nodes if _is(n, aten.mm.default)]
     if len(mms) < 2:
         raise NotGrouped("the traced forward has no loop of matrix products over experts")
     if _is(mms[0].args[1], aten.slice.Tensor):  # both operands rows of a group: a weight gradient
         return _recognise_wgrad(mms, inputs, names), names
+    # the experts' products: a 3-D stack's slice w[e] on the right (a router's product is outside the loop)
+    products = [mm for mm in mms if _expert_weight(mm.args[1])]
+    if not products:
+        raise NotGrouped("no product takes one expert's slice w[e] of stacked weights")
     groups: list[Group] = []
     loop_nodes: set[Any] = set()
     operands = set()
-    for mm in mms:
+    chained: set[Any] = set()  # products inside an expert's chain (fc2 after fc1)
+    for mm in products:
+        if mm in chained:
+            continue
         a, b = mm.args
-        k_major = _transposed(b)
-        sel = b.args[0] if k_major else b
         rows = _rows(a)
         if rows is None:
             raise NotGrouped("a product's rows are not a slice of the tokens")
-        if not (_is(sel, aten.select.int) and sel.args[1] == 0):
-            raise NotGrouped("a product's weight is not one expert's slice w[e] of stacked weights")
-        groups.append(Group(mm, int(sel.args[2]), rows[1], rows[2]))
-        operands.add((rows[0], sel.args[0], k_major))
-        loop_nodes.update((mm, a, b, sel))
+        stack, expert, k_major = _expert_weight(b)  # type: ignore[misc]
+        groups.append(Group(mm, expert, rows[1], rows[2]))
+        operands.add((rows[0], stack, k_major))
+        loop_nodes.update((mm, a, b, b.args[0] if k_major else b))
+        chained.update(n for n in _chain(mm)[0] if _is(n, aten.mm.default))
     if len(operands) != 1:
         raise NotGrouped("the products do not all take rows of one tensor and one stack of weights")
     ((x, w, k_major),) = operands
-    if names.get(x, ("",))[0] != "input" or names.get(w, ("",))[0] != "param":
-        raise NotGrouped("the rows are not a forward input, or the weights not a parameter")
+    if names.get(w, ("",))[0] != "param" or names.get(x, ("",))[0] == "param":
+        raise NotGrouped("the rows are a parameter, or the weights not one")
     dtypes = {x.meta["val"].dtype, w.meta["val"].dtype}
     if dtypes != {torch.bfloat16}:
         raise NotGrouped(f"grouped GEMMs are written for bf16 operands (as torch._grouped_mm), not {dtypes}")
     if len({g.expert for g in groups}) != len(groups):
         raise NotGrouped("an expert's weight is used by two products")
-    counts, cumulative, lead = _routing(groups, inputs, w)
+    counts, cumulative, lead = _routing(groups, inputs, w, gm.meta.get("values", {}))
     chains = [_chain(g.mm) for g in groups]
     out = chains[0][1].args[0]
     first = _signature(chains[0][0], groups[0].mm)
@@ -161,13 +211,35 @@ def _recognise(model: Any, inputs: list) -> tuple[Loop, dict[Any, tuple[str, Any
             raise NotGrouped("an expert's result is not written into the rows it was computed from")
         if _signature(ops, g.mm) != first:
             raise NotGrouped("the experts' products are not followed by the same row-wise ops")
+        for n in ops:  # a product in the chain takes the same expert's slice of its stack
+            if _is(n, aten.mm.default):
+                stack, expert, km = _expert_weight(n.args[1])  # type: ignore[misc]
+                if expert != g.expert or stack.meta["val"].dtype != torch.bfloat16:
+                    raise NotGrouped("a product in an expert's chain takes another expert's bf16 weights")
+                loop_nodes.update((n.args[1], n.args[1].args[0] if km else n.args[1]))
         loop_nodes.update((*ops, dst, copy))
     if max(g.end for g in groups) != out.meta["val"].shape[0]:
         raise NotGrouped("the groups do not cover the output's rows")
     ops, _, copy = chains[0]
+    second = {n: _expert_weight(n.args[1])[::2] for n in ops if _is(n, aten.mm.default)}  # type: ignore[index]
     return Loop(
-        x, w, k_major, counts, cumulative, lead, out, groups[0].mm, ops, copy.args[1], loop_nodes
-    ), names
+        x, w, k_major, counts, cumulative, lead, out, groups[0].mm, ops, copy.args[1], loop_nodes,
+        products=second,
+    ), names  # fmt: skip
+
+
+def _expert_weight(b: Any) -> tuple[Any, int, bool] | None:
+    """(stack, e, K-major) when b is w[e] of a 3-D stack w, or its transpose; else None."""
+    import torch
+
+    k_major = _transposed(b)
+    sel = b.args[0] if k_major else b
+    if not (_is(sel, torch.ops.aten.select.int) and sel.args[1] == 0):
+        return None
+    stack = sel.args[0]
+    if getattr(stack.meta.get("val"), "ndim", 0) != 3:
+        return None
+    return stack, int(sel.args[2]), k_major
 
 
 def _transposed(n: Any) -> bool:
@@ -240,13 +312,16 @@ def _is(node: Any, target: Any) -> bool:
     return getattr(node, "op", "") == "call_function" and node.target == target
 
 
-def _routing(groups: list[Group], inputs: list, w: Any) -> tuple[int, bool, bool]:
-    """The integer input whose values are the groups: sizes (counts) or running ends (offsets)."""
+def _routing(
+    groups: list[Group], inputs: list, w: Any, computed: dict[Any, Any] | None = None
+) -> tuple[Any, bool, bool]:
+    """The integer input whose values are the groups: sizes (counts) or running ends (offsets); else the
+    traced node (of `computed`, node -> value) that computes them."""
     import torch
 
     experts = w.meta["val"].shape[0]
     seen = {g.expert: (g.start, g.end) for g in groups}
-    for pos, v in enumerate(inputs):
+    for pos, v in [*enumerate(inputs), *(computed or {}).items()]:
         if not isinstance(v, torch.Tensor) or v.is_floating_point() or v.dim() != 1:
             continue
         vals = [int(t) for t in v.tolist()]
@@ -258,7 +333,8 @@ def _routing(groups: list[Group], inputs: list, w: Any) -> tuple[int, bool, bool
             # every non-empty group has its product; an empty one may be skipped or computed on no rows
             if all(seen.get(e, (s, s)) == (s, t) and (t == s or e in seen) for e, (s, t) in enumerate(spans)):
                 return pos, cumulative, lead
-    raise NotGrouped("no integer input gives the products' row ranges as counts or offsets per expert")
+    where = "integer input or value computed in the forward" if computed else "integer input"
+    raise NotGrouped(f"no {where} gives the products' row ranges as counts or offsets per expert")
 
 
 def _chain(mm: Any) -> tuple[list[Any], Any, Any]:
@@ -304,7 +380,8 @@ def _row_wise(u: Any, src: Any) -> bool:
         return all(v.dim() < 2 or v.shape[0] in (1, rows) for v in others)
     if u.target in (aten.split.Tensor, aten.split_with_sizes.default, aten.chunk.default):
         return len(u.args) > 2 and u.args[2] in (-1, 1) and src.meta["val"].dim() == 2
-    return False
+    # a product with an expert's slice of a stack (fc2 after fc1's SwiGLU): row by row too
+    return u.target == aten.mm.default and u.args[0] is src and _expert_weight(u.args[1]) is not None
 
 
 def _name(n: Any) -> str:
@@ -318,6 +395,11 @@ def _signature(ops: list[Any], mm: Any) -> list[tuple]:
 
     def arg(a: Any) -> Any:
         if hasattr(a, "op"):
+            weight = _expert_weight(a)
+            if (
+                weight
+            ):  # an expert's slice of a stack: the stack and its orientation (the expert is checked apart)
+                return ("expert", id(weight[0]), weight[2])
             return ("chain", place[a]) if a in place else ("outside", id(a))
         if isinstance(a, list | tuple):
             return tuple(arg(x) for x in a)
@@ -329,8 +411,9 @@ def _signature(ops: list[Any], mm: Any) -> list[tuple]:
 
 
 def _rebuild(model: Any, loop: Loop, names: dict[Any, tuple[str, Any]], n_inputs: int) -> Any:
-    """A GraphModule over the model's own parameters: the loop replaced by torch._grouped_mm and its chain,
-    then whatever else the output needs (a value only the loop's bookkeeping read is left out)."""
+    """A GraphModule over the model's own parameters, in the traced order: the loop replaced by
+    torch._grouped_mm and its chain where its first product was, then whatever else the output needs (a
+    value only the loop's bookkeeping read is left out)."""
     import torch
     import torch.fx as fx
 
@@ -339,38 +422,64 @@ def _rebuild(model: Any, loop: Loop, names: dict[Any, tuple[str, Any]], n_inputs
     g = fx.Graph()
     args = [g.placeholder(f"input_{i}") for i in range(n_inputs)]
     env: dict[Any, Any] = {}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            kind, key = names[node]
-            env[node] = g.get_attr(key) if kind == "param" else args[key]
-    c = args[loop.counts]
-    if loop.cumulative:
-        offs = g.call_function(aten.slice.Tensor, (c, 0, 1)) if loop.leading_zero else c
-    else:
-        offs = g.call_function(aten.cumsum.default, (c, 0))
-    offs = g.call_function(aten._to_copy.default, (offs,), {"dtype": torch.int32})
-    w = g.call_function(aten.transpose.int, (env[loop.w], -2, -1)) if loop.k_major else env[loop.w]
-    # a weight gradient: x^T (H, tokens) times dy (tokens, I), the groups along the tokens (K)
-    x = g.call_function(aten.t.default, (env[loop.x],)) if loop.ragged_k else env[loop.x]
-    env[loop.mm] = g.call_function(aten._grouped_mm.default, (x, w, offs))
-    for n in loop.chain:
-        env[n] = g.node_copy(n, lambda a: env[a])
-    env[loop.out] = env[loop.written]
+
+    def grouped(a: Any, w: Any, k_major: bool) -> Any:
+        w = g.call_function(aten.transpose.int, (env[w], -2, -1)) if k_major else env[w]
+        return g.call_function(aten._grouped_mm.default, (a, w, offs))
 
     def value(a: Any) -> Any:
         if a not in env:
             raise NotGrouped(f"the output reads {_name(a)}, a value of one expert or of the routing")
         return env[a]
 
+    offs = None
     for node in gm.graph.nodes:
-        if node in env or node in loop.loop_nodes or node.op in ("placeholder", "get_attr"):
+        if node.op == "placeholder":
+            kind, key = names[node]
+            env[node] = g.get_attr(key) if kind == "param" else args[key]
+        elif node is loop.mm:
+            c = args[loop.counts] if isinstance(loop.counts, int) else env[loop.counts]
+            if loop.cumulative:
+                offs = g.call_function(aten.slice.Tensor, (c, 0, 1)) if loop.leading_zero else c
+            else:
+                offs = g.call_function(aten.cumsum.default, (c, 0))
+            offs = g.call_function(aten._to_copy.default, (offs,), {"dtype": torch.int32})
+            # a weight gradient: x^T (H, tokens) times dy (tokens, I), the groups along the tokens (K)
+            x = g.call_function(aten.t.default, (env[loop.x],)) if loop.ragged_k else env[loop.x]
+            env[loop.mm] = grouped(x, loop.w, loop.k_major)
+            for n in loop.chain:
+                if n in loop.products:  # fc2 after fc1: the same groups
+                    env[n] = grouped(env[n.args[0]], *loop.products[n])
+                else:
+                    env[n] = g.node_copy(n, lambda a: env[a])
+            env[loop.out] = env[loop.written]
+        elif node in env or node in loop.loop_nodes or node.op == "get_attr":
             continue
-        if node.op == "output":
+        elif node.op == "output":
             g.output(fx.node.map_arg(node.args[0], value))
         elif all(a in env for a in node.all_input_nodes):
-            env[node] = g.node_copy(node, lambda a: env[a])
+            env[node] = _static_bincount(g, node, env) or g.node_copy(node, lambda a: env[a])
     g.eliminate_dead_code()
     return fx.GraphModule(model, g)
+
+
+def _static_bincount(g: Any, node: Any, env: dict[Any, Any]) -> Any:
+    """bincount(v, minlength=E) as a scatter-add into E zeros, when the trace gave it E entries: export cannot
+    size a bincount (its length is the data's maximum), and tokens per expert of a top-k routing never need
+    more than E. None for any other node."""
+    import torch
+
+    aten = torch.ops.aten
+    if not _is(node, aten.bincount.default):
+        return None
+    weights = node.args[1] if len(node.args) > 1 else node.kwargs.get("weights")
+    minlength = node.args[2] if len(node.args) > 2 else node.kwargs.get("minlength", 0)
+    if weights is not None or int(node.meta["val"].shape[0]) != minlength:
+        return None
+    v = env[node.args[0]]
+    zeros = g.call_function(aten.new_zeros.default, (v, [minlength]), {"dtype": torch.int64})
+    ones = g.call_function(aten.ones_like.default, (v,), {"dtype": torch.int64})
+    return g.call_function(aten.scatter_add.default, (zeros, 0, v, ones))
 
 
 __all__ = ["NotGrouped", "rewrite"]
