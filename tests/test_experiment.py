@@ -110,9 +110,10 @@ def test_the_comparison_pairs_the_tasks_both_cells_verified(ran):
     assert [t["key"] for t in c["tasks"]] == keys and c["paired"] == 2
     assert [t["ratio"] for t in c["tasks"]] == pytest.approx(want, rel=1e-12)
     assert c["geomean_ratio"] == pytest.approx(math.exp(sum(map(math.log, want)) / 2), rel=1e-12)
-    # At this budget MCTS finds a faster softmax than greedy (recorded on the H200): two losses of 2%, and
-    # with two tasks the exact signed-rank p-value is 2/4 (both signs alike: 2 of the 4 patterns).
-    assert all(w > 1 + ex.TIE for w in want) and (c["wins"], c["losses"], c["ties"]) == (0, 2, 0)
+    # At this budget greedy and MCTS reach softmax kernels 0.4% apart (recorded on the H200): closer than
+    # the 1% timing noise, so two ties, not losses; the signed-rank test still sees the sign of the
+    # differences: with two tasks its exact p-value is 2/4 (both signs alike: 2 of the 4 patterns).
+    assert all(1 < w < 1 + ex.TIE for w in want) and (c["wins"], c["losses"], c["ties"]) == (0, 0, 2)
     assert c["p_value"] == pytest.approx(wilcoxon(np.log(want)).pvalue) == 0.5
     assert c["test"].startswith("wilcoxon") and c["ci"] == pytest.approx([c["geomean_ratio"]] * 2)
     cells = data["cells"]

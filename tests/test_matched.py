@@ -178,9 +178,9 @@ def _with_energy(tmp: Path, joules: dict[str, float], spread: float = 0.004) -> 
     return out
 
 
-FASTEST = "f5f7735aa19fc2ca"  # 0.1332 ms
-NEAR = "514bce028ef0c3ad"  # 0.1359 ms: 2.04% slower than the fastest
-SLOW = "46b218c70bc3b50e"  # 0.2742 ms, slower than eager
+FASTEST = "fab779a40ad83441"  # 0.1338 ms (threads=128)
+NEAR = "365ebfc76389cfd0"  # 0.1344 ms (the tuned plan): 0.44% slower than the fastest
+SLOW = "086435ec3d7ad75e"  # 0.2741 ms (the plain plan), slower than eager
 
 
 def _run(tmp: Path, recordings: list[Path], **kw):
@@ -196,21 +196,19 @@ def test_replayed_run_under_energy_chooses_at_matched_speed(tmp_path):
     r, state = _run(tmp_path / "a", recs, objective="energy")
     nodes = {n.key: n for n in state.nodes.values() if n.evaluation and n.time_ms}
     assert {FASTEST, NEAR, SLOW} <= set(nodes), sorted(nodes)
-    # Default 2%: the near candidate is just out of bound, the slow one far out: the fastest is chosen.
-    assert r.best_key == FASTEST and state.end is not None and state.end.best_node == nodes[FASTEST].id
+    # Default 2%: the near candidate is at speed and 10% lower: chosen; the slow one is far out of bound.
+    assert r.best_key == NEAR and state.end is not None and state.end.best_node == nodes[NEAR].id
     # The slow one got no energy credit: its reward is what its speed earns (it is slower than eager).
     slow = nodes[SLOW]
     m = slow.evaluation.measurement if slow.evaluation else None
     assert m is not None and slow.reward is not None and slow.reward < 0.5
     assert slow.reward == reward(Status.OK, slow.time_ms, m.baselines["eager"].median_ms, "time")
     assert slow.reward < reward(Status.OK, 0.03, state.baselines.energy_eager_j, "energy")  # type: ignore[union-attr]
-    # 3%: the near candidate is at speed and 10% lower: chosen.
-    r3, _ = _run(tmp_path / "b", recs, objective="energy", speed_tolerance=0.03)
-    assert r3.best_key == NEAR
+    # 0.2%: the near candidate is just out of bound: the fastest is chosen.
+    r3, _ = _run(tmp_path / "b", recs, objective="energy", speed_tolerance=0.002)
+    assert r3.best_key == FASTEST
     # Only 1% lower: within noise, and the fastest wins the tie.
-    r4, _ = _run(
-        tmp_path / "c", _with_energy(tmp_path / "x", {NEAR: 0.0924}), objective="energy", speed_tolerance=0.03
-    )
+    r4, _ = _run(tmp_path / "c", _with_energy(tmp_path / "x", {NEAR: 0.0928}), objective="energy")
     assert r4.best_key == FASTEST
     # Under time the rule changes nothing: the recorded winner.
     rt, _ = _run(tmp_path / "d", recs, objective="time")
@@ -246,9 +244,10 @@ ENERGY_RUN = ROOT / "tests" / "fixtures" / "energy" / "elementwise_chain" / "log
 
 
 def test_a_real_energy_run_replays_to_its_recorded_choice_and_front(tmp_path):
-    """The recording: `bench tasks --evals 8` under objective energy. The power edits (a persistent grid on
-    75% or 50% of the SMs) were made first, measured 10-13% slower and no more frugal (the H200 stays near
-    700 W), so the fastest candidate is also the lowest in energy: chosen, and the whole front."""
+    """The recording: `bench_optimize.py --tasks elementwise_chain --evals 8` under objective energy. The power
+    edits (a persistent grid on 75% or 50% of the SMs) were made first, measured 10-29% slower and no more
+    frugal (the H200 stays near 700 W), so the front is the fastest plans (within 0.4% of one another and
+    5% in energy, spreads of about 1%) and the choice among them is the recorded one."""
     recorded = fold(read_events(ENERGY_RUN))
     assert recorded.end is not None and recorded.end.best_key
     cfg = config.load(runs_dir=tmp_path / "runs", home=tmp_path / "home", memory=False, policy="expert",
@@ -258,9 +257,12 @@ def test_a_real_energy_run_replays_to_its_recorded_choice_and_front(tmp_path):
     assert [n.key for n in state.nodes.values()] == [n.key for n in recorded.nodes.values()]
     assert r.best_key == recorded.end.best_key
     front = pareto_front(_all(state))
-    assert [state.nodes[c.node].key for c in front] == [recorded.end.best_key]
+    on_front = {state.nodes[c.node].key for c in front}
+    assert recorded.end.best_key in on_front and len(on_front) < len(_all(state))
+    fastest = min(c.time_ms for c in front)
+    assert all(c.time_ms < 1.005 * fastest for c in front)
     power = [n for n in state.nodes.values() if n.edit and "lower_power" in n.edit]
-    assert len(power) == 2 and all(n.time_ms > 1.02 * state.nodes[front[0].node].time_ms for n in power)
+    assert len(power) == 2 and all(n.time_ms > 1.02 * fastest and n.key not in on_front for n in power)
 
 
 def _all(state) -> list[Candidate]:

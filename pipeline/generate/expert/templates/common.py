@@ -45,9 +45,22 @@ __device__ __forceinline__ Vec<T, V> vload(const T* p) {
     KP_CHECK_ALIGN(p, sizeof(T) * V);
     return *reinterpret_cast<const Vec<T, V>*>(p);
 }
+// One 16- or 8-byte store per vector, in PTX: as a struct copy NVVM splits it into 4-, 4- and 8-byte stores
+// (it trusts alignas for loads, not for stores), issued apart in time and leaving partial sectors in L2.
 template <typename T, int V>
 __device__ __forceinline__ void vstore(T* p, const Vec<T, V>& v) {
     KP_CHECK_ALIGN(p, sizeof(T) * V);
+#ifndef KP_EMULATED
+    if constexpr (sizeof(T) * V == 16) {
+        const int4 b = *reinterpret_cast<const int4*>(&v);
+        asm("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(b.x), "r"(b.y), "r"(b.z), "r"(b.w) : "memory");
+        return;
+    } else if constexpr (sizeof(T) * V == 8) {
+        const int2 b = *reinterpret_cast<const int2*>(&v);
+        asm("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(b.x), "r"(b.y) : "memory");
+        return;
+    }
+#endif
     *reinterpret_cast<Vec<T, V>*>(p) = v;
 }
 
