@@ -241,9 +241,12 @@ class _Run:
             if p.usage.calls or p.usage.tokens:
                 self._append(ev.Llm(p.usage, p.status.value))
 
-    def _fresh(self, proposals: list[Proposal]) -> tuple[list[Proposal], list[str]]:
+    def _fresh(self, proposals: list[Proposal], limit: int | None = None) -> tuple[list[Proposal], list[str]]:
+        """The proposals that are new candidates, the first `limit` of them; why the others were not."""
         fresh, reasons, batch = [], [], set()
         for p in proposals:
+            if limit is not None and len(fresh) >= limit:
+                break
             if p.status != ProposalStatus.OK or p.candidate is None:
                 reasons.append(f"{p.status.value}: {p.reason}")
                 self._append(ev.ProposalFailed(p.status, p.reason))
@@ -439,9 +442,12 @@ class _Run:
                 self._close(nid, "no room")
                 continue
             self._tell(f"{self.policy_name} policy: proposing {room} from node {nid}")
-            proposals = self.policy.propose(self._context(nid), room)
+            # The expert's moves cost nothing to render: all of them, in the advice's order, and the first
+            # `room` not already in the tree (its top moves may repeat a sibling's while later ones are new)
+            expert = self.policy_name == "expert"
+            proposals = self.policy.propose(self._context(nid), EVERY_MOVE if expert else room)
             self._usage(proposals)
-            fresh, reasons = self._fresh(proposals)
+            fresh, reasons = self._fresh(proposals, room)
             if not fresh:
                 statuses = {p.status for p in proposals}
                 if statuses == {ProposalStatus.BUDGET}:
@@ -455,7 +461,9 @@ class _Run:
                             f"the LLM endpoint {endpoint_url(self.cfg)} keeps refusing: {reasons[0]}"
                         )
                     continue
-                self._close(nid, "; ".join(dict.fromkeys(reasons)) or "no proposals")
+                why = list(dict.fromkeys(reasons))  # the expert's every move: say the first few
+                more = f"; and {len(why) - 3} more" if len(why) > 3 else ""
+                self._close(nid, "; ".join(why[:3]) + more or "no proposals")
                 continue
             self.refusals = 0
             self._evaluate(self._add(nid, fresh))

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -285,3 +286,16 @@ def test_a_node_with_nothing_new_to_offer_is_closed_before_its_profile(tmp_path)
     profiled = {e.data["node"] for e in events if e.type == "profile"}
     assert spared and not set(spared) & profiled
     assert sum(e.type == "result" for e in events) == 30 and len(profiled) == 9
+
+
+def test_a_node_whose_first_moves_repeat_a_siblings_gets_its_later_new_ones(tmp_path):
+    """The expert's moves are all rendered and the first new ones taken: a node whose top moves (in the
+    advice's order) give candidates already in the tree is not closed while later moves are new. On this
+    recording node 9 (regs=0) first offers node 3's plan again; it used to be closed without a child."""
+    a = run(tmp_path, evals=30)
+    events = read_events(a.folder / "log.jsonl")
+    kids = Counter(parent for _, parent, *_ in tree(a.folder))
+    closed = {e.data["node"]: e.data["reason"] for e in events if e.type == "closed"}
+    assert kids[9] == 2, closed.get(9)
+    # a node closed for repeats has been expanded before: its repeats never cost it a new move
+    assert all(kids[n] for n, why in closed.items() if why.startswith("duplicate")), closed
