@@ -433,11 +433,14 @@ def _rebuild(model: Any, loop: Loop, names: dict[Any, tuple[str, Any]], n_inputs
         return env[a]
 
     offs = None
+    hoisted = _independent_after(gm, loop)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             kind, key = names[node]
             env[node] = g.get_attr(key) if kind == "param" else args[key]
         elif node is loop.mm:
+            for n in hoisted:  # values the loop does not feed, needed after it: ready for its epilogue
+                env[n] = g.node_copy(n, lambda a: env[a])
             c = args[loop.counts] if isinstance(loop.counts, int) else env[loop.counts]
             if loop.cumulative:
                 offs = g.call_function(aten.slice.Tensor, (c, 0, 1)) if loop.leading_zero else c
@@ -461,6 +464,27 @@ def _rebuild(model: Any, loop: Loop, names: dict[Any, tuple[str, Any]], n_inputs
             env[node] = _static_bincount(g, node, env) or g.node_copy(node, lambda a: env[a])
     g.eliminate_dead_code()
     return fx.GraphModule(model, g)
+
+
+def _independent_after(gm: Any, loop: Loop) -> list[Any]:
+    """The pure nodes after the loop that do not read its results, up to the first op that writes in place:
+    computed before the grouped GEMM instead, so an elementwise op that combines the two (the top-k weights
+    times fc2's rows) finds its other operand ready and can run on the GEMM's stores."""
+    after, out, ready = False, [], set()  # ready: what the rebuilt graph has before the loop (as _rebuild)
+    for node in gm.graph.nodes:
+        if node is loop.mm:
+            after = True
+        if node.op == "placeholder":
+            ready.add(node)
+        if node in loop.loop_nodes or node is loop.out or node.op != "call_function":
+            continue
+        if after and getattr(getattr(node.target, "_schema", None), "is_mutable", False):
+            break
+        if all(a in ready for a in node.all_input_nodes):
+            ready.add(node)
+            if after:
+                out.append(node)
+    return out
 
 
 def _static_bincount(g: Any, node: Any, env: dict[Any, Any]) -> Any:

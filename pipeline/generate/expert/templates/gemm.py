@@ -264,14 +264,18 @@ def _smem_b(f: Form, b: dict[str, atoms.Atom]) -> str:
     )
 
 
-MUFU = r"""__device__ __forceinline__ float kp_tanh_mufu(float x) {
+# Guarded: each fused epilogue that uses it emits it, and one source may hold several GEMMs' (an MoE block's).
+MUFU = r"""#ifndef KP_MUFU_DEFINED
+#define KP_MUFU_DEFINED
+__device__ __forceinline__ float kp_tanh_mufu(float x) {
     float y;
     asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 __device__ __forceinline__ float kp_gelu_tanh_mufu(float x) {
     return 0.5f * x * (1.0f + kp_tanh_mufu(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}"""
+}
+#endif"""
 _LOAD_B = {
     "K": "                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);",
     "MN": "                for (int i = 0; i < BN / 64; ++i)\n"
