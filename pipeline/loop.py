@@ -262,18 +262,18 @@ class _Run:
         self.search.close(nid, reason)
         self._append(ev.Closed(nid, reason))
 
-    def _exhausted(self, nid: int) -> bool:
-        """Whether the expert has nothing new to offer from this node, whatever its profile would say. The
-        advice only orders the expert's vocabulary (edits.legal_edits makes the same edits either way), so a
-        node whose every edit renders a candidate already in the tree is closed before the Nsight Compute
-        run (~10 s on the H200) that would have preceded finding that out."""
+    def _new_moves(self, nid: int) -> int | None:
+        """How many candidates not yet in the tree the expert can make of this node, whatever its profile
+        would say; None where that is not known before the profile (another policy, a profiled node). The
+        advice only orders the expert's vocabulary (edits.legal_edits makes the same edits either way), so
+        this is known before the Nsight Compute run (~10 s on the H200)."""
         node = self.nodes[nid]
         if self.policy_name != "expert" or nid == ROOT or node.profile is not None or node.candidate is None:
-            return False
+            return None
         proposals = self.policy.propose(self._context(nid), EVERY_MOVE)
-        new = [p for p in proposals if p.status != ProposalStatus.NO_MOVE]
-        return all(
-            p.status == ProposalStatus.OK and p.candidate and p.candidate.key in self.keys for p in new
+        return len(
+            {p.candidate.key for p in proposals if p.candidate and p.status == ProposalStatus.OK}
+            - set(self.keys)
         )
 
     def _profile(self, nid: int) -> None:
@@ -429,10 +429,10 @@ class _Run:
             if nid is None:
                 return "the search has nothing left to expand"
             self._append(ev.Iteration(self.state.iteration + 1, nid))
-            if self._exhausted(nid):
+            new = self._new_moves(nid)
+            if new == 0:  # closed before the profile that would have preceded finding that out
                 self._close(nid, "every edit the expert can make of it gives a candidate already tried")
                 continue
-            self._profile(nid)
             room = min(
                 self.search.room(nid),
                 self.cfg.children_per_expand,
@@ -441,6 +441,12 @@ class _Run:
             if room <= 0:
                 self._close(nid, "no room")
                 continue
+            if new is not None and new <= room and self.hunter is None and self.memory is None:
+                # every new move fits this expansion: the advice could only order them (and, with a source
+                # index or a memory, pick blocks or lessons: then the profile is taken)
+                self._tell(f"no profile of node {nid}: all {new} of its new moves fit this expansion")
+            else:
+                self._profile(nid)
             self._tell(f"{self.policy_name} policy: proposing {room} from node {nid}")
             # The expert's moves cost nothing to render: all of them, in the advice's order, and the first
             # `room` not already in the tree (its top moves may repeat a sibling's while later ones are new)
