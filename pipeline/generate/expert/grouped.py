@@ -471,12 +471,15 @@ def _independent_after(gm: Any, loop: Loop) -> list[Any]:
     computed before the grouped GEMM instead, so an elementwise op that combines the two (the top-k weights
     times fc2's rows) finds its other operand ready and can run on the GEMM's stores."""
     after, out, ready = False, [], set()  # ready: what the rebuilt graph has before the loop (as _rebuild)
+    written = {loop.out}  # the loop's output buffer and any view of it: read only after the loop
     for node in gm.graph.nodes:
         if node is loop.mm:
             after = True
         if node.op == "placeholder":
             ready.add(node)
-        if node in loop.loop_nodes or node is loop.out or node.op != "call_function":
+        if any(a in written for a in node.all_input_nodes):
+            written.add(node)
+        if node in loop.loop_nodes or node in written or node.op != "call_function":
             continue
         if after and getattr(getattr(node.target, "_schema", None), "is_mutable", False):
             break
