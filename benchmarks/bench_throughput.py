@@ -44,7 +44,13 @@ def throughput(result: bench.BenchResult) -> dict:
     counted, seconds, stages = 0, 0.0, dict.fromkeys((*bench.STAGE_OF.values(), "other"), 0.0)
     worker: dict[str, float] = {}  # the worker's phases, summed over the evaluations (Measurement.seconds)
     profiling: dict[str, float] = {}  # the profiles' parts, summed (Profile.seconds: sass, system, ncu)
+    timing: dict[str, float] = {}  # the timing loops' parts (Timing.seconds: inputs, flush, calls, checks)
     per_task = {}
+
+    def add(into: dict[str, float], parts: dict[str, float]) -> None:
+        for k, v in parts.items():
+            into[k] = into.get(k, 0.0) + v
+
     for row in result.rows:
         if not row.get("run_id"):
             continue
@@ -53,10 +59,9 @@ def throughput(result: bench.BenchResult) -> dict:
         n = sum(1 for p in state.points if p.time_ms)
         for node in state.nodes.values():
             m = node.evaluation.measurement if node.evaluation else None
-            for k, v in (m.seconds if m else {}).items():
-                worker[k] = worker.get(k, 0.0) + v
-            for k, v in (node.profile.seconds if node.profile else {}).items():
-                profiling[k] = profiling.get(k, 0.0) + v
+            add(worker, m.seconds if m else {})
+            add(timing, m.timing.seconds if m and m.timing else {})
+            add(profiling, node.profile.seconds if node.profile else {})
         wall = events[-1].t - events[0].t
         counted, seconds = counted + n, seconds + wall
         for k, v in bench.seconds_by_stage(events).items():
@@ -69,6 +74,7 @@ def throughput(result: bench.BenchResult) -> dict:
         "seconds_by_stage": {k: round(v, 1) for k, v in stages.items()},
         "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())},
         "profile_seconds": {k: round(v, 1) for k, v in sorted(profiling.items())},
+        "timing_seconds": {k: round(v, 1) for k, v in sorted(timing.items())},
         "per_task": per_task,
     }
 

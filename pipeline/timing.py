@@ -10,6 +10,7 @@ host time only.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -66,12 +67,17 @@ def time_cuda(
     pick = random.Random()  # seeded from the OS: nothing the candidate can predict
     checked = 0
     call = 0
+    parts = dict.fromkeys(("inputs", "flush", "calls", "checks"), 0.0)  # host seconds, for the throughput
 
     def run(timed: Callable[[], object] | None = None) -> tuple[float, float, float]:
         nonlocal call, checked
+        t0 = time.perf_counter()
         inputs = inputs_for(call)
         call += 1
+        t1 = time.perf_counter()
         flusher()
+        parts["inputs"] += t1 - t0
+        parts["flush"] += time.perf_counter() - t1
         if timed is not None:
             timed()
         else:
@@ -85,10 +91,13 @@ def time_cuda(
         end.record()
         launched = time.perf_counter() - h0
         torch.cuda.synchronize()  # device-wide: waits for work on every stream, which the events do not
-        host = (time.perf_counter() - h0) * 1e3
+        t2 = time.perf_counter()
+        host = (t2 - h0) * 1e3
+        parts["calls"] += t2 - h0
         if check is not None and (checked < MIN_CHECKS or pick.random() < check_fraction):
             check(inputs, out)
             checked += 1
+            parts["checks"] += time.perf_counter() - t2
         return start.elapsed_time(end), host, launched
 
     with torch.no_grad():
@@ -115,7 +124,8 @@ def time_cuda(
         cycles = int(cover * _MAX_CLOCK_HZ)
         n = int(max(10, min(trials, budget_s / (statistics.median(host_ms) * 1e-3 + cover + 1e-4))))
         event_ms = [run(lambda: torch.cuda._sleep(cycles))[0] for _ in range(n)]
-    return summarize(event_ms, host_ms, synced_ms, checked=checked if check is not None else 0)
+    t = summarize(event_ms, host_ms, synced_ms, checked=checked if check is not None else 0)
+    return dataclasses.replace(t, seconds={k: round(v, 4) for k, v in parts.items()})
 
 
 MIN_CHECKS = 5  # the synchronised calls are always checked, whatever the sampled fraction

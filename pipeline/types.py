@@ -129,6 +129,9 @@ class Timing:
     synced_median_ms: float | None = None  # events around that same synchronised call
     checked_calls: int = 0  # calls whose outputs were compared with the reference on the same inputs
     fresh_inputs: bool = False  # every call on inputs new to it (older records: rotated input sets)
+    # host seconds of the timing loop by part: drawing inputs, flushing L2, the calls (launch and wait),
+    # checking outputs against eager (older records: none)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def spread(self) -> float:

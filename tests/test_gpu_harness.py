@@ -175,3 +175,5 @@ def test_a_7_5_gb_input_verifies_within_memory(pool, home):
     assert r.verdict.kind == Kind.HYBRID
     assert r.measurement is not None and r.measurement.timing.checked_calls >= 5
     assert r.measurement.timing.fresh_inputs
+    parts = r.measurement.timing.seconds  # where the timing loop's host time went
+    assert set(parts) == {"inputs", "flush", "calls", "checks"} and parts["checks"] > 0 and parts["calls"] > 0
