@@ -47,7 +47,7 @@ class Group:
 
 @dataclass(frozen=True)
 class Loop:
-    x: Any  # the fx placeholder the rows come from
+    x: Any  # the fx node the rows come from (an input, or tokens gathered in the forward)
     w: Any  # the fx placeholder of the stacked weights (E, K, N) or (E, N, K)
     k_major: bool  # w[e] is (N, K), used transposed
     counts: Any  # the position of the integer input that defines the groups, or the traced node computing it
@@ -63,22 +63,22 @@ class Loop:
 
 
 def rewrite(module: ModuleType, model: Any) -> Any:
-    """A module computing the same as `model` (on meta) with its expert loop as one grouped GEMM;
-    raises NotGrouped."""
+    """A module computing the same as `model` (on meta) with its expert loop as grouped GEMMs (one per
+    product in an expert's chain); raises NotGrouped."""
     inputs = valued_inputs(module)
     try:
         loop, names = _recognise(model, inputs)
     except _NeedsValues as e:
         if not any(p.dim() == 3 for p in model.parameters()):  # no expert stack: not worth a CPU run
             raise NotGrouped(str(e)) from None
-        return _rewrite_computed_routing(module, model, len(inputs), str(e))
+        return _rewrite_computed_routing(module, model, len(inputs))
     # the same structure under another routing: the loop does not branch on the values
     other = _other_routing(inputs[loop.counts], loop.cumulative, loop.leading_zero)
     _recognise(model, [other if i == loop.counts else x for i, x in enumerate(inputs)])
     return _rebuild(model, loop, names, len(inputs))
 
 
-def _rewrite_computed_routing(module: ModuleType, model: Any, n_inputs: int, why: str) -> Any:
+def _rewrite_computed_routing(module: ModuleType, model: Any, n_inputs: int) -> Any:
     """rewrite() for a routing computed in the forward (an MoE block): traced with real inputs on the CPU,
     the expert stacks on meta; the same structure must come out of a second draw of the inputs."""
     import torch
@@ -95,7 +95,7 @@ def _rewrite_computed_routing(module: ModuleType, model: Any, n_inputs: int, why
                 torch.manual_seed(seed)
                 traces.append(_recognise(cheap, cheap_values.inputs(module), computed=True))
         except (ValueError, RuntimeError, NotImplementedError) as e:
-            raise NotGrouped(f"{why}; running it with real inputs on the CPU raised {_line(e)}") from None
+            raise NotGrouped(f"running it with real inputs on the CPU raised {_line(e)}") from None
     loop, names = traces[0]
     return _rebuild(model, loop, names, n_inputs)
 
