@@ -471,7 +471,10 @@ def test_ctrl_c_names_the_run_and_the_command_that_resumes_it(tmp_path):
         runs = tmp_path / f"runs{attempt}"
         args = [sys.executable, "-m", "pipeline.cli", "optimize", "--task", str(SOFTMAX), "--policy", "expert",
                 "--no-memory", "--runs-dir", str(runs), "--home", str(tmp_path / "h"), "--max-evals", "40", *REPLAY]  # fmt: skip
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # As from a terminal: a test run started in the background (a CI shell's `&`) passes SIGINT on ignored,
+        # and Python then leaves it ignored
+        proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             logs = list(runs.glob("*/log.jsonl"))
