@@ -325,3 +325,22 @@ def test_trim_log_caps_length_and_shortens_cutlass_paths() -> None:
 
 def test_trim_log_keeps_unrecognised_failure_output() -> None:
     assert trim_log("ptxas info    : 0 bytes gmem\nsomething odd happened\n") == "something odd happened"
+
+
+@needs_nvcc
+def test_the_one_pass_comparison_kernel_compiles_for_sm_90a_for_every_dtype_pair(cfg):
+    """pipeline/fused_stats.py's kernel (built by NVRTC in the worker) through real nvcc: every pair of
+    output and reference dtypes it takes, without spills (its figures against the torch form: the GPU test)."""
+    import torch
+
+    from pipeline import fused_stats
+
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    pairs = [(o, r) for o in dtypes for r in dtypes]
+    cands = [Candidate(key=f"stats-{o}-{r}", task_id="t", source=fused_stats.source(o, r), launcher="")
+             for o, r in pairs]  # fmt: skip
+    builds = compile_candidates(cands, cfg)
+    for (o, r), b in zip(pairs, builds, strict=True):
+        assert b.status == Status.OK, (o, r, b.log)
+        (k,) = b.resources
+        assert k.name == "kp_stats" and k.spill_stores == 0, (o, r, k)

@@ -177,3 +177,34 @@ def test_a_7_5_gb_input_verifies_within_memory(pool, home):
     assert r.measurement.timing.fresh_inputs
     parts = r.measurement.timing.seconds  # where the timing loop's host time went
     assert set(parts) == {"inputs", "flush", "calls", "checks"} and parts["checks"] > 0 and parts["calls"] > 0
+
+
+@pytest.mark.parametrize("o_dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_the_one_pass_comparison_gives_the_torch_forms_figures(o_dtype):
+    """The timed calls' checks compare through one kernel (pipeline/fused_stats.py): its 13 figures against
+    the torch form's (the CPU path) on outputs with NaN, infinities and errors, against a reference of the
+    same dtype and of float64; counts and maxima equal, sums to float64 rounding."""
+    torch = _torch
+    from pipeline import fused_stats, tolerance
+
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    n = 3 * 2**20 + 5  # not a multiple of the block's 256 threads
+    ref64 = torch.randn(n, generator=gen, dtype=torch.float64) * 3
+    dtype = getattr(torch, o_dtype)
+    out = (ref64 + 1e-3 * torch.randn(n, generator=gen, dtype=torch.float64)).to(dtype)
+    out[::9973] = float("nan")
+    out[5::10007] = float("inf")
+    ref64[7::20011] = float("-inf")
+    out[7::40022] = float("-inf")  # half of the reference's infinities matched
+    for ref in (ref64, ref64.to(dtype)):
+        want, got = tolerance.OutputStats(), tolerance.OutputStats()
+        want.add(out, ref, 1e-4, 1e-3)  # on the CPU: the torch form
+        got.add(out.cuda(), ref.cuda(), 1e-4, 1e-3)
+        assert fused_stats.figures(out.cuda(), ref.cuda(), 1e-4, 1e-3) is not None, "the kernel was not used"
+        w, g = want._settle(), got._settle()
+        for key in w:
+            if key in ("diff_sq", "ref_sq", "out_sum", "out_sq", "ref_sum"):
+                assert g[key] == pytest.approx(w[key], rel=1e-12, abs=1e-9), key
+            else:
+                assert g[key] == w[key], key
+        assert w["unwritten"] > 0 and w["bad_special"] > 0 and w["over_base"] > 0
