@@ -121,6 +121,14 @@ def _kernel(o_dtype: torch.dtype, r_dtype: torch.dtype):
         return None
 
 
+def warm() -> None:
+    """Build the kernels for the pairs the harness compares (an output against eager's, of its own dtype, and
+    against the float64 reference) before the worker's sandbox closes: NVRTC is loaded now, not later."""
+    for d in _LOAD:
+        _kernel(d, d)
+        _kernel(d, torch.float64)
+
+
 def figures(o: torch.Tensor, r: torch.Tensor, atol: float, rtol: float) -> torch.Tensor | None:
     """The 13 figures (float64, on the device) of `o` against `r`, or None where the torch form must do."""
     if not usable(o, r):

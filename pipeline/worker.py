@@ -443,6 +443,9 @@ def _warm_up(device: str) -> None:
 
         cupy.cuda.runtime.getDeviceCount()
         cupy.cuda.Device(torch.cuda.current_device()).use()
+        from pipeline import fused_stats
+
+        fused_stats.warm()
     with contextlib.suppress(Exception):
         import pynvml
 
