@@ -1007,3 +1007,41 @@ def test_the_power_edit_is_made_under_an_energy_objective_only_and_keeps_the_res
     torch.manual_seed(3)
     shape = {"layernorm": (5, 8192)}.get(name, (37, 777))
     _emulate(path, [k.candidate for k in power], 1e-5, inputs=[torch.randn(*shape)], sms=8)
+
+
+@needs_gxx
+def test_rms_norm_written_by_hand_is_one_norm_reading_each_row_once(tmp_path):
+    """Llama's RMSNorm, `x * rsqrt(mean(x^2, -1, keepdim) + eps) * w`, and its variants (x / sqrt, x * x,
+    two trailing dims, the rsqrt first) become one rms_norm with the weight on its stores: the row is read
+    once. Emulated against float64 PyTorch. Not trailing, no keepdim, or another tensor squared: unchanged."""
+    forms = {
+        "rms_llama": ("x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w", "(3, 40)"),
+        "rms_div": ("x / torch.sqrt(torch.mean(x * x, dim=(-2, -1), keepdim=True) + 1e-5)", "(3, 5, 8)"),
+        "rms_first": ("torch.rsqrt(1e-6 + (x ** 2).mean(-1, keepdim=True)) * x", "(3, 40)"),
+    }
+    for name, (expr, shape) in forms.items():
+        body = f"""
+            class Model(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.w = nn.Parameter(torch.randn(40))
+
+                def forward(self, x):
+                    return {expr}
+        """
+        path = task_file(tmp_path, name, body, f"[torch.randn{shape}]")
+        low = prepare(capture(path))
+        norms = [n for n in low.nodes if n.op == "rms_norm"]
+        assert len(norms) == 1 and not any(n.op in ("mean", "pow", "rsqrt", "sqrt") for n in low.nodes), name
+        assert [r.kind for r in low.regions if r.kind is not RegionKind.EW] == [RegionKind.NORM], name
+        tuned = base_plan(low, True)
+        assert len(tuned.regions) - len(tuned.fused()) == 1, (name, tuned)  # the weight rides on the norm
+        _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
+    for name, expr in (
+        ("rms_dim0", "x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)"),
+        ("rms_nokeep", "x * torch.rsqrt(x.pow(2).mean(-1) + 1e-6)[:, None]"),
+        ("rms_other", "x * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)"),
+    ):
+        body = f"class Model(nn.Module):\n    def forward(self, x, y):\n        return {expr}"
+        low = prepare(capture(task_file(tmp_path, name, body, "[torch.randn(3, 40), torch.randn(3, 40)]")))
+        assert not any(n.op == "rms_norm" for n in low.nodes), name

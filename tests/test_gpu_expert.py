@@ -128,6 +128,17 @@ FAMILIES = {
         """,
         "[4097]",
     ),
+    "rms_by_hand": (  # Llama's RMSNorm as written by hand: one rms_norm, the weight on its stores
+        """
+        class Model(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.w = nn.Parameter(torch.ones(width))
+            def forward(self, x):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+        """,
+        "[4097]",
+    ),
     "layer_norm_few_rows": (  # 2 rows of a million: each split across blocks (templates/rowwise.py)
         """
         class Model(nn.Module):
@@ -500,6 +511,7 @@ SHAPES = {
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
     "layer_rms": ["(1001, 4097)", "(2, 3, 4097)"],
     "layer_rms_4k": ["(1001, 4096)"],
+    "rms_by_hand": ["(1001, 4097)", "(2, 3, 4097)"],
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
     "scan": ["(129, 10007)", "(4, 1003, 65)"],
     "folded_scans": ["(129, 10007)", "(4, 1003, 65)"],

@@ -377,8 +377,54 @@ def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return None
 
 
+def _rms_norm_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """`x * rsqrt(mean(x^2, trailing dims, keepdim) + eps)`, or `x / sqrt(...)`, as models write RMSNorm by
+    hand (Llama's): one rms_norm over those dims, so the norm family reads each row once, where a reduction
+    and then an element-wise pass read it twice. A weight multiplied after it stays an element-wise
+    neighbour the norm takes on its stores. The square may be pow(x, 2), x * x or square(x); all of one
+    float dtype. The reduction's own nodes fall to dead code when nothing else reads them."""
+    if n.op not in ("mul", "div") or len(n.args) != 2 or n.kwargs or n.shape is None:
+        return None
+    pairs = ((n.args[0], n.args[1]), (n.args[1], n.args[0])) if n.op == "mul" else ((n.args[0], n.args[1]),)
+    for x, s in pairs:
+        xs, root = (by_name.get(v.name) if isinstance(v, Ref) else None for v in (x, s))
+        if xs is None or root is None or xs.shape != n.shape or not xs.shape:
+            continue
+        if root.op != ("rsqrt" if n.op == "mul" else "sqrt") or not isinstance(root.args[0], Ref):
+            continue
+        add = by_name.get(root.args[0].name)
+        if add is None or add.op != "add" or len(add.args) != 2 or add.kwargs:
+            continue
+        m, eps = add.args if isinstance(add.args[0], Ref) else add.args[::-1]
+        mean = by_name.get(m.name) if isinstance(m, Ref) else None
+        if mean is None or isinstance(eps, (Ref, bool)) or not isinstance(eps, (int, float)) or eps < 0:
+            continue
+        red = ops.reduction_of(mean)
+        if red is None or red.kind != "mean" or not red.keepdim or red.dims is None:
+            continue
+        nd = len(xs.shape)
+        dims = sorted({d % nd for d in red.dims})
+        if dims != list(range(nd - len(dims), nd)) or not isinstance(mean.args[0], Ref):
+            continue
+        sq = by_name.get(mean.args[0].name)
+        squares = sq is not None and (
+            (sq.op == "pow" and sq.args[1:] == (2,) and sq.args[0] == x)
+            or (sq.op == "mul" and sq.args == (x, x))
+            or (sq.op == "square" and sq.args[:1] == (x,))
+        )
+        if not squares or len({n.dtype, xs.dtype, sq.dtype, mean.dtype, add.dtype, root.dtype}) != 1:
+            continue
+        if n.dtype not in _FINFO_EPS:
+            continue
+        shape = tuple(xs.shape[nd - len(dims) :])
+        return [_mk(n.name, "rms_norm", (x, shape, None, float(eps)), n.shape, n.dtype)]
+    return None
+
+
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
+    if n.op in ("mul", "div") and (rms := _rms_norm_by_hand(n, by_name)):
+        return rms
     if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):
         return lowered
     if n.op == "_grouped_mm" and len(a) == 3 and not n.kwargs:  # (M, K) x (E, K, N), rows grouped by offsets
