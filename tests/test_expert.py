@@ -1010,10 +1010,11 @@ def test_the_power_edit_is_made_under_an_energy_objective_only_and_keeps_the_res
 
 
 @needs_gxx
-def test_rms_norm_written_by_hand_is_one_norm_reading_each_row_once(tmp_path):
+def test_rms_and_l2_norms_written_by_hand_are_one_norm_reading_each_row_once(tmp_path):
     """Llama's RMSNorm, `x * rsqrt(mean(x^2, -1, keepdim) + eps) * w`, and its variants (x / sqrt, x * x,
     two trailing dims, the rsqrt first) become one rms_norm with the weight on its stores: the row is read
-    once. Emulated against float64 PyTorch. Not trailing, no keepdim, or another tensor squared: unchanged."""
+    once; so is x / ||x||. Emulated against float64 PyTorch. Not trailing, no keepdim, another tensor
+    squared, or another norm: unchanged."""
     forms = {
         "rms_llama": ("x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w", "(3, 40)"),
         "rms_div": ("x / torch.sqrt(torch.mean(x * x, dim=(-2, -1), keepdim=True) + 1e-5)", "(3, 5, 8)"),
@@ -1037,11 +1038,39 @@ def test_rms_norm_written_by_hand_is_one_norm_reading_each_row_once(tmp_path):
         tuned = base_plan(low, True)
         assert len(tuned.regions) - len(tuned.fused()) == 1, (name, tuned)  # the weight rides on the norm
         _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
+    for name, expr, shape, op, scaled in (  # x / ||x||: one row op, a scale (if any) on its stores
+        ("l2_norm", "x / torch.norm(x, p=2, dim=1, keepdim=True)", "(3, 40)", "rms_norm", True),
+        (
+            "l2_sqrt_sum",
+            "x / torch.sqrt(torch.sum(x * x, dim=-1, keepdim=True))",
+            "(3, 5, 8)",
+            "rms_norm",
+            True,
+        ),
+        ("l1_norm", "x / torch.norm(x, p=1, dim=1, keepdim=True)", "(3, 40)", "l1_norm", False),
+        ("l1_sum", "x / torch.sum(torch.abs(x), dim=(-2, -1), keepdim=True)", "(3, 5, 8)", "l1_norm", False),
+        ("l1_mean", "x / torch.mean(torch.abs(x), dim=-1, keepdim=True)", "(3, 5, 8)", "l1_norm", True),
+        # a row of a block (the tuned plan holds it in registers, the plain one reads it twice)
+        ("l1_long", "x / torch.sum(torch.abs(x), dim=-1, keepdim=True)", "(2, 3000)", "l1_norm", False),
+    ):
+        body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
+        path = task_file(tmp_path, name, body, f"[torch.randn{shape}]")
+        low = prepare(capture(path))
+        (norm,) = [n for n in low.nodes if n.op in ("rms_norm", "l1_norm")]
+        assert norm.op == op and (op == "l1_norm" or norm.args[3] == 0.0), name
+        kinds = [RegionKind.NORM, RegionKind.EW] if scaled else [RegionKind.NORM]
+        assert [r.kind for r in low.regions] == kinds, (name, low.regions)
+        assert len(base_plan(low, True).regions) - len(base_plan(low, True).fused()) == 1, name
+        _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
     for name, expr in (
         ("rms_dim0", "x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)"),
+        ("l2_dim0", "x / torch.norm(x, p=2, dim=0, keepdim=True)"),
+        ("l1_other", "x / torch.sum(torch.abs(y), dim=1, keepdim=True)"),
+        ("inf_norm", "x / torch.amax(torch.abs(x), dim=1, keepdim=True)"),
+        ("normalize", "F.normalize(x, dim=1)"),  # max(||x||, eps): not an rms_norm without eps
         ("rms_nokeep", "x * torch.rsqrt(x.pow(2).mean(-1) + 1e-6)[:, None]"),
         ("rms_other", "x * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6)"),
     ):
         body = f"class Model(nn.Module):\n    def forward(self, x, y):\n        return {expr}"
         low = prepare(capture(task_file(tmp_path, name, body, "[torch.randn(3, 40), torch.randn(3, 40)]")))
-        assert not any(n.op == "rms_norm" for n in low.nodes), name
+        assert not any(n.op in ("rms_norm", "l1_norm") for n in low.nodes), name

@@ -139,6 +139,14 @@ FAMILIES = {
         """,
         "[4097]",
     ),
+    "norms_by_hand": (  # x / ||x||_2 (an rms_norm without eps, scaled) and x / mean|x| (an l1_norm, scaled)
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return x / torch.norm(x, p=2, dim=-1, keepdim=True), x / torch.mean(torch.abs(x), dim=-1, keepdim=True)
+        """,
+        "[]",
+    ),
     "layer_norm_few_rows": (  # 2 rows of a million: each split across blocks (templates/rowwise.py)
         """
         class Model(nn.Module):
@@ -512,6 +520,7 @@ SHAPES = {
     "layer_rms": ["(1001, 4097)", "(2, 3, 4097)"],
     "layer_rms_4k": ["(1001, 4096)"],
     "rms_by_hand": ["(1001, 4097)", "(2, 3, 4097)"],
+    "norms_by_hand": ["(1001, 4097)", "(3, 4096)", "(2, 5, 3)"],
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
     "scan": ["(129, 10007)", "(4, 1003, 65)"],
     "folded_scans": ["(129, 10007)", "(4, 1003, 65)"],

@@ -212,12 +212,12 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
 def _norm_layout(n: Node, shape: tuple[int, ...], in_dt: str, out_dt: str) -> RowLayout | None:
     a = n.args
     nd = len(shape)
-    if n.op in ("layer_norm", "rms_norm"):
+    if n.op in ("layer_norm", "rms_norm", "l1_norm"):
         normalized = tuple(a[1]) if isinstance(a[1], tuple) else (int(a[1]),)
         k = len(normalized)
         if tuple(shape[nd - k :]) != normalized:
             return None
-        w = a[2] if len(a) > 2 else None
+        w = a[2] if len(a) > 2 and n.op != "l1_norm" else None
         b = a[3] if n.op == "layer_norm" and len(a) > 3 else None
         eps = float(a[4] if n.op == "layer_norm" and len(a) > 4 else a[3] if n.op == "rms_norm" else 1e-5)
         return RowLayout(

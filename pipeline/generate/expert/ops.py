@@ -374,7 +374,7 @@ def _dims(d: Any) -> tuple[int, ...] | None:
 
 
 SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax"})
-NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm"})
+NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm", "l1_norm"})
 SCANS = frozenset({"cumsum", "cumprod"})
 # Library anchors: the GEMM or convolution stays in cuBLAS / cuDNN, everything after it is ours.
 GEMMS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm"})

@@ -377,6 +377,27 @@ def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return None
 
 
+def _trailing_keepdim(red: ops.Reduction | None, xs: Node, kinds: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The trailing shape of xs a keepdim reduction of one of `kinds` reduces, or None."""
+    if red is None or red.kind not in kinds or not red.keepdim or red.dims is None or not xs.shape:
+        return None
+    nd = len(xs.shape)
+    dims = sorted({d % nd for d in red.dims})
+    return tuple(xs.shape[nd - len(dims) :]) if dims == list(range(nd - len(dims), nd)) else None
+
+
+def _squares(sq: Node | None, x: Ref) -> bool:
+    return sq is not None and (
+        (sq.op == "pow" and sq.args[1:] == (2,) and sq.args[0] == x)
+        or (sq.op == "mul" and sq.args == (x, x))
+        or (sq.op == "square" and sq.args[:1] == (x,))
+    )
+
+
+def _same_float(*nodes: Node) -> bool:
+    return len({m.dtype for m in nodes}) == 1 and nodes[0].dtype in _FINFO_EPS
+
+
 def _rms_norm_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """`x * rsqrt(mean(x^2, trailing dims, keepdim) + eps)`, or `x / sqrt(...)`, as models write RMSNorm by
     hand (Llama's): one rms_norm over those dims, so the norm family reads each row once, where a reduction
@@ -388,7 +409,7 @@ def _rms_norm_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     pairs = ((n.args[0], n.args[1]), (n.args[1], n.args[0])) if n.op == "mul" else ((n.args[0], n.args[1]),)
     for x, s in pairs:
         xs, root = (by_name.get(v.name) if isinstance(v, Ref) else None for v in (x, s))
-        if xs is None or root is None or xs.shape != n.shape or not xs.shape:
+        if xs is None or root is None or xs.shape != n.shape or not isinstance(x, Ref):
             continue
         if root.op != ("rsqrt" if n.op == "mul" else "sqrt") or not isinstance(root.args[0], Ref):
             continue
@@ -399,31 +420,55 @@ def _rms_norm_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         mean = by_name.get(m.name) if isinstance(m, Ref) else None
         if mean is None or isinstance(eps, (Ref, bool)) or not isinstance(eps, (int, float)) or eps < 0:
             continue
-        red = ops.reduction_of(mean)
-        if red is None or red.kind != "mean" or not red.keepdim or red.dims is None:
+        shape = _trailing_keepdim(ops.reduction_of(mean), xs, ("mean",))
+        sq = by_name.get(mean.args[0].name) if isinstance(mean.args[0], Ref) else None
+        if shape is None or not _squares(sq, x) or not _same_float(n, xs, sq, mean, add, root):
             continue
-        nd = len(xs.shape)
-        dims = sorted({d % nd for d in red.dims})
-        if dims != list(range(nd - len(dims), nd)) or not isinstance(mean.args[0], Ref):
-            continue
-        sq = by_name.get(mean.args[0].name)
-        squares = sq is not None and (
-            (sq.op == "pow" and sq.args[1:] == (2,) and sq.args[0] == x)
-            or (sq.op == "mul" and sq.args == (x, x))
-            or (sq.op == "square" and sq.args[:1] == (x,))
-        )
-        if not squares or len({n.dtype, xs.dtype, sq.dtype, mean.dtype, add.dtype, root.dtype}) != 1:
-            continue
-        if n.dtype not in _FINFO_EPS:
-            continue
-        shape = tuple(xs.shape[nd - len(dims) :])
         return [_mk(n.name, "rms_norm", (x, shape, None, float(eps)), n.shape, n.dtype)]
     return None
 
 
+def _normalize_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """`x / ||x||` over trailing dims with keepdim, as written by hand: the 2-norm (`norm(x, 2)` or
+    `sqrt(sum(x^2))`) is an rms_norm without eps scaled by 1/sqrt(count); the 1-norm (`norm(x, 1)`,
+    `sum(|x|)`, or `mean(|x|)` scaled by count) is an l1_norm. Either way a row op that reads the row once
+    and, where it does not stay on chip, a second time from L2, with the scale on its stores; the norm and
+    the division read it from DRAM each. A row of zeros gives NaN both ways."""
+    if n.op != "div" or len(n.args) != 2 or n.kwargs or n.shape is None:
+        return None
+    x, d = n.args
+    xs, den = (by_name.get(v.name) if isinstance(v, Ref) else None for v in (x, d))
+    if xs is None or den is None or xs.shape != n.shape or not isinstance(x, Ref):
+        return None
+    shape, op, inner = None, "", [den]
+    if den.op == "linalg_vector_norm" and den.args[:1] == (x,):
+        red = ops.reduction_of(den)
+        shape, op = _trailing_keepdim(red, xs, ("norm1", "norm2")), red.kind if red else ""
+    elif den.args and isinstance(den.args[0], Ref) and (inside := by_name.get(den.args[0].name)) is not None:
+        elem = by_name.get(inside.args[0].name) if inside.args and isinstance(inside.args[0], Ref) else None
+        if den.op == "sqrt" and _squares(elem, x):  # sqrt(sum(x^2))
+            shape, op = _trailing_keepdim(ops.reduction_of(inside), xs, ("sum",)), "norm2"
+            inner += [inside, elem]
+        elif den.op in ("sum", "mean") and inside.op == "abs" and inside.args[:1] == (x,):  # sum(|x|)
+            shape, op = _trailing_keepdim(ops.reduction_of(den), xs, (den.op,)), f"l1_{den.op}"
+            inner.append(inside)
+    if shape is None or not _same_float(n, xs, *inner):
+        return None
+    count = math.prod(shape)
+    if op == "norm2":
+        row = _mk(f"{n.name}_rms", "rms_norm", (x, shape, None, 0.0), n.shape, n.dtype)
+        scale = 1.0 / math.sqrt(count)
+    else:
+        row = _mk(f"{n.name}_l1", "l1_norm", (x, shape), n.shape, n.dtype)
+        scale = float(count) if op == "l1_mean" else 1.0
+    if scale == 1.0:
+        return [dataclasses.replace(row, name=n.name)]
+    return [row, _mk(n.name, "mul", (Ref(row.name), scale), n.shape, n.dtype, "Tensor")]
+
+
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
-    if n.op in ("mul", "div") and (rms := _rms_norm_by_hand(n, by_name)):
+    if n.op in ("mul", "div") and (rms := _rms_norm_by_hand(n, by_name) or _normalize_by_hand(n, by_name)):
         return rms
     if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):
         return lowered
@@ -623,7 +668,7 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[RegionKind, str]:
         return RegionKind.REDUCE, ""
     if n.op in ops.SOFTMAX and floating:
         return RegionKind.SOFTMAX, ""
-    if n.op in ("layer_norm", "rms_norm", "group_norm", "instance_norm") and floating:
+    if n.op in ("layer_norm", "rms_norm", "group_norm", "instance_norm", "l1_norm") and floating:
         return RegionKind.NORM, ""
     if n.op in ops.SCANS and floating:
         return RegionKind.SCAN, ""

@@ -67,8 +67,11 @@ KINDS: dict[str, Kind] = {
         "{0.0f, 0.0f, 0}", "SumOp", "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}", "", shift=True
     ),
     "rms_norm": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{({v}) * ({v}), 0.0f, 0}}", ""),
+    "l1_norm": Kind(
+        "{0.0f, 0.0f, 0}", "SumOp", "Acc{{fabsf({v}), 0.0f, 0}}", ""
+    ),  # x / sum|x| (expert's own)
 }
-TWO_PASS = ("softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm")
+TWO_PASS = ("softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "l1_norm")
 
 
 def final(kind: str, correction: float) -> str:

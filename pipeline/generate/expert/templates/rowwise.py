@@ -306,6 +306,13 @@ def _regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
             f"        const float rstd = 1.0f / sqrtf({reduce('sq', 'SumOp')} / {n} + {ops.lit(lay.eps)});",
         ]
         f = _stats(lay)[1]
+    elif lay.op == "l1_norm":
+        stats = [
+            "        float sa = 0.0f;",
+            *each("sa += fabsf(v);"),
+            f"        const float S = {reduce('sa', 'SumOp')};",
+        ]
+        f = _stats(lay)[1]
     else:  # rms_norm
         stats = [
             "        float sq = 0.0f;",
@@ -405,6 +412,9 @@ def _stats(lay: RowLayout) -> tuple[list[str], str]:
     elif lay.op == "log_softmax":
         stats = ["        const float M = acc.a, L = logf(acc.b);"]
         f = "v - M - L"
+    elif lay.op == "l1_norm":
+        stats = ["        const float S = acc.a;"]
+        f = "v / S"  # a division, as x / sum|x| is written
     elif lay.op == "rms_norm":
         stats = [f"        const float rstd = 1.0f / sqrtf(acc.a / {n} + {ops.lit(lay.eps)});"]
         f = "v * rstd" + (" * ld(w[c])" if lay.has_weight else "")
