@@ -116,9 +116,14 @@ def _kernel(o_dtype: torch.dtype, r_dtype: torch.dtype):
         kernel.compile()
         return kernel
     except Exception as e:  # no NVRTC, no CuPy: the torch form is the fallback, not an error
-        print(f"kernelpro: the one-pass comparison kernel is not available ({e}); comparing in torch",
-              file=sys.stderr)  # fmt: skip
+        if not _SAID:
+            _SAID.append(str(e))
+            print(f"kernelpro: the one-pass comparison kernel is not available ({e}); comparing in torch",
+                  file=sys.stderr)  # fmt: skip
         return None
+
+
+_SAID: list[str] = []  # the reason the kernel could not be built, said once a process
 
 
 def warm() -> None:

@@ -208,3 +208,11 @@ def test_the_one_pass_comparison_gives_the_torch_forms_figures(o_dtype):
             else:
                 assert g[key] == w[key], key
         assert w["unwritten"] > 0 and w["bad_special"] > 0 and w["over_base"] > 0
+
+    class Sub(torch.Tensor):
+        pass
+
+    g = out.cuda()  # what the kernel refuses goes to the torch form: it reads raw device pointers
+    assert not fused_stats.usable(g.as_subclass(Sub), g)  # data_ptr() could name memory it does not own
+    assert not fused_stats.usable(g[: n - 5].view(-1, 2).t(), g[: n - 5].view(-1, 2).t())  # strided
+    assert not fused_stats.usable(g[:4], g)  # sizes differ

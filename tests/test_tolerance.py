@@ -233,3 +233,16 @@ def test_a_scalar_near_zero_is_judged_by_atol_not_by_its_ratio():
     assert verdict_of(torch.tensor([0.1 + 3e-5]), ref, anchor) == []
     reasons = verdict_of(torch.tensor([0.1 + 1e-3]), ref, anchor)
     assert any("relative error norm" in r for r in reasons), reasons
+
+
+def test_the_one_pass_kernel_leaves_cpu_tensors_to_the_torch_form():
+    """pipeline/fused_stats.py works on CUDA tensors only; here the comparison is the torch form's (the GPU
+    test holds the two equal and checks what else the kernel refuses)."""
+    from pipeline import fused_stats
+
+    x = torch.randn(8, 6)
+    assert not fused_stats.usable(x, x)
+    assert fused_stats.figures(x, x, 1e-4, 1e-3) is None
+    stats = tolerance.OutputStats()
+    stats.add(x, x.double(), 1e-4, 1e-3)
+    assert stats._settle()["out_n"] == 48 and stats._settle()["max_abs"] == 0.0
