@@ -1,8 +1,8 @@
 """The tolerance rule's figures for one chunk of a float output in a single pass on the GPU.
 
 `tolerance.OutputStats.add` in torch launches about 30 float64 kernels and materialises float64 temporaries
-of the chunk: about 9 ms for a 32M-element output on the H200, most of what a timed call's sampled check
-costs (and 30 of them are made per candidate). This kernel reads each operand once, accumulates the same 13
+of the chunk: about 10 ms a check of the built-in softmax's 64M-element output on the H200 (eager's call
+included), 0.27 s a candidate over its ~27 checks. This kernel reads each operand once, accumulates the same 13
 figures in float64 per thread and per block, and leaves per-block partials that torch sums (or maxes).
 The figures equal the torch form's up to the order of float64 summation.
 
