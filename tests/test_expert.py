@@ -1074,3 +1074,23 @@ def test_rms_and_l2_norms_written_by_hand_are_one_norm_reading_each_row_once(tmp
         body = f"class Model(nn.Module):\n    def forward(self, x, y):\n        return {expr}"
         low = prepare(capture(task_file(tmp_path, name, body, "[torch.randn(3, 40), torch.randn(3, 40)]")))
         assert not any(n.op in ("rms_norm", "l1_norm") for n in low.nodes), name
+
+
+def test_supports_says_when_the_tuned_plans_launcher_would_not_pass(monkeypatch):
+    """supports() checks the launcher of the tuned plan as well as the plain one's: a broken one is an
+    expert bug, said in the summary (the plain plan still writes the task)."""
+    from pipeline.generate.expert import policy
+
+    ok, why = supports(TASKS / "softmax.py")
+    assert ok and policy.TUNED_BROKEN not in why, why
+    real = policy.render
+
+    def broken_when_tuned(low, plan, hunter=None):
+        source, launcher = real(low, plan, hunter)
+        tuned = plan != policy.edits.base_plan(low, False)
+        return source, ("def forward(:\n" if tuned else launcher)
+
+    monkeypatch.setattr(policy, "render", broken_when_tuned)
+    ok, why = supports(TASKS / "softmax.py")
+    assert ok and f"{policy.TUNED_BROKEN}: its launcher fails the static check" in why, why
+    assert "does not parse" in why, why

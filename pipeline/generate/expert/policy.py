@@ -242,4 +242,15 @@ def supports(task_path: str | Path) -> tuple[bool, str]:
     kinds = [r.kind for r in low.regions if _computed_by_us(r, low)]
     summary = f"{len(kinds)} region(s) in our kernels ({', '.join(dict.fromkeys(kinds))})"
     extra = [n for n in _notes(low)]
+    # The tuned plan is the search's other start: a launcher of it that does not pass is an expert bug,
+    # said here (the plain plan still writes the task).
+    try:
+        tuned = check_launcher(render(low, edits.base_plan(low, True))[1])
+        if not tuned.ok:
+            extra.append(f"{TUNED_BROKEN}: its launcher fails the static check: {tuned.violations[0]}")
+    except RenderError as e:
+        extra.append(f"{TUNED_BROKEN}: it cannot be written: {e}")
     return True, "; ".join([summary, *extra])
+
+
+TUNED_BROKEN = "the tuned plan is broken"
