@@ -70,6 +70,9 @@ class OutputStats:
         outputs (eager's own, where float64 may break a near-tie differently)."""
         self.numel += o.numel()
         self._totals = None
+        if o.is_cuda and (one_pass := fused_stats.figures(o, r, atol, rtol)) is not None:
+            self._chunks.append(one_pass)  # the same figures in one kernel (fused_stats.py says why)
+            return
         zero = torch.zeros((), dtype=torch.float64, device=r.device)
         if not o.is_floating_point():
             self.integer = True
@@ -77,9 +80,6 @@ class OutputStats:
             if alt is not None:
                 wrong &= o != alt.to(o.dtype)
             col = {"wrong": wrong.sum(dtype=torch.float64)}
-        elif o.is_cuda and (one_pass := fused_stats.figures(o, r, atol, rtol)) is not None:
-            self._chunks.append(one_pass)  # the same figures in one kernel (fused_stats.py says why)
-            return
         else:
             od, rd = o.double(), r.double()
             ref_finite = torch.isfinite(rd)
