@@ -107,6 +107,16 @@ def energy_record(windows: Sequence[Window], calls_per_window: int, checked: int
     )
 
 
+def kept_calls(n: int, sets: int, out_bytes: int, free_bytes: int, pick: random.Random) -> set[int]:
+    """The calls of a window whose outputs are kept for the check: the first call on each input set and
+    RANDOM_CHECKS random ones, as many as a tenth of free memory holds (two at least). Kept outputs stay
+    alive until the window ends, so an output size of 0 (unknown) keeps the fewest."""
+    room = max(2, int(0.1 * free_bytes / out_bytes)) if out_bytes > 0 else 2
+    keep = set(range(min(sets, n, room - 1))) | {pick.randrange(n)}
+    keep |= {pick.randrange(n) for _ in range(min(RANDOM_CHECKS, room - len(keep)))}
+    return keep
+
+
 def measure_energy(
     fn: Callable[..., object],
     inputs_for: Callable[[int], list],
@@ -123,7 +133,8 @@ def measure_energy(
 ) -> Energy:
     """Joules per call over `repeats` to `max_repeats` windows (until the spread is at most `target_spread`,
     see repeat_windows). `check(inputs, outputs)` raises for a wrong output; a loop faster than
-    LOOP_SPEED_FLOOR of `call_ms` raises LoopMismatch."""
+    LOOP_SPEED_FLOOR of `call_ms` raises LoopMismatch. Without a check no output outlives its call (eager's
+    baseline: ten kept 8 GB outputs were an out-of-memory error)."""
     import pynvml
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -139,10 +150,7 @@ def measure_energy(
     def window(w: int) -> Window:
         nonlocal checked
         data = [inputs_for(100_000 + w * MAX_SETS + k) for k in range(sets)]
-        # Kept outputs stay alive until the window ends: as many as a tenth of free memory holds.
-        room = max(2, int(0.1 * free_bytes / max(out_bytes, 1)))
-        keep = set(range(min(sets, n, room - 1))) | {pick.randrange(n)}
-        keep |= {pick.randrange(n) for _ in range(min(RANDOM_CHECKS, room - len(keep)))}
+        keep = kept_calls(n, sets, out_bytes, free_bytes, pick) if check is not None else set()
         kept: list[tuple[int, object]] = []
         torch.cuda.synchronize()
         try:
@@ -154,6 +162,7 @@ def measure_energy(
             out = fn(*data[i % sets])
             if i in keep:
                 kept.append((i % sets, out))
+            del out  # its memory is the next call's (stream-ordered reuse), unless it is kept
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         de = (pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) - e0) / 1e3  # mJ -> J

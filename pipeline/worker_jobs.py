@@ -37,7 +37,13 @@ def handle(job: Job) -> Answer:
             finally:
                 _release_memory()
         case jobs.Evaluate():
-            return _evaluate(job)
+            try:
+                return _evaluate(job)
+            finally:
+                # A bench's workers outlive its tasks: cached blocks kept here (inputs, outputs, the poison)
+                # are memory the reference worker and the profiler's process cannot have for the next task.
+                if torch.cuda.is_initialized():
+                    torch.cuda.empty_cache()
         case jobs.Baseline():
             return _baseline(job)
         case jobs.SystemProfile():
@@ -241,8 +247,6 @@ def _itemsize(dtype: str) -> int:
 def _compile(task: Task, reference, mode: str, notes: list[str]):
     """torch.compile'd reference, compiled once per worker; compile time kept out of the timing."""
     key = (task.source_hash, mode)
-    for old in [k for k in _compiled if k[0] != task.source_hash]:
-        del _compiled[old]  # another task's compiled model keeps its weights on the GPU
     if key not in _compiled:
         t0 = time.perf_counter()
         try:
@@ -311,6 +315,11 @@ def _baseline(job: jobs.Baseline) -> Answer:
     def inputs_for(call: int) -> list:
         return verify.make_inputs(module, seed + 7919 * call, device)
 
+    stale = [k for k in _compiled if k[0] != task.source_hash]
+    for k in stale:
+        del _compiled[k]  # another task's compiled model keeps its weights on the GPU: gone before eager runs
+    if stale:
+        _release_memory()
     flusher = timing.L2Flusher(device)
     timings: dict[str, Timing] = {}
     compile_s: dict[str, float] = {}
@@ -344,6 +353,7 @@ def _baseline(job: jobs.Baseline) -> Answer:
                     max_repeats=s.energy_max_repeats,
                     target_spread=s.energy_spread,
                     set_bytes=sum(spec.numel * _itemsize(spec.dtype) for spec in task.inputs),
+                    out_bytes=sum(spec.numel * _itemsize(spec.dtype) for spec in task.outputs),
                     free_bytes=gpu_memory.free_bytes(device),
                 )
             except (EnergyUnavailable, LoopMismatch, KeyError) as e:

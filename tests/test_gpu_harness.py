@@ -179,6 +179,23 @@ def test_a_7_5_gb_input_verifies_within_memory(pool, home):
     assert set(parts) == {"inputs", "flush", "calls", "checks"} and parts["checks"] > 0 and parts["calls"] > 0
 
 
+def test_a_huge_tasks_baselines_with_energy_fit_after_its_candidate(pool, home):
+    """A bench's workers outlive its tasks: the candidate worker must leave no cached memory behind, and the
+    eager energy loop keeps no output it does not check. Before both, KernelBench's L2Norm (8.6 GB in and
+    out) ran the reference worker out of memory after L1Norm's candidates (80 GB of kept outputs beside the
+    candidate worker's 57 GB cache)."""
+    from pipeline.selfcheck import reference_candidate
+
+    task = ROOT / "tests" / "fixtures" / "tasks" / "huge_rmsnorm.py"
+    cfg = cfg_for(home, timing_budget_s=0.5, job_timeout_s=600, energy=True, energy_window_s=0.5,
+                  energy_repeats=2)  # fmt: skip
+    (r,) = stages.evaluate_candidates(task, [reference_candidate(task)], cfg, pool=pool)
+    assert r.verdict.status == Status.OK, r.verdict.reasons
+    _task, base = stages.run_baselines(task, cfg, pool=pool)
+    assert base.timings["eager"].median_ms > 0
+    assert base.energy_eager is not None and base.energy_eager.joules_per_call > 0, base.notes
+
+
 @pytest.mark.parametrize("o_dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_the_one_pass_comparison_gives_the_torch_forms_figures(o_dtype):
     """The timed calls' checks compare through one kernel (pipeline/fused_stats.py): its 13 figures against

@@ -219,3 +219,60 @@ def test_measure_energy_follows_the_repeat_rule_with_a_fake_counter(monkeypatch)
     reads = iter([0.0, 1.0] * 4)
     with pytest.raises(LoopMismatch):
         energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=50.0, window_s=0.01, repeats=2)
+
+
+def test_kept_calls_are_bounded_by_memory_and_by_what_is_checked():
+    import random
+
+    from pipeline.energy import RANDOM_CHECKS, kept_calls
+
+    pick = random.Random(3)
+    roomy = kept_calls(n=1000, sets=4, out_bytes=1 << 20, free_bytes=1 << 40, pick=pick)
+    assert {0, 1, 2, 3} <= roomy and len(roomy) <= 4 + 1 + RANDOM_CHECKS
+    # An 8 GB output with 100 GB free: a tenth of free memory holds one, two are kept at least.
+    assert len(kept_calls(1000, 4, 8 << 30, 100 << 30, pick)) <= 2
+    assert len(kept_calls(1000, 4, 0, 100 << 30, pick)) <= 2  # size unknown: the fewest
+
+
+def test_energy_without_a_check_keeps_no_output_past_its_call(monkeypatch):
+    """Eager's baseline measures energy with no check: an output kept for nothing is memory the task's own
+    calls need (ten kept 8 GB outputs ran the reference worker out of memory on KernelBench's L2Norm)."""
+    import sys
+    import types
+
+    import torch
+
+    from pipeline import energy
+
+    reads = iter(float(x) for x in range(1000))
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(
+        NVMLError=RuntimeError, nvmlDeviceGetTotalEnergyConsumption=lambda h: next(reads) * 100))  # fmt: skip
+    monkeypatch.setattr(energy, "nvml_handle", lambda d: "handle")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=1 << 20)
+    )
+    live: list[int] = [0, 0]  # outputs alive now, the most alive at once
+
+    class Out:
+        def __init__(self) -> None:
+            live[0] += 1
+            live[1] = max(live[1], live[0])
+
+        def __del__(self) -> None:
+            live[0] -= 1
+
+    def fn(x: torch.Tensor) -> Out:
+        import time
+
+        time.sleep(2e-5)
+        return Out()
+
+    energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=0.02, window_s=0.004, repeats=2,
+                          set_bytes=16, out_bytes=16)  # fmt: skip
+    assert live == [0, 1]
+    checked = []
+    energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=0.02, window_s=0.004, repeats=2,
+                          check=lambda i, o: checked.append(o), set_bytes=16, out_bytes=16)  # fmt: skip
+    assert live[1] > 2 and checked  # with a check, the checked calls' outputs live until the window ends
