@@ -38,10 +38,12 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> EwPlan:
-    """Plain: scalar accesses. Tuned: 16-byte vectors, four in flight per thread."""
+    """Plain: scalar accesses. Tuned: one 16-byte vector per thread, a block per piece of work. Measured on
+    the H200 (benchmarks/ew_variants.py, a 12.9 GB stream): one vector in flight 3.04-3.05 ms, four 3.16,
+    eight 3.15, a persistent grid 3.26-3.40; more in flight only adds DRAM turnarounds."""
     if not tuned:
         return EwPlan(r.rid)
-    return EwPlan(r.rid, vec=common.vec_max(ew_layout(r, low).max_itemsize), unroll=4)
+    return EwPlan(r.rid, vec=common.vec_max(ew_layout(r, low).max_itemsize))
 
 
 def render(r: Region, rp: EwPlan, low: Lowered, hunter: object) -> Code:
