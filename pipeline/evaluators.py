@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from pipeline import calibrate, reasons, stages
 from pipeline.calibrate import Ceilings
 from pipeline.config import Config
+from pipeline.profile import collect
 from pipeline.runlog import read_events
 from pipeline.runstate import fold
 from pipeline.types import Baselines, Candidate, Evaluation, Finding, Profile, Status, Task, Verdict
@@ -58,6 +59,8 @@ class GpuEvaluator:
         self._task: Task | None = None
         self._baselines: Baselines | None = None
         self.evidence: dict[str, Any] = {}  # candidate key -> Evidence, for the LLM's profiling tool calls
+        # ncu's target for the first profile starts now, while the first batch is built and evaluated.
+        collect.prewarm(self.eval_cfg)
 
     def task(self) -> Task:
         if self._task is None:
@@ -90,7 +93,12 @@ class GpuEvaluator:
 
         try:
             pr = stages.profile_candidate(
-                self.task_path, candidate, self.eval_cfg, pool=self.pool, evaluation=evaluation
+                self.task_path,
+                candidate,
+                self.eval_cfg,
+                pool=self.pool,
+                evaluation=evaluation,
+                warm_next=True,
             )
         except Exception as e:  # a profile is advice, not a verdict: the search goes on without it
             return Profile(candidate.key, False, notes=(f"profiling failed: {type(e).__name__}: {e}",))

@@ -259,10 +259,12 @@ def profile_candidate(
     cfg: Config,
     pool: WorkerPool | None = None,
     evaluation: Evaluation | None = None,
+    warm_next: bool = False,
 ) -> Profiling:
     """Evaluate (unless `evaluation` is this candidate's already), then gather the evidence the profiling
     tools read: SASS, ncu counters, a system profile. Only a verified candidate is profiled: advice on a
-    wrong kernel is wasted."""
+    wrong kernel is wasted. `warm_next`: more profiles will follow (a search), so ncu's target for the next
+    is started once this one is done (pipeline/profile/warm.py)."""
     from pipeline.profile import collect
     from pipeline.profile.evidence import Evidence
 
@@ -289,7 +291,11 @@ def profile_candidate(
         if not isinstance(system.answer, jobs.SystemProfiled):
             notes.append(f"no system profile: {system.reason}")
         with phase(seconds, "ncu"):
-            ncu = collect.run_ncu(jobs.Ncu(str(Path(task_path).resolve()), cfg.seed, code), cfg)
+            ncu = collect.run_ncu(
+                jobs.Ncu(str(Path(task_path).resolve()), cfg.seed, code), cfg, warm_next=warm_next
+            )
+        if ncu.warm:
+            notes.append("ncu's target was started ahead (its start is not in the ncu seconds)")
         if ncu.status != Status.OK:
             notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")
         m = res.measurement

@@ -57,3 +57,25 @@ def test_profile_refuses_an_unverified_candidate(pool, tmp_path):
         (bad / f).write_text((src / f).read_text())
     pr = stages.profile_candidate(ROOT / "tasks" / "elementwise_chain.py", bad, cfg, pool=p)
     assert pr.evidence is None and "not profiled" in pr.notes[0]
+
+
+def test_a_profile_started_ahead_reads_the_same_counters(pool):
+    """The search's profiles: the first starts ncu's target for the second (pipeline/profile/warm.py), which
+    then takes its job, task and candidate included, and reads the same kernels."""
+    from pipeline.profile import warm
+
+    cfg, p = pool
+    task, cand = ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax"
+    try:
+        cold = stages.profile_candidate(task, cand, cfg, pool=p, warm_next=True)
+        assert warm._waiting is not None and warm._waiting.proc.poll() is None
+        hot = stages.profile_candidate(task, cand, cfg, pool=p, warm_next=True)
+        assert cold.evidence is not None and hot.evidence is not None, (cold.notes, hot.notes)
+        assert any("started ahead" in n for n in hot.notes) and not any(
+            "started ahead" in n for n in cold.notes
+        )
+        names = lambda pr: sorted(k.name for k in pr.evidence.our_counters)  # noqa: E731
+        assert names(hot) == names(cold) and names(hot)
+        assert hot.evidence.dominant().get("dram__bytes_read.sum") >= 0.9 * 16384 * 4096 * 4
+    finally:
+        warm.stop()

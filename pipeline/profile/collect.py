@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline import jobs, sandbox
 from pipeline.config import Config
+from pipeline.profile import warm
 from pipeline.types import Status
 
 METRICS_FILE = Path(__file__).with_name("metrics.txt")
@@ -54,6 +55,7 @@ class NcuResult:
     log: str = ""
     seconds: float = 0.0
     raw: str = ""  # ncu's CSV output as written
+    warm: bool = False  # the target was started ahead (its start is not in `seconds`)
 
 
 @dataclass(frozen=True)
@@ -130,8 +132,14 @@ PER_CONFIG = 1  # launches profiled per distinct kernel and launch configuration
 
 
 def ncu_command(
-    ncu: str, job_path: Path, metrics: tuple[str, ...], log_path: Path, launch_count: int = PER_CONFIG
+    ncu: str,
+    job_path: Path | None,
+    metrics: tuple[str, ...],
+    log_path: Path,
+    launch_count: int = PER_CONFIG,
+    wait_in: Path | None = None,
 ) -> list[str]:
+    """ncu's argv over the target: for `job_path`, or (`wait_in`) a target that waits for its job there."""
     # Each replay costs one pass per metric group, so a call of 256 identical launches profiled in full takes
     # minutes; a launch per distinct (kernel, grid, block, shared memory) says the same, and the system
     # profile's launch counts weight it back up (Evidence.weight).
@@ -161,7 +169,7 @@ def ncu_command(
         sys.executable,
         "-m",
         "pipeline.profile.target",
-        str(job_path),
+        *(["--wait", str(wait_in)] if wait_in is not None else [str(job_path)]),
     ]
 
 
@@ -171,32 +179,62 @@ def run_ncu(
     metrics: tuple[str, ...] | None = None,
     timeout_s: float = 300.0,
     launch_count: int = PER_CONFIG,
+    warm_next: bool = False,
 ) -> NcuResult:
-    """Profile one candidate (or the reference, when the job names none) under ncu in an isolated process."""
+    """Profile one candidate (or the reference, when the job names none) under ncu in an isolated process:
+    the target started ahead with these settings if one waits (pipeline/profile/warm.py), else a new one.
+    With `warm_next`, a target is started for the next profile once this one is done."""
     ncu = find_ncu()
     if ncu is None:
         return NcuResult(Status.LAUNCH_ERROR, log="ncu (Nsight Compute) not found on this machine")
     metrics = metrics or curated_metrics()
-    scratch_root = cfg.home / "scratch"
-    scratch_root.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=scratch_root)).resolve()
-    job_path = scratch / "job.json"
+    t0 = time.monotonic()
     # The namespaces go on ncu's whole tree through the trampoline; the target applies Landlock and seccomp
     # itself once CUDA is up (job.sandbox), since ncu must exec it and talk to its injected library.
-    plan = sandbox.ncu_plan(cfg, scratch, job)
-    job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
-    log_path = scratch / "ncu.csv"
-    t0 = time.monotonic()
-    proc = sandbox.spawn(
-        ncu_command(ncu, job_path, metrics, log_path, launch_count),
-        cwd=scratch,
-        scratch=scratch,
-        plan=plan,
-        trampoline=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    waiting = warm.take(cfg, ncu, metrics, launch_count)
+    if waiting is not None:
+        proc, log_path = waiting.proc, waiting.log_path
+        plan = sandbox.ncu_plan(cfg, waiting.scratch, job)
+        warm.hand_over(waiting, dataclasses.replace(job, sandbox=plan.to_json()) if plan else job)
+    else:
+        scratch_root = cfg.home / "scratch"
+        scratch_root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=scratch_root)).resolve()
+        job_path = scratch / "job.json"
+        plan = sandbox.ncu_plan(cfg, scratch, job)
+        job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
+        log_path = scratch / "ncu.csv"
+        proc = sandbox.spawn(
+            ncu_command(ncu, job_path, metrics, log_path, launch_count),
+            cwd=scratch,
+            scratch=scratch,
+            plan=plan,
+            trampoline=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    try:
+        res = _finish(proc, log_path, metrics, timeout_s, t0)
+        return dataclasses.replace(res, warm=waiting is not None)
+    finally:
+        if warm_next:
+            prewarm(cfg, metrics, launch_count)
+
+
+def prewarm(cfg: Config, metrics: tuple[str, ...] | None = None, launch_count: int = PER_CONFIG) -> None:
+    """Start a profiling target ahead of the next run_ncu with these settings (nothing without ncu)."""
+    ncu = find_ncu()
+    if ncu is None:
+        return
+    metrics = metrics or curated_metrics()
+    warm.start(cfg, ncu, metrics, launch_count, lambda scratch, log: ncu_command(
+        ncu, None, metrics, log, launch_count, wait_in=scratch))  # fmt: skip
+
+
+def _finish(
+    proc: subprocess.Popen, log_path: Path, metrics: tuple[str, ...], timeout_s: float, t0: float
+) -> NcuResult:
     try:
         output, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

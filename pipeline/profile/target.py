@@ -3,6 +3,7 @@ cudaProfilerStart and cudaProfilerStop (ncu runs with --profile-from-start off),
 kernels are replayed. Candidate code runs here, in a process of its own, never in the orchestrator.
 
     python -m pipeline.profile.target job.json
+    python -m pipeline.profile.target --wait SCRATCH   (started ahead: imports, then waits for SCRATCH/job.json)
 
 The job may carry a sandbox plan (pipeline/sandbox.py): its late layers (Landlock, seccomp) go on once CUDA,
 CuPy and the task's reference are up, before the candidate's cubin and launcher are loaded. The namespaces
@@ -11,21 +12,53 @@ were applied to ncu's whole tree by the trampoline that started ncu.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 from pipeline import jobs, sandbox
 
 WARMUP_CALLS = 2
+JOB_FILE = "job.json"  # what a waiting target looks for in its scratch folder (written whole, by a rename)
+POLL_S = 0.005
+IDLE_S = 600.0  # a waiting target whose job never comes exits (its orchestrator died or moved on)
 
 
-def main(job_path: str) -> int:
+def wait_for_job(scratch: Path, idle_s: float | None = None) -> Path | None:
+    """The job file once it appears in `scratch`, or None after `idle_s` (KERNELPRO_NCU_IDLE_S) without one."""
+    idle_s = float(os.environ.get("KERNELPRO_NCU_IDLE_S", IDLE_S)) if idle_s is None else idle_s
+    path = scratch / JOB_FILE
+    deadline = time.monotonic() + idle_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(POLL_S)
+    return path
+
+
+def main(argv: list[str]) -> int:
+    # The imports a profile needs come first: a target started ahead (--wait) has them done before its job.
     import torch
 
     from pipeline import runtime, tasks, verify  # noqa: F401 - loaded before the sandbox closes
     from pipeline.worker_jobs import candidate_factory, reference_precision
 
+    if argv[:1] == ["--wait"] and len(argv) == 2:
+        with contextlib.suppress(ImportError):  # the launchers' runtime, imported before the job comes
+            importlib.import_module("cupy")
+        found = wait_for_job(Path(argv[1]))
+        if found is None:
+            return 0
+        job_path = str(found)
+    elif len(argv) == 1:
+        job_path = argv[0]
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
     job = jobs.decode(Path(job_path).read_bytes())
     if not isinstance(job, jobs.Ncu):
         raise jobs.JobFormatError(f"{job_path}: a {job.KIND!r} message, not an ncu job")
@@ -68,4 +101,4 @@ def _early_report(plan: sandbox.Plan) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))
