@@ -240,14 +240,15 @@ def test_a_resumed_run_keeps_its_speed_tolerance(tmp_path):
 
 # -- replayed: an energy run recorded on the H200 as it was (no energies put in) ---------------------------
 
-ENERGY_RUN = ROOT / "tests" / "fixtures" / "energy" / "elementwise_chain" / "log.jsonl"  # 2026-12-02, 8 evals
+ENERGY_RUN = ROOT / "tests" / "fixtures" / "energy" / "elementwise_chain" / "log.jsonl"  # 2026-12-03, 8 evals
 
 
 def test_a_real_energy_run_replays_to_its_recorded_choice_and_front(tmp_path):
-    """The recording: `bench_optimize.py --tasks elementwise_chain --evals 8` under objective energy. The power
-    edits (a persistent grid on 75% or 50% of the SMs) were made first, measured 10-29% slower and no more
-    frugal (the H200 stays near 700 W), so the front is the fastest plans (within 0.4% of one another and
-    5% in energy, spreads of about 1%) and the choice among them is the recorded one."""
+    """The recording: `bench_optimize.py --tasks elementwise_chain --evals 8` under objective energy, after the
+    tuned element-wise plan became one vector a thread. The power edits (a persistent grid on 75% or 50% of
+    the SMs) were made first: the 75% one used 2% less energy than the fastest plan but ran 4% slower, so
+    it is on the time-energy front and outside the matched-speed rule; the choice is the fastest plan (two
+    vectors in flight a thread, 0.133 ms), as recorded."""
     recorded = fold(read_events(ENERGY_RUN))
     assert recorded.end is not None and recorded.end.best_key
     cfg = config.load(runs_dir=tmp_path / "runs", home=tmp_path / "home", memory=False, policy="expert",
@@ -259,10 +260,12 @@ def test_a_real_energy_run_replays_to_its_recorded_choice_and_front(tmp_path):
     front = pareto_front(_all(state))
     on_front = {state.nodes[c.node].key for c in front}
     assert recorded.end.best_key in on_front and len(on_front) < len(_all(state))
-    fastest = min(c.time_ms for c in front)
-    assert all(c.time_ms < 1.005 * fastest for c in front)
+    fastest = min(c.time_ms for c in _all(state))
+    best = next(n for n in state.nodes.values() if n.key == r.best_key)
+    assert best.time_ms is not None and best.time_ms <= 1.02 * fastest  # matched speed
     power = [n for n in state.nodes.values() if n.edit and "lower_power" in n.edit]
-    assert len(power) == 2 and all(n.time_ms > 1.02 * fastest and n.key not in on_front for n in power)
+    assert len(power) == 2 and all(n.time_ms > 1.02 * fastest for n in power)
+    assert any(n.key in on_front for n in power)  # frugal enough for the front, too slow to be chosen
 
 
 def _all(state) -> list[Candidate]:
