@@ -46,6 +46,7 @@ def throughput(result: bench.BenchResult) -> dict:
     profiling: dict[str, float] = {}  # the profiles' parts, summed (Profile.seconds: sass, system, ncu)
     timing: dict[str, float] = {}  # the timing loops' parts (Timing.seconds: inputs, flush, calls, checks)
     per_task = {}
+    profiles = warm = 0  # profiles, and those whose ncu target was started ahead (pipeline/profile/warm.py)
 
     def add(into: dict[str, float], parts: dict[str, float]) -> None:
         for k, v in parts.items():
@@ -62,6 +63,9 @@ def throughput(result: bench.BenchResult) -> dict:
             add(worker, m.seconds if m else {})
             add(timing, m.timing.seconds if m and m.timing else {})
             add(profiling, node.profile.seconds if node.profile else {})
+            if node.profile and node.profile.seconds.get("ncu"):
+                profiles += 1
+                warm += any("started ahead" in n for n in node.profile.notes)
         wall = events[-1].t - events[0].t
         counted, seconds = counted + n, seconds + wall
         for k, v in bench.seconds_by_stage(events).items():
@@ -74,6 +78,8 @@ def throughput(result: bench.BenchResult) -> dict:
         "seconds_by_stage": {k: round(v, 1) for k, v in stages.items()},
         "worker_seconds": {k: round(v, 1) for k, v in sorted(worker.items())},
         "profile_seconds": {k: round(v, 1) for k, v in sorted(profiling.items())},
+        "profiles": profiles,
+        "profiles_started_ahead": warm,
         "timing_seconds": {k: round(v, 1) for k, v in sorted(timing.items())},
         "per_task": per_task,
     }
