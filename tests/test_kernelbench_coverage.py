@@ -8,6 +8,7 @@ so does one that starts being written (update the list, and the coverage figure 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -61,9 +62,14 @@ else:  # read where einops is installed; whether they are written is not settled
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, tuple[bool, str]]:
-    """supports() of every task, once (about 4 minutes on 2 cores: the recurrent level-3 tasks take
-    torch.export 15-40 s each)."""
-    return {selfcheck.task_key(p): supports(p) for p in TASKS}
+    """supports() of every task, once, in a process a core (the recurrent level-3 tasks take torch.export
+    15-40 s each: over two minutes on one core)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        return dict(zip((selfcheck.task_key(p) for p in TASKS), ex.map(supports, TASKS), strict=True))
 
 
 @needs_kb
