@@ -3,8 +3,12 @@
 The CUDA source is compiled with g++ against a small shim of the CUDA subset the templates use (thread
 and block indices, __syncthreads, warp shuffles, dynamic shared memory, fp16/bf16 storage). Each launch
 runs its blocks one after another on blockDim real threads, so barriers and shuffles behave as on the
-GPU; races and divergent barriers show up as wrong results or hangs. `EmuKernels` stands in for the
-runtime's `Kernels`, so a generated launcher runs unchanged on CPU tensors. Slow: keep shapes small.
+GPU; races and divergent barriers show up as wrong results or hangs. A kernel with `__cluster_dims__(C, 1,
+1)` runs its clusters one after another, the C blocks of each at once (C * blockDim threads), each block
+with its own shared memory and barriers, the cluster's barrier and the mapping of a block's shared memory
+to another's (distributed shared memory) as the PRELUDE's kp_cluster_* helpers define them on the GPU.
+`EmuKernels` stands in for the runtime's `Kernels`, so a generated launcher runs unchanged on CPU tensors.
+Slow: keep shapes small.
 """
 
 from __future__ import annotations
@@ -38,7 +42,10 @@ struct kp_dim3 { unsigned x = 0, y = 0, z = 0; };
 thread_local kp_dim3 threadIdx, blockIdx;
 kp_dim3 blockDim, gridDim;
 thread_local int kp_lane = 0, kp_warp = 0;
-alignas(16) static unsigned char kp_emu_smem[256 * 1024];
+constexpr int KP_EMU_MAX_CLUSTER = 8;
+alignas(16) static unsigned char kp_emu_smem[KP_EMU_MAX_CLUSTER][256 * 1024];
+thread_local unsigned char* kp_emu_smem_base = kp_emu_smem[0];  // this thread's block's shared memory
+thread_local unsigned kp_emu_rank = 0;  // this thread's block within its cluster
 
 #define __global__
 #define __device__
@@ -48,6 +55,7 @@ alignas(16) static unsigned char kp_emu_smem[256 * 1024];
 #define __align__(n) alignas(n)
 #define __shared__ static
 #define __constant__
+#define __cluster_dims__(...)
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
@@ -59,11 +67,17 @@ extern "C" { int kp_emu_misaligned = 0; }
 #define KP_CHECK_ALIGN(p, bytes) \
     do { if (reinterpret_cast<uintptr_t>(p) % (bytes)) __atomic_store_n(&kp_emu_misaligned, 1, __ATOMIC_RELAXED); } while (0)
 
-static std::unique_ptr<std::barrier<>> kp_block_bar;
-static std::vector<std::unique_ptr<std::barrier<>>> kp_warp_bar;
-static uint64_t kp_xchg[64][32];
+static std::vector<std::unique_ptr<std::barrier<>>> kp_block_bar;  // one a block of the cluster
+static std::unique_ptr<std::barrier<>> kp_cluster_bar;
+static std::vector<std::unique_ptr<std::barrier<>>> kp_warp_bar;  // warps numbered across the cluster
+static uint64_t kp_xchg[KP_EMU_MAX_CLUSTER * 32][32];
 
-inline void __syncthreads() { kp_block_bar->arrive_and_wait(); }
+inline void __syncthreads() { kp_block_bar[kp_emu_rank]->arrive_and_wait(); }
+inline unsigned kp_cluster_rank() { return kp_emu_rank; }
+inline void kp_cluster_sync() { kp_cluster_bar->arrive_and_wait(); }
+template <class T> inline T* kp_cluster_map(T* p, unsigned rank) {
+    return reinterpret_cast<T*>(kp_emu_smem[rank] + (reinterpret_cast<unsigned char*>(p) - kp_emu_smem_base));
+}
 inline void __syncwarp(unsigned = 0xffffffffu) { kp_warp_bar[kp_warp]->arrive_and_wait(); }
 
 template <class T> inline T kp_shfl(T v, int src, bool valid) {
@@ -103,7 +117,7 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 // A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4); B(t, g), B(t + 4, g); C(g, 2t), C(g, 2t + 1),
 // C(g + 8, 2t), C(g + 8, 2t + 1). A tf32 operand is its fp32 bits with the low 13 dropped (truncated).
 #define KP_EMULATED 1
-static uint32_t kp_mma_a[64][32][4], kp_mma_b[64][32][2];
+static uint32_t kp_mma_a[KP_EMU_MAX_CLUSTER * 32][32][4], kp_mma_b[KP_EMU_MAX_CLUSTER * 32][32][2];
 inline float kp_emu_tf32_value(uint32_t u) { u &= 0xffffe000u; float f; memcpy(&f, &u, 4); return f; }
 inline void kp_emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     for (int i = 0; i < 4; ++i) kp_mma_a[kp_warp][kp_lane][i] = a[i];
@@ -124,27 +138,34 @@ inline void kp_emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, 
     kp_warp_bar[kp_warp]->arrive_and_wait();
 }
 
-// Blocks run one after another on nthreads std::threads; every thread takes part in every block.
+// Clusters (of `cluster` blocks along x; 1 without __cluster_dims__) run one after another on
+// cluster * nthreads std::threads; every thread takes part in every cluster, as one thread of one block.
 inline void kp_emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                       size_t smem, const std::function<void()>& body) {
+                       size_t smem, unsigned cluster, const std::function<void()>& body) {
     gridDim = {gx, gy, gz};
     blockDim = {bx, by, bz};
-    const unsigned n = bx * by * bz;
-    kp_block_bar = std::make_unique<std::barrier<>>(n);
+    const unsigned n = bx * by * bz, warps = (n + 31) / 32;
+    kp_block_bar.clear();
+    for (unsigned c = 0; c < cluster; ++c) kp_block_bar.push_back(std::make_unique<std::barrier<>>(n));
+    kp_cluster_bar = std::make_unique<std::barrier<>>(cluster * n);
     kp_warp_bar.clear();
-    for (unsigned w = 0; w < (n + 31) / 32; ++w)
-        kp_warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
-    std::barrier<> step(n);
+    for (unsigned c = 0; c < cluster; ++c)
+        for (unsigned w = 0; w < warps; ++w)
+            kp_warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
+    std::barrier<> step(cluster * n);
     std::vector<std::thread> pool;
-    for (unsigned t = 0; t < n; ++t) {
-        pool.emplace_back([&, t]() {
+    for (unsigned g = 0; g < cluster * n; ++g) {
+        pool.emplace_back([&, g]() {
+            const unsigned rank = g / n, t = g % n;
             threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};
             kp_lane = t % 32;
-            kp_warp = t / 32;
+            kp_warp = rank * warps + t / 32;
+            kp_emu_rank = rank;
+            kp_emu_smem_base = kp_emu_smem[rank];
             for (unsigned z = 0; z < gz; ++z)
                 for (unsigned y = 0; y < gy; ++y)
-                    for (unsigned x = 0; x < gx; ++x) {
-                        if (t == 0) memset(kp_emu_smem, 0xff, smem);  // garbage, as on the GPU
+                    for (unsigned x = rank; x < gx; x += cluster) {
+                        if (t == 0) memset(kp_emu_smem_base, 0xff, smem);  // garbage, as on the GPU
                         step.arrive_and_wait();
                         blockIdx = {x, y, z};
                         body();
@@ -157,7 +178,9 @@ inline void kp_emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsig
 """
 
 _KERNEL = re.compile(
-    r'extern "C" __global__ void(?:\s+__launch_bounds__\((\d+)[^)]*\))?\s+(\w+)\(([^)]*)\)', re.S
+    r'extern "C" __global__ void(?:\s+__launch_bounds__\((\d+)[^)]*\))?(?:\s+__cluster_dims__\((\d+)[^)]*\))?'
+    r"\s+(\w+)\(([^)]*)\)",
+    re.S,
 )
 
 
@@ -172,18 +195,20 @@ def translate(source: str, shim: str = SHIM) -> tuple[str, list[str]]:
     """The C++ the shim compiles: includes dropped, dynamic shared memory mapped, a launcher per kernel."""
     src = re.sub(r"#include <(cuda_fp16|cuda_bf16|math_constants)\.h>\n", "", source)
     src = src.replace(
-        "extern __shared__ __align__(16) unsigned char kp_smem[];", "unsigned char* kp_smem = kp_emu_smem;"
+        "extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "unsigned char* kp_smem = kp_emu_smem_base;",
     )
     names = []
     wrappers = []
     for m in _KERNEL.finditer(src):
-        name, params = m.group(2), [p for p in m.group(3).split(",") if p.strip()]
-        names.append(f"{name}:{m.group(1) or 1024}")
+        name, params = m.group(3), [p for p in m.group(4).split(",") if p.strip()]
+        cluster = int(m.group(2) or 1)
+        names.append(f"{name}:{m.group(1) or 1024}:{cluster}")
         unpack = ", ".join(f"*({_param_type(p)}*)a[{i}]" for i, p in enumerate(params))
         wrappers.append(
             f'extern "C" void {name}__emu(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
             f"unsigned bz, size_t smem, void** a) {{\n"
-            f"    kp_emu_run(gx, gy, gz, bx, by, bz, smem, [&]() {{ {name}({unpack}); }});\n}}"
+            f"    kp_emu_run(gx, gy, gz, bx, by, bz, smem, {cluster}, [&]() {{ {name}({unpack}); }});\n}}"
         )
     return shim + src + "\n" + "\n".join(wrappers) + "\n", names
 
@@ -222,13 +247,14 @@ def build(source: str, workdir: str | Path | None = None) -> EmuKernels:
         if out.returncode != 0:
             raise RuntimeError(f"emulator build failed:\n{out.stderr[-4000:]}")
         os.replace(tmp, lib)
-    return EmuKernels(str(lib), dict(n.split(":") for n in names))
+    return EmuKernels(str(lib), {n.split(":")[0]: n.split(":", 1)[1] for n in names})
 
 
 class EmuKernels:
     def __init__(self, path: str, bounds: dict[str, str]):
         self._lib = ctypes.CDLL(path)
-        self._bounds = {k: int(v) for k, v in bounds.items()}  # kernel -> __launch_bounds__ threads
+        self._bounds = {k: int(v.split(":")[0]) for k, v in bounds.items()}  # kernel -> __launch_bounds__
+        self._cluster = {k: int(v.split(":")[1]) for k, v in bounds.items()}  # kernel -> blocks a cluster
         self._names = tuple(self._bounds)
         self.launches: list[tuple[str, tuple, tuple, int]] = []
 
@@ -262,6 +288,8 @@ class EmuKernel:
             any(int(g) < 1 for g in grid) or any(int(b) < 1 for b in block) or grid[0] > 2**31 - 1
             or grid[1] > 65535 or grid[2] > 65535 or block[2] > 64 or shared_mem > 227 * 1024
         )  # fmt: skip
+        cluster = self.owner._cluster[self.name]
+        bad = bad or grid[0] % cluster != 0 or cluster > 8  # a grid of whole clusters, 8 blocks at most
         if bad:
             raise ValueError(f"{self.name}: bad launch {grid} {block} smem={shared_mem}")
         threads = block[0] * block[1] * block[2]

@@ -147,6 +147,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "long_rows": (  # rows over 160 KB: each over a thread-block cluster, statistics through DSMEM
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inn = nn.InstanceNorm2d(3, affine=True)
+            def forward(self, x):
+                return torch.log_softmax(x.flatten(2), dim=-1), self.inn(x)
+        """,
+        "[]",
+    ),
     "layer_norm_few_rows": (  # 2 rows of a million: each split across blocks (templates/rowwise.py)
         """
         class Model(nn.Module):
@@ -517,6 +528,8 @@ SHAPES = {
     "reduce_all": ["(2**24 + 1,)", "(5,)"],
     "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)", "(2, 200003)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
+    # clusters of 2 (361 KB rows, unaligned), of 8 (LogSoftmax's 1.5 MB), and rows too long for any (4 MB)
+    "long_rows": ["(2, 3, 300, 301)", "(1, 3, 1, 393215)", "(1, 3, 1003, 1001)"],
     "layer_rms": ["(1001, 4097)", "(2, 3, 4097)"],
     "layer_rms_4k": ["(1001, 4096)"],
     "rms_by_hand": ["(1001, 4097)", "(2, 3, 4097)"],

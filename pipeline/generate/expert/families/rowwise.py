@@ -5,7 +5,8 @@ neighbours: a prologue on its loads, an epilogue on its stores.
 Edits: fuse_kernels / fuse_epilogue (a neighbour on its loads / stores), vectorize_loads, coarsen_threads
 (the row held in registers when it fits, else unroll x2), pipeline_loads (unroll x2), more_parallelism (a
 reduction split over more blocks, else a warp per short row), tile_shared_memory (two-pass ops keep the
-row in shared memory between the passes), remove_divergence (warp shuffles, then a warp per short row),
+row in shared memory between the passes: a block's, or a thread-block cluster's for a row too long for
+one), remove_divergence (warp shuffles, then a warp per short row),
 persistent_grid, resize_grid, increase_occupancy, reduce_registers (registers off, else unroll /2, else
 the occupancy bound).
 """
@@ -30,6 +31,7 @@ MAX_SPLITS = 8
 FEW_ROWS = 256  # rows of a two-pass op below which a split is planned (about 2 an SM on a 132-SM H200)
 SHORT_ROW = 1024  # a warp per row below this many elements
 LONG_ROW_PASSES = 4  # a reduction's tuned loop is unrolled this far when a row takes that many block passes
+CLUSTER_SEGMENT = 192 * 1024  # bytes of a row one block of a cluster caches, at most (of its 227 KB)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class RowPlan(RegionPlan):
     warp_reduce: bool = False  # shuffles instead of a shared-memory tree
     warp_rows: bool = False  # one warp per row (short rows)
     smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
+    cluster: int = 0  # two-pass ops: a row over this many blocks of a thread-block cluster (0: none)
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -105,7 +108,22 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         # A long row streamed once (a sum, a GEMV's dot products): four loads in flight per thread, where
         # one at a time left a block waiting on DRAM latency between its loads.
         rp = dataclasses.replace(rp, unroll=LONG_ROW_PASSES)
+    elif c := cluster_blocks(lay, r):
+        # A row too long for one block's shared memory (LogSoftmax over 393216 columns, an InstanceNorm over
+        # 512 x 512): read once into its cluster's, where a block per row read it twice from DRAM.
+        rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=LONG_ROW_PASSES)
     return rp
+
+
+def cluster_blocks(lay: RowLayout, r: Region) -> int:
+    """Blocks a cluster for a two-pass op's row that one block cannot cache: the fewest (a power of two, 8
+    at most) whose segments fit CLUSTER_SEGMENT; 0 where one block can, or a cluster cannot."""
+    if lay.op not in TWO_PASS or r.kind is RegionKind.REDUCE or _short(lay):
+        return 0
+    row = 4 * lay.reduced  # cached as fp32
+    if row <= rowwise.MAX_SMEM_ROW:
+        return 0
+    return next((c for c in (2, 4, 8) if row <= c * CLUSTER_SEGMENT), 0)
 
 
 render = common.hosted_render(_layout, rowwise.render)
@@ -137,8 +155,15 @@ def _parallelism(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Mov
 
 
 def _tile(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
-    """Two-pass ops keep the row in shared memory between the passes."""
-    if not rp.smem_row and r.kind in (RegionKind.SOFTMAX, RegionKind.NORM):
+    """Two-pass ops keep the row in shared memory between the passes: one block's, or a cluster's when the
+    row is too long for one (a cluster of twice the blocks when it has one)."""
+    lay = _layout(r, low)
+    if lay is not None and (c := cluster_blocks(lay, r)):
+        if not rp.cluster:
+            yield from change("tile_shared_memory", plan, rp, cluster=c, **({"regs": 0} if rp.regs else {}))
+        elif rp.cluster * 2 <= rowwise.MAX_CLUSTER:
+            yield from change("tile_shared_memory", plan, rp, cluster=rp.cluster * 2)
+    elif not rp.smem_row and r.kind in (RegionKind.SOFTMAX, RegionKind.NORM):
         yield from change("tile_shared_memory", plan, rp, smem_row=True, **({"regs": 0} if rp.regs else {}))
 
 

@@ -8,7 +8,12 @@ pass 1. Reductions over rows too few to fill the GPU may split each row across b
 partial accumulators in a second small kernel. Two-pass ops over such rows (a LayerNorm over 4M-element
 rows, 16 of them) split them too: a first kernel writes each block's partial statistics, a second merges a
 row's partials in every block and writes that block's part of the row (two reads and a write per element,
-the whole GPU busy, where a block per row would leave all but 16 SMs idle).
+the whole GPU busy, where a block per row would leave all but 16 SMs idle). A two-pass op whose row is too
+long for one block's shared memory but fits a thread-block cluster's (`cluster`: 2 to 8 blocks, a row of
+up to ~1.5 MB of fp32) spreads each row over a cluster: every block caches its segment in shared memory
+while it reads it, the blocks' statistics are merged through distributed shared memory (in rank order:
+deterministic), and each block writes its segment from its cache: one DRAM read and one write an element,
+where a block per row reads a row of that length twice from DRAM.
 """
 
 from __future__ import annotations
@@ -28,6 +33,34 @@ if TYPE_CHECKING:
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
 MAX_REGS = 16  # vectors per thread a register-held row may take (64 fp32 registers at 16-byte vectors)
+MAX_CLUSTER = 8  # blocks a cluster: the portable limit (16 needs a non-portable opt-in)
+CLUSTER_SMEM = 227 * 1024  # dynamic shared memory a block of a cluster may take (the H100/H200 limit)
+
+# The cluster's three primitives, emitted only beside a cluster kernel (guarded: several regions may carry
+# them), so no other kernel's source, and so no recorded candidate's key, changes. The CPU emulator
+# (tests/cuda_emulator.py) defines KP_EMULATED and its own versions.
+CLUSTER_HELPERS = r"""#ifndef KP_CLUSTER_DEFINED
+#define KP_CLUSTER_DEFINED
+#ifndef KP_EMULATED
+// This block's rank in its cluster; the cluster's barrier (release/acquire: shared-memory writes before it
+// are seen by every block of the cluster after it); a pointer into another block's shared memory (mapa on
+// a generic address gives a generic one in the cluster's shared window).
+__device__ __forceinline__ unsigned kp_cluster_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void kp_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+template <class T>
+__device__ __forceinline__ T* kp_cluster_map(T* p, unsigned rank) {
+    unsigned long long out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
+    return reinterpret_cast<T*>(out);
+}
+#endif
+#endif"""
 
 
 def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None) -> Code:
@@ -126,6 +159,13 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         body += _regs_body(rid, sig, lay, rp, pre, post, x_dt, out_dt, warp)
         variants.append(Variant(f"kp_{rid}_v{rp.vec}_regs", rp.vec, regs=True))
         wrappers.append(kernel(lb, variants[-1].name, sig, f"kp_{rid}_regs<{rp.vec}>"))
+    csig = None
+    if cluster_ok(lay, rp, region):
+        csig = Signature((*params, i64("chunk"), *(post.params() if post else [])))
+        body += [CLUSTER_HELPERS, *_cluster_body(rid, csig, lay, rp, pre, post, x_dt, out_dt, warp, kind)]
+        for v in sorted({1, rp.vec}):
+            wrappers.append(kernel(f"{lb} __cluster_dims__({rp.cluster}, 1, 1)", f"kp_{rid}_cluster_v{v}", csig,
+                                   f"kp_{rid}_cluster<{v}>"))  # fmt: skip
     split2 = split_two_pass(lay, rp, region)
     ssig = None
     if split2:
@@ -149,11 +189,25 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
     )  # fmt: skip
     inputs = _inputs(region, lay, pre, post)
     launcher = _launcher(
-        region, lay, rp, pre, post, inputs, sig, variants, combine_sig, cache, out_dt, indices_only, ssig
+        region,
+        lay,
+        rp,
+        pre,
+        post,
+        inputs,
+        sig,
+        variants,
+        combine_sig,
+        cache,
+        out_dt,
+        indices_only,
+        ssig,
+        csig,
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
         *(f"kp_{rid}_{part}_v{v}" for v in sorted({1, rp.vec}) for part in ("part", "apply") if ssig),
+        *(f"kp_{rid}_cluster_v{v}" for v in sorted({1, rp.vec}) if csig),
     )  # fmt: skip
     return Code(cuda, launcher, f"_r_{rid}", kernels, tuple(v for _, v in inputs),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
@@ -165,6 +219,77 @@ def split_two_pass(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
         lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind is not RegionKind.REDUCE
         and rp.splits > 0 and not rp.warp_rows
     )  # fmt: skip
+
+
+def cluster_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
+    """Whether the plan spreads each row of a two-pass op over a thread-block cluster (when it fits)."""
+    return (
+        lay.op in reduce_ops.TWO_PASS and region.kind is not RegionKind.REDUCE and not rp.warp_rows
+        and 2 <= rp.cluster <= MAX_CLUSTER
+    )  # fmt: skip
+
+
+def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None,
+                  post: Fused | None, x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
+    """A row over the C blocks of a cluster, block `rank` taking columns [rank * chunk, +chunk): it reads its
+    segment once into shared memory, its statistics go to `part`, the cluster's barrier, every block merges
+    all the parts in rank order through distributed shared memory, a second barrier (no part is overwritten
+    by the next row while another block still reads it), then each block writes its segment from its cache."""
+    stats, f = _stats(lay)
+    red_n = "33" if warp else "blockDim.x"
+    C = rp.cluster
+    if lay.op == "group_norm":  # the segment may span several channels: each with its own scale and shift
+        w = "ld(w[ch])" if lay.has_weight else "1.0f"
+        b = "ld(b[ch])" if lay.has_bias else "0.0f"
+        write = [
+            "        const long long hw = cols / cg;",
+            "        for (long long cl = c0 / hw; cl < cg && cl * hw < c0 + n; ++cl) {",
+            "            const long long lo = cl * hw > c0 ? cl * hw : c0;",
+            "            const long long hi = (cl + 1) * hw < c0 + n ? (cl + 1) * hw : c0 + n;",
+            "            const long long ch = (r % groups) * cg + cl;",
+            "            (void)ch;",
+            f"            const float sc = rstd * {w};",
+            f"            const float sh = {b} - mean * sc;",
+            *("    " + t for t in _write_segment("rs + lo", "lo - c0", "hi - lo", f, x_dt, out_dt)),
+            "        }",
+        ]
+    else:
+        f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
+        write = _write_segment("start", "0", "n", f, x_dt, out_dt)
+    shift = [
+        "        const float K = pre(ld(x[rs]), rs);  // the row's first element, the same in every block"
+    ]
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_cluster({sig.decls()}) {{",
+        "    constexpr bool CACHE = true;",
+        f"    constexpr unsigned C = {C};",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
+        "    float* cache = reinterpret_cast<float*>(part + 1);  // this block's segment of the row",
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        "    const unsigned rank = kp_cluster_rank();",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+        "    for (long long r = blockIdx.x / C; r < rows; r += gridDim.x / C) {",
+        "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
+        "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        "        const long long start = rs + c0;",
+        f"        Acc acc = {kind.init};",
+        *(shift if kind.shift else []),
+        *_read(kind, rp, x_dt, cache=True),
+        f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());",
+        "        if (tid == 0) *part = acc;",
+        "        kp_cluster_sync();",
+        "        acc = *kp_cluster_map(part, 0);",
+        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+        "        kp_cluster_sync();",
+        *stats,
+        *write,
+        "    }",
+        "}",
+    ]
 
 
 def _read(kind: reduce_ops.Kind, rp: RowPlan, x_dt: str, cache: bool = False) -> list[str]:
@@ -447,6 +572,7 @@ def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
             "        const long long hw = cols / cg;",
             "        for (long long cl = 0; cl < cg; ++cl) {  // one channel of the group at a time",
             "            const long long ch = (r % groups) * cg + cl;",
+            "            (void)ch;",
             f"            const float sc = rstd * {w};",
             f"            const float sh = {b} - mean * sc;",
             *("    " + s for s in _write_segment("rs + cl * hw", "cl * hw", "hw", f, x_dt, out_dt)),
@@ -495,7 +621,8 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
 
 def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
-              cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None) -> str:  # fmt: skip
+              cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None,
+              csig: Signature | None = None) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
@@ -528,6 +655,22 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
         groups = str(lay.groups) if lay.groups else "x.shape[1]"
         lines.append(f"    groups = {groups}")
         lines.append("    cg = x.shape[1] // groups")
+    if csig is not None:  # a row too long for a block's shared memory, not for its cluster's
+        C = rp.cluster
+        cred = "33 * 16" if rp.warp_reduce else "cblock * 16"
+        lines += [
+            f"    chunk = -(-cols // {C})\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
+            f"    cblock = min({threads}, max(32, 1 << (max(1, -(-chunk // {rp.vec})) - 1).bit_length()))",
+            f"    csmem = {cred} + 16 + chunk * 4",
+            f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
+            f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
+            f"        cargs = ({csig.args()},)",
+            f"        if _aligned((x, y), {rp.vec}):  # the weight and bias are read one element at a time",
+            f"            kernels.kp_{rid}_cluster_v{rp.vec}(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821",
+            "        else:",
+            f"            kernels.kp_{rid}_cluster_v1(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821",
+            f"        return {ret}",
+        ]
     if ssig is not None:  # too few rows to fill the GPU: each split across blocks, statistics merged
         lines += [
             f"    splits = 1\n    if rows < sms * {rp.splits}:",

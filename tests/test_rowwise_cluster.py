@@ -1,0 +1,103 @@
+"""Two-pass row ops whose rows are too long for one block's shared memory (over 160 KB of fp32) but fit a
+thread-block cluster's: each row spread over the cluster's blocks, each block's segment cached in its shared
+memory and the statistics merged through distributed shared memory (templates/rowwise.py). Emulated against
+PyTorch on the CPU (tests/cuda_emulator.py runs a cluster's blocks at once), with the cluster path checked to
+be the one that ran; compiled for sm_90a by nvcc."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from cuda_emulator import build, load_model
+
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy
+from pipeline.static_check import check_launcher
+from pipeline.tasks import load_module, probe
+from pipeline.types import Kind, Status
+
+# name -> (module, what forward returns of y, input shape, blocks a cluster): rows of 176-400 KB
+CASES = {
+    "log_softmax_odd": ("nn.LogSoftmax(dim=-1)", "y", "2, 45001", 2),  # rows start unaligned
+    "softmax_scaled": ("nn.Softmax(dim=-1)", "y * 2", "2, 100000", 4),
+    "layer_norm_affine": ("nn.LayerNorm(50000)", "torch.relu(y)", "2, 50000", 2),
+    "rms_norm": ("nn.RMSNorm(41000)", "y", "3, 41000", 2),
+    "instance_norm": ("nn.InstanceNorm2d(3, affine=True)", "y", "2, 3, 210, 210", 2),
+    "group_norm_spanning": ("nn.GroupNorm(2, 6)", "y", "2, 6, 121, 121", 2),  # segments cross channels
+    # two cluster regions in one source: the cluster helpers are emitted once
+    "two_regions": (
+        "nn.InstanceNorm2d(3)",
+        "y, torch.log_softmax(x.flatten(2), dim=-1)",
+        "2, 3, 150, 301",
+        2,
+    ),
+}
+
+
+def _task(folder: Path, name: str) -> Path:
+    mod, ret, shape, _ = CASES[name]
+    path = folder / f"{name}.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.op = {mod}\n\n    def forward(self, x):\n"
+        f"        y = self.op(x)\n        return {ret}\n\n\n"
+        f"def get_inputs():\n    return [torch.randn({shape}) * 3 + 2]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+def _tuned(path: Path):
+    t = probe(path)
+    return ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
+    path = _task(tmp_path, name)
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p))
+    x = module.get_inputs()[0]
+    with torch.no_grad():
+        want = ref(x)
+    tuned = _tuned(path)
+    assert f'"cluster":{CASES[name][3]}' in tuned.source.splitlines()[0]
+    report = check_launcher(tuned.launcher)
+    assert report.ok and report.kind == Kind.CUSTOM, (report.library_ops, report.violations)
+    kernels = build(tuned.source, tmp_path)
+    model = load_model(tuned.launcher, kernels, sms=4)()
+    model.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        got = model(x)
+    names = [launch[0] for launch in kernels.launches]
+    assert names and all("_cluster_" in n for n in names), names
+    grids = {launch[1][0] for launch in kernels.launches}
+    assert all(g % CASES[name][3] == 0 for g in grids), grids  # whole clusters
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):
+    """Below 160 KB a row keeps its block (registers or shared memory); a cluster only costs barriers."""
+    path = tmp_path / "short.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        "        return torch.log_softmax(x, dim=-1)\n\n\ndef get_inputs():\n    return [torch.randn(4, 40000)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    assert '"cluster"' not in _tuned(path).source.splitlines()[0]
+
+
+def test_cluster_kernels_compile_for_sm90a_without_spills(tmp_path):
+    cands = [_tuned(_task(tmp_path, name)) for name in sorted(CASES)]
+    for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
+        assert b.status == Status.OK and not b.log, b.log
+        cluster = [r for r in b.resources if "_cluster_" in r.name]
+        assert len(cluster) >= 2 and all(r.spill_stores == 0 for r in cluster), cluster
