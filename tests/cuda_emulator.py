@@ -6,7 +6,9 @@ runs its blocks one after another on blockDim real threads, so barriers and shuf
 GPU; races and divergent barriers show up as wrong results or hangs. A kernel with `__cluster_dims__(C, 1,
 1)` runs its clusters one after another, the C blocks of each at once (C * blockDim threads), each block
 with its own shared memory and barriers, the cluster's barrier and the mapping of a block's shared memory
-to another's (distributed shared memory) as the PRELUDE's kp_cluster_* helpers define them on the GPU.
+to another's (distributed shared memory) as the kp_cluster_* helpers of templates/rowwise.py define them
+on the GPU. A static `__shared__` array is one for the whole cluster here: cluster kernels take dynamic
+shared memory only.
 `EmuKernels` stands in for the runtime's `Kernels`, so a generated launcher runs unchanged on CPU tensors.
 Slow: keep shapes small.
 """
