@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -197,23 +196,15 @@ def run_ncu(
         plan = sandbox.ncu_plan(cfg, waiting.scratch, job)
         warm.hand_over(waiting, dataclasses.replace(job, sandbox=plan.to_json()) if plan else job)
     else:
-        scratch_root = cfg.home / "scratch"
-        scratch_root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=scratch_root)).resolve()
-        job_path = scratch / "job.json"
-        plan = sandbox.ncu_plan(cfg, scratch, job)
-        job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
-        log_path = scratch / "ncu.csv"
-        proc = sandbox.spawn(
-            ncu_command(ncu, job_path, metrics, log_path, launch_count),
-            cwd=scratch,
-            scratch=scratch,
-            plan=plan,
-            trampoline=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+
+        def command(scratch: Path, log: Path, plan: sandbox.Plan | None) -> list[str]:
+            job_path = scratch / "job.json"
+            job_path.write_bytes(
+                jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job)
+            )
+            return ncu_command(ncu, job_path, metrics, log, launch_count)
+
+        proc, _, log_path = warm.spawn_tree(cfg, job, command)
     try:
         res = _finish(proc, log_path, metrics, timeout_s, t0)
         return dataclasses.replace(res, warm=waiting is not None)

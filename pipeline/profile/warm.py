@@ -56,22 +56,33 @@ def start(cfg: Config, ncu: str, metrics: tuple[str, ...], launch_count: int, co
         if _waiting is not None and _waiting.key == key and _waiting.proc.poll() is None:
             return
         _stop_locked()
-        root = cfg.home / "scratch"
-        root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=root)).resolve()
-        plan = sandbox.ncu_plan(cfg, scratch, jobs.Ncu("", cfg.seed))
-        log_path = scratch / "ncu.csv"
-        proc = sandbox.spawn(
-            command(scratch, log_path),
-            cwd=scratch,
-            scratch=scratch,
-            plan=plan,
-            trampoline=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        # No job yet: the plan's grants (task, cubin) are the job's, applied by the target once it comes.
+        proc, scratch, log_path = spawn_tree(
+            cfg, jobs.Ncu("", cfg.seed), lambda scratch, log, plan: command(scratch, log)
         )
         _waiting = Waiting(proc, scratch, log_path, key)
+
+
+def spawn_tree(cfg: Config, job: jobs.Ncu, command) -> tuple[subprocess.Popen, Path, Path]:
+    """ncu's process tree in a new scratch folder under the home, `job`'s sandbox plan's namespaces and
+    rlimits applied by the trampoline. `command(scratch, log_path, plan)` gives ncu's argv (and may write
+    the job file there first). Returns the process, the scratch folder and where ncu writes its CSV."""
+    root = cfg.home / "scratch"
+    root.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=root)).resolve()
+    plan = sandbox.ncu_plan(cfg, scratch, job)
+    log_path = scratch / "ncu.csv"
+    proc = sandbox.spawn(
+        command(scratch, log_path, plan),
+        cwd=scratch,
+        scratch=scratch,
+        plan=plan,
+        trampoline=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    return proc, scratch, log_path
 
 
 def take(cfg: Config, ncu: str, metrics: tuple[str, ...], launch_count: int) -> Waiting | None:

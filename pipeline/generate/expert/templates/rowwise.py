@@ -238,21 +238,8 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     stats, f = _stats(lay)
     red_n = "33" if warp else "blockDim.x"
     C = rp.cluster
-    if lay.op == "group_norm":  # the segment may span several channels: each with its own scale and shift
-        w = "ld(w[ch])" if lay.has_weight else "1.0f"
-        b = "ld(b[ch])" if lay.has_bias else "0.0f"
-        write = [
-            "        const long long hw = cols / cg;",
-            "        for (long long cl = c0 / hw; cl < cg && cl * hw < c0 + n; ++cl) {",
-            "            const long long lo = cl * hw > c0 ? cl * hw : c0;",
-            "            const long long hi = (cl + 1) * hw < c0 + n ? (cl + 1) * hw : c0 + n;",
-            "            const long long ch = (r % groups) * cg + cl;",
-            "            (void)ch;",
-            f"            const float sc = rstd * {w};",
-            f"            const float sh = {b} - mean * sc;",
-            *("    " + t for t in _write_segment("rs + lo", "lo - c0", "hi - lo", f, x_dt, out_dt)),
-            "        }",
-        ]
+    if lay.op == "group_norm":  # the segment may span several channels
+        write = _channels(lay, f, x_dt, out_dt, "c0", "n")
     else:
         f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
         write = _write_segment("start", "0", "n", f, x_dt, out_dt)
@@ -566,21 +553,29 @@ def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
     stats, f = _stats(lay)
     lines = list(stats)
     if lay.op == "group_norm":
-        w = "ld(w[ch])" if lay.has_weight else "1.0f"
-        b = "ld(b[ch])" if lay.has_bias else "0.0f"
-        lines += [
-            "        const long long hw = cols / cg;",
-            "        for (long long cl = 0; cl < cg; ++cl) {  // one channel of the group at a time",
-            "            const long long ch = (r % groups) * cg + cl;",
-            "            (void)ch;",
-            f"            const float sc = rstd * {w};",
-            f"            const float sh = {b} - mean * sc;",
-            *("    " + s for s in _write_segment("rs + cl * hw", "cl * hw", "hw", f, x_dt, out_dt)),
-            "        }",
-        ]
+        lines += _channels(lay, f, x_dt, out_dt, "0", "cols")
     else:
         lines += _write_segment("rs", "0", "cols", f, x_dt, out_dt)
     return lines
+
+
+def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str) -> list[str]:
+    """A group norm's columns [c0, c0 + n) of row r written one channel at a time, each with its scale and
+    shift (the cache holds the columns from c0 on)."""
+    w = "ld(w[ch])" if lay.has_weight else "1.0f"
+    b = "ld(b[ch])" if lay.has_bias else "0.0f"
+    return [
+        "        const long long hw = cols / cg;",
+        f"        for (long long cl = {c0} / hw; cl < cg && cl * hw < {c0} + {n}; ++cl) {{",
+        f"            const long long lo = cl * hw > {c0} ? cl * hw : {c0};",
+        f"            const long long hi = (cl + 1) * hw < {c0} + {n} ? (cl + 1) * hw : {c0} + {n};",
+        "            const long long ch = (r % groups) * cg + cl;",
+        "            (void)ch;",
+        f"            const float sc = rstd * {w};",
+        f"            const float sh = {b} - mean * sc;",
+        *("    " + t for t in _write_segment("rs + lo", f"lo - {c0}", "hi - lo", f, x_dt, out_dt)),
+        "        }",
+    ]
 
 
 def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str) -> list[str]:
