@@ -24,6 +24,7 @@ from pathlib import Path
 from pipeline import jobs, sandbox
 from pipeline.config import Config
 from pipeline.profile import warm
+from pipeline.profile.target import JOB_FILE
 from pipeline.types import Status
 
 METRICS_FILE = Path(__file__).with_name("metrics.txt")
@@ -188,20 +189,21 @@ def run_ncu(
         return NcuResult(Status.LAUNCH_ERROR, log="ncu (Nsight Compute) not found on this machine")
     metrics = metrics or curated_metrics()
     t0 = time.monotonic()
+
     # The namespaces go on ncu's whole tree through the trampoline; the target applies Landlock and seccomp
     # itself once CUDA is up (job.sandbox), since ncu must exec it and talk to its injected library.
+    def planned(plan: sandbox.Plan | None) -> jobs.Ncu:  # the job with its plan, for the target's late layers
+        return dataclasses.replace(job, sandbox=plan.to_json()) if plan else job
+
     waiting = warm.take(cfg, ncu, metrics, launch_count)
     if waiting is not None:
         proc, log_path = waiting.proc, waiting.log_path
-        plan = sandbox.ncu_plan(cfg, waiting.scratch, job)
-        warm.hand_over(waiting, dataclasses.replace(job, sandbox=plan.to_json()) if plan else job)
+        warm.hand_over(waiting, planned(sandbox.ncu_plan(cfg, waiting.scratch, job)))
     else:
 
         def command(scratch: Path, log: Path, plan: sandbox.Plan | None) -> list[str]:
-            job_path = scratch / "job.json"
-            job_path.write_bytes(
-                jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job)
-            )
+            job_path = scratch / JOB_FILE
+            job_path.write_bytes(jobs.encode(planned(plan)))
             return ncu_command(ncu, job_path, metrics, log, launch_count)
 
         proc, _, log_path = warm.spawn_tree(cfg, job, command)
@@ -219,7 +221,7 @@ def prewarm(cfg: Config, metrics: tuple[str, ...] | None = None, launch_count: i
     if ncu is None:
         return
     metrics = metrics or curated_metrics()
-    warm.start(cfg, ncu, metrics, launch_count, lambda scratch, log: ncu_command(
+    warm.start(cfg, ncu, metrics, launch_count, lambda scratch, log, plan: ncu_command(
         ncu, None, metrics, log, launch_count, wait_in=scratch))  # fmt: skip
 
 

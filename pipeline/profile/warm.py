@@ -49,7 +49,7 @@ def settings_key(cfg: Config, ncu: str, metrics: tuple[str, ...], launch_count: 
 
 def start(cfg: Config, ncu: str, metrics: tuple[str, ...], launch_count: int, command) -> None:
     """Start a target for these settings unless one is waiting already (or is left over for others: it is
-    stopped and replaced). `command(scratch, log_path)` is ncu's argv for a target started with --wait."""
+    stopped and replaced). `command(scratch, log_path, plan)` is ncu's argv for a target started with --wait."""
     global _waiting
     key = settings_key(cfg, ncu, metrics, launch_count)
     with _lock:
@@ -57,9 +57,7 @@ def start(cfg: Config, ncu: str, metrics: tuple[str, ...], launch_count: int, co
             return
         _stop_locked()
         # No job yet: the plan's grants (task, cubin) are the job's, applied by the target once it comes.
-        proc, scratch, log_path = spawn_tree(
-            cfg, jobs.Ncu("", cfg.seed), lambda scratch, log, plan: command(scratch, log)
-        )
+        proc, scratch, log_path = spawn_tree(cfg, jobs.Ncu("", cfg.seed), command)
         _waiting = Waiting(proc, scratch, log_path, key)
 
 

@@ -660,12 +660,18 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
-            f"        if _aligned((x, y), {rp.vec}):  # the weight and bias are read one element at a time",
-            f"            kernels.kp_{rid}_cluster_v{rp.vec}(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821",
-            "        else:",
-            f"            kernels.kp_{rid}_cluster_v1(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821",
-            f"        return {ret}",
         ]
+        call = "kernels.kp_{}_cluster_v{}(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821"
+        if rp.vec > 1:  # the weight and bias are read one element at a time: x and y alone must align
+            lines += [
+                f"        if _aligned((x, y), {rp.vec}):",
+                f"            {call.format(rid, rp.vec)}",
+                "        else:",
+                f"            {call.format(rid, 1)}",
+            ]
+        else:
+            lines.append(f"        {call.format(rid, 1)}")
+        lines.append(f"        return {ret}")
     if ssig is not None:  # too few rows to fill the GPU: each split across blocks, statistics merged
         lines += [
             f"    splits = 1\n    if rows < sms * {rp.splits}:",
