@@ -7,7 +7,8 @@
 # folder); BENCH_DIR: the bench folder kept in the repository (benchmarks/results/bench-level1), copied to
 # /tmp and resumed there, so the repository's copy changes only when its files are copied back by hand.
 # WHEELS (optional): a folder of wheels the image lacks (nvidia-cutlass for the GEMM families), installed
-# first. Writes $OUT/sweep-NAME.tgz (NAME: BENCH_DIR's name): the bench's rows (results.jsonl, and
+# first. CONTINUE=1: resume the /tmp copy an earlier part of the same call left (e.g. a --retry part, then
+# the rest), so the one file brought back holds both parts' runs. Writes $OUT/sweep-NAME.tgz (NAME: BENCH_DIR's name): the bench's rows (results.jsonl, and
 # results.retried.jsonl with --retry), summary.json, report.md, bench.out / bench.err, doctor.txt (the
 # toolchain it ran with) and runs/*/log.jsonl of this part's runs. One file: the device tool brings back
 # only a few a call, and the sweep may share its call with other work.
@@ -21,11 +22,15 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 name=$(basename "$bench")
 work=/tmp/sweep-$name
-rm -rf "$work" && cp -r "$bench" "$work" && chmod -R u+w "$work"
-python3 -m pipeline.cli doctor > "$work/doctor.txt" 2>&1
-touch "$work/.started"  # the runs written after this are this part's
+if [ "${CONTINUE:-0}" = 1 ] && [ -f "$work/.started" ]; then
+  echo "continuing $work"
+else
+  rm -rf "$work" && cp -r "$bench" "$work" && chmod -R u+w "$work"
+  python3 -m pipeline.cli doctor > "$work/doctor.txt" 2>&1
+  touch "$work/.started"  # the runs written after this are this part's
+fi
 python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budget" "$@" \
-  > "$work/bench.out" 2> "$work/bench.err"
+  >> "$work/bench.out" 2>> "$work/bench.err"
 echo "rc=$?" >> "$work/bench.out"
 (cd "$work" && {
   for f in results.jsonl results.retried.jsonl summary.json report.md bench.out bench.err doctor.txt; do
