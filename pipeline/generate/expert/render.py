@@ -15,11 +15,13 @@ from pipeline.generate.expert.regions import FALLBACK, Lowered, RegionKind, lowe
 from pipeline.generate.expert.templates.code import (
     CUTE_FLAGS,
     GATHER,
+    GATHER_HALF,
     LAUNCHER_HELPERS,
     RESHAPE_HELPERS,
     Code,
+    gathered,
 )
-from pipeline.generate.expert.templates.common import PRELUDE
+from pipeline.generate.expert.templates.common import HALF_DEFINE, HALF_TYPES, PRELUDE
 
 __all__ = ["RenderError", "nvcc_flags", "prepare", "render", "uses_cute"]
 
@@ -60,8 +62,13 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
         codes[r.rid] = family.render(r, rp, low, hunter)
     if not codes:
         raise RenderError("no region is computed by our kernels")
-    cuda = "\n".join([header(plan), PRELUDE, *(c.cuda for c in codes.values()), GATHER]) + "\n"
-    return cuda, _launcher(low, plan, codes)
+    # fp16/bf16 headers, helpers and gathers only where a kernel or launcher uses them: the headers are
+    # most of a float-only build's nvcc time
+    half = any(HALF_TYPES.search(c.cuda) or HALF_TYPES.search(c.launcher) for c in codes.values())
+    head = [header(plan), HALF_DEFINE, PRELUDE] if half else [header(plan), PRELUDE]
+    tail = [GATHER, GATHER_HALF] if half else [GATHER]
+    cuda = "\n".join([*head, *(c.cuda for c in codes.values()), *tail]) + "\n"
+    return cuda, _launcher(low, plan, codes, half)
 
 
 def uses_cute(plan: Plan) -> bool:
@@ -78,7 +85,7 @@ def nvcc_flags(plan: Plan) -> tuple[str, ...]:
 # The launcher
 
 
-def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code]) -> str:
+def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> str:
     g = low.graph
     fused = plan.fused()
     summary = "; ".join(f"{r.rid}: {r.kind}" for r in low.regions if r.rid not in fused)
@@ -91,6 +98,7 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code]) -> str:
         "import torch",
         "import torch.nn as nn",
         "import torch.nn.functional as F",
+        gathered(half),
         LAUNCHER_HELPERS,
     ]
     model = _model(low, plan, codes)

@@ -75,7 +75,7 @@ def _contig(t):
     """t as a contiguous tensor; a strided view (a transpose, a broadcast) is gathered by our own kernel."""
     if t.is_contiguous():
         return t
-    if t.dim() > 8 or t.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.bool, torch.int64):
+    if t.dim() > 8 or t.dtype not in _GATHERED:
         return t.contiguous()
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     n = t.numel()
@@ -179,9 +179,10 @@ def _reshape(t, shape):
 '''
 
 
-# Our own kernels for making strided views contiguous (see _contig), in every generated source.
-GATHER = "\n".join(
-    f"""extern "C" __global__ void __launch_bounds__(256)
+def _gather_kernels(*types: tuple[str, str]) -> str:
+    """Our own kernels for making strided views contiguous (see _contig), one per (tag, C type)."""
+    return "\n".join(
+        f"""extern "C" __global__ void __launch_bounds__(256)
 kp_gather_{tag}(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long n, int nd,
 {" ".join(f"long long s{d}," for d in range(8))}
 {" ".join(f"long long t{d}," for d in range(8)).rstrip(",")}) {{
@@ -201,14 +202,18 @@ kp_gather_{tag}(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long 
     }}
 }}
 """
-    for tag, ct in (
-        ("f32", "float"),
-        ("f16", "__half"),
-        ("bf16", "__nv_bfloat16"),
-        ("b8", "bool"),
-        ("i64", "long long"),
+        for tag, ct in types
     )
-)
+
+
+GATHER = _gather_kernels(("f32", "float"), ("b8", "bool"), ("i64", "long long"))  # in every generated source
+GATHER_HALF = _gather_kernels(("f16", "__half"), ("bf16", "__nv_bfloat16"))  # in sources that use fp16/bf16
+
+
+def gathered(half: bool) -> str:
+    """The launcher's line naming the dtypes its source has a gather kernel for (_contig)."""
+    halves = " torch.float16, torch.bfloat16," if half else ""
+    return f"_GATHERED = (torch.float32,{halves} torch.bool, torch.int64)"
 
 
 def region_source(header: str, fused_from: tuple, body: list[str], wrappers: list[str], *tail: str) -> str:

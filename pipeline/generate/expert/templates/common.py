@@ -6,8 +6,18 @@ namespace so unused ones cost nothing; kernels are `extern "C"` so the runtime f
 
 from __future__ import annotations
 
-PRELUDE = r"""#include <cuda_fp16.h>
+import re
+
+# What in a kernel's source needs the fp16/bf16 types and the prelude's helpers for them (render.py).
+HALF_TYPES = re.compile(
+    r"__half|__nv_bfloat16|__float2half|__float2bfloat16|__bfloat162|__floats2|kp_round_(?:bf16|f16)|kp_gather_b?f16"
+)
+HALF_DEFINE = "#define KP_HALF_TYPES"
+
+PRELUDE = r"""#ifdef KP_HALF_TYPES  // defined only for sources that use fp16/bf16: the headers are most of a small build
+#include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#endif
 #include <math_constants.h>
 #include <climits>
 #include <cstdint>
@@ -21,8 +31,10 @@ struct alignas(sizeof(T) * V) Vec {
 };
 
 __device__ __forceinline__ float ld(float x) { return x; }
+#ifdef KP_HALF_TYPES
 __device__ __forceinline__ float ld(__half x) { return __half2float(x); }
 __device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+#endif
 __device__ __forceinline__ float ld(bool x) { return x ? 1.0f : 0.0f; }
 __device__ __forceinline__ float ld(long long x) { return (float)x; }
 __device__ __forceinline__ float ld(int x) { return (float)x; }
@@ -31,8 +43,10 @@ __device__ __forceinline__ float ld(signed char x) { return (float)x; }
 
 template <typename T> __device__ __forceinline__ T cv(float x);
 template <> __device__ __forceinline__ float cv<float>(float x) { return x; }
+#ifdef KP_HALF_TYPES
 template <> __device__ __forceinline__ __half cv<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 cv<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+#endif
 template <> __device__ __forceinline__ bool cv<bool>(float x) { return x != 0.0f; }
 template <> __device__ __forceinline__ long long cv<long long>(float x) { return (long long)x; }
 template <> __device__ __forceinline__ int cv<int>(float x) { return (int)x; }
@@ -107,8 +121,10 @@ __device__ __forceinline__ float kp_remainder(float a, float b) {
     const float r = fmodf(a, b);
     return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
 }
+#ifdef KP_HALF_TYPES
 __device__ __forceinline__ float kp_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float kp_round_f16(float x) { return __half2float(__float2half_rn(x)); }
+#endif
 
 // ---- reductions: one accumulator type for every kind (unused fields are optimised away) ----
 struct Acc {
