@@ -913,6 +913,20 @@ def test_emulated_family_kernels_match_the_reference(cases, name):
     _emulate(path, [p.candidate for p in props], CASES[name][3])
 
 
+@needs_gxx
+@pytest.mark.slow
+def test_emulated_scans_stage_chunks_through_shared_memory(cases):
+    """Rows of several chunks (256 threads x 8 items), forward, reverse and exclusive, through the staged
+    loads and stores of the tuned plan and the direct ones of the plain plan."""
+    scans = ExpertPolicy().propose(ctx(cases["scans"]), 2)
+    assert "__shared__ float stage[" in scans[1].candidate.source
+    assert "__shared__ float stage[" not in scans[0].candidate.source
+    _emulate(cases["scans"], [p.candidate for p in scans], 1e-4, inputs=[torch.randn(2, 3, 4500)])
+    folded = ExpertPolicy().propose(ctx(cases["folded_scans"]), 2)
+    _emulate(cases["folded_scans"], [p.candidate for p in folded], 1e-4,
+             inputs=[torch.randn(2, 3, 4100), torch.randn(3, 4600)])  # fmt: skip
+
+
 def _misaligned(*shape, dtype=torch.float32):
     """A contiguous tensor whose data starts 4 bytes past an aligned address (16-byte accesses would fault)."""
     n = 1

@@ -40,10 +40,59 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     dst = "(Lo - 1 - c)" if lay.reverse else "c"  # output position c of the scan order, in memory
     valid = "c < Lo && k >= 0 && k < L" if lay.exclusive else "c < L"
     lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
+    load = f"{valid} ? pre(ld(x[rs + {src}]), rs + {src}) : {ident}"
+    store = f"y[ro + {dst}] = cv<{yt}>(post({{}}, ro + {dst}));"
+    direct_load = [
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        f"                const long long c = base + i, k = c - {shift};",
+        f"                v[i] = {load};",
+        "            }",
+    ]
+    direct_store = [
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        "                const long long c = base + i;",
+        f"                if (c < Lo) {store.format(f'prefix {op} v[i]')}",
+        "            }",
+    ]
+    # Several items a thread: the chunk goes through shared memory both ways, so that each warp access is one
+    # contiguous run (thread t takes element t + i * THREADS) while each thread scans consecutive items.
+    # One padding word every 32 keeps the per-thread reads (stride ITEMS) off one bank.
+    staged = rp.items > 1 and rp.threads * rp.items <= 8192  # static shared memory stays under 48 KB
+    staged_load = [
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        "                const int j = tid + i * THREADS;",
+        f"                const long long c = c0 + j, k = c - {shift};",
+        f"                stage[j + (j >> 5)] = {load};",
+        "            }",
+        "            __syncthreads();",
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        "                const int j = tid * ITEMS + i;",
+        "                v[i] = stage[j + (j >> 5)];",
+        "            }",
+    ]
+    staged_store = [  # stage was last read before the warp totals' barriers: safe to overwrite
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        "                const int j = tid * ITEMS + i;",
+        f"                stage[j + (j >> 5)] = prefix {op} v[i];",
+        "            }",
+        "            __syncthreads();",
+        "#pragma unroll",
+        "            for (int i = 0; i < ITEMS; ++i) {",
+        "                const int j = tid + i * THREADS;",
+        "                const long long c = c0 + j;",
+        f"                if (c < Lo) {store.format('stage[j + (j >> 5)]')}",
+        "            }",
+    ]
     row = [
         f"__device__ __forceinline__ void kp_{rid}_row_body({sig.decls()}) {{",
-        f"    constexpr int ITEMS = {rp.items};",
+        f"    constexpr int ITEMS = {rp.items}, THREADS = {rp.threads};",
         "    __shared__ float warp_tot[32];",
+        *(["    __shared__ float stage[THREADS * ITEMS + THREADS * ITEMS / 32];"] if staged else []),
         *lams,
         "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;",
         "    (void)inner;",
@@ -54,11 +103,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "        for (long long c0 = 0; c0 < Lo; c0 += (long long)blockDim.x * ITEMS) {",
         "            const long long base = c0 + (long long)tid * ITEMS;",
         "            float v[ITEMS];",
-        "#pragma unroll",
-        "            for (int i = 0; i < ITEMS; ++i) {",
-        f"                const long long c = base + i, k = c - {shift};",
-        f"                v[i] = {valid} ? pre(ld(x[rs + {src}]), rs + {src}) : {ident};",
-        "            }",
+        *(staged_load if staged else direct_load),
         "#pragma unroll",
         f"            for (int i = 1; i < ITEMS; ++i) v[i] = v[i - 1] {op} v[i];",
         "            float t = v[ITEMS - 1];  // inclusive scan of the thread totals across the warp",
@@ -82,12 +127,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "            float e = __shfl_up_sync(0xffffffffu, t, 1);  // exclusive within the warp",
         f"            if (lane == 0) e = {ident};",
         f"            const float prefix = carry {op} (warp > 0 ? warp_tot[warp - 1] : {ident}) {op} e;",
-        "#pragma unroll",
-        "            for (int i = 0; i < ITEMS; ++i) {",
-        "                const long long c = base + i;",
-        "                if (c < Lo)",
-        f"                    y[ro + {dst}] = cv<{yt}>(post(prefix {op} v[i], ro + {dst}));",
-        "            }",
+        *(staged_store if staged else direct_store),
         *(
             ["            carry = carry * warp_tot[warps - 1];"]
             if prod
