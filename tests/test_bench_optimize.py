@@ -90,8 +90,8 @@ def test_throughput_counts_the_timed_candidates_over_the_runs_minutes(tmp_path):
     assert math.isclose(got["gpu_minutes"], (events[-1].t - events[0].t) / 60, abs_tol=1e-3)
     assert math.isclose(sum(got["seconds_by_stage"].values()), events[-1].t - events[0].t, abs_tol=0.3)
     assert got["per_task"][row["key"]]["timed"] == len(timed)
-    # the worker's phases are in these recordings; the timing loop's parts were logged after they were made
-    assert got["worker_seconds"]["timing"] > 0 and got["timing_seconds"] == {}
+    # the worker's phases and the timing loop's parts are in these recordings
+    assert got["worker_seconds"]["timing"] > 0 and {"calls", "checks", "inputs"} <= set(got["timing_seconds"])
 
 
 def test_the_peer_benchmark_writes_tasks_the_expert_takes_and_the_reference_runs(tmp_path):
