@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from expert_plans import tuned_with_edit
 
 from pipeline import stages
 from pipeline.candidates import make_candidate
@@ -636,6 +637,10 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
     return path
 
 
+# Families whose kernel under test is an edit's: long rows over thread-block clusters (tile_shared_memory).
+EDITED = {"long_rows": "tile_shared_memory"}
+
+
 def proposals(path: Path) -> list:
     """The first two proposals and the first edit of each: four candidates per task."""
     task = probe(path)
@@ -665,6 +670,8 @@ def assert_ok(cands, results, hybrid: bool) -> None:
 def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, shape):
     path = family_task(tmp_path, name, shape)
     cands = proposals(path)
+    if name in EDITED:  # a path neither first plan takes, reached by an edit on every region
+        cands.append(tuned_with_edit(path, EDITED[name]))
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=name in GEMMS | CONVS | DIRECT | ATTENTION | GATHERS)
     if name in GEMMS | CONVS | DIRECT | ATTENTION:  # the tuned plan runs our kernel

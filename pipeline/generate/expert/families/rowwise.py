@@ -108,10 +108,10 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         # A long row streamed once (a sum, a GEMV's dot products): four loads in flight per thread, where
         # one at a time left a block waiting on DRAM latency between its loads.
         rp = dataclasses.replace(rp, unroll=LONG_ROW_PASSES)
-    elif c := cluster_blocks(lay, r):
-        # A row too long for one block's shared memory (LogSoftmax over 393216 columns, an InstanceNorm over
-        # 512 x 512): read once into its cluster's, where a block per row read it twice from DRAM.
-        rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=LONG_ROW_PASSES)
+    # A row too long for one block's shared memory keeps a block per row, read twice: spread over a cluster
+    # (tile_shared_memory) it is read once, but measured slower on the H200 (KernelBench LogSoftmax, 1.5 MB
+    # rows: 6.19 ms against 4.67; InstanceNorm 6.68 against 5.61): a 192 KB segment a block leaves one block
+    # an SM, which waits on DRAM through each pass and barrier. The search may still try it.
     return rp
 
 

@@ -1,0 +1,24 @@
+"""Test helper: a task's tuned candidate with one edit made on every region that takes it (what the search
+reaches in several steps, e.g. a cluster for each long-row region)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.candidates import make_candidate
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, capture, plan_of
+from pipeline.generate.expert.edits import legal_edits
+from pipeline.generate.expert.render import nvcc_flags, prepare, render
+from pipeline.tasks import probe
+from pipeline.types import Candidate
+
+
+def tuned_with_edit(path: Path, edit: str) -> Candidate:
+    t = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    low, plan = prepare(capture(path)), plan_of(tuned.source)
+    for rid in [rp.rid for rp in plan.regions]:
+        plan = next((p for label, p in legal_edits(plan, low) if label.startswith(f"{edit}({rid}:")), plan)
+    source, launcher = render(low, plan)
+    return make_candidate(t.id, source, launcher, nvcc_flags(plan), parent=tuned.key, edit=edit)
