@@ -421,6 +421,18 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "pool_rows": (  # stride-1 windows over long rows: staged in shared memory, several blocks a row
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = nn.MaxPool1d(8, stride=1, padding=4, dilation=3)
+                self.a = nn.AvgPool2d(4, stride=1, padding=1)
+            def forward(self, x):
+                return self.m(x.flatten(2)), self.a(x)
+        """,
+        "[]",
+    ),
     "avg_pool2d": (
         """
         class Model(nn.Module):
@@ -565,6 +577,7 @@ SHAPES = {
     ],
     "max_pool3d": ["(2, 3, 9, 17, 13)"],
     "avg_pool2d": ["(3, 5, 37, 53)", "(1, 1, 1, 2)"],
+    "pool_rows": ["(2, 3, 3, 3001)", "(1, 2, 4, 700)"],
     "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],
     "relu_attention": ["(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 24)"],

@@ -34,8 +34,9 @@ POOLS = {  # name -> (module, input shape, dtype)
 }  # fmt: skip
 
 
-def _task(folder: Path, name: str) -> Path:
-    mod, shape, dt = POOLS[name]
+def _task(folder: Path, name: str, shape: str = "") -> Path:
+    mod, default, dt = POOLS[name]
+    shape = shape or default
     path = folder / f"{name}.py"
     path.write_text(
         HEADER + "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -92,6 +93,25 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
         assert torch.equal(got.isnan(), want.isnan()), cand.edit
         tol = 1e-6 if x.dtype == torch.float32 else 1e-2
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, equal_nan=True, msg=cand.edit)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, shape",
+    [("max1d_dilated", "1, 2, 2600"), ("avg1d", "2, 1, 2300"), ("max2d", "1, 1, 4, 1100"),
+     ("avg2d_no_pad_count", "1, 1, 3, 2100")],
+)  # fmt: skip
+def test_emulated_staged_pools_over_rows_of_several_blocks(tmp_path, name, shape):
+    """Rows longer than a staged block's run: runs that start inside a row, a tail run, padding at both ends."""
+    path = _task(tmp_path, name, shape)
+    x = load_module(path).get_inputs()[0]
+    want = load_module(path).Model()(x)
+    t = probe(path)
+    (tuned,) = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1:]
+    (rp,) = plan_of(tuned.candidate.source).regions
+    assert rp.stage and rp.threads * rp.outs < want.shape[-1], rp
+    got = load_model(tuned.candidate.launcher, build(tuned.candidate.source, tmp_path))()(x)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_pools_compile_for_sm90a_without_spills(tmp_path):

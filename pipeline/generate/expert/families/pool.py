@@ -2,7 +2,8 @@
 cores (templates/pool.py): any kernel, stride, padding, dilation (max), ceil mode, count_include_pad and
 divisor override. Max pooling that also returns indices stays in PyTorch. Both plans take our kernel (there
 is no library anchor to keep). Edits: coarsen_threads (outputs a thread x2, up to 8), more_parallelism
-(x1/2), resize_grid (threads x2 and /2).
+(x1/2), resize_grid (threads x2 and /2), tile_shared_memory (overlapping windows: each window row's inputs
+staged in shared memory, read from there by a thread's consecutive outputs).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
-from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import pool
 from pipeline.generate.expert.templates.code import Code
@@ -26,10 +27,11 @@ MAX_OUTS = 8
 @dataclass(frozen=True)
 class PoolPlan(RegionPlan):
     TAG: ClassVar[str] = "pool"
-    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads")
+    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads", "stage")
 
     outs: int = 1  # outputs of one row a thread computes
     threads: int = 256
+    stage: bool = False  # overlapping windows: window rows staged in shared memory (templates/pool.py)
 
 
 def _triple(v: Any, dims: int, default: int) -> tuple[int, int, int] | None:
@@ -77,8 +79,24 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> PoolPlan:
-    """Plain: an output a thread. Tuned: four (each window row read once for them)."""
-    return PoolPlan(r.rid, outs=4) if tuned else PoolPlan(r.rid)
+    """Plain: an output a thread. Tuned: four; where windows overlap, staged, eight a thread along long
+    rows, and a block about as wide as a short row."""
+    f = form(r, low)
+    if not tuned:
+        return PoolPlan(r.rid)
+    if isinstance(f, str) or not pool.overlaps(f):
+        return PoolPlan(r.rid, outs=4)
+    outs = 8 if f.out[2] >= 2048 else 4
+    threads = 64
+    while threads < 256 and threads * outs < f.out[2]:
+        threads *= 2
+    return PoolPlan(r.rid, outs=outs, threads=threads, stage=True)
+
+
+def _stage(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
+    f = form(r, low)
+    if not rp.stage and not isinstance(f, str) and pool.overlaps(f):
+        yield from change("tile_shared_memory", plan, rp, stage=True)
 
 
 def render(r: Region, rp: PoolPlan, low: Lowered, hunter: Any) -> Code:
@@ -93,6 +111,6 @@ FAMILY = Family(
     claims=claims,
     first=first,
     render=render,
-    edits=common.output_edits(MAX_OUTS),
+    edits={**common.output_edits(MAX_OUTS), "tile_shared_memory": _stage},
     order=12,
 )

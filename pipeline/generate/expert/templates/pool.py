@@ -40,6 +40,23 @@ def lanes(f: PoolForm, outs: int) -> int:
     return -(-f.out[2] // outs)
 
 
+SPAN_MAX = 11_000  # floats of a staged window row (with its padding, under 48 KB of static shared memory)
+
+
+def span(f: PoolForm, threads: int, outs: int) -> int:
+    """The inputs one window row of a staged block's THREADS * OUTS outputs reads."""
+    return (threads * outs - 1) * f.stride[2] + (f.kernel[2] - 1) * f.dil[2] + 1
+
+
+def overlaps(f: PoolForm) -> bool:
+    """Whether neighbouring windows share inputs along W (what staging saves)."""
+    return (f.kernel[2] - 1) * f.dil[2] + 1 > f.stride[2]
+
+
+def staged(f: PoolForm, rp: PoolPlan) -> bool:
+    return rp.stage and overlaps(f) and span(f, rp.threads, rp.outs) <= SPAN_MAX
+
+
 def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
     rid = r.rid
     t = ctype(dtype)
@@ -64,15 +81,58 @@ def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
                 "        const float res = acc[u] / (float)((min(z1, ID) - max(z0, 0)) * (min(y1, IH) - max(y0, 0)) "
                 "* (x1 - max(x0, 0)));"
             )
-    cuda = f"""namespace kp_{rid} {{
-constexpr int OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
+    if staged(f, rp):
+        body, tiling = (
+            _STAGED,
+            (
+                f"constexpr int THREADS = {rp.threads}, TW = THREADS * OUTS, TILES = (OW + TW - 1) / TW;  // a block's run\n"
+                "constexpr int SPAN = (TW - 1) * SW + (KW - 1) * DW + 1;  // the inputs one window row of it reads"
+            ),
+        )
+    else:
+        body, tiling = _DIRECT, f"constexpr int LANES = {lanes(f, rp.outs)};"
+    consts = f"""namespace kp_{rid} {{
+constexpr int OUTS = {rp.outs};
 constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
 constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
+{tiling}
 }}  // namespace kp_{rid}
 extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.decls()}) {{
     using namespace kp_{rid};
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+"""
+    fill = "-CUDART_INF_F" if f.op == "max" else "0.f"  # (staged) outside the input: no effect on the result
+    cuda = consts + body.format(t=t, init=init, step=step, finish=finish, fill=fill) + "}\n"
+    n = r.node
+    x = n.args[0]
+    in_shape = tuple(n.shape or ())[: -f.dims]  # (N, C) or (C,): the leading dims
+    lead = len(in_shape)
+    sp_in = ", ".join(str(v) for v in f.size[3 - f.dims :])
+    sp_out = ", ".join(str(v) for v in f.out[3 - f.dims :])
+    if staged(f, rp):  # a block a run of THREADS * OUTS outputs of one row
+        grid = f"min(rows * {-(-f.out[2] // (rp.threads * rp.outs))}, MAX_GRID_X)"
+    else:
+        grid = f"-(-rows * {lanes(f, rp.outs)} // {rp.threads})"
+    launcher = "\n".join([
+        f"def _pool_{rid}(sms, x):",
+        f'    """{f.op.capitalize()} pooling ({f.dims}-D) on the CUDA cores: {rp.outs} outputs a thread, '
+        f'{rp.threads} threads a block{", window rows staged in shared memory" if staged(f, rp) else ""}."""',
+        f"    if tuple(x.shape[{lead}:]) != ({sp_in},):",
+        f"        raise ValueError(f'kernelpro expert: the pool was compiled for inputs (..., {sp_in}), not "
+        "{tuple(x.shape)}')",
+        "    x = _contig(x)",
+        f"    out = torch.empty((*x.shape[:{lead}], {sp_out}), dtype={torch_dtype(dtype)}, device=x.device)",
+        f"    rows = out.numel() // {ow}",
+        "    if rows:",
+        f"        kernels.kp_{rid}_pool(({grid},), ({rp.threads},), ({sig.args()}))  # noqa: F821",
+        "    return out",
+    ])  # fmt: skip
+    return Code(cuda, launcher, f"_pool_{rid}", (f"kp_{rid}_pool",), (x.name,), r.outputs)
+
+
+# Consecutive threads take consecutive pixels (OUTS of them LANES apart): each warp load is one run, the
+# window's other taps hit the cache.
+_DIRECT = """    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * LANES) return;
     const long long row = i / LANES;  // (plane * OD + oz) * OH + oy, plane = n * C + c
     const int lane = (int)(i - row * LANES);
@@ -113,27 +173,63 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
         {finish}
         out[row * OW + ox] = cv<{t}>(res);
     }}
-}}
 """
-    n = r.node
-    x = n.args[0]
-    in_shape = tuple(n.shape or ())[: -f.dims]  # (N, C) or (C,): the leading dims
-    lead = len(in_shape)
-    sp_in = ", ".join(str(v) for v in f.size[3 - f.dims :])
-    sp_out = ", ".join(str(v) for v in f.out[3 - f.dims :])
-    launcher = "\n".join([
-        f"def _pool_{rid}(sms, x):",
-        f'    """{f.op.capitalize()} pooling ({f.dims}-D) on the CUDA cores: {rp.outs} outputs a thread, '
-        f'{rp.threads} threads a block."""',
-        f"    if tuple(x.shape[{lead}:]) != ({sp_in},):",
-        f"        raise ValueError(f'kernelpro expert: the pool was compiled for inputs (..., {sp_in}), not "
-        "{tuple(x.shape)}')",
-        "    x = _contig(x)",
-        f"    out = torch.empty((*x.shape[:{lead}], {sp_out}), dtype={torch_dtype(dtype)}, device=x.device)",
-        f"    rows = out.numel() // {ow}",
-        "    if rows:",
-        f"        kernels.kp_{rid}_pool((-(-rows * {lanes(f, rp.outs)} // {rp.threads}),), ({rp.threads},), "
-        f"({sig.args()}))  # noqa: F821",
-        "    return out",
-    ])  # fmt: skip
-    return Code(cuda, launcher, f"_pool_{rid}", (f"kp_{rid}_pool",), (x.name,), r.outputs)
+
+# Overlapping windows (stride < window): each window row's span of inputs is loaded once into shared
+# memory, coalesced, and each thread computes OUTS consecutive outputs from it, so a tap its outputs share
+# is read once, not once per output (the direct kernel's L1 traffic is its limit). The results go out
+# through shared memory too, coalesced. One padding word every 32 keeps the stride-OUTS reads off one
+# bank; outside the input, the op's identity stands in for the padding.
+_STAGED = """    __shared__ float s[SPAN + SPAN / 32 + 1];
+    const int t = threadIdx.x;
+    for (long long b = blockIdx.x; b < rows * TILES; b += gridDim.x) {{  // block-uniform
+        const long long row = b / TILES;  // (plane * OD + oz) * OH + oy, plane = n * C + c
+        const int ox0 = (int)(b - row * TILES) * TW, ix0 = ox0 * SW - PW;
+        const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
+        const {t}* xp = x + (row / ((long long)OH * OD)) * ((long long)ID * IH * IW);
+        const int z0 = oz * SD - PD, y0 = oy * SH - PH;
+        const int z1 = min(z0 + KD, ID + PD), y1 = min(y0 + KH, IH + PH);  // (average) the padded window's end
+        (void)z1; (void)y1;
+        float acc[OUTS];
+        #pragma unroll
+        for (int v = 0; v < OUTS; ++v) acc[v] = {init};
+        for (int kz = 0; kz < KD; ++kz) {{
+            const int iz = z0 + kz * DD;
+            if ((unsigned)iz >= (unsigned)ID) continue;  // block-uniform
+            for (int ky = 0; ky < KH; ++ky) {{
+                const int iy = y0 + ky * DH;
+                if ((unsigned)iy >= (unsigned)IH) continue;
+                const {t}* xr = xp + ((long long)iz * IH + iy) * IW;
+                __syncthreads();  // the last window row is read
+                for (int e = t; e < SPAN; e += THREADS) {{
+                    const int ix = ix0 + e;
+                    s[e + (e >> 5)] = (unsigned)ix < (unsigned)IW ? ld(xr[ix]) : {fill};
+                }}
+                __syncthreads();
+                #pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {{
+                    #pragma unroll
+                    for (int v = 0; v < OUTS; ++v) {{
+                        const int e = (t * OUTS + v) * SW + kx * DW;
+                        const float xv = s[e + (e >> 5)];
+                        {step}
+                    }}
+                }}
+            }}
+        }}
+        __syncthreads();
+        #pragma unroll
+        for (int u = 0; u < OUTS; ++u) {{
+            const int e = t * OUTS + u, ox = ox0 + e;  // (average) the divisor's window
+            (void)ox;
+            {finish}
+            s[e + (e >> 5)] = res;
+        }}
+        __syncthreads();
+        for (int e = t; e < TW; e += THREADS) {{
+            const int ox = ox0 + e;
+            if (ox < OW) out[row * OW + ox] = cv<{t}>(s[e + (e >> 5)]);
+        }}
+        __syncthreads();  // s is refilled by the next run
+    }}
+"""
