@@ -679,9 +679,13 @@ def test_fp16_and_bf16_headers_and_gathers_only_where_a_kernel_uses_them(cases):
     out, with the 16-bit gathers (its launcher's _contig then copies a 16-bit view with torch)."""
     (f32,) = ExpertPolicy().propose(ctx(TASKS / "softmax.py"), 1)
     (b16,) = ExpertPolicy().propose(ctx(cases["bf16_chain"]), 1)
-    assert "#define KP_HALF_TYPES" not in f32.candidate.source and "kp_gather_bf16" not in f32.candidate.source
+    assert (
+        "#define KP_HALF_TYPES" not in f32.candidate.source and "kp_gather_bf16" not in f32.candidate.source
+    )
     assert "_GATHERED = (torch.float32, torch.bool, torch.int64)" in f32.candidate.launcher
-    assert f32.candidate.source.splitlines()[1].startswith("#ifdef KP_HALF_TYPES")  # the plan's line, the guard
+    assert f32.candidate.source.splitlines()[1].startswith(
+        "#ifdef KP_HALF_TYPES"
+    )  # the plan's line, the guard
     assert b16.candidate.source.splitlines()[1] == "#define KP_HALF_TYPES"
     assert "kp_gather_bf16" in b16.candidate.source and "torch.bfloat16," in b16.candidate.launcher
 

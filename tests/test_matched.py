@@ -240,7 +240,9 @@ def test_a_resumed_run_keeps_its_speed_tolerance(tmp_path):
 
 # -- replayed: an energy run recorded on the H200 as it was (no energies put in) ---------------------------
 
-ENERGY_RUN = ROOT / "tests" / "fixtures" / "energy" / "elementwise_chain" / "log.jsonl"  # 2026-12-03b, 8 evals
+ENERGY_RUN = (
+    ROOT / "tests" / "fixtures" / "energy" / "elementwise_chain" / "log.jsonl"
+)  # 2026-12-03b, 8 evals
 
 
 def test_a_real_energy_run_replays_to_its_recorded_choice_and_front(tmp_path):
