@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from expert_plans import tuned_with_edit
 
 from pipeline.candidates import load_candidate
 from pipeline.compile import ToolchainError, compile_candidates, find_nvcc
@@ -921,14 +922,16 @@ def test_emulated_family_kernels_match_the_reference(cases, name):
 @pytest.mark.slow
 def test_emulated_scans_stage_chunks_through_shared_memory(cases):
     """Rows of several chunks (256 threads x 8 items), forward, reverse and exclusive, through the staged
-    loads and stores of the tuned plan and the direct ones of the plain plan."""
-    scans = ExpertPolicy().propose(ctx(cases["scans"]), 2)
-    assert "__shared__ float stage[" in scans[1].candidate.source
-    assert "__shared__ float stage[" not in scans[0].candidate.source
-    _emulate(cases["scans"], [p.candidate for p in scans], 1e-4, inputs=[torch.randn(2, 3, 4500)])
-    folded = ExpertPolicy().propose(ctx(cases["folded_scans"]), 2)
-    _emulate(cases["folded_scans"], [p.candidate for p in folded], 1e-4,
-             inputs=[torch.randn(2, 3, 4100), torch.randn(3, 4600)])  # fmt: skip
+    loads and stores of the tile_shared_memory edit and the direct ones of the plain and tuned plans."""
+    for name, inputs in (
+        ("scans", [torch.randn(2, 3, 4500)]),
+        ("folded_scans", [torch.randn(2, 3, 4100), torch.randn(3, 4600)]),
+    ):
+        first = [p.candidate for p in ExpertPolicy().propose(ctx(cases[name]), 2)]
+        staged = tuned_with_edit(cases[name], "tile_shared_memory")
+        assert "__shared__ float stage[" in staged.source
+        assert not any("__shared__ float stage[" in c.source for c in first)
+        _emulate(cases[name], [*first, staged], 1e-4, inputs=inputs)
 
 
 def _misaligned(*shape, dtype=torch.float32):

@@ -650,8 +650,9 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
     return path
 
 
-# Families whose kernel under test is an edit's: long rows over thread-block clusters (tile_shared_memory).
-EDITED = {"long_rows": "tile_shared_memory"}
+# Families with a kernel that only an edit makes (tile_shared_memory): long rows over thread-block clusters,
+# staged pools and scans.
+EDITED = dict.fromkeys(("long_rows", "pool_rows", "scan", "folded_scans"), "tile_shared_memory")
 
 
 def proposals(path: Path) -> list:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_emulator import build, load_model
+from expert_plans import tuned_with_edit
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
@@ -106,16 +107,19 @@ def test_emulated_staged_pools_over_rows_of_several_blocks(tmp_path, name, shape
     path = _task(tmp_path, name, shape)
     x = load_module(path).get_inputs()[0]
     want = load_module(path).Model()(x)
-    t = probe(path)
-    (tuned,) = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1:]
-    (rp,) = plan_of(tuned.candidate.source).regions
+    staged = tuned_with_edit(path, "tile_shared_memory")
+    (rp,) = plan_of(staged.source).regions
     assert rp.stage and rp.threads * rp.outs < want.shape[-1], rp
-    got = load_model(tuned.candidate.launcher, build(tuned.candidate.source, tmp_path))()(x)
+    got = load_model(staged.launcher, build(staged.source, tmp_path))()(x)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_pools_compile_for_sm90a_without_spills(tmp_path):
     cands = [c for name in sorted(POOLS) for c in _candidates(_task(tmp_path, name))[:2]]
+    cands += [
+        tuned_with_edit(_task(tmp_path, name), "tile_shared_memory")
+        for name in ("max1d_dilated", "avg2d_no_pad_count")
+    ]
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         (k,) = [r for r in b.resources if r.name.endswith("_pool")]

@@ -1,7 +1,8 @@
 """Scans (cumsum, cumprod; inclusive or exclusive, from either end: scans.py folds them) along any
 dimension: a block per row along the last one, a thread per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
 
-Edits: fuse_kernels / fuse_epilogue, coarsen_threads (items per thread x2), persistent_grid, resize_grid,
+Edits: fuse_kernels / fuse_epilogue, coarsen_threads (items per thread x2), tile_shared_memory (chunks
+staged in shared memory: coalesced accesses for several items a thread), persistent_grid, resize_grid,
 increase_occupancy, reduce_registers (items /2, else the occupancy bound).
 """
 
@@ -30,6 +31,7 @@ class ScanPlan(RegionPlan):
     persistent: int = 0  # blocks per SM for a persistent grid (along the last dim); 0: a block per row
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
     items: int = 1  # consecutive items per thread (along the last dim)
+    stage: bool = False  # several items a thread: chunks loaded and stored through shared memory, coalesced
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -51,6 +53,11 @@ def _coarsen(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
         yield from change("coarsen_threads", plan, rp, items=rp.items * 2)
 
 
+def _stage(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
+    if not rp.stage and rp.items > 1:
+        yield from change("tile_shared_memory", plan, rp, stage=True)
+
+
 def _registers(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
     if rp.items > 1:
         yield from change("reduce_registers", plan, rp, items=rp.items // 2)
@@ -66,6 +73,7 @@ FAMILY = Family(
     edits={
         **common.FUSE_EDITS,
         "coarsen_threads": _coarsen,
+        "tile_shared_memory": _stage,
         "persistent_grid": common.persistent_grid,
         "resize_grid": common.resize_grid,
         "increase_occupancy": common.increase_occupancy,

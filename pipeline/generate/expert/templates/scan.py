@@ -3,8 +3,8 @@ the reference's flips and concatenations into these).
 
 Along the last dimension: a block per row walks it in chunks of blockDim.x * ITEMS; each thread scans
 its ITEMS consecutive elements in registers, a warp-shuffle scan and one shared-memory round over the
-warps give each thread its prefix, and a running carry links the chunks. With several items a thread, a
-chunk is loaded and stored through shared memory, so that global accesses stay coalesced. Along any other dimension: a
+warps give each thread its prefix, and a running carry links the chunks. With several items a thread and
+`stage`, a chunk is loaded and stored through shared memory, so that global accesses stay coalesced. Along any other dimension: a
 thread per column walks down it, so every warp access is one contiguous run.
 
 Both walk the scan's own order, position c of Lo outputs: an exclusive scan takes input c - 1 there (the
@@ -60,7 +60,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     # Several items a thread: the chunk goes through shared memory both ways, so that each warp access is one
     # contiguous run (thread t takes element t + i * THREADS) while each thread scans consecutive items.
     # One padding word every 32 keeps the per-thread reads (stride ITEMS) off one bank.
-    staged = rp.items > 1 and rp.threads * rp.items <= 8192  # static shared memory stays under 48 KB
+    staged = rp.stage and rp.items > 1 and rp.threads * rp.items <= 8192  # static shared memory < 48 KB
     staged_load = [
         "#pragma unroll",
         "            for (int i = 0; i < ITEMS; ++i) {",
@@ -91,9 +91,16 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     ]
     row = [
         f"__device__ __forceinline__ void kp_{rid}_row_body({sig.decls()}) {{",
-        f"    constexpr int ITEMS = {rp.items}, THREADS = {rp.threads};",
+        f"    constexpr int ITEMS = {rp.items};",
         "    __shared__ float warp_tot[32];",
-        *(["    __shared__ float stage[THREADS * ITEMS + THREADS * ITEMS / 32];"] if staged else []),
+        *(
+            [
+                f"    constexpr int THREADS = {rp.threads};",
+                "    __shared__ float stage[THREADS * ITEMS + THREADS * ITEMS / 32];",
+            ]
+            if staged
+            else []
+        ),
         *lams,
         "    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;",
         "    (void)inner;",
