@@ -8,6 +8,7 @@ staged in shared memory, read from there by a thread's consecutive outputs).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -87,7 +88,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> PoolPlan:
 
 def _stage(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
     f = form(r, low)
-    if not rp.stage and not isinstance(f, str) and pool.overlaps(f):
+    if not rp.stage and not isinstance(f, str) and pool.staged(f, dataclasses.replace(rp, stage=True)):
         yield from change("tile_shared_memory", plan, rp, stage=True)
 
 

@@ -54,7 +54,7 @@ def _coarsen(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
 
 
 def _stage(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
-    if not rp.stage and rp.items > 1:
+    if not rp.stage and scan.stages(rp.threads, rp.items):
         yield from change("tile_shared_memory", plan, rp, stage=True)
 
 

@@ -27,6 +27,11 @@ if TYPE_CHECKING:
     from pipeline.generate.expert.families.scan import ScanPlan
 
 
+def stages(threads: int, items: int) -> bool:
+    """Whether a chunk can go through shared memory: several items a thread, static shared memory < 48 KB."""
+    return items > 1 and threads * items <= 8192
+
+
 def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
     prod = lay.op == "cumprod"
@@ -60,7 +65,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     # Several items a thread: the chunk goes through shared memory both ways, so that each warp access is one
     # contiguous run (thread t takes element t + i * THREADS) while each thread scans consecutive items.
     # One padding word every 32 keeps the per-thread reads (stride ITEMS) off one bank.
-    staged = rp.stage and rp.items > 1 and rp.threads * rp.items <= 8192  # static shared memory < 48 KB
+    staged = rp.stage and stages(rp.threads, rp.items)
     staged_load = [
         "#pragma unroll",
         "            for (int i = 0; i < ITEMS; ++i) {",
