@@ -11,6 +11,7 @@ divisor override.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -102,7 +103,9 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     using namespace kp_{rid};
 """
     fill = "-CUDART_INF_F" if f.op == "max" else "0.f"  # (staged) outside the input: no effect on the result
-    cuda = consts + body.format(t=t, init=init, step=step, finish=finish, fill=fill) + "}\n"
+    depth = "        " if body is _STAGED else "    "
+    window = textwrap.indent(_WINDOW.format(t=t, init=init), depth)
+    cuda = consts + body.format(t=t, step=step, finish=finish, fill=fill, window=window) + "}\n"
     n = r.node
     x = n.args[0]
     in_shape = tuple(n.shape or ())[: -f.dims]  # (N, C) or (C,): the leading dims
@@ -130,20 +133,25 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     return Code(cuda, launcher, f"_pool_{rid}", (f"kp_{rid}_pool",), (x.name,), r.outputs)
 
 
+# An output row's plane, its window's first input row and plane (and, for the average, the padded window's
+# ends) and the accumulators: the start of both kernels' work on a row, indented to where it goes.
+_WINDOW = """const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
+const {t}* xp = x + (row / ((long long)OH * OD)) * ((long long)ID * IH * IW);
+const int z0 = oz * SD - PD, y0 = oy * SH - PH;
+const int z1 = min(z0 + KD, ID + PD), y1 = min(y0 + KH, IH + PH);  // (average) the padded window's end
+(void)z1; (void)y1;
+float acc[OUTS];
+#pragma unroll
+for (int v = 0; v < OUTS; ++v) acc[v] = {init};"""
+
+
 # Consecutive threads take consecutive pixels (OUTS of them LANES apart): each warp load is one run, the
 # window's other taps hit the cache.
 _DIRECT = """    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * LANES) return;
     const long long row = i / LANES;  // (plane * OD + oz) * OH + oy, plane = n * C + c
     const int lane = (int)(i - row * LANES);
-    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
-    const {t}* xp = x + (row / ((long long)OH * OD)) * ((long long)ID * IH * IW);
-    const int z0 = oz * SD - PD, y0 = oy * SH - PH;
-    const int z1 = min(z0 + KD, ID + PD), y1 = min(y0 + KH, IH + PH);  // (average) the padded window's end
-    (void)z1; (void)y1;
-    float acc[OUTS];
-    #pragma unroll
-    for (int v = 0; v < OUTS; ++v) acc[v] = {init};
+{window}
     #pragma unroll
     for (int kz = 0; kz < KD; ++kz) {{
         const int iz = z0 + kz * DD;
@@ -177,7 +185,7 @@ _DIRECT = """    const long long i = (long long)blockIdx.x * blockDim.x + thread
 
 # Overlapping windows (stride < window): each window row's span of inputs is loaded once into shared
 # memory, coalesced, and each thread computes OUTS consecutive outputs from it, so a tap its outputs share
-# is read once, not once per output (the direct kernel's L1 traffic is its limit). The results go out
+# is read once, not once per output (measured no faster on the H200: an edit, see families/pool.py). The results go out
 # through shared memory too, coalesced. One padding word every 32 keeps the stride-OUTS reads off one
 # bank; outside the input, the op's identity stands in for the padding.
 _STAGED = """    __shared__ float s[SPAN + SPAN / 32 + 1];
@@ -185,14 +193,7 @@ _STAGED = """    __shared__ float s[SPAN + SPAN / 32 + 1];
     for (long long b = blockIdx.x; b < rows * TILES; b += gridDim.x) {{  // block-uniform
         const long long row = b / TILES;  // (plane * OD + oz) * OH + oy, plane = n * C + c
         const int ox0 = (int)(b - row * TILES) * TW, ix0 = ox0 * SW - PW;
-        const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
-        const {t}* xp = x + (row / ((long long)OH * OD)) * ((long long)ID * IH * IW);
-        const int z0 = oz * SD - PD, y0 = oy * SH - PH;
-        const int z1 = min(z0 + KD, ID + PD), y1 = min(y0 + KH, IH + PH);  // (average) the padded window's end
-        (void)z1; (void)y1;
-        float acc[OUTS];
-        #pragma unroll
-        for (int v = 0; v < OUTS; ++v) acc[v] = {init};
+{window}
         for (int kz = 0; kz < KD; ++kz) {{
             const int iz = z0 + kz * DD;
             if ((unsigned)iz >= (unsigned)ID) continue;  // block-uniform

@@ -4,8 +4,8 @@ the reference's flips and concatenations into these).
 Along the last dimension: a block per row walks it in chunks of blockDim.x * ITEMS; each thread scans
 its ITEMS consecutive elements in registers, a warp-shuffle scan and one shared-memory round over the
 warps give each thread its prefix, and a running carry links the chunks. With several items a thread and
-`stage`, a chunk is loaded and stored through shared memory, so that global accesses stay coalesced. Along any other dimension: a
-thread per column walks down it, so every warp access is one contiguous run.
+`stage`, a chunk is loaded and stored through shared memory, so that global accesses stay coalesced.
+Along any other dimension: a thread per column walks down it, so every warp access is one contiguous run.
 
 Both walk the scan's own order, position c of Lo outputs: an exclusive scan takes input c - 1 there (the
 identity at 0), a reverse one reads and writes from the far end (L - 1 - k, Lo - 1 - c). Only the
