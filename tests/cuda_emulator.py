@@ -35,6 +35,7 @@ SHIM = r"""
 #include <functional>
 #include <memory>
 #include <thread>
+#include <optional>
 #include <vector>
 #include <algorithm>
 using std::max;  // CUDA's integer min and max
@@ -77,6 +78,10 @@ static uint64_t kp_xchg[KP_EMU_MAX_CLUSTER * 32][32];
 inline void __syncthreads() { kp_block_bar[kp_emu_rank]->arrive_and_wait(); }
 inline unsigned kp_cluster_rank() { return kp_emu_rank; }
 inline void kp_cluster_sync() { kp_cluster_bar->arrive_and_wait(); }
+// The split barrier: arrive now, wait later (the token a thread holds between them is its own).
+thread_local std::optional<std::barrier<>::arrival_token> kp_emu_token;
+inline void kp_cluster_arrive() { kp_emu_token.emplace(kp_cluster_bar->arrive()); }
+inline void kp_cluster_wait() { kp_cluster_bar->wait(std::move(*kp_emu_token)); kp_emu_token.reset(); }
 template <class T> inline T* kp_cluster_map(T* p, unsigned rank) {
     return reinterpret_cast<T*>(kp_emu_smem[rank] + (reinterpret_cast<unsigned char*>(p) - kp_emu_smem_base));
 }

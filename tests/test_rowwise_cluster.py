@@ -15,8 +15,10 @@ from expert_plans import tuned_with_edit
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy
 from pipeline.static_check import check_launcher
-from pipeline.tasks import load_module
+from pipeline.tasks import load_module, probe
 from pipeline.types import Kind, Status
 
 # name -> (module, what forward returns of y, input shape, blocks a cluster): rows of 176-400 KB
@@ -50,9 +52,9 @@ def _task(folder: Path, name: str) -> Path:
 
 
 def _clustered(path: Path):
-    """A cluster for each row one block cannot cache: the search's tile_shared_memory edit (the tuned plan
-    keeps a block per row, measured faster on the H200)."""
-    return tuned_with_edit(path, "tile_shared_memory")
+    """The tuned plan: a cluster for each row one block cannot cache, 8 loads in flight a thread."""
+    t = probe(path)
+    return ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
 
 
 @pytest.mark.slow
@@ -70,6 +72,7 @@ def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
         want = ref(x)
     tuned = _clustered(path)
     assert f'"cluster":{CASES[name][3]}' in tuned.source.splitlines()[0]
+    assert '"unroll":8' in tuned.source.splitlines()[0] and "t_[8]" in tuned.source  # the batched loads
     report = check_launcher(tuned.launcher)
     assert report.ok and report.kind == Kind.CUSTOM, (report.library_ops, report.violations)
     kernels = build(tuned.source, tmp_path)
@@ -92,7 +95,8 @@ def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):
         "        return torch.log_softmax(x, dim=-1)\n\n\ndef get_inputs():\n    return [torch.randn(4, 40000)]\n\n\n"
         "def get_init_inputs():\n    return []\n"
     )
-    assert '"smem_row":true' in _clustered(path).source.splitlines()[0]
+    assert '"cluster"' not in _clustered(path).source.splitlines()[0]
+    assert '"smem_row":true' in tuned_with_edit(path, "tile_shared_memory").source.splitlines()[0]
 
 
 def test_cluster_kernels_compile_for_sm90a_without_spills(tmp_path):

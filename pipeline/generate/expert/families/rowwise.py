@@ -32,6 +32,7 @@ FEW_ROWS = 256  # rows of a two-pass op below which a split is planned (about 2 
 SHORT_ROW = 1024  # a warp per row below this many elements
 LONG_ROW_PASSES = 4  # a reduction's tuned loop is unrolled this far when a row takes that many block passes
 CLUSTER_SEGMENT = 192 * 1024  # bytes of a row one block of a cluster caches, at most (of its 227 KB)
+CLUSTER_UNROLL = 8  # 16-byte loads in flight a thread of a cluster's block (1024 threads: 128 KB an SM)
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,13 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         # A long row streamed once (a sum, a GEMV's dot products): four loads in flight per thread, where
         # one at a time left a block waiting on DRAM latency between its loads.
         rp = dataclasses.replace(rp, unroll=LONG_ROW_PASSES)
-    # A row too long for one block's shared memory keeps a block per row, read twice: spread over a cluster
-    # (tile_shared_memory) it is read once, but measured slower on the H200 (KernelBench LogSoftmax, 1.5 MB
-    # rows: 6.19 ms against 4.67; InstanceNorm 6.68 against 5.61): a 192 KB segment a block leaves one block
-    # an SM, which waits on DRAM through each pass and barrier. The search may still try it.
+    # A row too long for one block's shared memory, read twice by a block per row (the second read misses
+    # L2: a few hundred MB of rows are in flight), is read once spread over a cluster, each block's segment
+    # cached in its shared memory, 8 loads in flight a thread: alone on its SM, a block needs them all to
+    # keep DRAM busy. On the H200 (benchmarks/rownorm_variants.py): 4.61 ms against 5.62 for a block per row
+    # over 1 MB rows, 3.96 against 4.76 over 1.5 MB rows, 4.62 against 6.03 over 256 KB rows.
+    elif (c := cluster_blocks(lay, r)) and not rp.regs:
+        rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=CLUSTER_UNROLL)
     return rp
 
 

@@ -53,6 +53,14 @@ __device__ __forceinline__ unsigned kp_cluster_rank() {
 __device__ __forceinline__ void kp_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The same barrier split: arrive once this block's reads of the others' shared memory are done, wait only
+// before that memory is written again (or the block exits), so the write pass runs in between.
+__device__ __forceinline__ void kp_cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void kp_cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
 template <class T>
 __device__ __forceinline__ T* kp_cluster_map(T* p, unsigned rank) {
     unsigned long long out;
@@ -232,9 +240,10 @@ def cluster_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
 def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None,
                   post: Fused | None, x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
     """A row over the C blocks of a cluster, block `rank` taking columns [rank * chunk, +chunk): it reads its
-    segment once into shared memory, its statistics go to `part`, the cluster's barrier, every block merges
-    all the parts in rank order through distributed shared memory, a second barrier (no part is overwritten
-    by the next row while another block still reads it), then each block writes its segment from its cache."""
+    segment once into shared memory (`unroll` 16-byte loads in flight a thread), its statistics go to `part`,
+    the cluster's barrier, every block merges all the parts in rank order through distributed shared memory
+    and arrives at a second barrier, writes its segment from its cache, then waits on that barrier (no part
+    is overwritten by the next row, and no block exits, while another block may still read its part)."""
     stats, f = _stats(lay)
     red_n = "33" if warp else "blockDim.x"
     C = rp.cluster
@@ -265,35 +274,69 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "        const long long start = rs + c0;",
         f"        Acc acc = {kind.init};",
         *(shift if kind.shift else []),
-        *_read(kind, rp, x_dt, cache=True),
+        *_read(kind, rp, x_dt, cache=True, batched=True),
         f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());",
         "        if (tid == 0) *part = acc;",
         "        kp_cluster_sync();",
         "        acc = *kp_cluster_map(part, 0);",
         f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
-        "        kp_cluster_sync();",
+        "        kp_cluster_arrive();",
         *stats,
         *write,
+        "        kp_cluster_wait();",
         "    }",
         "}",
     ]
 
 
-def _read(kind: reduce_ops.Kind, rp: RowPlan, x_dt: str, cache: bool = False) -> list[str]:
+def _read(
+    kind: reduce_ops.Kind, rp: RowPlan, x_dt: str, cache: bool = False, batched: bool = False
+) -> list[str]:
     """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
-    with `cache`, each also goes to the shared-memory copy of the row (when CACHE)."""
+    with `cache`, each also goes to the shared-memory copy of the row (when CACHE). `batched`: a thread
+    issues its `unroll` vector loads before it uses any (the pragma alone left one load in flight, and a
+    cluster's block, alone on its SM, waited on DRAM for each)."""
     push = [
         "const float v_ = pre(RAW, start + c);",
         *(["if (CACHE) cache[c] = v_;"] if cache else []),
         kind.push("acc", "v_", "c0 + c"),
     ]
     xt = ctype(x_dt)
-    return [
+    head = [
         "        const long long head = head_of<V>(start, n);",
         "        const long long nv = (n - head) / V;",
         "        for (long long c = tid; c < head; c += nt) {",
         *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
         "        }",
+    ]
+    tail = [
+        "        for (long long c = head + nv * V + tid; c < n; c += nt) {",
+        *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
+        "        }",
+    ]
+    if batched:
+        U = max(1, rp.unroll)
+        return [
+            *head,
+            f"        for (long long j0 = tid; j0 < nv; j0 += (long long)nt * {U}) {{",
+            f"            Vec<{xt}, V> t_[{U}];",
+            "#pragma unroll",
+            f"            for (int u = 0; u < {U}; ++u)",
+            f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + start + head + (j0 + u * nt) * V);",
+            "#pragma unroll",
+            f"            for (int u = 0; u < {U}; ++u) {{",
+            "                if (j0 + u * nt >= nv) break;",
+            "#pragma unroll",
+            "                for (int e = 0; e < V; ++e) {",
+            "                    const long long c = head + (j0 + u * nt) * V + e;",
+            *[f"                    {t.replace('RAW', 'ld(t_[u].v[e])')}" for t in push],
+            "                }",
+            "            }",
+            "        }",
+            *tail,
+        ]
+    return [
+        *head,
         f"#pragma unroll {rp.unroll}",
         "        for (long long j = tid; j < nv; j += nt) {",
         f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + start + head + j * V);",
@@ -303,9 +346,7 @@ def _read(kind: reduce_ops.Kind, rp: RowPlan, x_dt: str, cache: bool = False) ->
         *[f"                {t.replace('RAW', 'ld(t.v[e])')}" for t in push],
         "            }",
         "        }",
-        "        for (long long c = head + nv * V + tid; c < n; c += nt) {",
-        *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
-        "        }",
+        *tail,
     ]
 
 
