@@ -24,10 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import jobs, sandbox, stages  # noqa: E402
+from pipeline import jobs, stages  # noqa: E402
 from pipeline.candidates import load_candidate  # noqa: E402
 from pipeline.config import Config, load  # noqa: E402
-from pipeline.profile import collect  # noqa: E402
+from pipeline.profile import collect, warm  # noqa: E402
 from pipeline.static_check import check_launcher  # noqa: E402
 from pipeline.types import Status, to_dict  # noqa: E402
 
@@ -38,39 +38,31 @@ NCU_LAUNCH_COUNT = collect.PER_CONFIG  # one launch per distinct kernel configur
 def rules_text(ncu: str, job: jobs.Ncu, cfg: Config, timeout_s: float) -> str:
     """ncu's own analysis (--set full, rules on) as a person would read it: the baseline we compare to.
     Started as run_ncu starts ncu: through the sandbox, since the target runs the candidate."""
-    scratch = Path(tempfile.mkdtemp(prefix="ncu-rules-", dir=cfg.home))
-    plan = sandbox.ncu_plan(cfg, scratch, job)
-    job_path = scratch / "job.json"
-    job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
-    cmd = [
-        ncu,
-        "--clock-control",
-        "none",
-        "--profile-from-start",
-        "off",
-        "-c",
-        "4",
-        "--set",
-        "full",
-        "--page",
-        "details",
-        "--print-details",
-        "all",
-        sys.executable,
-        "-m",
-        "pipeline.profile.target",
-        str(job_path),
-    ]
-    proc = sandbox.spawn(
-        cmd,
-        cwd=scratch,
-        scratch=scratch,
-        plan=plan,
-        trampoline=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+
+    def command(scratch: Path, _log: Path, plan) -> list[str]:
+        job_path = scratch / "job.json"
+        job_path.write_bytes(jobs.encode(dataclasses.replace(job, sandbox=plan.to_json()) if plan else job))
+        return [
+            ncu,
+            "--clock-control",
+            "none",
+            "--profile-from-start",
+            "off",
+            "-c",
+            "4",
+            "--set",
+            "full",
+            "--page",
+            "details",
+            "--print-details",
+            "all",
+            sys.executable,
+            "-m",
+            "pipeline.profile.target",
+            str(job_path),
+        ]
+
+    proc, _, _ = warm.spawn_tree(cfg, job, command, stderr=subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -61,10 +61,13 @@ def start(cfg: Config, ncu: str, metrics: tuple[str, ...], launch_count: int, co
         _waiting = Waiting(proc, scratch, log_path, key)
 
 
-def spawn_tree(cfg: Config, job: jobs.Ncu, command) -> tuple[subprocess.Popen, Path, Path]:
+def spawn_tree(
+    cfg: Config, job: jobs.Ncu, command, stderr: int = subprocess.STDOUT
+) -> tuple[subprocess.Popen, Path, Path]:
     """ncu's process tree in a new scratch folder under the home, `job`'s sandbox plan's namespaces and
     rlimits applied by the trampoline. `command(scratch, log_path, plan)` gives ncu's argv (and may write
-    the job file there first). Returns the process, the scratch folder and where ncu writes its CSV."""
+    the job file there first). Returns the process, the scratch folder and where ncu writes its CSV.
+    `stderr`: merged into stdout (the default), or `subprocess.PIPE` to read it apart."""
     root = cfg.home / "scratch"
     root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="ncu-", dir=root)).resolve()
@@ -77,7 +80,7 @@ def spawn_tree(cfg: Config, job: jobs.Ncu, command) -> tuple[subprocess.Popen, P
         plan=plan,
         trampoline=True,
         stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+        stderr=stderr,
         text=True,
     )
     return proc, scratch, log_path
