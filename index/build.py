@@ -58,6 +58,7 @@ class BuildReport:
     files_unchanged: int
     files_removed: int
     chunks_added: int  # chunks written (new or replaced)
+    chunks_embedded: int  # short texts embedded for them: chunks with the same one share its vector
     chunks_deleted: int  # stale or removed-file chunks deleted
     chunks_total: int
     seconds: float
@@ -118,9 +119,10 @@ def embed_text(text: str, meta: dict[str, Any]) -> str:
 # --- llama-index pieces ------------------------------------------------------------------------------
 
 
-def _ingestion_pipeline(collection: Collection, embedder: Embedder, max_batch: int) -> Any:
+def _ingestion_pipeline(collection: Collection, embedder: Embedder, max_batch: int) -> tuple[Any, Any]:
     """IngestionPipeline: Document(chunk) -> TextNode with our id and metadata -> embedding of the short
-    text -> Chroma (upsert, not add: a replaced chunk keeps its id when its symbol and line stay)."""
+    text -> Chroma (upsert, not add: a replaced chunk keeps its id when its symbol and line stay). Returns it
+    and its embedding step, which counts the texts it embedded."""
     from llama_index.core.ingestion import IngestionPipeline
     from llama_index.core.schema import BaseNode, MetadataMode, TextNode, TransformComponent
     from llama_index.core.vector_stores.utils import node_to_metadata_dict
@@ -143,11 +145,17 @@ def _ingestion_pipeline(collection: Collection, embedder: Embedder, max_batch: i
 
     class ShortTextEmbedding(TransformComponent):
         _embed: Any = PrivateAttr()
+        embedded: int = 0
 
         def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
+            # Each distinct short text once: overloads and #if branches of one symbol in one file often
+            # share theirs (a tenth of CUTLASS's chunks), and the model is most of an index build's time.
             texts = [embed_text(n.get_content(metadata_mode=MetadataMode.NONE), n.metadata) for n in nodes]
-            for n, vec in zip(nodes, self._embed.get_text_embedding_batch(texts), strict=True):
-                n.embedding = vec
+            unique = list(dict.fromkeys(texts))
+            vecs = dict(zip(unique, self._embed.get_text_embedding_batch(unique), strict=True))
+            for n, t in zip(nodes, texts, strict=True):
+                n.embedding = vecs[t]
+            self.embedded += len(unique)
             return nodes
 
     class UpsertChromaVectorStore(ChromaVectorStore):
@@ -170,11 +178,12 @@ def _ingestion_pipeline(collection: Collection, embedder: Embedder, max_batch: i
 
     embed = ShortTextEmbedding()
     embed._embed = embedder.llama_index(batch_size=EMBED_BATCH)
-    return IngestionPipeline(
+    pipeline = IngestionPipeline(
         transformations=[ChunksToNodes(), embed],
         vector_store=UpsertChromaVectorStore(chroma_collection=collection.chroma),
         disable_cache=True,  # content hashes per file already decide what is re-embedded
     )
+    return pipeline, embed
 
 
 def _documents(chunks: Iterable[Chunk]) -> list[Any]:
@@ -288,9 +297,9 @@ def build_index(
     note("scan files", len(paths), len(paths))
     removed = sorted(set(indexed) - present)
 
-    added = deleted = 0
+    added = deleted = embedded = 0
     if changed:
-        pipeline = _ingestion_pipeline(coll, lazy.get(), store.max_batch)
+        pipeline, embedding = _ingestion_pipeline(coll, lazy.get(), store.max_batch)
         batch: list[tuple[str, list[Chunk]]] = []
         size = 0
         note("ingest files", 0, len(changed))
@@ -322,6 +331,7 @@ def build_index(
             flush()
         note("ingest files", len(changed), len(changed))
         journal.unlink(missing_ok=True)
+        embedded = embedding.embedded
     elif journal.exists():
         journal.unlink()
 
@@ -348,6 +358,7 @@ def build_index(
         files_unchanged=len(paths) - len(changed),
         files_removed=len(removed),
         chunks_added=added,
+        chunks_embedded=embedded,
         chunks_deleted=deleted,
         chunks_total=total,
         seconds=seconds,

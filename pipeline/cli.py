@@ -970,7 +970,18 @@ def index_build(
         print(json.dumps(r.__dict__, indent=2))
         return
     table = Table(title=f"index {escape(r.collection)}")
-    for col in ("files", "changed", "unchanged", "removed", "chunks", "added", "deleted", "seconds", "size"):
+    for col in (
+        "files",
+        "changed",
+        "unchanged",
+        "removed",
+        "chunks",
+        "added",
+        "embedded",
+        "deleted",
+        "seconds",
+        "size",
+    ):
         table.add_column(col)
     table.add_row(
         str(r.files_total),
@@ -979,6 +990,7 @@ def index_build(
         str(r.files_removed),
         str(r.chunks_total),
         str(r.chunks_added),
+        str(r.chunks_embedded),
         str(r.chunks_deleted),
         f"{r.seconds:.1f}",
         _size(r.index_bytes),

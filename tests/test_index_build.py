@@ -133,6 +133,31 @@ def test_embed_text_is_short() -> None:
     assert len(short) <= build_mod.EMBED_CHARS
 
 
+def test_chunks_with_the_same_short_text_are_embedded_once_and_share_its_vector(
+    tmp_path: Path, kcfg: Config, embedder: Embedder
+) -> None:
+    d = tmp_path / "kernels"
+    d.mkdir()
+    branch = "__device__ float kp_scale(float v, float s) {{\n    return v * s{};\n}}\n"
+    (d / "scale.cuh").write_text(
+        "#pragma once\n#if defined(KP_FAST)\n"
+        + branch.format("")
+        + "#else\n"
+        + branch.format(" + 0.0f")
+        + "#endif\n"
+    )
+    r = build_index("local", kcfg, folder=d)
+    chunks = chunk_file("scale.cuh", (d / "scale.cuh").read_text(), "local", "local", "example")
+    texts = [embed_text(c.text, c.metadata()) for c in chunks]
+    assert r.chunks_added == len(chunks) and r.chunks_embedded == len(set(texts)) < len(chunks), texts
+    raw = _coll(kcfg, embedder).chroma.get(ids=[c.id for c in chunks], include=["embeddings"])
+    vec = {i: tuple(v) for i, v in zip(raw["ids"], raw["embeddings"], strict=True)}
+    for a in chunks:
+        for b in chunks:
+            same = embed_text(a.text, a.metadata()) == embed_text(b.text, b.metadata())
+            assert (vec[a.id] == vec[b.id]) == same
+
+
 def test_build_incremental_edit_delete(src: Path, kcfg: Config, embedder: Embedder) -> None:
     stages: list[str] = []
     r1 = build_index("local", kcfg, progress=lambda s, d, t: stages.append(s), folder=src)
@@ -317,10 +342,16 @@ def test_cli(src: Path, kcfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_full_cutlass_build(full_cutlass) -> None:
     cfg, r, full = full_cutlass
     assert r.files_total > 1000 and r.chunks_total > 10000
+    # overloads and #if branches share their short text: about a tenth of the chunks need no model call
+    assert 0.8 * r.chunks_added < r.chunks_embedded < 0.95 * r.chunks_added, (
+        r.chunks_embedded,
+        r.chunks_added,
+    )
     t0 = time.monotonic()
     again = build_index("cutlass", cfg)
     print(
-        f"full CUTLASS build {full:.0f} s, {r.chunks_total} chunks, {r.index_bytes / 2**20:.0f} MiB; "
+        f"full CUTLASS build {full:.0f} s, {r.chunks_total} chunks ({r.chunks_embedded} texts embedded), "
+        f"{r.index_bytes / 2**20:.0f} MiB; "
         f"unchanged rebuild {time.monotonic() - t0:.1f} s"
     )
     assert again.files_changed == 0 and again.chunks_total == r.chunks_total
