@@ -115,7 +115,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
     # keep DRAM busy. On the H200 (benchmarks/rownorm_variants.py): 4.61 ms against 5.62 for a block per row
     # over 1 MB rows, 3.96 against 4.76 over 1.5 MB rows, 4.62 against 6.03 over 256 KB rows.
     elif (c := cluster_blocks(lay, r)) and not rp.regs:
-        # 16-bit inputs: half the vectors in flight (8 of 8 elements each spilled at 1024 threads)
+        # 16-bit inputs take 4: eight vectors of 8 elements a thread spilled at 1024 threads
         unroll = CLUSTER_UNROLL if ops.ITEMSIZE.get(lay.in_dtype, 4) >= 4 else CLUSTER_UNROLL // 2
         rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=unroll)
     return rp

@@ -11,7 +11,7 @@ row's partials in every block and writes that block's part of the row (two reads
 the whole GPU busy, where a block per row would leave all but 16 SMs idle). A two-pass op whose row is too
 long for one block's shared memory but fits a thread-block cluster's (`cluster`: 2 to 8 blocks, a row of
 up to ~1.5 MB of fp32) spreads each row over a cluster: every block caches its segment in shared memory
-while it reads it, the blocks' statistics are merged through distributed shared memory (in rank order:
+while it reads it (`unroll` 16-byte loads in flight a thread), the blocks' statistics are merged through distributed shared memory (in rank order:
 deterministic), and each block writes its segment from its cache: one DRAM read and one write an element,
 where a block per row reads a row of that length twice from DRAM.
 """
