@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
+
+from event_timing import event_median_ms  # beside this script
 
 SOURCE = r"""
 struct __align__(16) F4 { float x, y, z, w; };
@@ -109,17 +110,7 @@ def main() -> None:
     nbytes = 2 * n * 4
 
     def timed(fn) -> float:
-        for _ in range(5):
-            fn()
-        ms = []
-        for _ in range(args.reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ms.append(a.elapsed_time(b))
-        return statistics.median(ms)
+        return event_median_ms(fn, args.reps, 5)
 
     rows = []
 

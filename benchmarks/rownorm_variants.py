@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+
+from event_timing import event_median_ms  # beside this script
 
 SOURCE = r"""
 struct __align__(16) F4 { float x, y, z, w; };
@@ -67,6 +68,22 @@ __device__ __forceinline__ T* cl_map(T* p, unsigned rank) {
     unsigned long long out;
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"(p), "r"(rank));
     return reinterpret_cast<T*>(out);
+}
+
+// The row's sums over the cluster: this block's total to its shared `part`, the barrier, then every
+// block's part read through distributed shared memory (in rank order), and an arrive on the next barrier,
+// whose wait the caller makes before it exits.
+template <int C>
+__device__ __forceinline__ S2 cluster_total(S2 s, S2* red, S2* part) {
+    s = block_sum(s, red);
+    if (threadIdx.x == 0) *part = s;
+    cl_arrive();
+    cl_wait();
+    s = *cl_map(part, 0);
+#pragma unroll
+    for (unsigned q = 1; q < C; ++q) s = add(s, *cl_map(part, q));
+    cl_arrive();
+    return s;
 }
 
 // A block per row; U vectors in flight a thread in both passes; REV: the second pass from the row's end.
@@ -126,16 +143,8 @@ __device__ void cl_regs(const float* __restrict__ x, float* __restrict__ y, long
     for (int u = 0; u < PER; ++u) if (lo + tid + u * nt < hi) v[u] = xr[lo + tid + u * nt];
 #pragma unroll
     for (int u = 0; u < PER; ++u) if (lo + tid + u * nt < hi) s = push4(s, v[u], K);
-    s = block_sum(s, red);
-    if (tid == 0) part = s;
-    cl_arrive();
-    cl_wait();
-    s = *cl_map(&part, 0);
-#pragma unroll
-    for (unsigned q = 1; q < C; ++q) s = add(s, *cl_map(&part, q));
-    cl_arrive();
     float mean, rstd;
-    stats(s, K, cols, &mean, &rstd);
+    stats(cluster_total<C>(s, red, &part), K, cols, &mean, &rstd);
 #pragma unroll
     for (int u = 0; u < PER; ++u) if (lo + tid + u * nt < hi) yr[lo + tid + u * nt] = norm4(v[u], mean, rstd);
     cl_wait();
@@ -161,16 +170,8 @@ __device__ void cl_smem(const float* __restrict__ x, float* __restrict__ y, long
 #pragma unroll
         for (int u = 0; u < U; ++u) if (j0 + u * nt < hi) { cache[j0 + u * nt - lo] = v[u]; s = push4(s, v[u], K); }
     }
-    s = block_sum(s, red);
-    if (tid == 0) part = s;
-    cl_arrive();
-    cl_wait();
-    s = *cl_map(&part, 0);
-#pragma unroll
-    for (unsigned q = 1; q < C; ++q) s = add(s, *cl_map(&part, q));
-    cl_arrive();
     float mean, rstd;
-    stats(s, K, cols, &mean, &rstd);
+    stats(cluster_total<C>(s, red, &part), K, cols, &mean, &rstd);
     for (long long j = lo + tid; j < hi; j += nt) yr[j] = norm4(cache[j - lo], mean, rstd);
     cl_wait();
 }
@@ -227,17 +228,7 @@ def main() -> None:
     floor_bytes = 2 * rows * cols * 4
 
     def timed(fn) -> float:
-        for _ in range(3):
-            fn()
-        ms = []
-        for _ in range(args.reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ms.append(a.elapsed_time(b))
-        return statistics.median(ms)
+        return event_median_ms(fn, args.reps, 3)
 
     results = []
 
