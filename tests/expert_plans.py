@@ -1,5 +1,5 @@
-"""Test helper: a task's tuned candidate with one edit made on every region that takes it (what the search
-reaches in several steps, e.g. a cluster for each long-row region)."""
+"""Test helpers: a task's tuned candidate, and that candidate with one edit made on every region that takes
+it (what the search reaches in several steps, e.g. a doubled cluster for each long-row region)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,17 @@ from pipeline.tasks import probe
 from pipeline.types import Candidate
 
 
+def tuned(path: Path) -> Candidate:
+    """The task's tuned candidate: the expert's second first proposal."""
+    t = probe(path)
+    return ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+
+
 def tuned_with_edit(path: Path, edit: str) -> Candidate:
     t = probe(path)
-    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
-    low, plan = prepare(capture(path)), plan_of(tuned.source)
+    base = tuned(path)
+    low, plan = prepare(capture(path)), plan_of(base.source)
     for rid in [rp.rid for rp in plan.regions]:
         plan = next((p for label, p in legal_edits(plan, low) if label.startswith(f"{edit}({rid}:")), plan)
     source, launcher = render(low, plan)
-    return make_candidate(t.id, source, launcher, nvcc_flags(plan), parent=tuned.key, edit=edit)
+    return make_candidate(t.id, source, launcher, nvcc_flags(plan), parent=base.key, edit=edit)

@@ -11,14 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_emulator import build, load_model
-from expert_plans import tuned_with_edit
+from expert_plans import tuned, tuned_with_edit
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
-from pipeline.generate.base import Context
-from pipeline.generate.expert import ExpertPolicy
 from pipeline.static_check import check_launcher
-from pipeline.tasks import load_module, probe
+from pipeline.tasks import load_module
 from pipeline.types import Kind, Status
 
 # name -> (module, what forward returns of y, input shape, blocks a cluster): rows of 176-400 KB
@@ -54,12 +52,6 @@ def _task(folder: Path, name: str) -> Path:
     return path
 
 
-def _clustered(path: Path):
-    """The tuned plan: a cluster for each row one block cannot cache, 8 loads in flight a thread."""
-    t = probe(path)
-    return ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
@@ -73,14 +65,14 @@ def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
     x = module.get_inputs()[0]
     with torch.no_grad():
         want = ref(x)
-    tuned = _clustered(path)
-    assert f'"cluster":{CASES[name][3]}' in tuned.source.splitlines()[0]
+    cand = tuned(path)
+    assert f'"cluster":{CASES[name][3]}' in cand.source.splitlines()[0]
     u = 4 if len(CASES[name]) > 4 else 8  # vectors in flight a thread: fewer of 16-bit ones
-    assert f'"unroll":{u}' in tuned.source.splitlines()[0] and f"t_[{u}]" in tuned.source  # batched loads
-    report = check_launcher(tuned.launcher)
+    assert f'"unroll":{u}' in cand.source.splitlines()[0] and f"t_[{u}]" in cand.source  # batched loads
+    report = check_launcher(cand.launcher)
     assert report.ok and report.kind == Kind.CUSTOM, (report.library_ops, report.violations)
-    kernels = build(tuned.source, tmp_path)
-    model = load_model(tuned.launcher, kernels, sms=4)()
+    kernels = build(cand.source, tmp_path)
+    model = load_model(cand.launcher, kernels, sms=4)()
     model.load_state_dict(ref.state_dict())
     with torch.no_grad():
         got = model(x)
@@ -100,12 +92,12 @@ def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):
         "        return torch.log_softmax(x, dim=-1)\n\n\ndef get_inputs():\n    return [torch.randn(4, 40000)]\n\n\n"
         "def get_init_inputs():\n    return []\n"
     )
-    assert '"cluster"' not in _clustered(path).source.splitlines()[0]
+    assert '"cluster"' not in tuned(path).source.splitlines()[0]
     assert '"smem_row":true' in tuned_with_edit(path, "tile_shared_memory").source.splitlines()[0]
 
 
 def test_cluster_kernels_compile_for_sm90a_without_spills(tmp_path):
-    cands = [_clustered(_task(tmp_path, name)) for name in sorted(CASES)]
+    cands = [tuned(_task(tmp_path, name)) for name in sorted(CASES)]
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         cluster = [r for r in b.resources if "_cluster_" in r.name]

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_emulator import build, load_model
+from expert_plans import tuned
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
-from pipeline.generate.base import Context
-from pipeline.generate.expert import ExpertPolicy
 from pipeline.static_check import check_launcher
-from pipeline.tasks import load_module, probe
+from pipeline.tasks import load_module
 from pipeline.types import Kind, Status
 
 CASES = {  # name -> (module, what forward returns of y, input shape): 2-3 rows of 16K-40K columns
@@ -49,13 +48,12 @@ def test_few_long_rows_are_split_across_blocks_and_match_pytorch(tmp_path, name)
             p.copy_(torch.randn_like(p))
     x = module.get_inputs()[0]
     want = ref(x).detach()
-    t = probe(path)
-    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
-    assert '"splits":1' in tuned.source.splitlines()[0]
-    report = check_launcher(tuned.launcher)  # every launch resolved by name: our kernels only
+    cand = tuned(path)
+    assert '"splits":1' in cand.source.splitlines()[0]
+    report = check_launcher(cand.launcher)  # every launch resolved by name: our kernels only
     assert report.ok and report.kind == Kind.CUSTOM, (report.library_ops, report.violations)
-    kernels = build(tuned.source, tmp_path)
-    model = load_model(tuned.launcher, kernels, sms=4)()  # 4 SMs, 2-3 rows: too few, so split
+    kernels = build(cand.source, tmp_path)
+    model = load_model(cand.launcher, kernels, sms=4)()  # 4 SMs, 2-3 rows: too few, so split
     model.load_state_dict(ref.state_dict())
     got = model(x)
     names = [launch[0] for launch in kernels.launches]
@@ -68,8 +66,7 @@ def test_few_long_rows_are_split_across_blocks_and_match_pytorch(tmp_path, name)
 def test_split_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
     for name in sorted(CASES):
-        t = probe(_task(tmp_path, name))
-        cands.append(ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate)
+        cands.append(tuned(_task(tmp_path, name)))
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         split = [r for r in b.resources if "_part_" in r.name or "_apply_" in r.name]
