@@ -70,6 +70,21 @@ __device__ __forceinline__ T* cl_map(T* p, unsigned rank) {
     return reinterpret_cast<T*>(out);
 }
 
+// This block's part of its cluster's row (a cluster a row): vectors [lo, hi), the row's input and output
+// as vectors, and its first element (the shift of the sums).
+struct Segment {
+    long long lo, hi;
+    const F4* xr;
+    F4* yr;
+    float K;
+};
+template <int C>
+__device__ __forceinline__ Segment segment(const float* x, float* y, long long cols) {
+    const long long r = blockIdx.x / C, nv = cols / 4, seg = (nv + C - 1) / C, lo = cl_rank() * seg;
+    return {lo, lo + seg < nv ? lo + seg : nv, reinterpret_cast<const F4*>(x + r * cols),
+            reinterpret_cast<F4*>(y + r * cols), x[r * cols]};
+}
+
 // The row's sums over the cluster: this block's total to its shared `part`, the barrier, then every
 // block's part read through distributed shared memory (in rank order), and an arrive on the next barrier,
 // whose wait the caller makes before it exits.
@@ -131,12 +146,11 @@ __device__ void cl_regs(const float* __restrict__ x, float* __restrict__ y, long
     __shared__ S2 red[33];
     __shared__ S2 part;
     const int tid = threadIdx.x, nt = blockDim.x;
-    const unsigned rank = cl_rank();
-    const long long r = blockIdx.x / C, nv = cols / 4, seg = (nv + C - 1) / C;
-    const long long lo = rank * seg, hi = lo + seg < nv ? lo + seg : nv;
-    const F4* xr = reinterpret_cast<const F4*>(x + r * cols);
-    F4* yr = reinterpret_cast<F4*>(y + r * cols);
-    const float K = x[r * cols];
+    const Segment g = segment<C>(x, y, cols);
+    const long long lo = g.lo, hi = g.hi;
+    const F4* xr = g.xr;
+    F4* yr = g.yr;
+    const float K = g.K;
     F4 v[PER];
     S2 s = {0.f, 0.f};
 #pragma unroll
@@ -156,12 +170,11 @@ __device__ void cl_smem(const float* __restrict__ x, float* __restrict__ y, long
     __shared__ S2 part;
     extern __shared__ __align__(16) F4 cache[];
     const int tid = threadIdx.x, nt = blockDim.x;
-    const unsigned rank = cl_rank();
-    const long long r = blockIdx.x / C, nv = cols / 4, seg = (nv + C - 1) / C;
-    const long long lo = rank * seg, hi = lo + seg < nv ? lo + seg : nv;
-    const F4* xr = reinterpret_cast<const F4*>(x + r * cols);
-    F4* yr = reinterpret_cast<F4*>(y + r * cols);
-    const float K = x[r * cols];
+    const Segment g = segment<C>(x, y, cols);
+    const long long lo = g.lo, hi = g.hi;
+    const F4* xr = g.xr;
+    F4* yr = g.yr;
+    const float K = g.K;
     S2 s = {0.f, 0.f};
     for (long long j0 = lo + tid; j0 < hi; j0 += (long long)nt * U) {
         F4 v[U];
