@@ -243,7 +243,8 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     segment once into shared memory (`unroll` 16-byte loads in flight a thread), its statistics go to `part`,
     the cluster's barrier, every block merges all the parts in rank order through distributed shared memory
     and arrives at a second barrier, writes its segment from its cache, then waits on that barrier (no part
-    is overwritten by the next row, and no block exits, while another block may still read its part)."""
+    is overwritten by the next row, and no block exits, while another block may still read its part).
+    Softmax's statistics take two merges: the max while reading, then the sum of exp(v - max) over the cache."""
     stats, f = _stats(lay)
     red_n = "33" if warp else "blockDim.x"
     C = rp.cluster
@@ -255,6 +256,33 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     shift = [
         "        const float K = pre(ld(x[rs]), rs);  // the row's first element, the same in every block"
     ]
+    w = "true" if warp else "false"
+
+    def merged(slot: str, op: str) -> list[str]:  # this block's part, then the cluster's, in rank order
+        return [
+            f"        acc = block_reduce<{w}>(acc, red, {op}());",
+            f"        if (tid == 0) part[{slot}] = acc;",
+            "        kp_cluster_sync();",
+            f"        acc = *kp_cluster_map(part + {slot}, 0);",
+            f"        for (unsigned s = 1; s < C; ++s) acc = {op}()(acc, *kp_cluster_map(part + {slot}, s));",
+        ]
+
+    lse = kind.op == "LseOp"
+    if lse:
+        # Softmax statistics in exact passes: the max while the segment streams in (no exp in the load loop:
+        # online rescaling's dependent exp per element kept a block, alone on its SM, from keeping its loads
+        # in flight), then the sum of exp(v - M) over the cached segment, merged through a second part.
+        stats_pass = [
+            *_read(reduce_ops.KINDS["amax"], rp, x_dt, cache=True, batched=True),
+            *merged("0", "MaxOp"),
+            "        const float mx = acc.a;",
+            "        acc = {0.0f, 0.0f, 0};",
+            "        for (long long c = tid; c < n; c += nt) acc.a += expf(cache[c] - mx);",
+            *merged("1", "SumOp"),
+            "        acc = {mx, acc.a, 0};",
+        ]
+    else:
+        stats_pass = [*_read(kind, rp, x_dt, cache=True, batched=True), *merged("0", kind.op)]
     return [
         "template <int V>",
         f"__device__ __forceinline__ void kp_{rid}_cluster({sig.decls()}) {{",
@@ -263,7 +291,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
         f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
-        "    float* cache = reinterpret_cast<float*>(part + 1);  // this block's segment of the row",
+        f"    float* cache = reinterpret_cast<float*>(part + {2 if lse else 1});  // this block's segment of the row",
         "    const int tid = threadIdx.x, nt = blockDim.x;",
         "    const unsigned rank = kp_cluster_rank();",
         pre.lam("pre") if pre else identity("pre"),
@@ -272,14 +300,9 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
         "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
         "        const long long start = rs + c0;",
-        f"        Acc acc = {kind.init};",
+        f"        Acc acc = {reduce_ops.KINDS['amax'].init if lse else kind.init};",
         *(shift if kind.shift else []),
-        *_read(kind, rp, x_dt, cache=True, batched=True),
-        f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());",
-        "        if (tid == 0) *part = acc;",
-        "        kp_cluster_sync();",
-        "        acc = *kp_cluster_map(part, 0);",
-        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+        *stats_pass,
         "        kp_cluster_arrive();",
         *stats,
         *write,
@@ -694,10 +717,11 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
     if csig is not None:  # a row too long for a block's shared memory, not for its cluster's
         C = rp.cluster
         cred = "33 * 16" if rp.warp_reduce else "cblock * 16"
+        parts = 32 if reduce_ops.KINDS[lay.op].op == "LseOp" else 16  # softmax: a max and a sum
         lines += [
             f"    chunk = -(-cols // {C})\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
             f"    cblock = min({threads}, max(32, 1 << (max(1, -(-chunk // {rp.vec})) - 1).bit_length()))",
-            f"    csmem = {cred} + 16 + chunk * 4",
+            f"    csmem = {cred} + {parts} + chunk * 4",
             f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
