@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from expert_plans import tuned_with_edit
+from expert_plans import tuned, tuned_with_edit
 
 from pipeline.candidates import load_candidate
 from pipeline.compile import ToolchainError, compile_candidates, find_nvcc
@@ -932,6 +932,46 @@ def test_emulated_scans_stage_chunks_through_shared_memory(cases):
         assert "__shared__ float stage[" in staged.source
         assert not any("__shared__ float stage[" in c.source for c in first)
         _emulate(cases[name], [*first, staged], 1e-4, inputs=inputs)
+
+
+MASKED_SCAN = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, mask):
+        return torch.cumsum(x * mask, dim=1), torch.cumprod(x.flip(1) * 0.01 + 1, dim=1).flip(1)
+
+
+def get_inputs():
+    return [torch.randn(5, 2052), torch.rand(5, 2052) > 0.5]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@needs_gxx
+@pytest.mark.slow
+def test_emulated_scans_take_a_warp_per_row(cases, tmp_path):
+    """Rows whose length is a multiple of 4 (several steps of 32 lanes x 8 vectors, and a partial one):
+    the tuned plan's warp per row, forward, reverse, exclusive, cumprod and a masked sum; the plain plan
+    and misaligned rows keep the block per row."""
+    masked = tmp_path / "masked_scan.py"
+    masked.write_text(MASKED_SCAN)
+    for path, inputs in (
+        (cases["scans"], [torch.randn(2, 3, 4500)]),
+        (cases["folded_scans"], [torch.randn(2, 3, 4100), torch.randn(3, 4600)]),
+        (masked, None),
+    ):
+        plain, fast = (p.candidate for p in ExpertPolicy().propose(ctx(path), 2))
+        assert "_wrow" in fast.source and "_wrow" not in plain.source
+        assert any(k.endswith("_wrow") for k in _emulate(path, [fast], 1e-4, inputs=inputs))
+        assert not any(k.endswith("_wrow") for k in _emulate(path, [plain], 1e-4, inputs=inputs))
+    x = _misaligned(3, 4100)
+    launched = _emulate(cases["scans"], [tuned(cases["scans"])], 1e-4, inputs=[x.view(1, 3, 4100)])
+    assert not any(k.endswith("_wrow") for k in launched), launched
 
 
 def _misaligned(*shape, dtype=torch.float32):

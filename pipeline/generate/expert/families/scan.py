@@ -1,9 +1,10 @@
 """Scans (cumsum, cumprod; inclusive or exclusive, from either end: scans.py folds them) along any
 dimension: a block per row along the last one, a thread per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
 
-Edits: fuse_kernels / fuse_epilogue, coarsen_threads (items per thread x2), tile_shared_memory (chunks
-staged in shared memory: coalesced accesses for several items a thread), persistent_grid, resize_grid,
-increase_occupancy, reduce_registers (items /2, else the occupancy bound).
+Edits: fuse_kernels / fuse_epilogue, coarsen_threads (vectors a lane of a warp per row, else items per
+thread, x2), tile_shared_memory (chunks staged in shared memory by a block per row: coalesced accesses for
+several items a thread), persistent_grid, resize_grid, increase_occupancy, reduce_registers (the same /2,
+else the occupancy bound).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ScanPlan(RegionPlan):
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
     items: int = 1  # consecutive items per thread (along the last dim)
     stage: bool = False  # several items a thread: chunks loaded and stored through shared memory, coalesced
+    vec_rows: int = 0  # a warp per row, this many 16-byte vectors a lane in flight (fp32 rows that allow it)
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -41,25 +43,32 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> ScanPlan:
-    """Tuned: eight consecutive items per thread."""
-    return ScanPlan(r.rid, items=8 if tuned else 1)
+    """Tuned: a warp per row with eight vectors a lane in flight where the rows allow it, else eight
+    consecutive items per thread."""
+    return ScanPlan(r.rid, items=8, vec_rows=8) if tuned else ScanPlan(r.rid)
 
 
 render = common.hosted_render(row_layout, scan.render)
 
 
 def _coarsen(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
-    if rp.items * 2 <= MAX_ITEMS:
+    if rp.vec_rows:
+        if rp.vec_rows * 2 <= MAX_ITEMS:
+            yield from change("coarsen_threads", plan, rp, vec_rows=rp.vec_rows * 2)
+    elif rp.items * 2 <= MAX_ITEMS:
         yield from change("coarsen_threads", plan, rp, items=rp.items * 2)
 
 
 def _stage(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
+    """Chunks staged in shared memory: the block per row, in place of a warp per row."""
     if not rp.stage and scan.stages(rp.threads, rp.items):
-        yield from change("tile_shared_memory", plan, rp, stage=True)
+        yield from change("tile_shared_memory", plan, rp, stage=True, vec_rows=0)
 
 
 def _registers(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
-    if rp.items > 1:
+    if rp.vec_rows > 1:
+        yield from change("reduce_registers", plan, rp, vec_rows=rp.vec_rows // 2)
+    elif rp.items > 1:
         yield from change("reduce_registers", plan, rp, items=rp.items // 2)
     elif not rp.min_blocks:
         yield from change("reduce_registers", plan, rp, min_blocks=common.blocks_per_sm(rp.threads))

@@ -5,6 +5,10 @@ Along the last dimension: a block per row walks it in chunks of blockDim.x * ITE
 its ITEMS consecutive elements in registers, a warp-shuffle scan and one shared-memory round over the
 warps give each thread its prefix, and a running carry links the chunks. With several items a thread and
 `stage`, a chunk is loaded and stored through shared memory, so that global accesses stay coalesced.
+With `vec_rows` (fp32 rows whose length is a multiple of 4, 16-byte aligned, as long as the output), a warp
+per row instead: each lane loads `vec_rows` 16-byte vectors before it scans any (the block per row kept
+one 4-byte load a thread in flight and met two barriers a chunk), scans each vector in registers, and U
+independent shuffle scans over the lanes give each vector its prefix; no barrier at all.
 Along any other dimension: a thread per column walks down it, so every warp access is one contiguous run.
 
 Both walk the scan's own order, position c of Lo outputs: an exclusive scan takes input c - 1 there (the
@@ -187,8 +191,11 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "    }",
         "}",
     ]
+    vec_rows = rp.vec_rows > 0 and xt == "float" and yt == "float"
+    if vec_rows:
+        row += _warp_rows(rid, sig, lay, rp.vec_rows, lams, prod)
     lb = launch_bounds(rp.threads, rp.min_blocks)
-    kernels = (f"kp_{rid}_row", f"kp_{rid}_col")
+    kernels = (f"kp_{rid}_row", f"kp_{rid}_col", *([f"kp_{rid}_wrow"] if vec_rows else []))
     wrappers = [kernel(lb, k, sig, f"{k}_body") for k in kernels]
     cuda = region_source(
         f"// region {rid}: {lay.op} (a block per row along the last dim, a thread per column otherwise)",
@@ -196,6 +203,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     )  # fmt: skip
     inputs = [("x", pre.main if pre else region.node.args[0].name), *(pre.inputs() if pre else []),
               *(post.inputs() if post else [])]  # fmt: skip
+    persist = f", sms * {rp.persistent}" if rp.persistent else ""
     lines = [f"def _r_{rid}(sms, {', '.join(name for name, _ in inputs)}):"]
     if pre:
         lines += pre.prepare("x.shape")
@@ -212,8 +220,18 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "    if y.numel() == 0:",
         "        return y",
         f"    args = ({sig.args()},)",
+        *(
+            [
+                "    if inner == 1 and Lo == reduced and reduced % 4 == 0 and _aligned((x, y), 4):",
+                f"        blocks = max(1, min(-(-outer // {rp.threads // 32}), MAX_GRID_X{persist}))",
+                f"        kernels.kp_{rid}_wrow((blocks,), ({rp.threads},), args)  # noqa: F821",
+                "        return y",
+            ]
+            if vec_rows
+            else []
+        ),
         "    if inner == 1:",
-        f"        blocks = max(1, min(outer, MAX_GRID_X{f', sms * {rp.persistent}' if rp.persistent else ''}))",
+        f"        blocks = max(1, min(outer, MAX_GRID_X{persist}))",
         f"        kernels.kp_{rid}_row((blocks,), ({rp.threads},), args)  # noqa: F821",
         "    else:",
         f"        grid = (-(-inner // {rp.threads}), min(outer, MAX_GRID_Y))",
@@ -222,3 +240,85 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     ]
     outs = post.region.outputs if post else region.outputs
     return Code(cuda, "\n".join(lines), f"_r_{rid}", kernels, tuple(v for _, v in inputs), tuple(outs))
+
+
+def _warp_rows(rid: str, sig: Signature, lay: RowLayout, U: int, lams: list[str], prod: bool) -> list[str]:
+    """A warp per row (fp32, Lo == L, L % 4 == 0, 16-byte aligned rows: the launcher checks). Lane l takes
+    vectors q0 + u * 32 + l of the scan order (u < U), all U loaded before any is used; scan position k is
+    memory element k, or L - 1 - k reversed (then a vector's elements run backwards too). Each vector is
+    scanned in registers, the U vector totals are scanned over the lanes side by side, and the running
+    carry (compensated for sums) links the steps."""
+    ident, op = ("1.0f", "*") if prod else ("0.0f", "+")
+    rev = lay.reverse
+    memv = "(nv - 1 - q)" if rev else "q"  # a scan-order vector's place in memory
+    el = "(3 - e)" if rev else "e"  # element e of a scan-order vector within its memory vector
+    mem = "(L - 1 - (q * 4 + e))" if rev else "(q * 4 + e)"
+    out = "(e == 0 ? p : p {op} v[u][e - 1])" if lay.exclusive else "p {op} v[u][e]"
+    carry = (
+        ["                carry = carry * st;"]
+        if prod
+        else [
+            "                {  // compensated (Kahan) addition, as in the block per row",
+            "                    const float y_ = st - carry_c, t_ = carry + y_;",
+            "                    carry_c = (t_ - carry) - y_;",
+            "                    carry = t_;",
+            "                }",
+        ]
+    )
+    return [
+        f"__device__ __forceinline__ void kp_{rid}_wrow_body({sig.decls()}) {{",
+        f"    constexpr int U = {U};",
+        *lams,
+        "    const int lane = threadIdx.x & 31;",
+        "    const long long w0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;",
+        "    const long long wstep = ((long long)gridDim.x * blockDim.x) >> 5;",
+        "    (void)inner;",
+        "    for (long long r = w0; r < outer; r += wstep) {  // warp-uniform",
+        "        const long long rs = r * L, ro = r * Lo, nv = L >> 2;",
+        f"        float carry = {ident};",
+        *([] if prod else ["        float carry_c = 0.0f;"]),
+        "        for (long long q0 = 0; q0 < nv; q0 += 32 * U) {",
+        "            Vec<float, 4> t[U];",
+        "#pragma unroll",
+        "            for (int u = 0; u < U; ++u) {",
+        "                const long long q = q0 + u * 32 + lane;",
+        f"                if (q < nv) t[u] = vload<float, 4>(x + rs + {memv} * 4);",
+        "            }",
+        "            float v[U][4], tot[U];",
+        "#pragma unroll",
+        "            for (int u = 0; u < U; ++u) {",
+        "                const long long q = q0 + u * 32 + lane;",
+        "#pragma unroll",
+        "                for (int e = 0; e < 4; ++e)",
+        f"                    v[u][e] = q < nv ? pre(ld(t[u].v[{el}]), rs + {mem}) : {ident};",
+        "#pragma unroll",
+        f"                for (int e = 1; e < 4; ++e) v[u][e] = v[u][e - 1] {op} v[u][e];",
+        "                tot[u] = v[u][3];",
+        "            }",
+        "#pragma unroll",
+        "            for (int o = 1; o < 32; o <<= 1) {  // U independent scans over the lanes",
+        "#pragma unroll",
+        "                for (int u = 0; u < U; ++u) {",
+        "                    const float n = __shfl_up_sync(0xffffffffu, tot[u], o);",
+        f"                    if (lane >= o) tot[u] = tot[u] {op} n;",
+        "                }",
+        "            }",
+        "#pragma unroll",
+        "            for (int u = 0; u < U; ++u) {",
+        "                const long long q = q0 + u * 32 + lane;",
+        "                float ex = __shfl_up_sync(0xffffffffu, tot[u], 1);",
+        f"                if (lane == 0) ex = {ident};",
+        f"                const float p = carry {op} ex, st = __shfl_sync(0xffffffffu, tot[u], 31);",
+        "                if (q < nv) {",
+        "                    Vec<float, 4> o_;",
+        "#pragma unroll",
+        "                    for (int e = 0; e < 4; ++e)",
+        f"                        o_.v[{el}] = cv<float>(post({out.format(op=op)}, ro + {mem}));",
+        f"                    vstore<float, 4>(y + ro + {memv} * 4, o_);",
+        "                }",
+        *carry,
+        "            }",
+        "        }",
+        "    }",
+        "}",
+    ]
