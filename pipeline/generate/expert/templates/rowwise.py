@@ -68,6 +68,39 @@ __device__ __forceinline__ T* kp_cluster_map(T* p, unsigned rank) {
     return reinterpret_cast<T*>(out);
 }
 #endif
+// A block's cached segment in shared memory, 16 bytes at a time where it is aligned: scalar accesses at a
+// vector's stride put 4 lanes (8 for 16-bit inputs) on each bank.
+template <int V>
+__device__ __forceinline__ void kp_cache_put(float* p, const float (&w)[V], bool vec) {
+    if constexpr (V % 4 == 0) {
+        if (vec) {
+#pragma unroll
+            for (int k = 0; k < V; k += 4) {
+                KP_CHECK_ALIGN(p + k, 16);
+                *reinterpret_cast<float4*>(p + k) = make_float4(w[k], w[k + 1], w[k + 2], w[k + 3]);
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) p[e] = w[e];
+}
+template <int V>
+__device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V], bool vec) {
+    if constexpr (V % 4 == 0) {
+        if (vec) {
+#pragma unroll
+            for (int k = 0; k < V; k += 4) {
+                KP_CHECK_ALIGN(p + k, 16);
+                const float4 q = *reinterpret_cast<const float4*>(p + k);
+                w[k] = q.x, w[k + 1] = q.y, w[k + 2] = q.z, w[k + 3] = q.w;
+            }
+            return;
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < V; ++e) w[e] = p[e];
+}
 #endif"""
 
 
@@ -248,11 +281,12 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     stats, f = _stats(lay)
     red_n = "33" if warp else "blockDim.x"
     C = rp.cluster
+    # The segment's column c is cached at kc + c: its vectors then sit on 16-byte boundaries in shared memory.
     if lay.op == "group_norm":  # the segment may span several channels
-        write = _channels(lay, f, x_dt, out_dt, "c0", "n")
+        write = _channels(lay, f, x_dt, out_dt, "c0", "n", kc="kc + ")
     else:
         f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
-        write = _write_segment("start", "0", "n", f, x_dt, out_dt)
+        write = _write_segment("start", "kc", "n", f, x_dt, out_dt, vec_cache=True)
     shift = [
         "        const float K = pre(ld(x[rs]), rs);  // the row's first element, the same in every block"
     ]
@@ -273,16 +307,16 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         # online rescaling's dependent exp per element kept a block, alone on its SM, from keeping its loads
         # in flight), then the sum of exp(v - M) over the cached segment, merged through a second part.
         stats_pass = [
-            *_read(reduce_ops.KINDS["amax"], rp, x_dt, cache=True, batched=True),
+            *_read(reduce_ops.KINDS["amax"], rp, x_dt, cache=True, batched=True, vec_cache=True),
             *merged("0", "MaxOp"),
             "        const float mx = acc.a;",
             "        acc = {0.0f, 0.0f, 0};",
-            "        for (long long c = tid; c < n; c += nt) acc.a += expf(cache[c] - mx);",
+            "        for (long long c = tid; c < n; c += nt) acc.a += expf(cache[kc + c] - mx);",
             *merged("1", "SumOp"),
             "        acc = {mx, acc.a, 0};",
         ]
     else:
-        stats_pass = [*_read(kind, rp, x_dt, cache=True, batched=True), *merged("0", kind.op)]
+        stats_pass = [*_read(kind, rp, x_dt, cache=True, batched=True, vec_cache=True), *merged("0", kind.op)]
     return [
         "template <int V>",
         f"__device__ __forceinline__ void kp_{rid}_cluster({sig.decls()}) {{",
@@ -299,7 +333,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "    for (long long r = blockIdx.x / C; r < rows; r += gridDim.x / C) {",
         "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
         "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
-        "        const long long start = rs + c0;",
+        "        const long long start = rs + c0, kc = start % V;",
         f"        Acc acc = {reduce_ops.KINDS['amax'].init if lse else kind.init};",
         *(shift if kind.shift else []),
         *stats_pass,
@@ -313,17 +347,33 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
 
 
 def _read(
-    kind: reduce_ops.Kind, rp: RowPlan, x_dt: str, cache: bool = False, batched: bool = False
+    kind: reduce_ops.Kind,
+    rp: RowPlan,
+    x_dt: str,
+    cache: bool = False,
+    batched: bool = False,
+    vec_cache: bool = False,
 ) -> list[str]:
     """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
     with `cache`, each also goes to the shared-memory copy of the row (when CACHE). `batched`: a thread
     issues its `unroll` vector loads before it uses any (the pragma alone left one load in flight, and a
-    cluster's block, alone on its SM, waited on DRAM for each)."""
+    cluster's block, alone on its SM, waited on DRAM for each). `vec_cache` (with `batched`): column c is
+    cached at kc + c, the vectors' copies stored 16 bytes at a time."""
+    slot = "kc + c" if vec_cache else "c"
     push = [
         "const float v_ = pre(RAW, start + c);",
-        *(["if (CACHE) cache[c] = v_;"] if cache else []),
+        *([f"if (CACHE) cache[{slot}] = v_;"] if cache else []),
         kind.push("acc", "v_", "c0 + c"),
     ]
+    vpush = (
+        [  # in the vector loop: the copy goes to w_, stored after the vector's last element
+            "const float v_ = pre(RAW, start + c);",
+            "w_[e] = v_;",
+            kind.push("acc", "v_", "c0 + c"),
+        ]
+        if vec_cache
+        else push
+    )
     xt = ctype(x_dt)
     head = [
         "        const long long head = head_of<V>(start, n);",
@@ -339,8 +389,12 @@ def _read(
     ]
     if batched:
         U = max(1, rp.unroll)
+        vc = [
+            "        const bool vc = (reinterpret_cast<unsigned long long>(cache + kc + head) & 15) == 0;",
+        ]
         return [
             *head,
+            *(vc if vec_cache else []),
             f"        for (long long j0 = tid; j0 < nv; j0 += (long long)nt * {U}) {{",
             f"            Vec<{xt}, V> t_[{U}];",
             "#pragma unroll",
@@ -349,11 +403,17 @@ def _read(
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u) {{",
             "                if (j0 + u * nt >= nv) break;",
+            *(["                float w_[V];"] if vec_cache else []),
             "#pragma unroll",
             "                for (int e = 0; e < V; ++e) {",
             "                    const long long c = head + (j0 + u * nt) * V + e;",
-            *[f"                    {t.replace('RAW', 'ld(t_[u].v[e])')}" for t in push],
+            *[f"                    {t.replace('RAW', 'ld(t_[u].v[e])')}" for t in vpush],
             "                }",
+            *(
+                ["                kp_cache_put<V>(cache + kc + head + (j0 + u * nt) * V, w_, vc);"]
+                if vec_cache
+                else []
+            ),
             "            }",
             "        }",
             *tail,
@@ -623,9 +683,9 @@ def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
     return lines
 
 
-def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str) -> list[str]:
+def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str, kc: str = "") -> list[str]:
     """A group norm's columns [c0, c0 + n) of row r written one channel at a time, each with its scale and
-    shift (the cache holds the columns from c0 on)."""
+    shift (the cache holds the columns from c0 on; with `kc`, from that offset on and read as vectors)."""
     w = "ld(w[ch])" if lay.has_weight else "1.0f"
     b = "ld(b[ch])" if lay.has_bias else "0.0f"
     return [
@@ -637,23 +697,40 @@ def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str) -
         "            (void)ch;",
         f"            const float sc = rstd * {w};",
         f"            const float sh = {b} - mean * sc;",
-        *("    " + t for t in _write_segment("rs + lo", f"lo - {c0}", "hi - lo", f, x_dt, out_dt)),
+        *(
+            "    " + t
+            for t in _write_segment("rs + lo", f"{kc}lo - {c0}", "hi - lo", f, x_dt, out_dt, bool(kc))
+        ),
         "        }",
     ]
 
 
-def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str) -> list[str]:
-    """Write y[start + c] = post(f(c, v)) for c in [0, n), v the (pre-processed) input or its cached copy."""
+def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str,
+                   vec_cache: bool = False) -> list[str]:  # fmt: skip
+    """Write y[start + c] = post(f(c, v)) for c in [0, n), v the (pre-processed) input or its cached copy
+    (at coff + c; with `vec_cache`, read 16 bytes at a time where aligned)."""
     xt, yt = ctype(x_dt), ctype(out_dt)
 
     def val(raw: str) -> str:
         return f"(CACHE ? cache[{coff} + c] : pre({raw}, s0 + c))"
 
+    vec = [
+        "                float w_[V];",
+        f"                if (CACHE) kp_cache_get<V>(cache + {coff} + h + j * V, w_, vc);",
+    ]
     return [
         "        {",
         f"            const long long s0 = {start}, sn = {n};",
         "            const long long h = head_of<V>(s0, sn);",
         "            const long long nv2 = (sn - h) / V;",
+        *(
+            [
+                "            const bool vc = "
+                f"(reinterpret_cast<unsigned long long>(cache + {coff} + h) & 15) == 0;"
+            ]
+            if vec_cache
+            else []
+        ),
         "            for (long long c = tid; c < h; c += nt) {",
         f"                const float v = {val('ld(x[s0 + c])')};",
         f"                y[s0 + c] = cv<{yt}>(post({f}, s0 + c));",
@@ -662,10 +739,11 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
         f"                Vec<{xt}, V> t;",
         f"                if (!CACHE) t = vload<{xt}, V>(x + s0 + h + j * V);",
         f"                Vec<{yt}, V> o;",
+        *(vec if vec_cache else []),
         "#pragma unroll",
         "                for (int e = 0; e < V; ++e) {",
         "                    const long long c = h + j * V + e;",
-        f"                    const float v = {val('ld(t.v[e])')};",
+        f"                    const float v = {'(CACHE ? w_[e] : pre(ld(t.v[e]), s0 + c))' if vec_cache else val('ld(t.v[e])')};",
         f"                    o.v[e] = cv<{yt}>(post({f}, s0 + c));",
         "                }",
         f"                vstore<{yt}, V>(y + s0 + h + j * V, o);",
@@ -721,7 +799,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
         lines += [
             f"    chunk = -(-cols // {C})\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
             f"    cblock = min({threads}, max(32, 1 << (max(1, -(-chunk // {rp.vec})) - 1).bit_length()))",
-            f"    csmem = {cred} + {parts} + chunk * 4",
+            f"    csmem = {cred} + {parts} + (chunk + {rp.vec}) * 4  # the segment from kc < {rp.vec} on",
             f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
