@@ -32,7 +32,8 @@ install:
 	$(VENV)/bin/pip install -q -e '.[dev]'
 
 test:
-	$(PYTHON) -m pytest -m "not gpu" -q
+	# One worker a core (at most 4), each test file on one worker (tests/conftest.py groups them).
+	$(PYTHON) -m pytest -m "not gpu" -q -n auto --maxprocesses 4 --dist loadgroup
 
 test-gpu:
 	# Only the modules that hold GPU tests are collected: the CPU-only ones may import packages a bare
