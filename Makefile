@@ -32,8 +32,7 @@ install:
 	$(VENV)/bin/pip install -q -e '.[dev]'
 
 test:
-	# One worker a core (at most 4), each test file on one worker (tests/conftest.py groups them).
-	$(PYTHON) -m pytest -m "not gpu" -q -n auto --maxprocesses 4 --dist loadgroup
+	$(PYTHON) -m pytest -m "not gpu" -q
 
 test-gpu:
 	# Only the modules that hold GPU tests are collected: the CPU-only ones may import packages a bare

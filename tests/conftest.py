@@ -13,19 +13,6 @@ TASKS = ROOT / "tasks"
 EXAMPLES = ROOT / "examples" / "candidates"
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under xdist (`make test`, `--dist loadgroup`): a test file's tests stay on one worker, so its module
-    fixtures (a CPU worker, compiled candidates, the KernelBench verdicts) are built once; the files that
-    share the whole-CUTLASS index (minutes to build) go to one worker together."""
-    def module(item) -> str:
-        return getattr(getattr(item, "module", None), "__name__", item.nodeid.split("::")[0])
-
-    full = {module(item) for item in items if "full_cutlass" in getattr(item, "fixturenames", ())}
-    for item in items:
-        name = module(item)
-        item.add_marker(pytest.mark.xdist_group("full_cutlass" if name in full else name))
-
-
 @pytest.fixture
 def cfg(tmp_path: Path) -> Config:
     return load(home=tmp_path / "home")

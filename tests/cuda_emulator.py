@@ -115,8 +115,6 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 inline float __half2float(__half h) { _Float16 v; memcpy(&v, &h.x, 2); return (float)v; }
 inline __half __float2half_rn(float f) { _Float16 v = (_Float16)f; __half h; memcpy(&h.x, &v, 2); return h; }
 
-inline float __expf(float x) { return expf(x); }  // the GPU's is ex2.approx: within ~2^-21 of this
-
 struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
 struct alignas(16) float4 { float x, y, z, w; };

@@ -311,10 +311,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
             *merged("0", "MaxOp"),
             "        const float mx = acc.a;",
             "        acc = {0.0f, 0.0f, 0};",
-            # __expf (ex2.approx): the precise expf's ~20 instructions an element cost a pass over a block's
-            # segment while its SM, the block alone on it, reads nothing; v - max <= 0 keeps the error relative
-            # (about 2^-21 a term) and the terms it grows on are the smallest of the sum.
-            "        for (long long c = tid; c < n; c += nt) acc.a += __expf(cache[kc + c] - mx);",
+            "        for (long long c = tid; c < n; c += nt) acc.a += expf(cache[kc + c] - mx);",
             *merged("1", "SumOp"),
             "        acc = {mx, acc.a, 0};",
         ]
