@@ -102,3 +102,12 @@ def test_cluster_kernels_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK and not b.log, b.log
         cluster = [r for r in b.resources if "_cluster_" in r.name]
         assert len(cluster) >= 2 and all(r.spill_stores == 0 for r in cluster), cluster
+
+
+def test_the_search_can_leave_the_cluster_for_a_block_per_row(tmp_path):
+    """increase_occupancy on a cluster plan drops the cluster: a block per row, several an SM, whose
+    launcher then takes no cluster kernel (on the H200 the cluster lost to it on LogSoftmax's 1.5 MB rows)."""
+    path = _task(tmp_path, "log_softmax_odd")
+    left = tuned_with_edit(path, "increase_occupancy")
+    assert '"cluster"' in tuned(path).source.splitlines()[0]
+    assert '"cluster"' not in left.source.splitlines()[0] and "_cluster_v" not in left.launcher

@@ -190,6 +190,15 @@ def _resize(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
             yield from common.resized("resize_grid", plan, rp, threads, regs)
 
 
+def _occupancy(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    """A cluster's block, its segment cached, is alone on its SM: the way back is a block per row (several an
+    SM, each reading its row twice), which the search can time against it."""
+    if rp.cluster:
+        yield from change("increase_occupancy", plan, rp, cluster=0)
+    else:
+        yield from common.increase_occupancy(plan, rp, r, low)
+
+
 def _registers(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
     if rp.regs:
         yield from change("reduce_registers", plan, rp, regs=0)
@@ -213,7 +222,7 @@ FAMILY = Family(
         "lower_power": common.fewer_sms,
         "pipeline_loads": common.unroll("pipeline_loads"),
         "resize_grid": _resize,
-        "increase_occupancy": common.increase_occupancy,
+        "increase_occupancy": _occupancy,
         "reduce_registers": _registers,
     },
     order=10,
