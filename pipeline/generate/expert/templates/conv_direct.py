@@ -6,7 +6,10 @@ A depthwise or grouped convolution does little work per output (C_in / groups x 
 for the tensor cores' tiles: an implicit GEMM per group would be an N of one output channel. So each thread
 computes `outs` outputs of one output row (pixels lane, lane + lanes, ...: consecutive threads take
 consecutive pixels, so a warp's loads coalesce at stride 1), summing in fp32 over its group's input
-channels and the taps, each weight read once for all of them. The geometry is compiled in (1-D and 2-D
+channels and the taps, each weight read once for all of them. A transposed one with a stride along the
+row takes its pixels one phase (ox mod stride) at a time: a warp's threads then agree on which taps land,
+where consecutive pixels would each skip a different (stride - 1) in stride of them, the warp running
+all, and they read consecutive inputs. The geometry is compiled in (1-D and 2-D
 convolutions are 3-D ones with unit extents in front), the batch size is not.
 """
 
@@ -24,9 +27,16 @@ if TYPE_CHECKING:
     from pipeline.generate.expert.families.conv_direct import DirectPlan
 
 
+def phases(f: ConvForm) -> int:
+    """A transposed convolution's output columns split by ox mod stride: the columns of one phase all take the
+    same taps (those with (ox + pad - kx * dil) % stride == 0), and their inputs are consecutive."""
+    return f.stride[2] if f.transposed else 1
+
+
 def lanes(f: ConvForm, outs: int) -> int:
-    """Threads a row of OW outputs takes."""
-    return -(-f.out[2] // outs)
+    """Threads a row of OW outputs takes (over all its phases)."""
+    per = -(-f.out[2] // phases(f))
+    return phases(f) * -(-per // outs)
 
 
 def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None) -> Code:
@@ -50,6 +60,7 @@ def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue
         + f"""
 namespace kp_{rid} {{
 constexpr int CIN_G = {cin_g}, COUT = {f.cout}, COUT_G = {cout_g}, OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
+constexpr int PHASES = {phases(f)}, PLANES = LANES / PHASES;  // threads a phase of the row takes
 constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
 constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
@@ -72,7 +83,9 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * LANES) return;
     const long long row = i / LANES;  // ((n * COUT + co) * OD + oz) * OH + oy
-    const int lane = (int)(i - row * LANES);
+    const int j = (int)(i - row * LANES), phase = j / PLANES, lane = j - phase * PLANES;
+    // output column v of this thread: a phase's columns phase, phase + PHASES, ... (all of them if PHASES = 1)
+    const auto ox_of = [&](int v) {{ return phase + PHASES * (lane + v * PLANES); }};
     const int oy = (int)(row % OH), oz = (int)((row / OH) % OD), co = (int)((row / ((long long)OH * OD)) % COUT);
     const long long n = row / ((long long)OH * OD * COUT);
     const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)(co / COUT_G) * CIN_G) * CHW;  // its group
@@ -95,10 +108,11 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
                 const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
                 #pragma unroll
                 for (int kx = 0; kx < KW; ++kx) {{
+                    if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
                     const float wv = ld(wc[ci * wstep + (kz * KH + ky) * KW + kx]);
                     #pragma unroll
                     for (int v = 0; v < OUTS; ++v) {{
-                        const int ox = lane + v * LANES, ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
+                        const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
                         if (ix >= 0) acc[v] = fmaf(ld(xr[ix]), wv, acc[v]);
                     }}
                 }}
@@ -107,7 +121,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
     }}
     #pragma unroll
     for (int u = 0; u < OUTS; ++u) {{
-        const int ox = lane + u * LANES;
+        const int ox = ox_of(u);
         if (ox >= OW) continue;
         const long long o = row * OW + ox;
         float v;
