@@ -15,6 +15,7 @@ from expert_plans import tuned, tuned_with_edit
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
+from pipeline.profile.collect import dump_sass, parse_sass
 from pipeline.static_check import check_launcher
 from pipeline.tasks import load_module
 from pipeline.types import Kind, Status
@@ -98,10 +99,17 @@ def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):
 
 def test_cluster_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = [tuned(_task(tmp_path, name)) for name in sorted(CASES)]
-    for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
+    for name, b in zip(sorted(CASES), compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")),
+                       strict=True):  # fmt: skip
         assert b.status == Status.OK and not b.log, b.log
         cluster = [r for r in b.resources if "_cluster_" in r.name]
         assert len(cluster) >= 2 and all(r.spill_stores == 0 for r in cluster), cluster
+        # the fp32 vector kernels cache each loaded vector with one 16-byte shared store (NVVM split the
+        # float4 store into STS.64 pairs until it went through PTX), 8 of them in flight a thread
+        sass = parse_sass(dump_sass(b.cubin_path) or "")
+        if len(CASES[name]) == 4 and name != "two_regions":
+            (vec,) = [k for k in sass if k.endswith("_cluster_v4")]
+            assert sass[vec].opcodes.get("STS.128", 0) >= 8, (name, sass[vec].opcodes)
 
 
 def test_the_search_can_leave_the_cluster_for_a_block_per_row(tmp_path):

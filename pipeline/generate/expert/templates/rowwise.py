@@ -69,7 +69,8 @@ __device__ __forceinline__ T* kp_cluster_map(T* p, unsigned rank) {
 }
 #endif
 // A block's cached segment in shared memory, 16 bytes at a time where it is aligned: scalar accesses at a
-// vector's stride put 4 lanes (8 for 16-bit inputs) on each bank.
+// vector's stride put 4 lanes (8 for 16-bit inputs) on each bank. In PTX: through a float4 pointer NVVM
+// proved only 8 bytes of alignment and split each access in two (STS.64), or in four.
 template <int V>
 __device__ __forceinline__ void kp_cache_put(float* p, const float (&w)[V], bool vec) {
     if constexpr (V % 4 == 0) {
@@ -77,7 +78,12 @@ __device__ __forceinline__ void kp_cache_put(float* p, const float (&w)[V], bool
 #pragma unroll
             for (int k = 0; k < V; k += 4) {
                 KP_CHECK_ALIGN(p + k, 16);
+#ifndef KP_EMULATED
+                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"((unsigned)__cvta_generic_to_shared(p + k)),
+                             "f"(w[k]), "f"(w[k + 1]), "f"(w[k + 2]), "f"(w[k + 3]) : "memory");
+#else
                 *reinterpret_cast<float4*>(p + k) = make_float4(w[k], w[k + 1], w[k + 2], w[k + 3]);
+#endif
             }
             return;
         }
@@ -92,8 +98,14 @@ __device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V], bool
 #pragma unroll
             for (int k = 0; k < V; k += 4) {
                 KP_CHECK_ALIGN(p + k, 16);
+#ifndef KP_EMULATED
+                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                             : "=f"(w[k]), "=f"(w[k + 1]), "=f"(w[k + 2]), "=f"(w[k + 3])
+                             : "r"((unsigned)__cvta_generic_to_shared(p + k)) : "memory");
+#else
                 const float4 q = *reinterpret_cast<const float4*>(p + k);
                 w[k] = q.x, w[k + 1] = q.y, w[k + 2] = q.z, w[k + 3] = q.w;
+#endif
             }
             return;
         }
