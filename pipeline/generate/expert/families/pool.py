@@ -1,9 +1,10 @@
 """Max and average pooling, 1-D to 3-D (max_pool1d/2d/3d, avg_pool1d/2d/3d; fp32, fp16, bf16), on the CUDA
 cores (templates/pool.py): any kernel, stride, padding, dilation (max), ceil mode, count_include_pad and
 divisor override. Max pooling that also returns indices stays in PyTorch. Both plans take our kernel (there
-is no library anchor to keep). Edits: coarsen_threads (outputs a thread x2, up to 8), more_parallelism
-(x1/2), resize_grid (threads x2 and /2), tile_shared_memory (overlapping windows: each window row's inputs
-staged in shared memory, read from there by a thread's consecutive outputs).
+is no library anchor to keep). Edits: coarsen_threads (outputs of a row a thread x2, up to 8; or rows of
+them x2), more_parallelism (rows, then outputs, x1/2), resize_grid (threads x2 and /2), tile_shared_memory
+(overlapping windows: each window row's inputs staged in shared memory, read from there by a thread's
+consecutive outputs).
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ from pipeline.generate.expert.templates.pool import PoolForm
 OPS = {f"{kind}_pool{d}d": (kind, d) for kind in ("max", "avg") for d in (1, 2, 3)}
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_OUTS = 8
+MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
 class PoolPlan(RegionPlan):
     TAG: ClassVar[str] = "pool"
-    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads", "stage")
+    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "rows", "threads", "stage")
 
     outs: int = 1  # outputs of one row a thread computes
     threads: int = 256
     stage: bool = False  # overlapping windows: window rows staged in shared memory (templates/pool.py)
+    rows: int = 1  # outputs along H a thread computes where windows overlap vertically (templates/pool.py)
 
 
 def _triple(v: Any, dims: int, default: int) -> tuple[int, int, int] | None:
@@ -80,16 +83,40 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> PoolPlan:
-    """Plain: an output a thread. Tuned: four (each window row read once for them). Staging the window rows
-    in shared memory is an edit: on the H200 it did not pay (KernelBench's 1-D max pool 2.63 against 2.68
-    ms, its 2-D one 3.25 against 1.94: each of four window rows costs two barriers and a reload from L2)."""
-    return PoolPlan(r.rid, outs=4) if tuned else PoolPlan(r.rid)
+    """Plain: an output a thread. Tuned: four of a row (each window row read once for them) and, where windows
+    overlap vertically, four rows of them: the loads of a large window hit L1, whose wavefronts kept
+    KernelBench's 4 x 4 max pool at 0.51 of its floor on the H200 (16 loads an output; 7 with a column of 4).
+    Staging the window rows in shared memory is an edit: on the H200 it did not pay (KernelBench's 1-D max
+    pool 2.63 against 2.68 ms, its 2-D one 3.25 against 1.94: each of four window rows costs two barriers
+    and a reload from L2)."""
+    if not tuned:
+        return PoolPlan(r.rid)
+    f = form(r, low)
+    return PoolPlan(r.rid, outs=4, rows=4 if not isinstance(f, str) and pool.overlaps_rows(f) else 1)
+
+
+def _coarsen(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
+    """More outputs of a row a thread, else (windows overlapping vertically) more rows of them."""
+    yield from OUTPUT_EDITS["coarsen_threads"](plan, rp, r, low)
+    f = form(r, low)
+    if not isinstance(f, str) and pool.overlaps_rows(f) and rp.rows * 2 <= MAX_ROWS and not rp.stage:
+        yield from change("coarsen_threads", plan, rp, rows=rp.rows * 2)
+
+
+def _parallelism(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
+    """Fewer rows a thread first, then fewer outputs of a row."""
+    if rp.rows > 1:
+        yield from change("more_parallelism", plan, rp, rows=rp.rows // 2)
+    yield from OUTPUT_EDITS["more_parallelism"](plan, rp, r, low)
 
 
 def _stage(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
     f = form(r, low)
     if not rp.stage and not isinstance(f, str) and pool.staged(f, dataclasses.replace(rp, stage=True)):
         yield from change("tile_shared_memory", plan, rp, stage=True)
+
+
+OUTPUT_EDITS = common.output_edits(MAX_OUTS)
 
 
 def render(r: Region, rp: PoolPlan, low: Lowered, hunter: Any) -> Code:
@@ -104,6 +131,11 @@ FAMILY = Family(
     claims=claims,
     first=first,
     render=render,
-    edits={**common.output_edits(MAX_OUTS), "tile_shared_memory": _stage},
+    edits={
+        **OUTPUT_EDITS,
+        "coarsen_threads": _coarsen,
+        "more_parallelism": _parallelism,
+        "tile_shared_memory": _stage,
+    },
     order=12,
 )

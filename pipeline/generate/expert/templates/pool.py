@@ -58,6 +58,18 @@ def staged(f: PoolForm, rp: PoolPlan) -> bool:
     return rp.stage and overlaps(f) and span(f, rp.threads, rp.outs) <= SPAN_MAX
 
 
+def overlaps_rows(f: PoolForm) -> bool:
+    """Whether vertically neighbouring windows share input rows (what a thread's column of outputs saves)."""
+    return f.dims >= 2 and (f.kernel[1] - 1) * f.dil[1] + 1 > f.stride[1]
+
+
+def columns(f: PoolForm, rp: PoolPlan) -> int:
+    """Outputs along H a thread computes: its window rows are read once for all of them (at most 64 rows,
+    the bits of the mask of those some window takes)."""
+    span_h = (rp.rows - 1) * f.stride[1] + (f.kernel[1] - 1) * f.dil[1] + 1
+    return rp.rows if rp.rows > 1 and overlaps_rows(f) and not staged(f, rp) and span_h <= 64 else 1
+
+
 def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
     rid = r.rid
     t = ctype(dtype)
@@ -82,7 +94,21 @@ def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
                 "        const float res = acc[u] / (float)((min(z1, ID) - max(z0, 0)) * (min(y1, IH) - max(y0, 0)) "
                 "* (x1 - max(x0, 0)));"
             )
-    if staged(f, rp):
+    ro = columns(f, rp)
+    if ro > 1:
+        used = sorted({r * sh + ky * dh for r in range(ro) for ky in range(kh)})
+        span_h = (ro - 1) * sh + (kh - 1) * dh + 1
+        hstep = step.replace("acc[v]", "h[v]")
+        merge = step.replace("acc[v]", "acc[r][v]").replace("xv", "h[v]")
+        body, tiling = (
+            _ROWS.replace("{hstep}", hstep).replace("{merge}", merge),
+            f"constexpr int LANES = {lanes(f, rp.outs)}, RO = {ro}, OHB = (OH + RO - 1) / RO;\n"
+            f"constexpr int T = {span_h};  // the input rows a thread's RO windows span\n"
+            f"constexpr unsigned long long USED = {sum(1 << t for t in used):#x}ull;"
+            "  // the rows some window takes (dilation may skip some), a bit each",
+        )
+        finish = finish.replace("acc[u]", "acc[r][u]")
+    elif staged(f, rp):
         body, tiling = (
             _STAGED,
             (
@@ -105,7 +131,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     fill = "-CUDART_INF_F" if f.op == "max" else "0.f"  # (staged) outside the input: no effect on the result
     depth = "        " if body is _STAGED else "    "
     window = textwrap.indent(_WINDOW.format(t=t, init=init), depth)
-    cuda = consts + body.format(t=t, step=step, finish=finish, fill=fill, window=window) + "}\n"
+    cuda = consts + body.format(t=t, step=step, finish=finish, fill=fill, window=window, init=init) + "}\n"
     n = r.node
     x = n.args[0]
     in_shape = tuple(n.shape or ())[: -f.dims]  # (N, C) or (C,): the leading dims
@@ -116,16 +142,19 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
         grid = f"min(rows * {-(-f.out[2] // (rp.threads * rp.outs))}, MAX_GRID_X)"
     else:
         grid = f"-(-rows * {lanes(f, rp.outs)} // {rp.threads})"
+    # the thread rows: output rows, or with a column of RO outputs a thread, groups of RO of them
+    nrows = f"out.numel() // {oh * ow} * {-(-oh // ro)}" if ro > 1 else f"out.numel() // {ow}"
     launcher = "\n".join([
         f"def _pool_{rid}(sms, x):",
         f'    """{f.op.capitalize()} pooling ({f.dims}-D) on the CUDA cores: {rp.outs} outputs a thread, '
-        f'{rp.threads} threads a block{", window rows staged in shared memory" if staged(f, rp) else ""}."""',
+        f'{rp.threads} threads a block{", window rows staged in shared memory" if staged(f, rp) else ""}'
+        f'{f", a column of {ro} outputs" if ro > 1 else ""}."""',
         f"    if tuple(x.shape[{lead}:]) != ({sp_in},):",
         f"        raise ValueError(f'kernelpro expert: the pool was compiled for inputs (..., {sp_in}), not "
         "{tuple(x.shape)}')",
         "    x = _contig(x)",
         f"    out = torch.empty((*x.shape[:{lead}], {sp_out}), dtype={torch_dtype(dtype)}, device=x.device)",
-        f"    rows = out.numel() // {ow}",
+        f"    rows = {nrows}",
         "    if rows:",
         f"        kernels.kp_{rid}_pool(({grid},), ({rp.threads},), ({sig.args()}))  # noqa: F821",
         "    return out",
@@ -180,6 +209,74 @@ _DIRECT = """    const long long i = (long long)blockIdx.x * blockDim.x + thread
         if (ox >= OW) continue;
         {finish}
         out[row * OW + ox] = cv<{t}>(res);
+    }}
+"""
+
+# A column of RO outputs a thread (and OUTS of each row, LANES apart): each input row its RO windows span is
+# read once, reduced across the window's width for every column (h), and that reduction merged into each
+# output whose window holds the row (r * SH + ky * DH == t: known at compile time, unrolled away). A 4 x 4
+# max pool then loads 7 window rows for 4 outputs where one output a thread loaded 16: the loads hit L1,
+# whose wavefronts, not DRAM, set the pace of a pool with a large window.
+_ROWS = """    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * LANES) return;
+    const long long row = i / LANES;  // (plane * OD + oz) * OHB + its group of RO output rows
+    const int lane = (int)(i - row * LANES);
+    const int oy0 = (int)(row % OHB) * RO, oz = (int)((row / OHB) % OD);
+    const long long plane = row / ((long long)OHB * OD);
+    const {t}* xp = x + plane * ((long long)ID * IH * IW);
+    const int z0 = oz * SD - PD, z1 = min(z0 + KD, ID + PD);  // (average) the padded window's end
+    (void)z1;
+    float acc[RO][OUTS];
+    #pragma unroll
+    for (int r = 0; r < RO; ++r)
+        #pragma unroll
+        for (int v = 0; v < OUTS; ++v) acc[r][v] = {init};
+    #pragma unroll
+    for (int kz = 0; kz < KD; ++kz) {{
+        const int iz = z0 + kz * DD;
+        if ((unsigned)iz >= (unsigned)ID) continue;
+        #pragma unroll
+        for (int t = 0; t < T; ++t) {{
+            const int iy = oy0 * SH - PH + t;
+            if (!((USED >> t) & 1) || (unsigned)iy >= (unsigned)IH) continue;
+            const {t}* xr = xp + ((long long)iz * IH + iy) * IW;
+            float h[OUTS];
+            #pragma unroll
+            for (int v = 0; v < OUTS; ++v) h[v] = {init};
+            #pragma unroll
+            for (int kx = 0; kx < KW; ++kx) {{
+                #pragma unroll
+                for (int v = 0; v < OUTS; ++v) {{
+                    const int ox = lane + v * LANES, ix = ox * SW - PW + kx * DW;
+                    if (ox < OW && (unsigned)ix < (unsigned)IW) {{
+                        const float xv = ld(xr[ix]);
+                        {hstep}
+                    }}
+                }}
+            }}
+            #pragma unroll
+            for (int r = 0; r < RO; ++r)
+                #pragma unroll
+                for (int ky = 0; ky < KH; ++ky)
+                    if (r * SH + ky * DH == t) {{
+                        #pragma unroll
+                        for (int v = 0; v < OUTS; ++v) {merge}
+                    }}
+        }}
+    }}
+    #pragma unroll
+    for (int r = 0; r < RO; ++r) {{
+        const int oy = oy0 + r;
+        if (oy >= OH) continue;
+        const int y0 = oy * SH - PH, y1 = min(y0 + KH, IH + PH);  // (average) the padded window's rows
+        (void)y1;
+        #pragma unroll
+        for (int u = 0; u < OUTS; ++u) {{
+            const int ox = lane + u * LANES;
+            if (ox >= OW) continue;
+            {finish}
+            out[((plane * OD + oz) * OH + oy) * OW + ox] = cv<{t}>(res);
+        }}
     }}
 """
 
