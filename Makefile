@@ -32,7 +32,9 @@ install:
 	$(VENV)/bin/pip install -q -e '.[dev]'
 
 test:
-	$(PYTHON) -m pytest -m "not gpu" -q
+	# One worker a core (at most 4), each test file on one worker: its module fixtures (a CPU worker, compiled
+	# candidates, the KernelBench verdicts) are built once, and the sandbox tests' loopback servers stay theirs.
+	$(PYTHON) -m pytest -m "not gpu" -q -n auto --maxprocesses 4 --dist loadfile
 
 test-gpu:
 	# Only the modules that hold GPU tests are collected: the CPU-only ones may import packages a bare
