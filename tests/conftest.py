@@ -29,7 +29,8 @@ def cpu_worker(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def full_cutlass(tmp_path_factory):
-    """The whole CUTLASS corpus indexed once per session (minutes on two cores), shared by the slow tests."""
+    """The whole CUTLASS corpus indexed once per session (minutes on two cores), shared by the slow tests (all
+    in tests/test_full_cutlass.py: `make test` gives each file a worker, and each worker its own session)."""
     from index.build import build_index
 
     home = tmp_path_factory.mktemp("cutlass-index")

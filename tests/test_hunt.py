@@ -158,36 +158,6 @@ def test_eval_set_is_sound() -> None:
             assert p.is_dir() if e.endswith("/") else p.is_file(), e
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_full_cutlass_eval(full_cutlass) -> None:
-    cfg, _, _ = full_cutlass
-    report = evaluate(Hunter(cfg, "cutlass"), load_cases(EVAL))
-    misses = [(r.case.query, r.top_paths[:5]) for r in report.per_case if r.rank is None or r.rank > 5]
-    print(f"\nrecall@5 {report.recall_at_5:.3f}  MRR {report.mrr:.3f}  p50 {report.p50_ms:.1f} ms")
-    for q, top in misses:
-        print("miss:", q, top)
-    assert report.recall_at_5 >= 0.8
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_the_gemm_building_blocks_are_found_through_the_index(full_cutlass) -> None:
-    """The expert's WGMMA GEMM asks the hunter for its atoms; each answer is the symbol the headers define."""
-    import dataclasses
-
-    from pipeline.generate.expert import atoms
-
-    cfg, _, _ = full_cutlass
-    hunter = Hunter(cfg, "cutlass")
-    needs = [atoms.gmma(n, dt) for n in (128, 256) for dt in ("bfloat16", "float16")]
-    needs += [atoms.TMA_LOAD_3D, atoms.TX_BARRIER, atoms.ARRIVE_BARRIER, atoms.SW128_K, atoms.SW128_MN]
-    for need in needs:
-        found = atoms.find(need, hunter)
-        assert found.via == "index", (need.what, found)
-        assert found == dataclasses.replace(atoms.find(need), via="index"), need.what
-
-
 # --- several corpora at once (config `corpus = "cutlass+local"`) -----------------------------------------
 
 

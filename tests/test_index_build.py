@@ -335,23 +335,3 @@ def test_cli(src: Path, kcfg: Config, monkeypatch: pytest.MonkeyPatch) -> None:
 
     res = runner.invoke(app, ["index", "drop", "--corpus", "no-such-corpus", *home])
     assert res.exit_code == 2 and "unknown corpus" in res.output
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_full_cutlass_build(full_cutlass) -> None:
-    cfg, r, full = full_cutlass
-    assert r.files_total > 1000 and r.chunks_total > 10000
-    # overloads and #if branches share their short text: about a tenth of the chunks need no model call
-    assert 0.8 * r.chunks_added < r.chunks_embedded < 0.95 * r.chunks_added, (
-        r.chunks_embedded,
-        r.chunks_added,
-    )
-    t0 = time.monotonic()
-    again = build_index("cutlass", cfg)
-    print(
-        f"full CUTLASS build {full:.0f} s, {r.chunks_total} chunks ({r.chunks_embedded} texts embedded), "
-        f"{r.index_bytes / 2**20:.0f} MiB; "
-        f"unchanged rebuild {time.monotonic() - t0:.1f} s"
-    )
-    assert again.files_changed == 0 and again.chunks_total == r.chunks_total
