@@ -63,11 +63,16 @@ def overlaps_rows(f: PoolForm) -> bool:
     return f.dims >= 2 and (f.kernel[1] - 1) * f.dil[1] + 1 > f.stride[1]
 
 
+def rows_span(f: PoolForm, ro: int) -> int:
+    """The input rows the windows of a column of `ro` outputs span."""
+    return (ro - 1) * f.stride[1] + (f.kernel[1] - 1) * f.dil[1] + 1
+
+
 def columns(f: PoolForm, rp: PoolPlan) -> int:
     """Outputs along H a thread computes: its window rows are read once for all of them (at most 64 rows,
     the bits of the mask of those some window takes)."""
-    span_h = (rp.rows - 1) * f.stride[1] + (f.kernel[1] - 1) * f.dil[1] + 1
-    return rp.rows if rp.rows > 1 and overlaps_rows(f) and not staged(f, rp) and span_h <= 64 else 1
+    fits = rows_span(f, rp.rows) <= 64
+    return rp.rows if rp.rows > 1 and overlaps_rows(f) and not staged(f, rp) and fits else 1
 
 
 def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
@@ -97,7 +102,7 @@ def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
     ro = columns(f, rp)
     if ro > 1:
         used = sorted({r * sh + ky * dh for r in range(ro) for ky in range(kh)})
-        span_h = (ro - 1) * sh + (kh - 1) * dh + 1
+        span_h = rows_span(f, ro)
         hstep = step.replace("acc[v]", "h[v]")
         merge = step.replace("acc[v]", "acc[r][v]").replace("xv", "h[v]")
         body, tiling = (

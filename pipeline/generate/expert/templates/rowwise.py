@@ -68,50 +68,47 @@ __device__ __forceinline__ T* kp_cluster_map(T* p, unsigned rank) {
     return reinterpret_cast<T*>(out);
 }
 #endif
-// A block's cached segment in shared memory, 16 bytes at a time where it is aligned: scalar accesses at a
-// vector's stride put 4 lanes (8 for 16-bit inputs) on each bank. In PTX: through a float4 pointer NVVM
+// A block's cached segment in shared memory, 16 bytes at a time (V a multiple of 4): scalar accesses at a
+// vector's stride put 4 lanes (8 for 16-bit inputs) on each bank. The caller's layout keeps every vector on a
+// 16-byte boundary (column c at kc + c, kc the segment's start mod V). In PTX: through a float4 pointer NVVM
 // proved only 8 bytes of alignment and split each access in two (STS.64), or in four.
 template <int V>
-__device__ __forceinline__ void kp_cache_put(float* p, const float (&w)[V], bool vec) {
+__device__ __forceinline__ void kp_cache_put(float* p, const float (&w)[V]) {
     if constexpr (V % 4 == 0) {
-        if (vec) {
 #pragma unroll
-            for (int k = 0; k < V; k += 4) {
-                KP_CHECK_ALIGN(p + k, 16);
+        for (int k = 0; k < V; k += 4) {
+            KP_CHECK_ALIGN(p + k, 16);
 #ifndef KP_EMULATED
-                asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"((unsigned)__cvta_generic_to_shared(p + k)),
-                             "f"(w[k]), "f"(w[k + 1]), "f"(w[k + 2]), "f"(w[k + 3]) : "memory");
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"((unsigned)__cvta_generic_to_shared(p + k)),
+                         "f"(w[k]), "f"(w[k + 1]), "f"(w[k + 2]), "f"(w[k + 3]) : "memory");
 #else
-                *reinterpret_cast<float4*>(p + k) = make_float4(w[k], w[k + 1], w[k + 2], w[k + 3]);
+            *reinterpret_cast<float4*>(p + k) = make_float4(w[k], w[k + 1], w[k + 2], w[k + 3]);
 #endif
-            }
-            return;
         }
-    }
+    } else {
 #pragma unroll
-    for (int e = 0; e < V; ++e) p[e] = w[e];
+        for (int e = 0; e < V; ++e) p[e] = w[e];
+    }
 }
 template <int V>
-__device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V], bool vec) {
+__device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V]) {
     if constexpr (V % 4 == 0) {
-        if (vec) {
 #pragma unroll
-            for (int k = 0; k < V; k += 4) {
-                KP_CHECK_ALIGN(p + k, 16);
+        for (int k = 0; k < V; k += 4) {
+            KP_CHECK_ALIGN(p + k, 16);
 #ifndef KP_EMULATED
-                asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                             : "=f"(w[k]), "=f"(w[k + 1]), "=f"(w[k + 2]), "=f"(w[k + 3])
-                             : "r"((unsigned)__cvta_generic_to_shared(p + k)) : "memory");
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(w[k]), "=f"(w[k + 1]), "=f"(w[k + 2]), "=f"(w[k + 3])
+                         : "r"((unsigned)__cvta_generic_to_shared(p + k)) : "memory");
 #else
-                const float4 q = *reinterpret_cast<const float4*>(p + k);
-                w[k] = q.x, w[k + 1] = q.y, w[k + 2] = q.z, w[k + 3] = q.w;
+            const float4 q = *reinterpret_cast<const float4*>(p + k);
+            w[k] = q.x, w[k + 1] = q.y, w[k + 2] = q.z, w[k + 3] = q.w;
 #endif
-            }
-            return;
         }
-    }
+    } else {
 #pragma unroll
-    for (int e = 0; e < V; ++e) w[e] = p[e];
+        for (int e = 0; e < V; ++e) w[e] = p[e];
+    }
 }
 #endif"""
 
@@ -274,6 +271,11 @@ def split_two_pass(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     )  # fmt: skip
 
 
+def _cluster_parts(op: str) -> int:
+    """Statistics slots a cluster's block shares (16 bytes each): softmax merges a max, then a sum."""
+    return 2 if reduce_ops.KINDS[op].op == "LseOp" else 1
+
+
 def cluster_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     """Whether the plan spreads each row of a two-pass op over a thread-block cluster (when it fits)."""
     return (
@@ -313,7 +315,8 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
             f"        for (unsigned s = 1; s < C; ++s) acc = {op}()(acc, *kp_cluster_map(part + {slot}, s));",
         ]
 
-    lse = kind.op == "LseOp"
+    parts = _cluster_parts(lay.op)
+    lse = parts == 2
     if lse:
         # Softmax statistics in exact passes: the max while the segment streams in (no exp in the load loop:
         # online rescaling's dependent exp per element kept a block, alone on its SM, from keeping its loads
@@ -337,7 +340,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
         f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
-        f"    float* cache = reinterpret_cast<float*>(part + {2 if lse else 1});  // this block's segment of the row",
+        f"    float* cache = reinterpret_cast<float*>(part + {parts});  // this block's segment of the row",
         "    const int tid = threadIdx.x, nt = blockDim.x;",
         "    const unsigned rank = kp_cluster_rank();",
         pre.lam("pre") if pre else identity("pre"),
@@ -401,12 +404,8 @@ def _read(
     ]
     if batched:
         U = max(1, rp.unroll)
-        vc = [
-            "        const bool vc = (reinterpret_cast<unsigned long long>(cache + kc + head) & 15) == 0;",
-        ]
         return [
             *head,
-            *(vc if vec_cache else []),
             f"        for (long long j0 = tid; j0 < nv; j0 += (long long)nt * {U}) {{",
             f"            Vec<{xt}, V> t_[{U}];",
             "#pragma unroll",
@@ -422,7 +421,7 @@ def _read(
             *[f"                    {t.replace('RAW', 'ld(t_[u].v[e])')}" for t in vpush],
             "                }",
             *(
-                ["                kp_cache_put<V>(cache + kc + head + (j0 + u * nt) * V, w_, vc);"]
+                ["                kp_cache_put<V>(cache + kc + head + (j0 + u * nt) * V, w_);"]
                 if vec_cache
                 else []
             ),
@@ -720,29 +719,21 @@ def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str, k
 def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str,
                    vec_cache: bool = False) -> list[str]:  # fmt: skip
     """Write y[start + c] = post(f(c, v)) for c in [0, n), v the (pre-processed) input or its cached copy
-    (at coff + c; with `vec_cache`, read 16 bytes at a time where aligned)."""
+    (at coff + c; with `vec_cache`, its vectors read 16 bytes at a time: coff + h on a 16-byte boundary)."""
     xt, yt = ctype(x_dt), ctype(out_dt)
 
-    def val(raw: str) -> str:
-        return f"(CACHE ? cache[{coff} + c] : pre({raw}, s0 + c))"
+    def val(raw: str, cached: str = f"cache[{coff} + c]") -> str:
+        return f"(CACHE ? {cached} : pre({raw}, s0 + c))"
 
     vec = [
         "                float w_[V];",
-        f"                if (CACHE) kp_cache_get<V>(cache + {coff} + h + j * V, w_, vc);",
+        f"                if (CACHE) kp_cache_get<V>(cache + {coff} + h + j * V, w_);",
     ]
     return [
         "        {",
         f"            const long long s0 = {start}, sn = {n};",
         "            const long long h = head_of<V>(s0, sn);",
         "            const long long nv2 = (sn - h) / V;",
-        *(
-            [
-                "            const bool vc = "
-                f"(reinterpret_cast<unsigned long long>(cache + {coff} + h) & 15) == 0;"
-            ]
-            if vec_cache
-            else []
-        ),
         "            for (long long c = tid; c < h; c += nt) {",
         f"                const float v = {val('ld(x[s0 + c])')};",
         f"                y[s0 + c] = cv<{yt}>(post({f}, s0 + c));",
@@ -755,7 +746,7 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
         "#pragma unroll",
         "                for (int e = 0; e < V; ++e) {",
         "                    const long long c = h + j * V + e;",
-        f"                    const float v = {'(CACHE ? w_[e] : pre(ld(t.v[e]), s0 + c))' if vec_cache else val('ld(t.v[e])')};",
+        f"                    const float v = {val('ld(t.v[e])', 'w_[e]') if vec_cache else val('ld(t.v[e])')};",
         f"                    o.v[e] = cv<{yt}>(post({f}, s0 + c));",
         "                }",
         f"                vstore<{yt}, V>(y + s0 + h + j * V, o);",
@@ -807,11 +798,10 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
     if csig is not None:  # a row too long for a block's shared memory, not for its cluster's
         C = rp.cluster
         cred = "33 * 16" if rp.warp_reduce else "cblock * 16"
-        parts = 32 if reduce_ops.KINDS[lay.op].op == "LseOp" else 16  # softmax: a max and a sum
         lines += [
             f"    chunk = -(-cols // {C})\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
             f"    cblock = min({threads}, max(32, 1 << (max(1, -(-chunk // {rp.vec})) - 1).bit_length()))",
-            f"    csmem = {cred} + {parts} + (chunk + {rp.vec}) * 4  # the segment from kc < {rp.vec} on",
+            f"    csmem = {cred} + {16 * _cluster_parts(lay.op)} + (chunk + {rp.vec}) * 4  # the segment from kc < {rp.vec} on",
             f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
