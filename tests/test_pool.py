@@ -5,19 +5,21 @@ dilation, ceil mode, count_include_pad, divisor override, NaN), compiled for sm_
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 from cuda_emulator import build, load_model
-from expert_plans import tuned_with_edit
+from expert_plans import tuned, tuned_with_edit
 
+from pipeline.candidates import make_candidate
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
 from pipeline.generate.expert.families import pool
-from pipeline.generate.expert.render import prepare
+from pipeline.generate.expert.render import nvcc_flags, prepare, render
 from pipeline.tasks import load_module, probe
 from pipeline.types import Status
 
@@ -46,6 +48,12 @@ def _task(folder: Path, name: str, shape: str = "") -> Path:
         "def get_init_inputs():\n    return []\n"
     )
     return path
+
+
+def _region(path: Path) -> tuple:
+    low = prepare(capture(path))
+    (r,) = [r for r in low.regions if pool.FAMILY.claims(r, low)]
+    return r, low
 
 
 def _candidates(path: Path) -> list:
@@ -89,6 +97,10 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
     # where windows overlap vertically the tuned plan's thread takes a column of 4 rows of outputs too
     overlap = name in ("max2d", "max3d_ceil", "avg2d_no_pad_count", "avg3d_divisor")
     assert ("RO = 4" in cands[1].source) == overlap, name
+    # where they overlap along W at stride 1, eight outputs a lane from a warp's staged window row
+    slide = name in ("max1d_dilated", "max2d", "max2d_rect_f16", "avg1d")
+    (rp,) = plan_of(cands[1].source).regions
+    assert (rp.stage and rp.outs * rp.rows in (8, 16) and "WSPAN" in cands[1].source) == slide, (name, rp)
     for cand in cands:
         assert [rp.TAG for rp in plan_of(cand.source).regions] == ["pool"]
         model = load_model(cand.launcher, build(cand.source, tmp_path))()
@@ -101,27 +113,37 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, shape",
-    [("max1d_dilated", "1, 2, 2600"), ("avg1d", "2, 1, 2300"), ("max2d", "1, 1, 4, 1100"),
-     ("avg2d_no_pad_count", "1, 1, 3, 2100")],
+    "name, shape, knobs",
+    [("max1d_dilated", "1, 2, 700", {}), ("avg1d", "2, 1, 530", {}), ("max2d", "1, 1, 9, 300", {}),
+     ("max2d_rect_f16", "1, 7, 263", {"outs": 2}), ("avg2d_no_pad_count", "1, 1, 11, 1100", {"stage": True}),
+     ("max3d_ceil", "1, 1, 5, 6, 600", {"stage": True, "outs": 8, "threads": 64})],
 )  # fmt: skip
-def test_emulated_staged_pools_over_rows_of_several_blocks(tmp_path, name, shape):
-    """Rows longer than a staged block's run: runs that start inside a row, a tail run, padding at both ends."""
+def test_emulated_staged_pools_over_runs_of_several_warps(tmp_path, name, shape, knobs):
+    """Rows longer than a warp's run of 32 * OUTS outputs: runs that start inside a row, a tail run, padding
+    at both ends, a column of rows (max2d), two outputs a lane read without float4, strides of 2, several
+    warps and blocks."""
     path = _task(tmp_path, name, shape)
     x = load_module(path).get_inputs()[0]
-    want = load_module(path).Model()(x)
-    staged = tuned_with_edit(path, "tile_shared_memory")
+    want = load_module(path).Model()(x.float()).to(x.dtype)
+    staged = tuned(path)
+    if knobs:
+        low, plan = prepare(capture(path)), plan_of(staged.source)
+        plan = dataclasses.replace(plan, regions=(dataclasses.replace(plan.regions[0], **knobs),))
+        source, launcher = render(low, plan)
+        staged = make_candidate("t", source, launcher, nvcc_flags(plan))
     (rp,) = plan_of(staged.source).regions
-    assert rp.stage and rp.threads * rp.outs < want.shape[-1], rp
+    assert rp.stage and 32 * rp.outs < want.shape[-1], rp
+    assert ("VEC = true" in staged.source) == (rp.outs * pool.form(*_region(path)).stride[2] % 4 == 0), rp
     got = load_model(staged.launcher, build(staged.source, tmp_path))()(x)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    tol = 1e-6 if x.dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
 def test_pools_compile_for_sm90a_without_spills(tmp_path):
     cands = [c for name in sorted(POOLS) for c in _candidates(_task(tmp_path, name))[:2]]
     cands += [
         tuned_with_edit(_task(tmp_path, name), "tile_shared_memory")
-        for name in ("max1d_dilated", "avg2d_no_pad_count")
+        for name in ("avg2d_no_pad_count", "avg3d_divisor")
     ]
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log

@@ -3,8 +3,8 @@ cores (templates/pool.py): any kernel, stride, padding, dilation (max), ceil mod
 divisor override. Max pooling that also returns indices stays in PyTorch. Both plans take our kernel (there
 is no library anchor to keep). Edits: coarsen_threads (outputs of a row a thread x2, up to 8; or rows of
 them x2), more_parallelism (rows, then outputs, x1/2), resize_grid (threads x2 and /2), tile_shared_memory
-(overlapping windows: each window row's inputs staged in shared memory, read from there by a thread's
-consecutive outputs).
+(windows overlapping along W: each window row's inputs staged in a warp's shared memory, a lane's consecutive
+outputs computed from its span of it in registers).
 """
 
 from __future__ import annotations
@@ -86,20 +86,28 @@ def first(r: Region, low: Lowered, tuned: bool) -> PoolPlan:
     """Plain: an output a thread. Tuned: four of a row (each window row read once for them) and, where windows
     overlap vertically, four rows of them: the loads of a large window hit L1, whose wavefronts kept
     KernelBench's 4 x 4 max pool at 0.51 of its floor on the H200 (16 loads an output; 7 with a column of 4).
-    Staging the window rows in shared memory is an edit: on the H200 it did not pay (KernelBench's 1-D max
-    pool 2.63 against 2.68 ms, its 2-D one 3.25 against 1.94: each of four window rows costs two barriers
-    and a reload from L2)."""
+    Where windows overlap along W at stride 1, eight outputs of a row a lane from a warp's staged window row
+    (templates/pool.py): a tap is a register, not a load. The first staging (a block's run, every tap read
+    from shared memory, two barriers a window row) did not pay on the H200: KernelBench's 1-D max pool 2.63
+    against 2.68 ms, its 2-D one 3.25 against 1.94."""
     if not tuned:
         return PoolPlan(r.rid)
     f = form(r, low)
-    return PoolPlan(r.rid, outs=4, rows=4 if not isinstance(f, str) and pool.overlaps_rows(f) else 1)
+    if isinstance(f, str):
+        return PoolPlan(r.rid, outs=4)
+    rows = 4 if pool.overlaps_rows(f) else 1
+    # with a column of 4 rows, 4 outputs of each: 8 x 4 accumulators spilled at ptxas's 64 registers
+    slide = PoolPlan(r.rid, outs=MAX_OUTS if rows == 1 else 4, rows=rows, stage=True)
+    if f.stride[2] == 1 and pool.staged(f, slide):
+        return slide
+    return PoolPlan(r.rid, outs=4, rows=rows)
 
 
 def _coarsen(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
     """More outputs of a row a thread, else (windows overlapping vertically) more rows of them."""
     yield from OUTPUT_EDITS["coarsen_threads"](plan, rp, r, low)
     f = form(r, low)
-    if not isinstance(f, str) and pool.overlaps_rows(f) and rp.rows * 2 <= MAX_ROWS and not rp.stage:
+    if not isinstance(f, str) and pool.overlaps_rows(f) and rp.rows * 2 <= MAX_ROWS:
         yield from change("coarsen_threads", plan, rp, rows=rp.rows * 2)
 
 

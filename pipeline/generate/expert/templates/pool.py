@@ -41,12 +41,30 @@ def lanes(f: PoolForm, outs: int) -> int:
     return -(-f.out[2] // outs)
 
 
-SPAN_MAX = 11_000  # floats of a staged window row (with its padding, under 48 KB of static shared memory)
+WARP_SMEM_MAX = 48 * 1024  # a block's static shared memory: its warps' staged spans and output tiles
+WINDOW_MAX = 64  # floats of a thread's window span held in registers
 
 
-def span(f: PoolForm, threads: int, outs: int) -> int:
-    """The inputs one window row of a staged block's THREADS * OUTS outputs reads."""
-    return (threads * outs - 1) * f.stride[2] + (f.kernel[2] - 1) * f.dil[2] + 1
+def span(f: PoolForm, outs: int) -> int:
+    """The inputs one window row of `outs` consecutive outputs reads."""
+    return (outs - 1) * f.stride[2] + (f.kernel[2] - 1) * f.dil[2] + 1
+
+
+def vec_window(f: PoolForm, outs: int) -> bool:
+    """Whether a thread's window span starts on a 16-byte boundary of its warp's staged row (read as float4)."""
+    return outs * f.stride[2] % 4 == 0
+
+
+def window_regs(f: PoolForm, outs: int) -> int:
+    n = span(f, outs)
+    return -(-n // 4) * 4 if vec_window(f, outs) else n
+
+
+def warp_smem_floats(f: PoolForm, outs: int) -> int:
+    """A warp's staged window row (its 32 * outs outputs' span, rounded up for the last float4 read) and its
+    output tile (a padded row of outs + 1 a lane)."""
+    last = (32 - 1) * outs * f.stride[2] + window_regs(f, outs)
+    return -(-max(span(f, 32 * outs), last) // 4) * 4 + 32 * (outs + 1)
 
 
 def overlaps(f: PoolForm) -> bool:
@@ -55,7 +73,8 @@ def overlaps(f: PoolForm) -> bool:
 
 
 def staged(f: PoolForm, rp: PoolPlan) -> bool:
-    return rp.stage and overlaps(f) and span(f, rp.threads, rp.outs) <= SPAN_MAX
+    fits = warp_smem_floats(f, rp.outs) * 4 * (rp.threads // 32) <= WARP_SMEM_MAX
+    return rp.stage and overlaps(f) and window_regs(f, rp.outs) <= WINDOW_MAX and fits
 
 
 def overlaps_rows(f: PoolForm) -> bool:
@@ -72,7 +91,7 @@ def columns(f: PoolForm, rp: PoolPlan) -> int:
     """Outputs along H a thread computes: its window rows are read once for all of them (at most 64 rows,
     the bits of the mask of those some window takes)."""
     fits = rows_span(f, rp.rows) <= 64
-    return rp.rows if rp.rows > 1 and overlaps_rows(f) and not staged(f, rp) and fits else 1
+    return rp.rows if rp.rows > 1 and overlaps_rows(f) and fits else 1
 
 
 def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
@@ -100,29 +119,31 @@ def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
                 "* (x1 - max(x0, 0)));"
             )
     ro = columns(f, rp)
-    if ro > 1:
+    body, tiling = _DIRECT, f"constexpr int LANES = {lanes(f, rp.outs)};"
+    if ro > 1 or staged(f, rp):
         used = sorted({r * sh + ky * dh for r in range(ro) for ky in range(kh)})
-        span_h = rows_span(f, ro)
         hstep = step.replace("acc[v]", "h[v]")
         merge = step.replace("acc[v]", "acc[r][v]").replace("xv", "h[v]")
-        body, tiling = (
-            _ROWS.replace("{hstep}", hstep).replace("{merge}", merge),
-            f"constexpr int LANES = {lanes(f, rp.outs)}, RO = {ro}, OHB = (OH + RO - 1) / RO;\n"
-            f"constexpr int T = {span_h};  // the input rows a thread's RO windows span\n"
+        body = (_STAGED if staged(f, rp) else _ROWS).replace("{hstep}", hstep).replace("{merge}", merge)
+        tiling = (
+            ("" if staged(f, rp) else f"constexpr int LANES = {lanes(f, rp.outs)};\n")
+            + f"constexpr int RO = {ro}, OHB = (OH + RO - 1) / RO;\n"
+            f"constexpr int T = {rows_span(f, ro)};  // the input rows a thread's RO windows span\n"
             f"constexpr unsigned long long USED = {sum(1 << t for t in used):#x}ull;"
-            "  // the rows some window takes (dilation may skip some), a bit each",
+            "  // the rows some window takes (dilation may skip some), a bit each"
         )
         finish = finish.replace("acc[u]", "acc[r][u]")
-    elif staged(f, rp):
-        body, tiling = (
-            _STAGED,
-            (
-                f"constexpr int THREADS = {rp.threads}, TW = THREADS * OUTS, TILES = (OW + TW - 1) / TW;  // a block's run\n"
-                "constexpr int SPAN = (TW - 1) * SW + (KW - 1) * DW + 1;  // the inputs one window row of it reads"
-            ),
+    if staged(f, rp):
+        nw, wsmem = window_regs(f, rp.outs), warp_smem_floats(f, rp.outs)
+        tiling += (
+            f"\nconstexpr int WARPS = {rp.threads // 32}, WT = 32 * OUTS, TILES = (OW + WT - 1) / WT;"
+            "  // a warp's run of a row\n"
+            "constexpr int WSPAN = (WT - 1) * SW + (KW - 1) * DW + 1;  // the inputs one window row of it reads\n"
+            f"constexpr int NW = {nw}, OT = 32 * (OUTS + 1), WIN = {wsmem} - OT;"
+            "  // a thread's window registers; a warp's output tile and staged row (floats)\n"
+            f"constexpr bool VEC = {'true' if vec_window(f, rp.outs) else 'false'};"
+            "  // a thread's window starts on a 16-byte boundary"
         )
-    else:
-        body, tiling = _DIRECT, f"constexpr int LANES = {lanes(f, rp.outs)};"
     consts = f"""namespace kp_{rid} {{
 constexpr int OUTS = {rp.outs};
 constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
@@ -134,8 +155,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     using namespace kp_{rid};
 """
     fill = "-CUDART_INF_F" if f.op == "max" else "0.f"  # (staged) outside the input: no effect on the result
-    depth = "        " if body is _STAGED else "    "
-    window = textwrap.indent(_WINDOW.format(t=t, init=init), depth)
+    window = textwrap.indent(_WINDOW.format(t=t, init=init), "    ")
     cuda = consts + body.format(t=t, step=step, finish=finish, fill=fill, window=window, init=init) + "}\n"
     n = r.node
     x = n.args[0]
@@ -143,8 +163,8 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     lead = len(in_shape)
     sp_in = ", ".join(str(v) for v in f.size[3 - f.dims :])
     sp_out = ", ".join(str(v) for v in f.out[3 - f.dims :])
-    if staged(f, rp):  # a block a run of THREADS * OUTS outputs of one row
-        grid = f"min(rows * {-(-f.out[2] // (rp.threads * rp.outs))}, MAX_GRID_X)"
+    if staged(f, rp):  # a warp a run of 32 * OUTS outputs of a row (or of RO rows), blocks over the runs
+        grid = f"min(-(-rows * {-(-f.out[2] // (32 * rp.outs))} // {rp.threads // 32}), MAX_GRID_X)"
     else:
         grid = f"-(-rows * {lanes(f, rp.outs)} // {rp.threads})"
     # the thread rows: output rows, or with a column of RO outputs a thread, groups of RO of them
@@ -152,7 +172,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     launcher = "\n".join([
         f"def _pool_{rid}(sms, x):",
         f'    """{f.op.capitalize()} pooling ({f.dims}-D) on the CUDA cores: {rp.outs} outputs a thread, '
-        f'{rp.threads} threads a block{", window rows staged in shared memory" if staged(f, rp) else ""}'
+        f'{rp.threads} threads a block{", window rows staged in shared memory a warp" if staged(f, rp) else ""}'
         f'{f", a column of {ro} outputs" if ro > 1 else ""}."""',
         f"    if tuple(x.shape[{lead}:]) != ({sp_in},):",
         f"        raise ValueError(f'kernelpro expert: the pool was compiled for inputs (..., {sp_in}), not "
@@ -285,54 +305,98 @@ _ROWS = """    const long long i = (long long)blockIdx.x * blockDim.x + threadId
     }}
 """
 
-# Overlapping windows (stride < window): each window row's span of inputs is loaded once into shared
-# memory, coalesced, and each thread computes OUTS consecutive outputs from it, so a tap its outputs share
-# is read once, not once per output (measured no faster on the H200: an edit, see families/pool.py). The results go out
-# through shared memory too, coalesced. One padding word every 32 keeps the stride-OUTS reads off one
-# bank; outside the input, the op's identity stands in for the padding.
-_STAGED = """    __shared__ float s[SPAN + SPAN / 32 + 1];
-    const int t = threadIdx.x;
-    for (long long b = blockIdx.x; b < rows * TILES; b += gridDim.x) {{  // block-uniform
-        const long long row = b / TILES;  // (plane * OD + oz) * OH + oy, plane = n * C + c
-        const int ox0 = (int)(b - row * TILES) * TW, ix0 = ox0 * SW - PW;
-{window}
+# Overlapping windows (stride < window along W): a warp takes a run of WT = 32 * OUTS outputs of a row (or of
+# RO rows). Each input row its windows span is staged once in the warp's shared memory, coalesced (the op's
+# identity outside the input), and each lane reads its OUTS consecutive outputs' window span from there into
+# registers (as float4 where it starts on a 16-byte boundary): every tap is then a register, where the
+# direct kernel issued a load per tap and output. The results go out through a padded tile of the warp's
+# own, so the stores coalesce whatever the row's alignment. Only __syncwarp: warps never wait for each other.
+_STAGED = """    __align__(16) __shared__ float smem[WARPS][WIN + OT];  // WIN and OT are multiples of 4
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float* const win = smem[wid];
+    float* const tile = smem[wid] + WIN;
+    const long long items = rows * TILES;
+    for (long long it = (long long)blockIdx.x * WARPS + wid; it < items; it += (long long)gridDim.x * WARPS) {{
+        const long long row = it / TILES;  // (plane * OD + oz) * OHB + its group of RO output rows: warp-uniform
+        const int ox0 = (int)(it - row * TILES) * WT, ix0 = ox0 * SW - PW;
+        const int oy0 = (int)(row % OHB) * RO, oz = (int)((row / OHB) % OD);
+        const long long plane = row / ((long long)OHB * OD);
+        const {t}* xp = x + plane * ((long long)ID * IH * IW);
+        const int z0 = oz * SD - PD, z1 = min(z0 + KD, ID + PD);  // (average) the padded window's end
+        (void)z1;
+        float acc[RO][OUTS];
+        #pragma unroll
+        for (int r = 0; r < RO; ++r)
+            #pragma unroll
+            for (int v = 0; v < OUTS; ++v) acc[r][v] = {init};
         for (int kz = 0; kz < KD; ++kz) {{
             const int iz = z0 + kz * DD;
-            if ((unsigned)iz >= (unsigned)ID) continue;  // block-uniform
-            for (int ky = 0; ky < KH; ++ky) {{
-                const int iy = y0 + ky * DH;
-                if ((unsigned)iy >= (unsigned)IH) continue;
+            if ((unsigned)iz >= (unsigned)ID) continue;
+            #pragma unroll
+            for (int t = 0; t < T; ++t) {{
+                const int iy = oy0 * SH - PH + t;
+                if (!((USED >> t) & 1) || (unsigned)iy >= (unsigned)IH) continue;
                 const {t}* xr = xp + ((long long)iz * IH + iy) * IW;
-                __syncthreads();  // the last window row is read
-                for (int e = t; e < SPAN; e += THREADS) {{
+                __syncwarp();  // the last row's window reads are done
+                for (int e = lane; e < WSPAN; e += 32) {{
                     const int ix = ix0 + e;
-                    s[e + (e >> 5)] = (unsigned)ix < (unsigned)IW ? ld(xr[ix]) : {fill};
+                    win[e] = (unsigned)ix < (unsigned)IW ? ld(xr[ix]) : {fill};
                 }}
-                __syncthreads();
+                __syncwarp();
+                float w[NW];
+                const float* const mine = win + lane * OUTS * SW;
+                if constexpr (VEC) {{
+                    #pragma unroll
+                    for (int j = 0; j < NW / 4; ++j) {{
+                        const float4 q = reinterpret_cast<const float4*>(mine)[j];
+                        w[4 * j] = q.x; w[4 * j + 1] = q.y; w[4 * j + 2] = q.z; w[4 * j + 3] = q.w;
+                    }}
+                }} else {{
+                    #pragma unroll
+                    for (int j = 0; j < NW; ++j) w[j] = mine[j];
+                }}
+                float h[OUTS];
+                #pragma unroll
+                for (int v = 0; v < OUTS; ++v) h[v] = {init};
                 #pragma unroll
                 for (int kx = 0; kx < KW; ++kx) {{
                     #pragma unroll
                     for (int v = 0; v < OUTS; ++v) {{
-                        const int e = (t * OUTS + v) * SW + kx * DW;
-                        const float xv = s[e + (e >> 5)];
-                        {step}
+                        const float xv = w[v * SW + kx * DW];
+                        {hstep}
                     }}
                 }}
+                #pragma unroll
+                for (int r = 0; r < RO; ++r)
+                    #pragma unroll
+                    for (int ky = 0; ky < KH; ++ky)
+                        if (r * SH + ky * DH == t) {{
+                            #pragma unroll
+                            for (int v = 0; v < OUTS; ++v) {merge}
+                        }}
             }}
         }}
-        __syncthreads();
         #pragma unroll
-        for (int u = 0; u < OUTS; ++u) {{
-            const int e = t * OUTS + u, ox = ox0 + e;  // (average) the divisor's window
-            (void)ox;
-            {finish}
-            s[e + (e >> 5)] = res;
+        for (int r = 0; r < RO; ++r) {{
+            const int oy = oy0 + r;
+            if (oy >= OH) continue;  // warp-uniform
+            const int y0 = oy * SH - PH, y1 = min(y0 + KH, IH + PH);  // (average) the padded window's rows
+            (void)y1;
+            #pragma unroll
+            for (int u = 0; u < OUTS; ++u) {{
+                const int ox = ox0 + lane * OUTS + u;  // (average) the divisor's window
+                (void)ox;
+                {finish}
+                tile[lane * (OUTS + 1) + u] = res;
+            }}
+            __syncwarp();
+            #pragma unroll
+            for (int j = 0; j < OUTS; ++j) {{
+                const int e = j * 32 + lane, ox = ox0 + e;
+                if (ox < OW)
+                    out[((plane * OD + oz) * OH + oy) * OW + ox] = cv<{t}>(tile[e / OUTS * (OUTS + 1) + e % OUTS]);
+            }}
+            __syncwarp();  // the tile is refilled by the next row
         }}
-        __syncthreads();
-        for (int e = t; e < TW; e += THREADS) {{
-            const int ox = ox0 + e;
-            if (ox < OW) out[row * OW + ox] = cv<{t}>(s[e + (e >> 5)]);
-        }}
-        __syncthreads();  // s is refilled by the next run
     }}
 """
