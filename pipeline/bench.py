@@ -460,19 +460,23 @@ def run_bench(out: Path, suite: Suite, cfg: Config, manifest: dict[str, Any], *,
     out = Path(out)
     store = out / STORE
     cfg = bench_config(cfg, out, manifest)
-    if retry:
-        take_out(store, retry, suite.tasks)
+    check_statuses(retry)
     rows = read_store(store)
-    done = {r["key"] for r in rows}
+    # a row to retry stays the task's row until its re-run's row lands: a budget or a kill in between
+    # loses nothing
+    redo = {r["key"] for r in rows if row_status(r) in retry and r["key"] in suite.tasks}
+    done = {r["key"] for r in rows} - redo
     todo = [k for k in suite.tasks if k not in done]
     skipped = tuple(k for k in suite.tasks if k in done)
     unfinished = _unfinished_runs(cfg.runs_dir, {r.get("run_id") for r in rows if r.get("run_id")})
     if cfg.ray:
-        ran, stopped, remaining = _run_on_ray(out, suite, todo, cfg, budget_s, replay, progress, on_row)
+        ran, stopped, remaining = _run_on_ray(
+            out, suite, todo, cfg, budget_s, replay, progress, on_row, retry
+        )
     else:
         with _shared_pool(cfg, bool(todo) and replay is None) as pool:
             ran, stopped, remaining = _run_here(
-                store, suite, todo, cfg, budget_s, replay, progress, on_row, unfinished, pool
+                store, suite, todo, cfg, budget_s, replay, progress, on_row, unfinished, pool, retry
             )
     reports = write_reports(out)
     return BenchResult(out, tuple(_in_order(read_store(store), suite)), tuple(ran), skipped, remaining,
@@ -499,7 +503,7 @@ def _shared_pool(cfg: Config, wanted: bool) -> Iterator[WorkerPool | None]:
 def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s: float | None,
               replay: ReplayIndex | None, progress: Callable[[int, int, str], None] | None,
               on_row: Callable[[dict[str, Any]], None] | None, unfinished: dict[str, str],
-              pool: WorkerPool | None) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
+              pool: WorkerPool | None, retry: Collection[str]) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
     """The tasks of `todo` one after the other on this machine, a row each as it ends: (ran, why it
     stopped early, the tasks left)."""
     ran: list[str] = []
@@ -515,7 +519,7 @@ def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
             break
         if progress:
             progress(i, len(todo), key)
-        if key in {r["key"] for r in read_store(store)}:
+        if any(r["key"] == key and row_status(r) not in retry for r in read_store(store)):
             continue  # written meanwhile by another process sharing the folder
         resume = unfinished.get(key)
         if resume and not _resumable(cfg.runs_dir, resume):
@@ -523,7 +527,7 @@ def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
         row = run_task(key, suite.tasks[key], cfg, replay=replay, resume=resume, pool=pool)
         if resume:
             row["resumed"] = resume
-        append_row(store, row)
+        land_row(store, row, retry)
         ran.append(key)
         slowest = max(slowest, row["wall_s"])
         if on_row:
@@ -534,29 +538,36 @@ def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
     return ran, stopped, remaining
 
 
-def take_out(store: Path, statuses: Collection[str], keys: Collection[str]) -> list[dict[str, Any]]:
-    """Move the rows of these statuses whose task is among `keys` (the suite as --match left it) from the
-    store to RETRIED beside it (appended first, so a kill in between leaves a row in both places, never in
-    neither); their tasks then count as not run."""
+def check_statuses(statuses: Collection[str]) -> None:
     unknown = set(statuses) - {s.value for s in TaskStatus}
     if unknown:
         raise BenchError(
             f"--retry {', '.join(sorted(unknown))}: not a task status "
             f"({', '.join(s.value for s in TaskStatus)})"
         )
-    rows = read_store(store)
-    out = [r for r in rows if row_status(r) in statuses and r["key"] in keys]
-    if out:
-        for r in out:
-            append_row(store.with_name(RETRIED), r)
-        gone = {id(r) for r in out}
-        _write_atomic(store, "".join(json.dumps(r, default=str) + "\n" for r in rows if id(r) not in gone))
-    return out
+
+
+def land_row(store: Path, row: dict[str, Any], retry: Collection[str] = ()) -> None:
+    """A task's new row. The task's rows of the retried statuses move to RETRIED beside the store first
+    (appended there before the store is rewritten, so a kill in between leaves a row in both places, never in
+    neither)."""
+    if retry:
+        rows = read_store(store)
+        out = [r for r in rows if r["key"] == row["key"] and row_status(r) in retry]
+        if out:
+            for r in out:
+                append_row(store.with_name(RETRIED), r)
+            gone = {id(r) for r in out}
+            _write_atomic(
+                store, "".join(json.dumps(r, default=str) + "\n" for r in rows if id(r) not in gone)
+            )
+    append_row(store, row)
 
 
 def _run_on_ray(out: Path, suite: Suite, todo: list[str], cfg: Config, budget_s: float | None,
                 replay: ReplayIndex | None, progress: Callable[[int, int, str], None] | None,
-                on_row: Callable[[dict[str, Any]], None] | None) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
+                on_row: Callable[[dict[str, Any]], None] | None,
+                retry: Collection[str]) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
     """The tasks as Ray tasks across the cluster (pipeline/cluster.py), one GPU each; every row and run
     folder lands here, on the head. A task lost with its node gets no row: `--resume` runs it again."""
     from pipeline import cluster
@@ -583,7 +594,7 @@ def _run_on_ray(out: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
             for rel, data in files.items():
                 (folder / rel).parent.mkdir(parents=True, exist_ok=True)
                 (folder / rel).write_bytes(data)
-        append_row(out / STORE, row)
+        land_row(out / STORE, row, retry)
         ran.append(key)
         slowest = max(slowest, row["wall_s"])
         if progress:

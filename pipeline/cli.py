@@ -684,7 +684,7 @@ def bench(
         typer.Option(
             help="with --resume: run again the tasks whose rows have these statuses, comma-separated "
             "(e.g. unsupported,crash; with --match, only those tasks: --retry ok --match NAME re-runs one "
-            "after a fix); their old rows move to results.retried.jsonl"
+            "after a fix); an old row moves to results.retried.jsonl when its task's new row lands"
         ),
     ] = None,
     replay: Annotated[

@@ -193,6 +193,20 @@ def test_retry_runs_the_tasks_of_the_statuses_named_again_and_keeps_their_old_ro
     assert r.exit_code != 0 and "add --resume" in r.output
 
 
+def test_a_row_to_retry_stays_until_its_tasks_new_row_lands(ran, tmp_path):
+    """A budget that stops a --retry bench after its first task leaves the other tasks' old rows in place."""
+    root, suite, _, _ = ran
+    out = copy_bench(ran, tmp_path)
+    old = {r["key"]: r for r in store_rows(out)}
+    again = start(root, suite, out, resume=True, retry=("ok", "no_recording"), budget_s=1e-3)
+    assert len(again.ran) == 1 and len(again.remaining) == 2 and again.stopped
+    rows = {r["key"]: r for r in store_rows(out)}
+    assert set(rows) == set(old)  # every task still has one row
+    (first,) = again.ran
+    assert rows[first] != old[first] and all(rows[k] == old[k] for k in again.remaining)
+    assert [json.loads(x) for x in (out / bench.RETRIED).read_text().splitlines()] == [old[first]]
+
+
 def test_a_task_killed_in_flight_is_resumed_from_its_run_log(ran, tmp_path):
     root, suite, _, _ = ran
     out = copy_bench(ran, tmp_path)
