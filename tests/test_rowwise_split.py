@@ -4,6 +4,7 @@ emulated against PyTorch on the CPU, with the split path checked to be the one t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from expert_plans import tuned
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
+from pipeline.profile.collect import dump_sass
 from pipeline.static_check import check_launcher
 from pipeline.tasks import load_module
 from pipeline.types import Kind, Status
@@ -71,3 +73,56 @@ def test_split_kernels_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK and not b.log, b.log
         split = [r for r in b.resources if "_part_" in r.name or "_apply_" in r.name]
         assert len(split) >= 2 and all(r.spill_stores == 0 for r in split), split
+
+
+# Whole-tensor reductions (a loss's mean, a Frobenius norm): one long row split over the SMs' blocks, each
+# thread with `unroll` 16-byte loads in flight.
+WHOLE = {  # name -> (forward's body, inputs)
+    "mse": ("return torch.mean((a - b) ** 2)", "torch.randn(3, 40003), torch.randn(3, 40003)"),
+    "frobenius": ("return a / torch.norm(a, p='fro')", "torch.randn(2, 3, 33331)"),
+}
+
+
+def _whole_task(folder: Path, name: str) -> Path:
+    body, inputs = WHOLE[name]
+    args = "a, b" if "b" in body else "a"
+    path = folder / f"{name}.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        f"    def forward(self, {args}):\n        {body}\n\n\n"
+        f"def get_inputs():\n    return [{inputs}]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+def test_whole_tensor_reductions_batch_their_loads_and_match_pytorch(tmp_path, name):
+    path = _whole_task(tmp_path, name)
+    module = load_module(path)
+    torch.manual_seed(0)
+    xs = module.get_inputs()
+    want = module.Model()(*xs)
+    cand = tuned(path)
+    assert '"unroll":4' in cand.source.splitlines()[0], cand.source.splitlines()[0]
+    kernels = build(cand.source, tmp_path)
+    got = load_model(cand.launcher, kernels, sms=4)()(*xs)
+    assert any(launch[1][1] > 1 for launch in kernels.launches), kernels.launches  # split over blocks
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # In the vector kernel's SASS, the unrolled 16-byte loads are issued before any of them is used (the
+    # unroll pragma alone kept one load in flight: each followed by its FMAs).
+    (b,) = compile_candidates([cand], Config(home=tmp_path / "home", arch="sm_90a"))
+    assert b.status == Status.OK and not b.log, b.log
+    sass = dump_sass(b.cubin_path) or ""
+    body = sass[sass.index("_v4") :]
+    ops = [m.group(1) for m in _OP.finditer(body)]
+    run = longest = 0
+    for op in ops:
+        if op.startswith("LDG.E.128"):
+            run += 1
+            longest = max(longest, run)
+        elif op.startswith(("FFMA", "FADD", "FMUL")):
+            run = 0
+    assert longest >= 4, ops
+
+
+_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")

@@ -182,7 +182,7 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
     ]
     if kind.shift:
         body.append("        const float K = pre(ld(x[rs]), rs);  // shift: the row's first element")
-    body += _read(kind, rp, x_dt, cache)
+    body += _read(kind, rp, x_dt, cache, batched=rp.unroll > 1)
     if rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
@@ -471,7 +471,7 @@ def _split_bodies(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         *head,
         f"        Acc acc = {kind.init};",
         *(shift if kind.shift else []),
-        *_read(kind, rp, x_dt),
+        *_read(kind, rp, x_dt, batched=rp.unroll > 1),
         f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());",
         "        if (tid == 0) ws[blockIdx.y * rows + r] = acc;",
         "    }",
