@@ -85,6 +85,22 @@ def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
+def test_cluster_softmax_statistics_keep_minus_infinity_and_nan_as_pytorch_does(tmp_path):
+    """Softmax's max and sum are taken a batch of loads at a time: a block whose whole segment is -inf (its
+    running max stays -inf), -inf scattered through a row, and NaN, which spreads over its row."""
+    path = _task(tmp_path, "log_softmax_odd")
+    x = load_module(path).get_inputs()[0]
+    x[0, :30000] = float("-inf")  # over the first block's whole segment
+    x[1, 100:20000:7] = float("-inf")
+    x[1, 40000] = float("nan")
+    want = torch.log_softmax(x, dim=-1)
+    cand = tuned(path)
+    got = load_model(cand.launcher, build(cand.source, tmp_path), sms=4)()(x)
+    assert got[1].isnan().all() and not got[0].isnan().any()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):
     """Below 160 KB a row keeps its block (registers or shared memory); a cluster only costs barriers."""
     path = tmp_path / "short.py"

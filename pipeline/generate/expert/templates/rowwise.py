@@ -271,11 +271,6 @@ def split_two_pass(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     )  # fmt: skip
 
 
-def _cluster_parts(op: str) -> int:
-    """Statistics slots a cluster's block shares (16 bytes each): softmax merges a max, then a sum."""
-    return 2 if reduce_ops.KINDS[op].op == "LseOp" else 1
-
-
 def cluster_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     """Whether the plan spreads each row of a two-pass op over a thread-block cluster (when it fits)."""
     return (
@@ -291,7 +286,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     the cluster's barrier, every block merges all the parts in rank order through distributed shared memory
     and arrives at a second barrier, writes its segment from its cache, then waits on that barrier (no part
     is overwritten by the next row, and no block exits, while another block may still read its part).
-    Softmax's statistics take two merges: the max while reading, then the sum of exp(v - max) over the cache."""
+    Softmax's statistics (max, sum of exp) are taken a batch of loads at a time as the segment streams in."""
     stats, f = _stats(lay)
     red_n = "33" if warp else "blockDim.x"
     C = rp.cluster
@@ -306,32 +301,15 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     ]
     w = "true" if warp else "false"
 
-    def merged(slot: str, op: str) -> list[str]:  # this block's part, then the cluster's, in rank order
-        return [
-            f"        acc = block_reduce<{w}>(acc, red, {op}());",
-            f"        if (tid == 0) part[{slot}] = acc;",
-            "        kp_cluster_sync();",
-            f"        acc = *kp_cluster_map(part + {slot}, 0);",
-            f"        for (unsigned s = 1; s < C; ++s) acc = {op}()(acc, *kp_cluster_map(part + {slot}, s));",
-        ]
-
-    parts = _cluster_parts(lay.op)
-    lse = parts == 2
-    if lse:
-        # Softmax statistics in exact passes: the max while the segment streams in (no exp in the load loop:
-        # online rescaling's dependent exp per element kept a block, alone on its SM, from keeping its loads
-        # in flight), then the sum of exp(v - M) over the cached segment, merged through a second part.
-        stats_pass = [
-            *_read(reduce_ops.KINDS["amax"], rp, x_dt, cache=True, batched=True, vec_cache=True),
-            *merged("0", "MaxOp"),
-            "        const float mx = acc.a;",
-            "        acc = {0.0f, 0.0f, 0};",
-            "        for (long long c = tid; c < n; c += nt) acc.a += expf(cache[kc + c] - mx);",
-            *merged("1", "SumOp"),
-            "        acc = {mx, acc.a, 0};",
-        ]
-    else:
-        stats_pass = [*_read(kind, rp, x_dt, cache=True, batched=True, vec_cache=True), *merged("0", kind.op)]
+    # this block's statistics, then the cluster's, merged in rank order
+    stats_pass = [
+        *_read(kind, rp, x_dt, cache=True, batched=True, vec_cache=True),
+        f"        acc = block_reduce<{w}>(acc, red, {kind.op}());",
+        "        if (tid == 0) *part = acc;",
+        "        kp_cluster_sync();",
+        "        acc = *kp_cluster_map(part, 0);",
+        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+    ]
     return [
         "template <int V>",
         f"__device__ __forceinline__ void kp_{rid}_cluster({sig.decls()}) {{",
@@ -340,7 +318,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
         f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
-        f"    float* cache = reinterpret_cast<float*>(part + {parts});  // this block's segment of the row",
+        "    float* cache = reinterpret_cast<float*>(part + 1);  // this block's segment of the row",
         "    const int tid = threadIdx.x, nt = blockDim.x;",
         "    const unsigned rank = kp_cluster_rank();",
         pre.lam("pre") if pre else identity("pre"),
@@ -349,7 +327,7 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
         "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
         "        const long long start = rs + c0, kc = start % V;",
-        f"        Acc acc = {reduce_ops.KINDS['amax'].init if lse else kind.init};",
+        f"        Acc acc = {kind.init};",
         *(shift if kind.shift else []),
         *stats_pass,
         "        kp_cluster_arrive();",
@@ -380,15 +358,14 @@ def _read(
         *([f"if (CACHE) cache[{slot}] = v_;"] if cache else []),
         kind.push("acc", "v_", "c0 + c"),
     ]
-    vpush = (
-        [  # in the vector loop: the copy goes to w_, stored after the vector's last element
-            "const float v_ = pre(RAW, start + c);",
-            "w_[e] = v_;",
-            kind.push("acc", "v_", "c0 + c"),
-        ]
-        if vec_cache
-        else push
-    )
+    lse = batched and kind.op == "LseOp"
+    # softmax statistics a batch at a time (batched): the batch's max first, the running sum rescaled to it
+    # once, then one independent exp per element; online rescaling per element put a dependent exp on each
+    vpush = [
+        "const float v_ = pre(RAW, start + c);",
+        *(["w_[e] = v_;"] if vec_cache else [f"if (CACHE) cache[{slot}] = v_;"] if cache else []),
+        "cm_ = fmaxf(cm_, v_);" if lse else kind.push("acc", "v_", "c0 + c"),
+    ]
     xt = ctype(x_dt)
     head = [
         "        const long long head = head_of<V>(start, n);",
@@ -411,6 +388,7 @@ def _read(
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u)",
             f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + start + head + (j0 + u * nt) * V);",
+            *(["            float cm_ = -CUDART_INF_F;  // the batch's max"] if lse else []),
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u) {{",
             "                if (j0 + u * nt >= nv) break;",
@@ -426,6 +404,7 @@ def _read(
                 else []
             ),
             "            }",
+            *(_lse_batch(U) if lse else []),
             "        }",
             *tail,
         ]
@@ -441,6 +420,27 @@ def _read(
         "            }",
         "        }",
         *tail,
+    ]
+
+
+def _lse_batch(U: int) -> list[str]:
+    """The running (max, sum) taken to the batch's max once, then exp(v - max) of the batch's elements (read
+    again from the loaded vectors), each independent of the others."""
+    return [
+        "            if (cm_ > acc.a) {",
+        "                acc.b *= expf(acc.a - cm_);  // 0 while acc.a is -inf",
+        "                acc.a = cm_;",
+        "            }",
+        "#pragma unroll",
+        f"            for (int u = 0; u < {U}; ++u) {{",
+        "                if (j0 + u * nt >= nv) break;",
+        "#pragma unroll",
+        "                for (int e = 0; e < V; ++e) {",
+        "                    const long long c = head + (j0 + u * nt) * V + e;",
+        "                    const float v_ = pre(ld(t_[u].v[e]), start + c);",
+        "                    if (v_ != -CUDART_INF_F) acc.b += expf(v_ - acc.a);  // NaN stays NaN",
+        "                }",
+        "            }",
     ]
 
 
@@ -801,7 +801,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
         lines += [
             f"    chunk = -(-cols // {C})\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
             f"    cblock = min({threads}, max(32, 1 << (max(1, -(-chunk // {rp.vec})) - 1).bit_length()))",
-            f"    csmem = {cred} + {16 * _cluster_parts(lay.op)} + (chunk + {rp.vec}) * 4  # the segment from kc < {rp.vec} on",
+            f"    csmem = {cred} + 16 + (chunk + {rp.vec}) * 4  # the segment from kc < {rp.vec} on",
             f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
