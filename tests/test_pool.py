@@ -115,8 +115,8 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
 @pytest.mark.parametrize(
     "name, shape, knobs",
     [("max1d_dilated", "1, 2, 700", {}), ("avg1d", "2, 1, 530", {}), ("max2d", "1, 1, 9, 300", {}),
-     ("max2d_rect_f16", "1, 7, 263", {"outs": 2}), ("avg2d_no_pad_count", "1, 1, 11, 1100", {"stage": True}),
-     ("max3d_ceil", "1, 1, 5, 6, 600", {"stage": True, "outs": 8, "threads": 64})],
+     ("max2d_rect_f16", "1, 7, 263", {"outs": 2}), ("avg2d_no_pad_count", "1, 1, 11, 1100", {"stage": True, "rows": 2}),
+     ("max3d_ceil", "1, 1, 5, 6, 600", {"stage": True, "outs": 2, "rows": 1, "threads": 64})],
 )  # fmt: skip
 def test_emulated_staged_pools_over_runs_of_several_warps(tmp_path, name, shape, knobs):
     """Rows longer than a warp's run of 32 * OUTS outputs: runs that start inside a row, a tail run, padding

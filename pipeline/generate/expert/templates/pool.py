@@ -60,11 +60,18 @@ def window_regs(f: PoolForm, outs: int) -> int:
     return -(-n // 4) * 4 if vec_window(f, outs) else n
 
 
-def warp_smem_floats(f: PoolForm, outs: int) -> int:
-    """A warp's staged window row (its 32 * outs outputs' span, rounded up for the last float4 read) and its
-    output tile (a padded row of outs + 1 a lane)."""
+def win_floats(f: PoolForm, outs: int) -> int:
+    """A warp's staged window row: its 32 * outs outputs' span, rounded up for a lane's last float4 read."""
     last = (32 - 1) * outs * f.stride[2] + window_regs(f, outs)
-    return -(-max(span(f, 32 * outs), last) // 4) * 4 + 32 * (outs + 1)
+    return -(-max(span(f, 32 * outs), last) // 4) * 4
+
+
+def lane_loads(f: PoolForm, outs: int) -> int:
+    """The loads a lane issues to stage one window row of its warp's run."""
+    return -(-span(f, 32 * outs) // 32)
+
+
+STAGED_LOADS_MAX = 48  # a lane's loads in flight while its warp stages all its window rows (registers)
 
 
 def overlaps(f: PoolForm) -> bool:
@@ -73,8 +80,14 @@ def overlaps(f: PoolForm) -> bool:
 
 
 def staged(f: PoolForm, rp: PoolPlan) -> bool:
-    fits = warp_smem_floats(f, rp.outs) * 4 * (rp.threads // 32) <= WARP_SMEM_MAX
-    return rp.stage and overlaps(f) and window_regs(f, rp.outs) <= WINDOW_MAX and fits
+    """Whether the plan's warp stages the window rows of its outputs (all of them at once: every load of them
+    in flight before any is used) in its shared memory, with its output tile."""
+    if not (rp.stage and overlaps(f)):
+        return False
+    t = rows_span(f, columns(f, rp))
+    smem = (t * win_floats(f, rp.outs) + 32 * (rp.outs + 1)) * 4 * (rp.threads // 32)
+    loads = t * lane_loads(f, rp.outs)
+    return window_regs(f, rp.outs) <= WINDOW_MAX and loads <= STAGED_LOADS_MAX and smem <= WARP_SMEM_MAX
 
 
 def overlaps_rows(f: PoolForm) -> bool:
@@ -134,13 +147,14 @@ def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
         )
         finish = finish.replace("acc[u]", "acc[r][u]")
     if staged(f, rp):
-        nw, wsmem = window_regs(f, rp.outs), warp_smem_floats(f, rp.outs)
         tiling += (
             f"\nconstexpr int WARPS = {rp.threads // 32}, WT = 32 * OUTS, TILES = (OW + WT - 1) / WT;"
             "  // a warp's run of a row\n"
             "constexpr int WSPAN = (WT - 1) * SW + (KW - 1) * DW + 1;  // the inputs one window row of it reads\n"
-            f"constexpr int NW = {nw}, OT = 32 * (OUTS + 1), WIN = {wsmem} - OT;"
-            "  // a thread's window registers; a warp's output tile and staged row (floats)\n"
+            f"constexpr int NW = {window_regs(f, rp.outs)}, NL = (WSPAN + 31) / 32;"
+            "  // a lane's window registers, its loads of a staged row\n"
+            f"constexpr int WIN = {win_floats(f, rp.outs)}, OT = 32 * (OUTS + 1);"
+            "  // a staged row, the output tile (floats)\n"
             f"constexpr bool VEC = {'true' if vec_window(f, rp.outs) else 'false'};"
             "  // a thread's window starts on a 16-byte boundary"
         )
@@ -306,15 +320,17 @@ _ROWS = """    const long long i = (long long)blockIdx.x * blockDim.x + threadId
 """
 
 # Overlapping windows (stride < window along W): a warp takes a run of WT = 32 * OUTS outputs of a row (or of
-# RO rows). Each input row its windows span is staged once in the warp's shared memory, coalesced (the op's
-# identity outside the input), and each lane reads its OUTS consecutive outputs' window span from there into
-# registers (as float4 where it starts on a 16-byte boundary): every tap is then a register, where the
-# direct kernel issued a load per tap and output. The results go out through a padded tile of the warp's
-# own, so the stores coalesce whatever the row's alignment. Only __syncwarp: warps never wait for each other.
-_STAGED = """    __align__(16) __shared__ float smem[WARPS][WIN + OT];  // WIN and OT are multiples of 4
+# RO rows). The input rows their windows span are staged in the warp's shared memory, coalesced (the op's
+# identity outside the input), every row's loads issued before any is stored (a load then its store, row
+# after row, left one load in flight a lane); each lane then reads its OUTS consecutive outputs' window span
+# of each row into registers (as float4 where it starts on a 16-byte boundary): every tap is a register,
+# where the direct kernel issued a load per tap and output. The results go out through a padded tile of
+# the warp's own, so the stores coalesce whatever the row's alignment. Only __syncwarp: warps never wait for
+# each other.
+_STAGED = """    __align__(16) __shared__ float smem[WARPS][T * WIN + OT];  // WIN and OT are multiples of 4
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     float* const win = smem[wid];
-    float* const tile = smem[wid] + WIN;
+    float* const tile = smem[wid] + T * WIN;
     const long long items = rows * TILES;
     for (long long it = (long long)blockIdx.x * WARPS + wid; it < items; it += (long long)gridDim.x * WARPS) {{
         const long long row = it / TILES;  // (plane * OD + oz) * OHB + its group of RO output rows: warp-uniform
@@ -332,19 +348,33 @@ _STAGED = """    __align__(16) __shared__ float smem[WARPS][WIN + OT];  // WIN a
         for (int kz = 0; kz < KD; ++kz) {{
             const int iz = z0 + kz * DD;
             if ((unsigned)iz >= (unsigned)ID) continue;
+            __syncwarp();  // the last plane's window reads are done
+            {{
+                float v_[T][NL];
+                #pragma unroll
+                for (int t = 0; t < T; ++t) {{
+                    const int iy = oy0 * SH - PH + t;
+                    const bool used = ((USED >> t) & 1) && (unsigned)iy < (unsigned)IH;
+                    const {t}* xr = xp + ((long long)iz * IH + iy) * IW;
+                    #pragma unroll
+                    for (int k = 0; k < NL; ++k) {{
+                        const int e = lane + 32 * k, ix = ix0 + e;
+                        v_[t][k] = used && e < WSPAN && (unsigned)ix < (unsigned)IW ? ld(xr[ix]) : {fill};
+                    }}
+                }}
+                #pragma unroll
+                for (int t = 0; t < T; ++t)
+                    #pragma unroll
+                    for (int k = 0; k < NL; ++k)
+                        if (((USED >> t) & 1) && lane + 32 * k < WSPAN) win[t * WIN + lane + 32 * k] = v_[t][k];
+            }}
+            __syncwarp();
             #pragma unroll
             for (int t = 0; t < T; ++t) {{
                 const int iy = oy0 * SH - PH + t;
-                if (!((USED >> t) & 1) || (unsigned)iy >= (unsigned)IH) continue;
-                const {t}* xr = xp + ((long long)iz * IH + iy) * IW;
-                __syncwarp();  // the last row's window reads are done
-                for (int e = lane; e < WSPAN; e += 32) {{
-                    const int ix = ix0 + e;
-                    win[e] = (unsigned)ix < (unsigned)IW ? ld(xr[ix]) : {fill};
-                }}
-                __syncwarp();
+                if (!((USED >> t) & 1) || (unsigned)iy >= (unsigned)IH) continue;  // warp-uniform
                 float w[NW];
-                const float* const mine = win + lane * OUTS * SW;
+                const float* const mine = win + t * WIN + lane * OUTS * SW;
                 if constexpr (VEC) {{
                     #pragma unroll
                     for (int j = 0; j < NW / 4; ++j) {{
