@@ -30,6 +30,9 @@ GEOMETRIES = {
     "transposed_2d": dict(cin=8, cout=6, g=2, k=(3, 4), s=(2, 3), p=(1, 2), dl=(2, 1), op=1, size=(7, 9)),
     "transposed_1d": dict(d=1, cin=6, cout=9, g=3, k=5, s=3, p=2, dl=2, op=0, size=(11,)),
     "transposed_depthwise_3d": dict(d=3, cin=4, cout=4, g=4, k=3, s=2, p=1, op=1, size=(3, 4, 5)),
+    # ungrouped, strided along the row, few products an output (ConvForm.sparse): KernelBench's 81 and 79
+    "sparse_transposed_2d": dict(cin=6, cout=5, k=3, s=5, p=1, dl=2, op=0, size=(4, 6)),
+    "sparse_transposed_1d": dict(d=1, cin=8, cout=6, k=3, s=2, p=1, dl=2, op=0, size=(13,)),
 }
 
 
@@ -45,16 +48,17 @@ def _ours(path):
 
 
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_the_family_takes_grouped_convolutions(tmp_path, name):
+def test_the_family_takes_grouped_and_sparse_transposed_convolutions(tmp_path, name):
     r, low = conv_region(conv_task(tmp_path, "c", **GEOMETRIES[name]))
     assert conv_direct.FAMILY.claims(r, low)
-    assert not conv_tf32.FAMILY.claims(r, low)  # the implicit GEMM refuses groups
+    assert not conv_tf32.FAMILY.claims(r, low)  # the implicit GEMM refuses groups, and sparse transposed ones
 
 
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
         (dict(cin=5, cout=24), "ungrouped"),
+        (dict(cin=64, cout=8, s=2, op=1), "ungrouped"),  # transposed, 64 x 1.5 x 1.5 products an output
         (dict(cin=8, cout=8, g=8, dt="float64"), "fp32, fp16 or bf16"),
     ],
 )

@@ -495,12 +495,13 @@ FAMILIES = {
         """,
         "[]",
     ),
-    "convt2d_f32": (  # transposed, stride 2: the gather keeps the taps stride divides
+    # transposed, stride 2: the gather keeps the taps stride divides (32 x 2.25 products an output: the GEMM's)
+    "convt2d_f32": (
         """
         class Model(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.conv = nn.ConvTranspose2d(8, 40, 3, stride=2, padding=1, output_padding=1)
+                self.conv = nn.ConvTranspose2d(32, 40, 3, stride=2, padding=1, output_padding=1)
             def forward(self, x):
                 return torch.relu(self.conv(x))
         """,
@@ -511,9 +512,21 @@ FAMILIES = {
         class Model(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.conv = nn.ConvTranspose3d(4, 16, 3, stride=(1, 2, 2), padding=1, bias=False)
+                self.conv = nn.ConvTranspose3d(12, 16, 3, stride=(1, 2, 2), padding=1, bias=False)
             def forward(self, x):
                 return self.conv(x) * 2.0
+        """,
+        "[]",
+    ),
+    # ungrouped, stride 5 along the row, 6 x 0.36 products an output: the direct kernel's (KernelBench's 81)
+    "sparse_convt_f32": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.ConvTranspose2d(6, 10, 3, stride=5, padding=1, dilation=2)
+            def forward(self, x):
+                return torch.relu(self.conv(x))
         """,
         "[]",
     ),
@@ -566,11 +579,12 @@ SHAPES = {
     "conv2d_f32": ["(3, 5, 37, 53)", "(1, 5, 2, 9)"],
     "conv3d_f32": ["(2, 3, 9, 17, 13)"],
     "conv1d_f32": ["(4, 16, 301)"],
-    "convt2d_f32": ["(2, 8, 17, 13)"],
+    "convt2d_f32": ["(2, 32, 17, 13)"],
     "dwconv_f32": ["(3, 12, 37, 53)", "(1, 12, 1, 2)"],
     "grouped_conv_f16": ["(2, 12, 301)"],
     "grouped_convt_f32": ["(3, 32, 37, 29)"],
-    "convt3d_f32": ["(2, 4, 5, 9, 7)"],
+    "convt3d_f32": ["(2, 12, 5, 9, 7)"],
+    "sparse_convt_f32": ["(3, 6, 13, 29)"],
     "sdpa_causal": [
         "(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 64)",
         "(1, 2, 131, 40); (1, 2, 200, 40); (1, 2, 200, 16)",
@@ -626,7 +640,8 @@ DIRECT = {
     "dwconv_f32",
     "grouped_conv_f16",
     "grouped_convt_f32",
-}  # grouped: our direct kernel in the tuned plan, cuDNN in the plain
+    "sparse_convt_f32",
+}  # grouped or sparse transposed: our direct kernel in the tuned plan, cuDNN in the plain
 ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
 GATHERS = {"cross_entropy"}  # the pick of one element a row left to PyTorch: hybrid in every plan
 

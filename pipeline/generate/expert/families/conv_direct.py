@@ -1,5 +1,6 @@
-"""Grouped and depthwise convolutions (conv1d/2d/3d with groups > 1, forward or transposed) on the CUDA cores:
-a direct kernel (templates/conv_direct.py). The plain plan keeps cuDNN, the tuned one takes our kernel; the
+"""Grouped and depthwise convolutions (conv1d/2d/3d with groups > 1, forward or transposed), and strided
+transposed ones with few products an output (ConvForm.sparse), on the CUDA cores: a direct kernel
+(templates/conv_direct.py). The plain plan keeps cuDNN, the tuned one takes our kernel; the
 search keeps whichever measures faster.
 
 The elementwise region after it (the convolution's bias among it) is fused on its stores in the tuned plan
@@ -43,7 +44,7 @@ def form(r: Region, low: Lowered) -> ConvForm | str:
     f = parse(r, low, DTYPES, "fp32, fp16 or bf16")
     if isinstance(f, str):
         return f
-    if f.groups == 1:
+    if f.groups == 1 and not f.sparse:
         return "an ungrouped convolution is an implicit GEMM's (families/conv_tf32.py)"
     return f
 

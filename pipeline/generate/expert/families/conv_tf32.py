@@ -113,6 +113,15 @@ def form(r: Region, low: Lowered) -> ConvForm | str:
     return f
 
 
+def _gemm_form(r: Region, low: Lowered) -> ConvForm | str:
+    """form(), less the strided transposed convolutions with few products an output: the direct kernel's
+    (the template computes them; it scatters each phase's tile over the output, the tensor cores idle)."""
+    f = form(r, low)
+    if not isinstance(f, str) and f.sparse:
+        return "a strided transposed convolution with few products an output is the direct kernel's"
+    return f
+
+
 def _operand(name: str, low: Lowered, out_shape: tuple[int, ...]) -> tuple[str, Bcast] | None:
     """(the value the launcher passes, how it broadcasts over the output) for one epilogue operand: per
     channel (COL: the GEMM's columns are the channels), one scalar, or the output's own shape."""
@@ -170,7 +179,7 @@ SPEC = gemm_kit.Spec(
     render=conv_tf32.render,
     kernel="implicit-GEMM 3xTF32 convolution (fp32 accuracy on the tensor cores)",
     order=22,
-    form_of=form,
+    form_of=_gemm_form,
     epilogue_of=epilogue,
     library="cuDNN",
 )

@@ -67,6 +67,9 @@ TILE_WIDTHS = (8, 16, 32, 64, 96, 128)
 MAX_STAGES = 8
 
 
+SPARSE_PRODUCTS = 64  # products an output below which a strided transposed convolution is the direct kernel's
+
+
 @dataclass(frozen=True)
 class ConvForm:
     """A convolution's geometry, as (depth, height, width) triples (unit extents in front below 3-D)."""
@@ -87,6 +90,15 @@ class ConvForm:
     @property
     def k(self) -> int:
         return self.cin * math.prod(self.kernel)
+
+    @property
+    def sparse(self) -> bool:
+        """A transposed convolution whose stride along the row scatters an implicit GEMM's phases over the
+        output and leaves each output few products (C_in x about kernel / stride taps a dim): the direct
+        kernel's, coalesced, not a GEMM's (KernelBench's stride-5 and stride-2 ones ran at 0.35x and 0.95x
+        of cuDNN as implicit GEMMs, the tensor cores idle)."""
+        taps = math.prod(k / s for k, s in zip(self.kernel, self.stride, strict=True))
+        return self.transposed and self.stride[-1] > 1 and self.cin // self.groups * taps <= SPARSE_PRODUCTS
 
 
 @dataclass(frozen=True)
