@@ -98,9 +98,9 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
     overlap = name in ("max2d", "max3d_ceil", "avg2d_no_pad_count", "avg3d_divisor")
     assert ("RO = 4" in cands[1].source) == overlap, name
     # where they overlap along W at stride 1, eight outputs a lane from a warp's staged window row
-    slide = name in ("max1d_dilated", "max2d", "max2d_rect_f16", "avg1d")
+    slide = name in ("max1d_dilated", "max2d_rect_f16", "avg1d")
     (rp,) = plan_of(cands[1].source).regions
-    assert (rp.stage and rp.outs * rp.rows in (8, 16) and "WSPAN" in cands[1].source) == slide, (name, rp)
+    assert (rp.stage and rp.outs == 8 and "WSPAN" in cands[1].source) == slide, (name, rp)
     for cand in cands:
         assert [rp.TAG for rp in plan_of(cand.source).regions] == ["pool"]
         model = load_model(cand.launcher, build(cand.source, tmp_path))()
@@ -114,7 +114,7 @@ def test_emulated_pools_match_pytorch(tmp_path, name):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name, shape, knobs",
-    [("max1d_dilated", "1, 2, 700", {}), ("avg1d", "2, 1, 530", {}), ("max2d", "1, 1, 9, 300", {}),
+    [("max1d_dilated", "1, 2, 700", {}), ("avg1d", "2, 1, 530", {}), ("max2d", "1, 1, 9, 300", {"stage": True}),
      ("max2d_rect_f16", "1, 7, 263", {"outs": 2}), ("avg2d_no_pad_count", "1, 1, 11, 1100", {"stage": True, "rows": 2}),
      ("max3d_ceil", "1, 1, 5, 6, 600", {"stage": True, "outs": 2, "rows": 1, "threads": 64})],
 )  # fmt: skip

@@ -86,21 +86,19 @@ def first(r: Region, low: Lowered, tuned: bool) -> PoolPlan:
     """Plain: an output a thread. Tuned: four of a row (each window row read once for them) and, where windows
     overlap vertically, four rows of them: the loads of a large window hit L1, whose wavefronts kept
     KernelBench's 4 x 4 max pool at 0.51 of its floor on the H200 (16 loads an output; 7 with a column of 4).
-    Where windows overlap along W at stride 1, eight outputs of a row a lane from a warp's staged window row
-    (templates/pool.py): a tap is a register, not a load. The first staging (a block's run, every tap read
-    from shared memory, two barriers a window row) did not pay on the H200: KernelBench's 1-D max pool 2.63
-    against 2.68 ms, its 2-D one 3.25 against 1.94."""
+    Where windows overlap along W at stride 1 only, eight outputs of a row a lane from a warp's staged
+    window row (templates/pool.py): a tap is a register, not a load (KernelBench's 1-D max pool 2.63 ->
+    2.46 ms with one staging load in flight a lane). For KernelBench's 2-D one the warp's staged column of
+    4 rows took 1.71 ms against the direct column's 1.38, so windows that overlap vertically stay direct."""
     if not tuned:
         return PoolPlan(r.rid)
     f = form(r, low)
     if isinstance(f, str):
         return PoolPlan(r.rid, outs=4)
-    rows = 4 if pool.overlaps_rows(f) else 1
-    # with a column of 4 rows, 4 outputs of each: 8 x 4 accumulators spilled at ptxas's 64 registers
-    slide = PoolPlan(r.rid, outs=MAX_OUTS if rows == 1 else 4, rows=rows, stage=True)
-    if f.stride[2] == 1 and pool.staged(f, slide):
-        return slide
-    return PoolPlan(r.rid, outs=4, rows=rows)
+    if pool.overlaps_rows(f):  # a column of 4 rows, direct: staged, 4 rows of 4 took 1.71 ms against 1.38
+        return PoolPlan(r.rid, outs=4, rows=4)
+    slide = PoolPlan(r.rid, outs=MAX_OUTS, stage=True)
+    return slide if f.stride[2] == 1 and pool.staged(f, slide) else PoolPlan(r.rid, outs=4)
 
 
 def _coarsen(plan: Plan, rp: PoolPlan, r: Region, low: Lowered) -> common.Moves:
