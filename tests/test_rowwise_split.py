@@ -14,9 +14,11 @@ from expert_plans import tuned
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy
 from pipeline.profile.collect import dump_sass
 from pipeline.static_check import check_launcher
-from pipeline.tasks import load_module
+from pipeline.tasks import load_module, probe
 from pipeline.types import Kind, Status
 
 CASES = {  # name -> (module, what forward returns of y, input shape): 2-3 rows of 16K-40K columns
@@ -126,3 +128,23 @@ def test_whole_tensor_reductions_batch_their_loads_and_match_pytorch(tmp_path, n
 
 
 _OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def test_a_long_sum_is_compensated(tmp_path):
+    """Each thread of a whole-tensor sum adds thousands of elements; Kahan's compensation keeps its result at
+    fp32's own accuracy (uncompensated, each 1000.x added to a running sum past 2^23 loses its .x: rounded
+    down every time, 1e-4 of the sum)."""
+    path = tmp_path / "big_sum.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        "        return x.sum()\n\n\ndef get_inputs():\n    return [torch.rand(1 << 22) * 0.25 + 1000]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    t = probe(path)
+    plain = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 1)[0].candidate
+    assert "kahan_add(acc.a" in plain.source
+    torch.manual_seed(0)
+    x = load_module(path).get_inputs()[0]
+    got = load_model(plain.launcher, build(plain.source, tmp_path), sms=2)()(x)
+    want = x.double().sum()
+    assert abs(got.double() - want) / want < 1e-6, (got.item(), want.item())

@@ -20,9 +20,16 @@ class Kind:
     final: str  # a float from acc and n
     shift: bool = False  # needs K, the first element of the row
 
-    def push(self, acc: str, v: str, c: str) -> str:
+    def push(self, acc: str, v: str, c: str, compensated: bool = False) -> str:
+        """`compensated` (sums only): Kahan's, the low bits each add loses kept in ca_ / cb_ and put back
+        into the next (a thread summing 8K of 1G elements sequentially drifts by up to n * 2^-24)."""
         if self.op == "LseOp":
             return f"lse_push({acc}, {v});"
+        if compensated and self.op == "SumOp":
+            return (
+                f"{{ const Acc e_ = {self.elem.format(v=v, c=c)}; kahan_add({acc}.a, ca_, e_.a); "
+                f"kahan_add({acc}.b, cb_, e_.b); }}"
+            )
         return f"{acc} = {self.op}()({acc}, {self.elem.format(v=v, c=c)});"
 
 

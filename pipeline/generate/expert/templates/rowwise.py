@@ -182,7 +182,7 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
     ]
     if kind.shift:
         body.append("        const float K = pre(ld(x[rs]), rs);  // shift: the row's first element")
-    body += _read(kind, rp, x_dt, cache, batched=rp.unroll > 1)
+    body += _read(kind, rp, x_dt, cache, batched=rp.unroll > 1, compensated=is_reduce)
     if rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
@@ -346,17 +346,20 @@ def _read(
     cache: bool = False,
     batched: bool = False,
     vec_cache: bool = False,
+    compensated: bool = False,
 ) -> list[str]:
     """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
     with `cache`, each also goes to the shared-memory copy of the row (when CACHE). `batched`: a thread
     issues its `unroll` vector loads before it uses any (the pragma alone left one load in flight, and a
     cluster's block, alone on its SM, waited on DRAM for each). `vec_cache` (with `batched`): column c is
-    cached at kc + c, the vectors' copies stored 16 bytes at a time."""
+    cached at kc + c, the vectors' copies stored 16 bytes at a time. `compensated`: a sum's adds are Kahan's
+    (reduce_ops.Kind.push)."""
     slot = "kc + c" if vec_cache else "c"
+    kahan = compensated and kind.op == "SumOp"
     push = [
         "const float v_ = pre(RAW, start + c);",
         *([f"if (CACHE) cache[{slot}] = v_;"] if cache else []),
-        kind.push("acc", "v_", "c0 + c"),
+        kind.push("acc", "v_", "c0 + c", kahan),
     ]
     lse = batched and kind.op == "LseOp"
     # softmax statistics a batch at a time (batched): the batch's max first, the running sum rescaled to it
@@ -364,10 +367,11 @@ def _read(
     vpush = [
         "const float v_ = pre(RAW, start + c);",
         *(["w_[e] = v_;"] if vec_cache else [f"if (CACHE) cache[{slot}] = v_;"] if cache else []),
-        "cm_ = fmaxf(cm_, v_);" if lse else kind.push("acc", "v_", "c0 + c"),
+        "cm_ = fmaxf(cm_, v_);" if lse else kind.push("acc", "v_", "c0 + c", kahan),
     ]
     xt = ctype(x_dt)
     head = [
+        *(["        float ca_ = 0.0f, cb_ = 0.0f;  // the sums' lost low bits (Kahan)"] if kahan else []),
         "        const long long head = head_of<V>(start, n);",
         "        const long long nv = (n - head) / V;",
         "        for (long long c = tid; c < head; c += nt) {",
