@@ -131,7 +131,8 @@ _OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
 def test_a_long_sum_is_compensated(tmp_path):
-    """Each thread of a whole-tensor sum adds thousands of elements; Kahan's compensation keeps its result at
+    """Each thread of a whole-tensor sum (the plain plan's: split over the blocks of 2 SMs here) adds
+    thousands of elements; Kahan's compensation keeps its result at
     fp32's own accuracy (uncompensated, each 1000.x added to a running sum past 2^23 loses its .x: rounded
     down every time, 1e-4 of the sum)."""
     path = tmp_path / "big_sum.py"
@@ -142,9 +143,11 @@ def test_a_long_sum_is_compensated(tmp_path):
     )
     t = probe(path)
     plain = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 1)[0].candidate
-    assert "kahan_add(acc.a" in plain.source
+    assert "kahan_add(acc.a" in plain.source and '"splits":1' in plain.source.splitlines()[0]
     torch.manual_seed(0)
     x = load_module(path).get_inputs()[0]
-    got = load_model(plain.launcher, build(plain.source, tmp_path), sms=2)()(x)
+    kernels = build(plain.source, tmp_path)
+    got = load_model(plain.launcher, kernels, sms=2)()(x)
+    assert any(launch[1][1] > 1 for launch in kernels.launches), kernels.launches  # even plain, over blocks
     want = x.double().sum()
     assert abs(got.double() - want) / want < 1e-6, (got.item(), want.item())

@@ -88,12 +88,16 @@ def regs_for(rp: RowPlan, r: Region, low: Lowered, threads: int = 0) -> int:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
-    """Plain: scalar accesses and a shared-memory tree. Tuned: 16-byte vectors, warp shuffles, a warp per
-    short row, a split of long reductions, and a row that fits held in registers."""
+    """Plain: scalar accesses and a shared-memory tree, a long reduction split over the SMs' blocks when its
+    rows are too few for them (one block over a whole tensor would leave all SMs but one idle). Tuned:
+    16-byte vectors, warp shuffles, a warp per short row, a split of long reductions, and a row that fits
+    held in registers."""
     rp = RowPlan(r.rid)
     lay = _layout(r, low)
-    if not tuned or lay is None:
+    if lay is None:
         return rp
+    if not tuned:
+        return dataclasses.replace(rp, splits=1) if r.kind is RegionKind.REDUCE and not _short(lay) else rp
     vmax = common.vec_max(ops.ITEMSIZE.get(lay.in_dtype, 4))
     short = _short(lay)
     threads = 256 if short else max(128, min(1024, common.pow2(-(-lay.reduced // (vmax * 4)))))

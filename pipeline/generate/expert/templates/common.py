@@ -207,13 +207,6 @@ struct LseOp {
         return {m, sx + sy, 0};
     }
 };
-// Kahan's step: s += x, the rounding error of the add kept in c and taken off the next one.
-__device__ __forceinline__ void kahan_add(float& s, float& c, float x) {
-    const float y = x - c;
-    const float t = s + y;
-    c = (t - s) - y;
-    s = t;
-}
 struct SumOp {  // a and b both summed (sums, shifted moments)
     __device__ __forceinline__ Acc operator()(Acc x, Acc y) const { return {x.a + y.a, x.b + y.b, 0}; }
 };
