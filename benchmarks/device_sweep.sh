@@ -9,7 +9,7 @@
 # WHEELS (optional): a folder of wheels the image lacks (nvidia-cutlass for the GEMM families), installed
 # first. CONTINUE=1: resume the /tmp copy an earlier part of the same call left (e.g. a --retry part, then
 # the rest), so the one file brought back holds both parts' runs. Writes $OUT/sweep-NAME.tgz (NAME: BENCH_DIR's name): the bench's rows (results.jsonl, and
-# results.retried.jsonl with --retry), summary.json, report.md, bench.out / bench.err, doctor.txt (the
+# results.retried.jsonl with --retry), summary.json, report.md, report.html, bench.out / bench.err, doctor.txt (the
 # toolchain it ran with) and runs/*/log.jsonl of this part's runs. One file: the device tool brings back
 # only a few a call, and the sweep may share its call with other work.
 set -u
@@ -33,7 +33,7 @@ python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budge
   >> "$work/bench.out" 2>> "$work/bench.err"
 echo "rc=$?" >> "$work/bench.out"
 (cd "$work" && {
-  for f in results.jsonl results.retried.jsonl summary.json report.md bench.out bench.err doctor.txt; do
+  for f in results.jsonl results.retried.jsonl summary.json report.md report.html bench.out bench.err doctor.txt; do
     [ -f "$f" ] && printf '%s\0' "$f"
   done
   find runs -maxdepth 2 -name log.jsonl -newer .started -print0
