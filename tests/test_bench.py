@@ -504,7 +504,11 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
     logs = list((back / "runs").glob("*/log.jsonl"))
     assert len(logs) == 1  # the one new run with a recording
     assert (back / "summary.json").is_file() and "rc=0" in (back / "bench.out").read_text()
-    assert (back / "doctor.txt").is_file() and (back / "report.md").is_file()
+    assert (
+        (back / "doctor.txt").is_file()
+        and (back / "report.md").is_file()
+        and (back / "report.html").is_file()
+    )
 
 
 def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
