@@ -131,22 +131,23 @@ def render(r: Region, f: PoolForm, rp: PoolPlan, dtype: str) -> Code:
                 "        const float res = acc[u] / (float)((min(z1, ID) - max(z0, 0)) * (min(y1, IH) - max(y0, 0)) "
                 "* (x1 - max(x0, 0)));"
             )
-    ro = columns(f, rp)
+    ro, st = columns(f, rp), staged(f, rp)
     body, tiling = _DIRECT, f"constexpr int LANES = {lanes(f, rp.outs)};"
-    if ro > 1 or staged(f, rp):
+    if ro > 1 or st:
         used = sorted({r * sh + ky * dh for r in range(ro) for ky in range(kh)})
         hstep = step.replace("acc[v]", "h[v]")
         merge = step.replace("acc[v]", "acc[r][v]").replace("xv", "h[v]")
-        body = (_STAGED if staged(f, rp) else _ROWS).replace("{hstep}", hstep).replace("{merge}", merge)
+        body = _fill(_fill(_STAGED if st else _ROWS, "acc_init", _ACC_INIT), "merge_rows", _MERGE_ROWS)
+        body = body.replace("{hstep}", hstep).replace("{merge}", merge)
         tiling = (
-            ("" if staged(f, rp) else f"constexpr int LANES = {lanes(f, rp.outs)};\n")
+            ("" if st else f"constexpr int LANES = {lanes(f, rp.outs)};\n")
             + f"constexpr int RO = {ro}, OHB = (OH + RO - 1) / RO;\n"
             f"constexpr int T = {rows_span(f, ro)};  // the input rows a thread's RO windows span\n"
             f"constexpr unsigned long long USED = {sum(1 << t for t in used):#x}ull;"
             "  // the rows some window takes (dilation may skip some), a bit each"
         )
         finish = finish.replace("acc[u]", "acc[r][u]")
-    if staged(f, rp):
+    if st:
         tiling += (
             f"\nconstexpr int WARPS = {rp.threads // 32}, WT = 32 * OUTS, TILES = (OW + WT - 1) / WT;"
             "  // a warp's run of a row\n"
@@ -177,7 +178,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     lead = len(in_shape)
     sp_in = ", ".join(str(v) for v in f.size[3 - f.dims :])
     sp_out = ", ".join(str(v) for v in f.out[3 - f.dims :])
-    if staged(f, rp):  # a warp a run of 32 * OUTS outputs of a row (or of RO rows), blocks over the runs
+    if st:  # a warp a run of 32 * OUTS outputs of a row (or of RO rows), blocks over the runs
         grid = f"min(-(-rows * {-(-f.out[2] // (32 * rp.outs))} // {rp.threads // 32}), MAX_GRID_X)"
     else:
         grid = f"-(-rows * {lanes(f, rp.outs)} // {rp.threads})"
@@ -186,7 +187,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_pool({sig.dec
     launcher = "\n".join([
         f"def _pool_{rid}(sms, x):",
         f'    """{f.op.capitalize()} pooling ({f.dims}-D) on the CUDA cores: {rp.outs} outputs a thread, '
-        f'{rp.threads} threads a block{", window rows staged in shared memory a warp" if staged(f, rp) else ""}'
+        f'{rp.threads} threads a block{", window rows staged in shared memory a warp" if st else ""}'
         f'{f", a column of {ro} outputs" if ro > 1 else ""}."""',
         f"    if tuple(x.shape[{lead}:]) != ({sp_in},):",
         f"        raise ValueError(f'kernelpro expert: the pool was compiled for inputs (..., {sp_in}), not "
@@ -251,6 +252,35 @@ _DIRECT = """    const long long i = (long long)blockIdx.x * blockDim.x + thread
     }}
 """
 
+
+def _fill(body: str, name: str, snippet: str) -> str:
+    """The body with its line `{name}` replaced by the snippet, at that line's indentation."""
+    lines = body.split("\n")
+    at = [i for i, line in enumerate(lines) if line.strip() == "{" + name + "}"]
+    assert len(at) == 1, name
+    pad = lines[at[0]][: len(lines[at[0]]) - len(lines[at[0]].lstrip())]
+    lines[at[0]] = textwrap.indent(snippet, pad)
+    return "\n".join(lines)
+
+
+# What both column kernels (_ROWS, _STAGED) share: RO x OUTS accumulators, and the merge of an input row's
+# reduction across the window's width (h) into each output whose window holds the row (r * SH + ky * DH ==
+# t: known at compile time, unrolled away).
+_ACC_INIT = """float acc[RO][OUTS];
+#pragma unroll
+for (int r = 0; r < RO; ++r)
+    #pragma unroll
+    for (int v = 0; v < OUTS; ++v) acc[r][v] = {init};"""
+_MERGE_ROWS = """#pragma unroll
+for (int r = 0; r < RO; ++r)
+    #pragma unroll
+    for (int ky = 0; ky < KH; ++ky)
+        if (r * SH + ky * DH == t) {{
+            #pragma unroll
+            for (int v = 0; v < OUTS; ++v) {merge}
+        }}"""
+
+
 # A column of RO outputs a thread (and OUTS of each row, LANES apart): each input row its RO windows span is
 # read once, reduced across the window's width for every column (h), and that reduction merged into each
 # output whose window holds the row (r * SH + ky * DH == t: known at compile time, unrolled away). A 4 x 4
@@ -265,11 +295,7 @@ _ROWS = """    const long long i = (long long)blockIdx.x * blockDim.x + threadId
     const {t}* xp = x + plane * ((long long)ID * IH * IW);
     const int z0 = oz * SD - PD, z1 = min(z0 + KD, ID + PD);  // (average) the padded window's end
     (void)z1;
-    float acc[RO][OUTS];
-    #pragma unroll
-    for (int r = 0; r < RO; ++r)
-        #pragma unroll
-        for (int v = 0; v < OUTS; ++v) acc[r][v] = {init};
+    {acc_init}
     #pragma unroll
     for (int kz = 0; kz < KD; ++kz) {{
         const int iz = z0 + kz * DD;
@@ -293,14 +319,7 @@ _ROWS = """    const long long i = (long long)blockIdx.x * blockDim.x + threadId
                     }}
                 }}
             }}
-            #pragma unroll
-            for (int r = 0; r < RO; ++r)
-                #pragma unroll
-                for (int ky = 0; ky < KH; ++ky)
-                    if (r * SH + ky * DH == t) {{
-                        #pragma unroll
-                        for (int v = 0; v < OUTS; ++v) {merge}
-                    }}
+            {merge_rows}
         }}
     }}
     #pragma unroll
@@ -340,11 +359,7 @@ _STAGED = """    __align__(16) __shared__ float smem[WARPS][T * WIN + OT];  // W
         const {t}* xp = x + plane * ((long long)ID * IH * IW);
         const int z0 = oz * SD - PD, z1 = min(z0 + KD, ID + PD);  // (average) the padded window's end
         (void)z1;
-        float acc[RO][OUTS];
-        #pragma unroll
-        for (int r = 0; r < RO; ++r)
-            #pragma unroll
-            for (int v = 0; v < OUTS; ++v) acc[r][v] = {init};
+        {acc_init}
         for (int kz = 0; kz < KD; ++kz) {{
             const int iz = z0 + kz * DD;
             if ((unsigned)iz >= (unsigned)ID) continue;
@@ -396,14 +411,7 @@ _STAGED = """    __align__(16) __shared__ float smem[WARPS][T * WIN + OT];  // W
                         {hstep}
                     }}
                 }}
-                #pragma unroll
-                for (int r = 0; r < RO; ++r)
-                    #pragma unroll
-                    for (int ky = 0; ky < KH; ++ky)
-                        if (r * SH + ky * DH == t) {{
-                            #pragma unroll
-                            for (int v = 0; v < OUTS; ++v) {merge}
-                        }}
+                {merge_rows}
             }}
         }}
         #pragma unroll
