@@ -16,7 +16,9 @@ from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
 from pipeline.generate.expert.edits import base_plan
 from pipeline.generate.expert.families import conv_direct, conv_tf32
+from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.render import prepare
+from pipeline.generate.expert.templates import conv_tf32 as conv_template
 from pipeline.tasks import load_module, probe
 from pipeline.types import Status
 
@@ -30,6 +32,11 @@ GEOMETRIES = {
     "transposed_2d": dict(cin=8, cout=6, g=2, k=(3, 4), s=(2, 3), p=(1, 2), dl=(2, 1), op=1, size=(7, 9)),
     "transposed_1d": dict(d=1, cin=6, cout=9, g=3, k=5, s=3, p=2, dl=2, op=0, size=(11,)),
     "transposed_depthwise_3d": dict(d=3, cin=4, cout=4, g=4, k=3, s=2, p=1, op=1, size=(3, 4, 5)),
+    # 8 and 16 output channels a group: a thread takes 8 or 16 of them (each input read once for them all)
+    "grouped_transposed_3d_c8": dict(
+        d=3, cin=16, cout=16, g=2, k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, size=(3, 4, 6)
+    ),
+    "grouped_2d_c16": dict(cin=8, cout=32, g=2, k=3, p=1, size=(9, 11)),
     # ungrouped, strided along the row, few products an output (ConvForm.sparse): KernelBench's 81 and 79
     "sparse_transposed_2d": dict(cin=6, cout=5, k=3, s=5, p=1, dl=2, op=0, size=(4, 6)),
     "sparse_transposed_1d": dict(d=1, cin=8, cout=6, k=3, s=2, p=1, dl=2, op=0, size=(13,)),
@@ -52,6 +59,53 @@ def test_the_family_takes_grouped_and_sparse_transposed_convolutions(tmp_path, n
     r, low = conv_region(conv_task(tmp_path, "c", **GEOMETRIES[name]))
     assert conv_direct.FAMILY.claims(r, low)
     assert not conv_tf32.FAMILY.claims(r, low)  # the implicit GEMM refuses groups, and sparse transposed ones
+
+
+def test_a_thread_takes_as_many_channels_of_its_group_as_divide_it_and_fit(tmp_path):
+    """16 output channels a group: 8 a thread with 4 outputs each (32 accumulators), 16 with 2; the edits
+    move the channels (more_parallelism halves them first) and never past the group or MAX_ACC."""
+    r, low = conv_region(conv_task(tmp_path, "c", **GEOMETRIES["grouped_2d_c16"]))
+    rp = conv_direct.first(r, low, True)
+    assert (rp.outs, rp.chans) == (4, 8)
+    edits = conv_direct.FAMILY.edits
+
+    def moves(edit, rp):
+        return [(p.regions[0].outs, p.regions[0].chans) for _, p in edits[edit](Plan((rp,)), rp, r, low)]
+
+    assert moves("coarsen_threads", rp) == []  # 8 x 8 or 4 x 16: 64 accumulators
+    assert moves("more_parallelism", rp) == [(4, 4), (2, 8)]
+    two = conv_direct.DirectPlan(r.rid, outs=2, chans=8)
+    assert moves("coarsen_threads", two) == [(4, 8), (2, 16)]
+    r3, low3 = conv_region(conv_task(tmp_path, "g", **GEOMETRIES["transposed_1d"]))  # 3 channels a group
+    assert conv_direct.first(r3, low3, True).chans == 1
+    assert moves("coarsen_threads", conv_direct.DirectPlan(r.rid, outs=8, chans=4)) == []
+
+
+def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monkeypatch):
+    """Few output channels (the GEMM's N) or few products an output (its K): the routing constants move an
+    ungrouped convolution from the implicit GEMM to the direct kernel, and the emulated candidate is right."""
+    kw = dict(cin=3, cout=16, k=3, p=1, size=(9, 14))
+    r, low = conv_region(conv_task(tmp_path, "c", **kw))
+    assert conv_tf32.FAMILY.claims(r, low) and not conv_direct.FAMILY.claims(r, low)
+    monkeypatch.setattr(conv_template, "NARROW_K", 27)  # 3 channels x 3 x 3 taps
+    assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)
+    monkeypatch.setattr(conv_template, "NARROW_K", 26)
+    assert conv_tf32.FAMILY.claims(r, low)
+    monkeypatch.setattr(conv_template, "NARROW_COUT", 16)
+    assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)
+    path = conv_task(tmp_path, "n", batch=2, **kw)
+    (cand,) = [c for c in _ours(path) if '"chans":8' in c.source.splitlines()[0]][:1]
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    x = module.get_inputs()[0]
+    kernels = build(cand.source, tmp_path)
+    model = load_model(cand.launcher, kernels)()
+    model.load_state_dict(ref.state_dict(), strict=False)
+    with torch.no_grad():
+        want, got = ref.double()(x.double()), model(x)
+    assert ((got.double() - want).norm() / want.norm()).item() < 1e-6
+    assert any(n.endswith("_dconv") for n, *_ in kernels.launches)
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,9 @@ search keeps whichever measures faster.
 
 The elementwise region after it (the convolution's bias among it) is fused on its stores in the tuned plan
 (the same epilogue rule as the implicit GEMM's: families/conv_tf32.py). Edits: use_direct_kernel (from
-cuDNN), fuse_epilogue, coarsen_threads (outputs a thread x2, up to 8), more_parallelism (x1/2),
-resize_grid (threads x2 and /2).
+cuDNN), fuse_epilogue, coarsen_threads (outputs of a row a thread x2, up to 8; or output channels x2, up
+to the group's and MAX_ACC accumulators), more_parallelism (channels, then outputs, x1/2), resize_grid
+(threads x2 and /2).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common, gemm_kit
-from pipeline.generate.expert.families.base import Family, RenderError, label
+from pipeline.generate.expert.families.base import Family, RenderError, change, label
 from pipeline.generate.expert.families.conv_tf32 import epilogue, parse
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -25,17 +26,20 @@ from pipeline.generate.expert.templates.conv_tf32 import ConvForm
 
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_OUTS = 8
+MAX_CHANS = 16
+MAX_ACC = 32  # accumulators a thread (outs x chans): 64 took 255 registers on a grouped 3-D one
 
 
 @dataclass(frozen=True)
 class DirectPlan(RegionPlan):
     TAG: ClassVar[str] = "direct_conv"
-    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "threads")
+    SHOWN: ClassVar[tuple[str, ...]] = ("outs", "chans", "threads")
     ABSORBS: ClassVar[tuple[str, ...]] = ("epilogue",)
 
     outs: int = 4  # outputs of one row a thread computes (each weight read once for them); 4 measured
     # 1.3x faster than 2 on a large depthwise 3x3 (docs/benchmarks.md)
     threads: int = 256
+    chans: int = 1  # output channels of one group a thread computes (each input read once for them)
     epilogue: str = ""  # rid of the ew region computed on the sums before the one store
 
 
@@ -44,7 +48,7 @@ def form(r: Region, low: Lowered) -> ConvForm | str:
     f = parse(r, low, DTYPES, "fp32, fp16 or bf16")
     if isinstance(f, str):
         return f
-    if f.groups == 1 and not f.sparse:
+    if not f.direct:
         return "an ungrouped convolution is an implicit GEMM's (families/conv_tf32.py)"
     return f
 
@@ -53,9 +57,19 @@ def claims(r: Region, low: Lowered) -> bool:
     return not isinstance(form(r, low), str)
 
 
+def chans(f: ConvForm, outs: int) -> int:
+    """The most output channels a thread can take: a power of two that divides the group's, within
+    MAX_CHANS and MAX_ACC accumulators."""
+    cout_g = f.cout // f.groups
+    return next(c for c in (16, 8, 4, 2, 1) if c <= MAX_CHANS and cout_g % c == 0 and c * outs <= MAX_ACC)
+
+
 def first(r: Region, low: Lowered, tuned: bool) -> DirectPlan | None:
-    """Plain: cuDNN. Tuned: our kernel, four outputs a thread."""
-    return DirectPlan(r.rid) if tuned else None
+    """Plain: cuDNN. Tuned: our kernel, four outputs of as many channels as fit a thread."""
+    f = form(r, low)
+    if not tuned or isinstance(f, str):
+        return None
+    return DirectPlan(r.rid, chans=chans(f, DirectPlan.outs))
 
 
 def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
@@ -69,6 +83,25 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
 
 
 _fuse = gemm_kit.fuse_edit(epilogue)
+OUTPUT_EDITS = common.output_edits(MAX_OUTS)
+
+
+def _coarsen(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
+    """More outputs of a row a thread, or more channels (inputs read fewer times)."""
+    if rp is None:
+        return
+    f = form(r, low)
+    if rp.outs * 2 * rp.chans <= MAX_ACC:
+        yield from OUTPUT_EDITS["coarsen_threads"](plan, rp, r, low)
+    if not isinstance(f, str) and chans(f, rp.outs) >= rp.chans * 2:
+        yield from change("coarsen_threads", plan, rp, chans=rp.chans * 2)
+
+
+def _parallelism(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
+    """Fewer channels a thread first, then fewer outputs of a row."""
+    if rp is not None and rp.chans > 1:
+        yield from change("more_parallelism", plan, rp, chans=rp.chans // 2)
+    yield from OUTPUT_EDITS["more_parallelism"](plan, rp, r, low)
 
 
 def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
@@ -84,9 +117,13 @@ def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
 
 def _take(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> Any:
     """From cuDNN into our kernel."""
-    if rp is None:
-        rp = DirectPlan(r.rid)
-        yield label("use_direct_kernel", r.rid, outs=rp.outs, threads=rp.threads), plan.add(rp)
+    f = form(r, low)
+    if rp is None and not isinstance(f, str):
+        rp = DirectPlan(r.rid, chans=chans(f, DirectPlan.outs))
+        yield (
+            label("use_direct_kernel", r.rid, outs=rp.outs, chans=rp.chans, threads=rp.threads),
+            plan.add(rp),
+        )
 
 
 def _note(regions: list[Region], low: Lowered) -> str:
@@ -104,7 +141,9 @@ FAMILY = Family(
     edits={
         "use_direct_kernel": _take,
         "fuse_epilogue": _fuse,
-        **common.output_edits(MAX_OUTS),
+        **OUTPUT_EDITS,
+        "coarsen_threads": _coarsen,
+        "more_parallelism": _parallelism,
     },
     order=23,
     settle=settle,

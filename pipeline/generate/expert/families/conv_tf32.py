@@ -114,11 +114,14 @@ def form(r: Region, low: Lowered) -> ConvForm | str:
 
 
 def _gemm_form(r: Region, low: Lowered) -> ConvForm | str:
-    """form(), less the strided transposed convolutions with few products an output: the direct kernel's
-    (the template computes them; it scatters each phase's tile over the output, the tensor cores idle)."""
+    """form(), less the strided transposed convolutions with few products an output (the template computes
+    them, but it scatters each phase's tile over the output, the tensor cores idle) and the narrow ones:
+    the direct kernel's."""
     f = form(r, low)
     if not isinstance(f, str) and f.sparse:
         return "a strided transposed convolution with few products an output is the direct kernel's"
+    if not isinstance(f, str) and f.narrow:
+        return "a convolution with few output channels or products an output is the direct kernel's"
     return f
 
 

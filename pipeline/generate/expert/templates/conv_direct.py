@@ -5,8 +5,10 @@ taps land on it (i * stride - pad + k * dilation == o), so no atomics and the sa
 A depthwise or grouped convolution does little work per output (C_in / groups x taps products), too little
 for the tensor cores' tiles: an implicit GEMM per group would be an N of one output channel. So each thread
 computes `outs` outputs of one output row (pixels lane, lane + lanes, ...: consecutive threads take
-consecutive pixels, so a warp's loads coalesce at stride 1), summing in fp32 over its group's input
-channels and the taps, each weight read once for all of them. A transposed one with a stride along the
+consecutive pixels, so a warp's loads coalesce at stride 1) in `chans` output channels of one group,
+summing in fp32 over the group's input channels and the taps: each weight read once for its outputs, each
+input once for its channels (a grouped convolution with 8 or 16 channels a group reads its inputs that
+many times less than one channel a thread would). A transposed one with a stride along the
 row takes its pixels one phase (ox mod stride) at a time: a warp's threads then agree on which taps land,
 where consecutive pixels would each skip a different (stride - 1) in stride of them, the warp running
 all, and they read consecutive inputs. The geometry is compiled in (1-D and 2-D
@@ -39,6 +41,22 @@ def lanes(f: ConvForm, outs: int) -> int:
     return phases(f) * -(-per // outs)
 
 
+# The launch bounds ask for 512 threads an SM (128 registers a thread): with the block size alone, ptxas
+# aimed at 4 blocks of 256 (64 registers) and spilled the accumulators of 8 channels.
+UNROLLED_FMAS = 256  # a tap loop is unrolled while its body stays within this many FMAs a thread: 7 x 5 x 3
+# taps x 4 outputs x 8 channels (3360, KernelBench's grouped 3-D one) unrolled took 255 registers and ran 2x
+# slower than 2 outputs (80 registers), the code past the instruction cache
+
+
+def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str]:
+    """The unroll pragmas' counts for the depth and the height tap loops ("" all, "1" none): the width
+    taps always unrolled (their phase test is uniform), the outer ones while the body stays small."""
+    (kd, kh, kw) = f.kernel
+    body = kw * rp.outs * rp.chans
+    ky = body * kh <= UNROLLED_FMAS
+    return ("" if ky and body * kh * kd <= UNROLLED_FMAS else "1"), ("" if ky else "1")
+
+
 def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None) -> Code:
     """The kernel and its launcher for a grouped convolution region, with the chain after it fused on its
     stores when the plan says so (epi)."""
@@ -55,17 +73,24 @@ def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue
         *(ptr(f"e{j}", ctype(d)) for j, (_, _, d, _) in enumerate(ops_)), i64("rows"),
     ))  # fmt: skip
     chain = "\n".join(gemm.epilogue_function(epi, out_dt))
+    ch = rp.chans
+    if cout_g % ch:
+        raise ValueError(f"{ch} channels a thread do not divide the group's {cout_g} output channels")
+    rolled = unrolled(f, rp)
     cuda = (
         chain
         + f"""
 namespace kp_{rid} {{
 constexpr int CIN_G = {cin_g}, COUT = {f.cout}, COUT_G = {cout_g}, OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
+constexpr int CH = {ch}, CBLK = COUT / CH;  // output channels a thread computes, all of one group
 constexpr int PHASES = {phases(f)}, PLANES = LANES / PHASES;  // threads a phase of the row takes
 constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
 constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
-constexpr long long CHW = (long long)ID * IH * IW;
+constexpr long long CHW = (long long)ID * IH * IW, TAPS = (long long)KD * KH * KW;
 constexpr bool TRANSPOSED = {"true" if f.transposed else "false"};  // weight (C_in, C_out / groups, taps)
+// from one input channel's taps to the next, and from one output channel's to the next
+constexpr long long WCI = TRANSPOSED ? COUT_G * TAPS : TAPS, WCO = TRANSPOSED ? TAPS : CIN_G * TAPS;
 // The input coordinate a tap reads for an output coordinate, or -1: forward, o * S - P + k * D; transposed,
 // the i with i * S - P + k * D == o (none unless S divides it).
 __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
@@ -78,55 +103,70 @@ __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
     return t / S < n ? t / S : -1;
 }}
 }}  // namespace kp_{rid}
-extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.decls()}) {{
+extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))} kp_{rid}_dconv({sig.decls()}) {{
     using namespace kp_{rid};
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * LANES) return;
-    const long long row = i / LANES;  // ((n * COUT + co) * OD + oz) * OH + oy
+    const long long row = i / LANES;  // ((n * CBLK + cb) * OD + oz) * OH + oy
     const int j = (int)(i - row * LANES), phase = j / PLANES, lane = j - phase * PLANES;
     // output column v of this thread: a phase's columns phase, phase + PHASES, ... (all of them if PHASES = 1)
     const auto ox_of = [&](int v) {{ return phase + PHASES * (lane + v * PLANES); }};
-    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD), co = (int)((row / ((long long)OH * OD)) % COUT);
-    const long long n = row / ((long long)OH * OD * COUT);
-    const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)(co / COUT_G) * CIN_G) * CHW;  // its group
-    const long long taps = (long long)KD * KH * KW;
-    const {t}* wc = TRANSPOSED ? w + ((long long)(co / COUT_G) * CIN_G * COUT_G + co % COUT_G) * taps
-                               : w + (long long)co * CIN_G * taps;
-    const long long wstep = TRANSPOSED ? COUT_G * taps : taps;  // from one input channel's taps to the next
-    float acc[OUTS];
+    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
+    const int co0 = (int)((row / ((long long)OH * OD)) % CBLK) * CH, grp = co0 / COUT_G;
+    const long long n = row / ((long long)OH * OD * CBLK);
+    const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)grp * CIN_G) * CHW;  // its group
+    const {t}* wc = TRANSPOSED ? w + ((long long)grp * CIN_G * COUT_G + co0 % COUT_G) * TAPS
+                               : w + (long long)co0 * CIN_G * TAPS;
+    float acc[CH][OUTS];
     #pragma unroll
-    for (int v = 0; v < OUTS; ++v) acc[v] = 0.f;
-    for (int ci = 0; ci < CIN_G; ++ci) {{
+    for (int c = 0; c < CH; ++c)
         #pragma unroll
+        for (int v = 0; v < OUTS; ++v) acc[c][v] = 0.f;
+    #pragma unroll 1
+    for (int ci = 0; ci < CIN_G; ++ci) {{
+        #pragma unroll {rolled[0]}
         for (int kz = 0; kz < KD; ++kz) {{
             const int iz = src(oz, kz, SD, PD, DD, ID);
             if (iz < 0) continue;
-            #pragma unroll
+            #pragma unroll {rolled[1]}
             for (int ky = 0; ky < KH; ++ky) {{
                 const int iy = src(oy, ky, SH, PH, DH, IH);
                 if (iy < 0) continue;
                 const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
+                const {t}* wr = wc + ci * WCI + (kz * KH + ky) * KW;
                 #pragma unroll
                 for (int kx = 0; kx < KW; ++kx) {{
                     if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
-                    const float wv = ld(wc[ci * wstep + (kz * KH + ky) * KW + kx]);
+                    // each input read once for the CH channels; a tap off the input adds a zero (a flag a
+                    // output would be a predicate each, and a thread has 7: they spilled)
+                    float xv[OUTS];
                     #pragma unroll
                     for (int v = 0; v < OUTS; ++v) {{
                         const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
-                        if (ix >= 0) acc[v] = fmaf(ld(xr[ix]), wv, acc[v]);
+                        xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
+                    }}
+                    #pragma unroll
+                    for (int c = 0; c < CH; ++c) {{
+                        const float wv = ld(wr[c * WCO + kx]);
+                        #pragma unroll
+                        for (int v = 0; v < OUTS; ++v) acc[c][v] = fmaf(xv[v], wv, acc[c][v]);
                     }}
                 }}
             }}
         }}
     }}
     #pragma unroll
-    for (int u = 0; u < OUTS; ++u) {{
-        const int ox = ox_of(u);
-        if (ox >= OW) continue;
-        const long long o = row * OW + ox;
-        float v;
-        {chain_value(epi, "acc[u]")};
-        out[o] = cv<{ot}>(v);
+    for (int c = 0; c < CH; ++c) {{
+        const int co = co0 + c;
+        #pragma unroll
+        for (int u = 0; u < OUTS; ++u) {{
+            const int ox = ox_of(u);
+            if (ox >= OW) continue;
+            const long long o = (((n * COUT + co) * OD + oz) * OH + oy) * OW + ox;
+            float v;
+            {chain_value(epi, "acc[c][u]")};
+            out[o] = cv<{ot}>(v);
+        }}
     }}
 }}
 """
@@ -142,7 +182,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
     launcher = "\n".join([
         f"def _dconv_{rid}(sms, {', '.join(n for n, _ in inputs)}):",
         f'    """The {"depthwise" if cin_g == 1 else "grouped"}{" transposed" if f.transposed else ""} convolution ({f.groups} groups) on the CUDA '
-        f'cores: {rp.outs} outputs a thread, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
+        f'cores: {rp.outs} outputs of {ch} channels a thread, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
         "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
         f"{', '.join(map(str, in_shape))}) and a weight {w_shape}, not {{tuple(x.shape)}} and "
@@ -150,7 +190,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, 0)} kp_{rid}_dconv({sig.de
         "    x, w = _contig(x), _contig(w)",
         f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(out_dt)}, device=x.device)",
         *prepare_operands(epi),
-        f"    rows = x.shape[0] * {f.cout * od * oh}",
+        f"    rows = x.shape[0] * {f.cout // ch * od * oh}",
         "    if rows:",
         f"        kernels.kp_{rid}_dconv((-(-rows * {lanes(f, rp.outs)} // {rp.threads}),), ({rp.threads},), "
         f"({sig.args()}))  # noqa: F821",

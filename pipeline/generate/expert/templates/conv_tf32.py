@@ -68,6 +68,11 @@ MAX_STAGES = 8
 
 
 SPARSE_PRODUCTS = 64  # products an output below which a strided transposed convolution is the direct kernel's
+# An ungrouped convolution this narrow (output channels, or products an output) goes to the direct kernel:
+# the GEMM's N or K too small for its tiles to pay for their gathers (0: none; benchmarks/conv_routes.py
+# measures both routes).
+NARROW_COUT = 0
+NARROW_K = 0
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,17 @@ class ConvForm:
         of cuDNN as implicit GEMMs, the tensor cores idle)."""
         taps = math.prod(k / s for k, s in zip(self.kernel, self.stride, strict=True))
         return self.transposed and self.stride[-1] > 1 and self.cin // self.groups * taps <= SPARSE_PRODUCTS
+
+    @property
+    def narrow(self) -> bool:
+        """An ungrouped convolution with few output channels (the GEMM's N) or few products an output (its
+        K): each gathered tile of the implicit GEMM feeds too few MMAs."""
+        return self.groups == 1 and (self.cout <= NARROW_COUT or self.k <= NARROW_K)
+
+    @property
+    def direct(self) -> bool:
+        """The direct kernel's rather than the implicit GEMM's."""
+        return self.groups != 1 or self.sparse or self.narrow
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,112 @@
+"""Which kernel an ungrouped convolution should go to: the implicit GEMM (3xTF32 on the tensor cores) or the
+direct kernel (CUDA cores, a thread's outputs over several output channels), measured on the same task
+files through the harness (verify, then time against eager with the L2 flushed), on the GPU.
+
+    python benchmarks/conv_routes.py --out DIR TASK.py [TASK.py ...] [--repeat 2]
+
+For each task the expert's first proposals are generated twice: once with every ungrouped convolution
+routed to the implicit GEMM, once with every one routed to the direct kernel (templates/conv_tf32.py's
+NARROW_COUT, NARROW_K and SPARSE_PRODUCTS, set here for the generation only; the candidates are ordinary
+sources). Each
+proposal that puts the convolution in the route's kernel is evaluated `--repeat` times, in separate passes,
+so a difference is believed only when both agree. Writes DIR/results.json as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import stages  # noqa: E402
+from pipeline.config import load  # noqa: E402
+from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.generate.expert.plan import plan_of  # noqa: E402
+from pipeline.generate.expert.templates import conv_tf32  # noqa: E402
+from pipeline.tasks import probe  # noqa: E402
+from pipeline.types import Status  # noqa: E402
+
+BIG = 1 << 30
+# route -> (the plan entry's family, NARROW_COUT, NARROW_K, SPARSE_PRODUCTS while its proposals are made)
+ROUTES = {"gemm": ("wgmma_conv_3xtf32", 0, 0, 0), "direct": ("direct_conv", BIG, BIG, BIG)}
+LIMITS = ("NARROW_COUT", "NARROW_K", "SPARSE_PRODUCTS")
+
+
+def candidates(path: Path, route: str, n: int) -> list:
+    """The first proposals (plain, tuned, the tuned one's edits) whose plan has the route's kernel."""
+    tag, *limits = ROUTES[route]
+    saved = [getattr(conv_tf32, name) for name in LIMITS]
+    for name, value in zip(LIMITS, limits, strict=True):
+        setattr(conv_tf32, name, value)
+    try:
+        task = probe(path)
+        props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), n)
+    finally:
+        for name, value in zip(LIMITS, saved, strict=True):
+            setattr(conv_tf32, name, value)
+    return [
+        p.candidate
+        for p in props
+        if p.status == ProposalStatus.OK and any(tag == rp.TAG for rp in plan_of(p.candidate.source).regions)
+    ]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("tasks", type=Path, nargs="+")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--proposals", type=int, default=4, help="first proposals generated a route")
+    args = ap.parse_args()
+    cfg = load(
+        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
+    )
+    results: dict[str, list[dict]] = {}
+    with stages.open_pool(cfg) as pool:
+        for path in args.tasks:
+            cands = [(route, c) for route in ROUTES for c in candidates(path, route, args.proposals)]
+            rows = [
+                {
+                    "route": route,
+                    "edit": c.edit,
+                    "plan": c.source.splitlines()[0],
+                    "ours_ms": [],
+                    "eager_ms": [],
+                }
+                for route, c in cands
+            ]
+            for _ in range(args.repeat):
+                evals = stages.evaluate_candidates(path, [c for _, c in cands], cfg, pool=pool)
+                for row, r in zip(rows, evals, strict=True):
+                    row["status"] = r.verdict.status.value
+                    res = r.build.resources if r.build else ()
+                    row["registers"] = [x.registers for x in res if x.name.endswith(("_dconv", "_conv"))]
+                    m = r.measurement
+                    if r.status != Status.OK or m is None or m.timing is None:
+                        row["reasons"] = list(r.verdict.reasons)
+                        continue
+                    row["ours_ms"].append(m.timing.median_ms)
+                    row["eager_ms"].append(m.baselines["eager"].median_ms)
+            for row in rows:
+                if row["ours_ms"]:
+                    row["vs_eager"] = min(row["eager_ms"]) / min(row["ours_ms"])
+            results[path.stem] = rows
+            best = {
+                route: min(
+                    (min(r["ours_ms"]) for r in rows if r["route"] == route and r["ours_ms"]), default=None
+                )
+                for route in ROUTES
+            }
+            print(f"{path.stem}: best {best}, eager {min((min(r['eager_ms']) for r in rows if r['eager_ms']), default=None)}",
+                  flush=True)  # fmt: skip
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
