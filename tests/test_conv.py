@@ -325,7 +325,7 @@ def test_an_epilogue_operand_of_another_layout_is_not_fused(tmp_path):
 def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
     paths = [
         conv_task(tmp_path, "c2", cin=16, cout=128),
-        conv_task(tmp_path, "c1", d=1, size=(40,), cin=3, cout=16, k=5, s=2, p=2),
+        conv_task(tmp_path, "c1", d=1, size=(40,), cin=8, cout=24, k=5, s=2, p=2),
         conv_task(tmp_path, "c3", d=3, size=(5, 9, 7), cin=4, cout=72, k=3, expr="self.conv(x) - self.b"),
         conv_task(tmp_path, "t2", cin=32, cout=64, s=2, op=1),  # 72 products an output: the GEMM's
     ]

@@ -62,22 +62,22 @@ def test_the_family_takes_grouped_and_sparse_transposed_convolutions(tmp_path, n
 
 
 def test_a_thread_takes_as_many_channels_of_its_group_as_divide_it_and_fit(tmp_path):
-    """16 output channels a group: 8 a thread with 4 outputs each (32 accumulators), 16 with 2; the edits
-    move the channels (more_parallelism halves them first) and never past the group or MAX_ACC."""
+    """16 output channels a group: the tuned plan takes 8 a thread with 2 outputs each; the edits move the
+    channels (more_parallelism halves them first) and never past the group or MAX_ACC (32 accumulators)."""
     r, low = conv_region(conv_task(tmp_path, "c", **GEOMETRIES["grouped_2d_c16"]))
     rp = conv_direct.first(r, low, True)
-    assert (rp.outs, rp.chans) == (4, 8)
+    assert (rp.outs, rp.chans) == (2, 8)
     edits = conv_direct.FAMILY.edits
 
     def moves(edit, rp):
         return [(p.regions[0].outs, p.regions[0].chans) for _, p in edits[edit](Plan((rp,)), rp, r, low)]
 
-    assert moves("coarsen_threads", rp) == []  # 8 x 8 or 4 x 16: 64 accumulators
-    assert moves("more_parallelism", rp) == [(4, 4), (2, 8)]
-    two = conv_direct.DirectPlan(r.rid, outs=2, chans=8)
-    assert moves("coarsen_threads", two) == [(4, 8), (2, 16)]
+    assert moves("coarsen_threads", rp) == [(4, 8), (2, 16)]
+    assert moves("more_parallelism", rp) == [(2, 4), (1, 8)]
+    four = conv_direct.DirectPlan(r.rid, outs=4, chans=8)
+    assert moves("coarsen_threads", four) == []  # 8 x 8 or 4 x 16: 64 accumulators
     r3, low3 = conv_region(conv_task(tmp_path, "g", **GEOMETRIES["transposed_1d"]))  # 3 channels a group
-    assert conv_direct.first(r3, low3, True).chans == 1
+    assert (conv_direct.first(r3, low3, True).chans, conv_direct.first(r3, low3, True).outs) == (1, 4)
     assert moves("coarsen_threads", conv_direct.DirectPlan(r.rid, outs=8, chans=4)) == []
 
 
@@ -86,6 +86,9 @@ def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monk
     ungrouped convolution from the implicit GEMM to the direct kernel, and the emulated candidate is right."""
     kw = dict(cin=3, cout=16, k=3, p=1, size=(9, 14))
     r, low = conv_region(conv_task(tmp_path, "c", **kw))
+    assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)  # the defaults
+    monkeypatch.setattr(conv_template, "NARROW_COUT", 0)
+    monkeypatch.setattr(conv_template, "NARROW_K", 0)
     assert conv_tf32.FAMILY.claims(r, low) and not conv_direct.FAMILY.claims(r, low)
     monkeypatch.setattr(conv_template, "NARROW_K", 27)  # 3 channels x 3 x 3 taps
     assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)
@@ -112,7 +115,7 @@ def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monk
     ("kw", "why"),
     [
         (dict(cin=5, cout=24), "ungrouped"),
-        (dict(cin=64, cout=8, s=2, op=1), "ungrouped"),  # transposed, 64 x 1.5 x 1.5 products an output
+        (dict(cin=64, cout=24, s=2, op=1), "ungrouped"),  # transposed, 64 x 1.5 x 1.5 products an output
         (dict(cin=8, cout=8, g=8, dt="float64"), "fp32, fp16 or bf16"),
     ],
 )

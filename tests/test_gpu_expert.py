@@ -512,7 +512,7 @@ FAMILIES = {
         class Model(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.conv = nn.ConvTranspose3d(12, 16, 3, stride=(1, 2, 2), padding=1, bias=False)
+                self.conv = nn.ConvTranspose3d(12, 24, 3, stride=(1, 2, 2), padding=1, bias=False)
             def forward(self, x):
                 return self.conv(x) * 2.0
         """,
@@ -527,6 +527,18 @@ FAMILIES = {
                 self.conv = nn.ConvTranspose2d(6, 10, 3, stride=5, padding=1, dilation=2)
             def forward(self, x):
                 return torch.relu(self.conv(x))
+        """,
+        "[]",
+    ),
+    # ungrouped, 3 to 16 channels (KernelBench level 2's 3-D ones): narrow, the direct kernel's, chain fused
+    "narrow_conv3d_f32": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv3d(3, 16, 3, padding=(1, 0, 2))
+            def forward(self, x):
+                return torch.sigmoid(torch.tanh(self.conv(x) * 0.5))
         """,
         "[]",
     ),
@@ -585,6 +597,7 @@ SHAPES = {
     "grouped_convt_f32": ["(3, 32, 37, 29)"],
     "convt3d_f32": ["(2, 12, 5, 9, 7)"],
     "sparse_convt_f32": ["(3, 6, 13, 29)"],
+    "narrow_conv3d_f32": ["(2, 3, 7, 13, 11)"],
     "sdpa_causal": [
         "(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 64)",
         "(1, 2, 131, 40); (1, 2, 200, 40); (1, 2, 200, 16)",
@@ -641,7 +654,8 @@ DIRECT = {
     "grouped_conv_f16",
     "grouped_convt_f32",
     "sparse_convt_f32",
-}  # grouped or sparse transposed: our direct kernel in the tuned plan, cuDNN in the plain
+    "narrow_conv3d_f32",
+}  # grouped, sparse transposed or narrow: our direct kernel in the tuned plan, cuDNN in the plain
 ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
 GATHERS = {"cross_entropy"}  # the pick of one element a row left to PyTorch: hybrid in every plan
 

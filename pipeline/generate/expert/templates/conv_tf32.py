@@ -69,10 +69,11 @@ MAX_STAGES = 8
 
 SPARSE_PRODUCTS = 64  # products an output below which a strided transposed convolution is the direct kernel's
 # An ungrouped convolution this narrow (output channels, or products an output) goes to the direct kernel:
-# the GEMM's N or K too small for its tiles to pay for their gathers (0: none; benchmarks/conv_routes.py
-# measures both routes).
-NARROW_COUT = 0
-NARROW_K = 0
+# the GEMM's N too small for a gathered tile to feed many MMAs, or its K one k-block, nothing to pipeline.
+# Measured on the H200 (benchmarks/conv_routes.py, docs/benchmarks.md): 16 output channels from 3, 8 and 32
+# inputs (K 81 to 3360) ran 1.3-2.5x faster direct; 64 from 3 with K 27, 1.35x.
+NARROW_COUT = 16
+NARROW_K = 32
 
 
 @dataclass(frozen=True)
