@@ -16,6 +16,7 @@ from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy
+from pipeline.generate.expert.templates.reduce_ops import KINDS
 from pipeline.profile.collect import dump_sass
 from pipeline.static_check import check_launcher
 from pipeline.tasks import load_module, probe
@@ -144,6 +145,8 @@ def test_a_long_sum_is_compensated(tmp_path):
     t = probe(path)
     plain = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 1)[0].candidate
     assert "kahan_add(acc.a" in plain.source and '"splits":1' in plain.source.splitlines()[0]
+    assert "kahan_add(acc.b" not in plain.source and "cb_" not in plain.source  # a sum has no second moment
+    assert "kahan_add(acc.b, cb_" in KINDS["var"].push("acc", "v", "c", compensated=True)  # a variance has
     torch.manual_seed(0)
     x = load_module(path).get_inputs()[0]
     kernels = build(plain.source, tmp_path)

@@ -386,7 +386,13 @@ def _read(
     ]
     xt = ctype(x_dt)
     head = [
-        *(["        float ca_ = 0.0f, cb_ = 0.0f;  // the sums' lost low bits (Kahan)"] if kahan else []),
+        *(
+            [
+                f"        float ca_ = 0.0f{', cb_ = 0.0f' if kind.second else ''};  // the sums' lost low bits (Kahan)"
+            ]
+            if kahan
+            else []
+        ),
         "        const long long head = head_of<V>(start, n);",
         "        const long long nv = (n - head) / V;",
         "        for (long long c = tid; c < head; c += nt) {",
