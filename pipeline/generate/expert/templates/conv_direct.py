@@ -17,6 +17,7 @@ convolutions are 3-D ones with unit extents in front), the batch size is not.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from pipeline.generate.expert.regions import Region
@@ -57,6 +58,35 @@ def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str]:
     return ("" if ky and body * kh * kd <= UNROLLED_FMAS else "1"), ("" if ky else "1")
 
 
+def channel_inner(rp: DirectPlan) -> bool:
+    """Whether the kernel reads a weight re-laid channel-innermost, (C_in, taps, C_out / groups): a thread's
+    channels then come in chans / 4 vector loads a tap, not chans scalar ones. The loads are warp-uniform
+    broadcasts, but each is an instruction: with 8 channels of 2 outputs, 10 loads fed 16 FMAs, and a load
+    issues at a quarter of an FMA's rate."""
+    return rp.chans % 4 == 0
+
+
+def relayout_kernel(rid: str, f: ConvForm, t: str) -> str:
+    """The kernel that writes the channel-inner weight, a thread an element."""
+    cin_g, cout_g, taps = f.cin // f.groups, f.cout // f.groups, math.prod(f.kernel)
+    # source: forward (C_out, C_in / groups, taps), transposed (C_in, C_out / groups, taps)
+    src = (
+        "(ci * COUT_G + cl) * TAPS + tap"
+        if f.transposed
+        else "((ci / CIN_G * COUT_G + cl) * CIN_G + ci % CIN_G) * TAPS + tap"
+    )
+    return f"""
+extern "C" __global__ void __launch_bounds__(256)
+kp_{rid}_dw(const {t}* __restrict__ w, {t}* __restrict__ wt) {{
+    constexpr long long CIN = {f.cin}, COUT_G = {cout_g}, TAPS = {taps};{"" if f.transposed else f" constexpr long long CIN_G = {cin_g};"}
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // ((ci * TAPS) + tap) * COUT_G + cl
+    if (i >= CIN * TAPS * COUT_G) return;
+    const long long cl = i % COUT_G, tap = i / COUT_G % TAPS, ci = i / (COUT_G * TAPS);
+    wt[i] = w[{src}];
+}}
+"""
+
+
 def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None) -> Code:
     """The kernel and its launcher for a grouped convolution region, with the chain after it fused on its
     stores when the plan says so (epi)."""
@@ -77,6 +107,33 @@ def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue
     if cout_g % ch:
         raise ValueError(f"{ch} channels a thread do not divide the group's {cout_g} output channels")
     rolled = unrolled(f, rp)
+    vw = channel_inner(rp)
+    w_steps = ""
+    if vw:  # the weight re-laid (C_in, taps, C_out / groups): a thread's channels in CH / 4 vector loads
+        w_base = f"    const {t}* wc = w + ((long long)grp * CIN_G * TAPS) * COUT_G + co0 % COUT_G;"
+        w_row = f"                const {t}* wr = wc + (ci * TAPS + (kz * KH + ky) * KW) * COUT_G;"
+        w_fma = f"""                    #pragma unroll
+                    for (int q = 0; q < CH / 4; ++q) {{
+                        const Vec<{t}, 4> b = vload<{t}, 4>(wr + kx * COUT_G + q * 4);
+                        #pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            #pragma unroll
+                            for (int v = 0; v < OUTS; ++v)
+                                acc[q * 4 + e][v] = fmaf(xv[v], ld(b.v[e]), acc[q * 4 + e][v]);
+                    }}"""
+    else:
+        w_steps = """// from one input channel's taps to the next, and from one output channel's to the next
+constexpr long long WCI = TRANSPOSED ? COUT_G * TAPS : TAPS, WCO = TRANSPOSED ? TAPS : CIN_G * TAPS;
+"""
+        w_base = f"""    const {t}* wc = TRANSPOSED ? w + ((long long)grp * CIN_G * COUT_G + co0 % COUT_G) * TAPS
+                               : w + (long long)co0 * CIN_G * TAPS;"""
+        w_row = f"                const {t}* wr = wc + ci * WCI + (kz * KH + ky) * KW;"
+        w_fma = """                    #pragma unroll
+                    for (int c = 0; c < CH; ++c) {
+                        const float wv = ld(wr[c * WCO + kx]);
+                        #pragma unroll
+                        for (int v = 0; v < OUTS; ++v) acc[c][v] = fmaf(xv[v], wv, acc[c][v]);
+                    }"""
     cuda = (
         chain
         + f"""
@@ -89,9 +146,7 @@ constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
 constexpr long long CHW = (long long)ID * IH * IW, TAPS = (long long)KD * KH * KW;
 constexpr bool TRANSPOSED = {"true" if f.transposed else "false"};  // weight (C_in, C_out / groups, taps)
-// from one input channel's taps to the next, and from one output channel's to the next
-constexpr long long WCI = TRANSPOSED ? COUT_G * TAPS : TAPS, WCO = TRANSPOSED ? TAPS : CIN_G * TAPS;
-// The input coordinate a tap reads for an output coordinate, or -1: forward, o * S - P + k * D; transposed,
+{w_steps}// The input coordinate a tap reads for an output coordinate, or -1: forward, o * S - P + k * D; transposed,
 // the i with i * S - P + k * D == o (none unless S divides it).
 __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
     if (!TRANSPOSED) {{
@@ -115,8 +170,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))
     const int co0 = (int)((row / ((long long)OH * OD)) % CBLK) * CH, grp = co0 / COUT_G;
     const long long n = row / ((long long)OH * OD * CBLK);
     const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)grp * CIN_G) * CHW;  // its group
-    const {t}* wc = TRANSPOSED ? w + ((long long)grp * CIN_G * COUT_G + co0 % COUT_G) * TAPS
-                               : w + (long long)co0 * CIN_G * TAPS;
+{w_base}
     float acc[CH][OUTS];
     #pragma unroll
     for (int c = 0; c < CH; ++c)
@@ -133,7 +187,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))
                 const int iy = src(oy, ky, SH, PH, DH, IH);
                 if (iy < 0) continue;
                 const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
-                const {t}* wr = wc + ci * WCI + (kz * KH + ky) * KW;
+{w_row}
                 #pragma unroll
                 for (int kx = 0; kx < KW; ++kx) {{
                     if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
@@ -145,12 +199,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))
                         const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
                         xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
                     }}
-                    #pragma unroll
-                    for (int c = 0; c < CH; ++c) {{
-                        const float wv = ld(wr[c * WCO + kx]);
-                        #pragma unroll
-                        for (int v = 0; v < OUTS; ++v) acc[c][v] = fmaf(xv[v], wv, acc[c][v]);
-                    }}
+{w_fma}
                 }}
             }}
         }}
@@ -171,6 +220,8 @@ extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))
 }}
 """
     )
+    if vw:
+        cuda += relayout_kernel(rid, f, t)
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
     w_shape = (
@@ -188,6 +239,17 @@ extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))
         f"{', '.join(map(str, in_shape))}) and a weight {w_shape}, not {{tuple(x.shape)}} and "
         "{tuple(w.shape)}')",
         "    x, w = _contig(x), _contig(w)",
+        *(
+            [
+                f"    wt = torch.empty(({f.cin * math.prod(f.kernel) * cout_g},), dtype=w.dtype, device=w.device)"
+                "  # the weight channel-innermost",
+                f"    kernels.kp_{rid}_dw(({-(-f.cin * math.prod(f.kernel) * cout_g // 256)},), (256,), (w, wt))"
+                "  # noqa: F821",
+                "    w = wt",
+            ]
+            if vw
+            else []
+        ),
         f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(out_dt)}, device=x.device)",
         *prepare_operands(epi),
         f"    rows = x.shape[0] * {f.cout // ch * od * oh}",
@@ -197,4 +259,5 @@ extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))
         "    return out",
     ])  # fmt: skip
     outs = (epi.out,) if epi else r.outputs
-    return Code(cuda, launcher, f"_dconv_{rid}", (f"kp_{rid}_dconv",), tuple(v for _, v in inputs), outs)
+    names = (f"kp_{rid}_dconv", f"kp_{rid}_dw") if vw else (f"kp_{rid}_dconv",)
+    return Code(cuda, launcher, f"_dconv_{rid}", names, tuple(v for _, v in inputs), outs)
