@@ -42,8 +42,6 @@ def lanes(f: ConvForm, outs: int) -> int:
     return phases(f) * -(-per // outs)
 
 
-# The launch bounds ask for 512 threads an SM (128 registers a thread): with the block size alone, ptxas
-# aimed at 4 blocks of 256 (64 registers) and spilled the accumulators of 8 channels.
 UNROLLED_FMAS = 256  # a tap loop is unrolled while its body stays within this many FMAs a thread: 7 x 5 x 3
 # taps x 4 outputs x 8 channels (3360, KernelBench's grouped 3-D one) unrolled took 255 registers and ran 2x
 # slower than 2 outputs (80 registers), the code past the instruction cache
@@ -56,6 +54,15 @@ def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str]:
     body = kw * rp.outs * rp.chans
     ky = body * kh <= UNROLLED_FMAS
     return ("" if ky and body * kh * kd <= UNROLLED_FMAS else "1"), ("" if ky else "1")
+
+
+def min_blocks(rp: DirectPlan) -> int:
+    """The launch bounds' blocks an SM: with several channels a thread, 512 threads (128 registers a thread;
+    with the block size alone ptxas aimed at 64 registers and spilled the accumulators of 8 channels).
+    With one, the block size alone: ptxas then kept a depthwise kernel of 8 outputs at 47 registers (5
+    blocks an SM), where a 128-register cap let it take 110 and 2 blocks, 0.477 -> 0.629 ms (KernelBench's
+    85 on the H200)."""
+    return max(1, 512 // rp.threads) if rp.chans > 1 else 0
 
 
 def channel_inner(rp: DirectPlan) -> bool:
@@ -158,7 +165,7 @@ __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
     return t / S < n ? t / S : -1;
 }}
 }}  // namespace kp_{rid}
-extern "C" __global__ void {launch_bounds(rp.threads, max(1, 512 // rp.threads))} kp_{rid}_dconv({sig.decls()}) {{
+extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_dconv({sig.decls()}) {{
     using namespace kp_{rid};
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= rows * LANES) return;
