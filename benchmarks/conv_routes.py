@@ -7,7 +7,7 @@ files through the harness (verify, then time against eager with the L2 flushed),
 For each task the expert's first proposals are generated twice: once with every ungrouped convolution
 routed to the implicit GEMM, once with every one routed to the direct kernel (templates/conv_tf32.py's
 NARROW_COUT, NARROW_K and SPARSE_PRODUCTS, set here for the generation only; the candidates are ordinary
-sources). Each
+sources); the direct route adds the tuned plan with the other loop order. Each
 proposal that puts the convolution in the route's kernel is evaluated `--repeat` times, in separate passes,
 so a difference is believed only when both agree. Writes DIR/results.json as it goes.
 """
@@ -38,14 +38,23 @@ LIMITS = ("NARROW_COUT", "NARROW_K", "SPARSE_PRODUCTS")
 
 
 def candidates(path: Path, route: str, n: int) -> list:
-    """The first proposals (plain, tuned, the tuned one's edits) whose plan has the route's kernel."""
+    """The first proposals (plain, tuned, the tuned one's edits) whose plan has the route's kernel, and for
+    the direct kernel the tuned plan's other loop order (its pipeline_loads edit: input channels
+    innermost or outermost), so both orders are timed on the same task."""
     tag, *limits = ROUTES[route]
     saved = [getattr(conv_tf32, name) for name in LIMITS]
     for name, value in zip(LIMITS, limits, strict=True):
         setattr(conv_tf32, name, value)
     try:
         task = probe(path)
-        props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), n)
+        policy = ExpertPolicy()
+        props = policy.propose(Context(task=task, reference=task.source, parent=None), n)
+        tuned = next(
+            (p.candidate for p in props if p.status == ProposalStatus.OK and "tuned" in p.edit), None
+        )
+        if route == "direct" and tuned is not None:
+            kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 12)
+            props += [k for k in kids if "ci_inner=" in k.edit][:1]
     finally:
         for name, value in zip(LIMITS, saved, strict=True):
             setattr(conv_tf32, name, value)
@@ -62,6 +71,7 @@ def main() -> int:
     ap.add_argument("tasks", type=Path, nargs="+")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--proposals", type=int, default=4, help="first proposals generated a route")
+    ap.add_argument("--routes", default=",".join(ROUTES), help="comma-separated, of: " + ", ".join(ROUTES))
     args = ap.parse_args()
     cfg = load(
         home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
@@ -69,7 +79,8 @@ def main() -> int:
     results: dict[str, list[dict]] = {}
     with stages.open_pool(cfg) as pool:
         for path in args.tasks:
-            cands = [(route, c) for route in ROUTES for c in candidates(path, route, args.proposals)]
+            routes = [x for x in args.routes.split(",") if x in ROUTES]
+            cands = [(route, c) for route in routes for c in candidates(path, route, args.proposals)]
             rows = [
                 {
                     "route": route,
@@ -100,7 +111,7 @@ def main() -> int:
                 route: min(
                     (min(r["ours_ms"]) for r in rows if r["route"] == route and r["ours_ms"]), default=None
                 )
-                for route in ROUTES
+                for route in routes
             }
             print(f"{path.stem}: best {best}, eager {min((min(r['eager_ms']) for r in rows if r['eager_ms']), default=None)}",
                   flush=True)  # fmt: skip

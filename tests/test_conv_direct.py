@@ -17,7 +17,7 @@ from pipeline.generate.expert import ExpertPolicy, capture, plan_of, supports
 from pipeline.generate.expert.edits import base_plan
 from pipeline.generate.expert.families import conv_direct, conv_tf32
 from pipeline.generate.expert.plan import Plan
-from pipeline.generate.expert.render import prepare
+from pipeline.generate.expert.render import prepare, render
 from pipeline.generate.expert.templates import conv_tf32 as conv_template
 from pipeline.tasks import load_module, probe
 from pipeline.types import Status
@@ -152,6 +152,32 @@ def test_emulated_direct_convolutions_match_pytorch(tmp_path, name):
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel < (2e-3 if x.dtype == torch.float16 else 1e-6), (cand.edit, rel)
         assert any(n.endswith("_dconv") for n, *_ in kernels.launches), cand.edit
+
+
+@pytest.mark.parametrize("name", ["grouped_transposed_3d_c8", "grouped_2d_c16", "transposed_2d"])
+@pytest.mark.parametrize(("chans", "inner"), [(1, False), (1, True), (4, False), (4, True), (8, True)])
+def test_both_loop_orders_and_weight_layouts_match_pytorch(tmp_path, name, chans, inner):
+    """Input channels outermost or innermost, the weight as given (scalar loads) or re-laid channel-inner
+    (vector loads, 4 channels or more), on the emulator against a float64 reference."""
+    kw = GEOMETRIES[name]
+    if (kw["cout"] // kw.get("g", 1)) % chans:
+        pytest.skip("the channels a thread do not divide the group's")
+    path = conv_task(tmp_path, "c", batch=2, bias=False, expr="self.conv(x)", **kw)
+    low = prepare(capture(path))
+    (rid,) = [r.rid for r in low.regions if conv_direct.FAMILY.claims(r, low)]
+    plan = Plan((conv_direct.DirectPlan(rid, outs=2, chans=chans, ci_inner=inner),))
+    source, launcher = render(low, plan)
+    assert ("kp_" + rid + "_dw") in source if chans >= 4 else "_dw(" not in source
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    x = module.get_inputs()[0]
+    kernels = build(source, tmp_path)
+    model = load_model(launcher, kernels)()
+    model.load_state_dict(ref.state_dict(), strict=False)
+    with torch.no_grad():
+        want, got = ref.double()(x.double()), model(x)
+    assert ((got.double() - want).norm() / want.norm()).item() < 1e-6
 
 
 def test_direct_convolutions_compile_for_sm90a_without_spills(tmp_path):

@@ -7,8 +7,8 @@ search keeps whichever measures faster.
 The elementwise region after it (the convolution's bias among it) is fused on its stores in the tuned plan
 (the same epilogue rule as the implicit GEMM's: families/conv_tf32.py). Edits: use_direct_kernel (from
 cuDNN), fuse_epilogue, coarsen_threads (outputs of a row a thread x2, up to 8; or output channels x2, up
-to the group's and MAX_ACC accumulators), more_parallelism (channels, then outputs, x1/2), resize_grid
-(threads x2 and /2).
+to the group's and MAX_ACC accumulators), more_parallelism (channels, then outputs, x1/2), pipeline_loads
+(the other loop order: input channels innermost or outermost), resize_grid (threads x2 and /2).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class DirectPlan(RegionPlan):
     # 1.3x faster than 2 on a large depthwise 3x3 (docs/benchmarks.md)
     threads: int = 256
     chans: int = 1  # output channels of one group a thread computes (each input read once for them)
+    ci_inner: bool = False  # input channels innermost: a tap's coordinates computed once for all of them
     epilogue: str = ""  # rid of the ew region computed on the sums before the one store
 
 
@@ -69,7 +70,7 @@ def tuned_plan(rid: str, f: ConvForm) -> DirectPlan:
     """Up to 8 channels a thread, 2 outputs each when 8, else 4: on the H200 8 x 2 (64-72 registers) beat 8
     x 4 (96-128) on 4 of 5 convolutions, 4 x 4 won the fifth, and 1 x 4 is the depthwise one's best."""
     c = min(8, chans(f, 2))
-    return DirectPlan(rid, outs=2 if c == 8 else 4, chans=c)
+    return DirectPlan(rid, outs=2 if c == 8 else 4, chans=c, ci_inner=f.cin // f.groups > 1)
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> DirectPlan | None:
@@ -103,6 +104,14 @@ def _coarsen(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> comm
         yield from OUTPUT_EDITS["coarsen_threads"](plan, rp, r, low)
     if not isinstance(f, str) and chans(f, rp.outs) >= rp.chans * 2:
         yield from change("coarsen_threads", plan, rp, chans=rp.chans * 2)
+
+
+def _order(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
+    """The other loop order: input channels innermost (a tap's coordinates once for all of them, their
+    loads independent) or outermost."""
+    f = form(r, low)
+    if rp is not None and not isinstance(f, str) and f.cin // f.groups > 1:
+        yield from change("pipeline_loads", plan, rp, ci_inner=not rp.ci_inner)
 
 
 def _parallelism(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
@@ -153,6 +162,7 @@ FAMILY = Family(
         **OUTPUT_EDITS,
         "coarsen_threads": _coarsen,
         "more_parallelism": _parallelism,
+        "pipeline_loads": _order,
     },
     order=23,
     settle=settle,

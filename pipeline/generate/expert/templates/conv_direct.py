@@ -47,13 +47,122 @@ UNROLLED_FMAS = 256  # a tap loop is unrolled while its body stays within this m
 # slower than 2 outputs (80 registers), the code past the instruction cache
 
 
-def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str]:
-    """The unroll pragmas' counts for the depth and the height tap loops ("" all, "1" none): the width
-    taps always unrolled (their phase test is uniform), the outer ones while the body stays small."""
+def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str, str]:
+    """The unroll pragmas' counts for the depth, height and width tap loops ("" all, "1" none), each while
+    the body stays within UNROLLED_FMAS: the width taps always with input channels outermost (their
+    phase test is uniform), with them innermost only while small too (7 taps x 4 channels x 16 products
+    took 128 registers and spilled)."""
     (kd, kh, kw) = f.kernel
-    body = kw * rp.outs * rp.chans
-    ky = body * kh <= UNROLLED_FMAS
-    return ("" if ky and body * kh * kd <= UNROLLED_FMAS else "1"), ("" if ky else "1")
+    per = rp.outs * rp.chans * (ci_unroll(f, rp) if rp.ci_inner else 1)
+    kx = not rp.ci_inner or per * kw <= UNROLLED_FMAS
+    body = per * kw if kx else per
+    ky = kx and body * kh <= UNROLLED_FMAS
+    kz = ky and body * kh * kd <= UNROLLED_FMAS
+    return ("" if kz else "1"), ("" if ky else "1"), ("" if kx else "1")
+
+
+_XV = """                    // each input read once for the CH channels; a tap off the input adds a zero (a flag an
+                    // output would be a predicate each, and a thread has 7: they spilled)"""
+
+
+def _fma(t: str, vw: bool, w4: str, w1: str, indent: str) -> str:
+    """The products of one input channel and tap: the CH weights (CH / 4 vector loads at w4 + q * 4 when
+    channel-inner, else scalar loads at w1 with c the channel) times the OUTS inputs xv."""
+    if vw:
+        body = f"""#pragma unroll
+for (int q = 0; q < CH / 4; ++q) {{
+    const Vec<{t}, 4> b = vload<{t}, 4>({w4} + q * 4);
+    #pragma unroll
+    for (int e = 0; e < 4; ++e)
+        #pragma unroll
+        for (int v = 0; v < OUTS; ++v) acc[q * 4 + e][v] = fmaf(xv[v], ld(b.v[e]), acc[q * 4 + e][v]);
+}}"""
+    else:
+        body = f"""#pragma unroll
+for (int c = 0; c < CH; ++c) {{
+    const float wv = ld({w1});
+    #pragma unroll
+    for (int v = 0; v < OUTS; ++v) acc[c][v] = fmaf(xv[v], wv, acc[c][v]);
+}}"""
+    return "\n".join(indent + line for line in body.splitlines())
+
+
+def _outer_nest(t: str, vw: bool, rolled: tuple[str, str, str], _u: int) -> str:
+    """Input channels outermost: each tap's input coordinates recomputed for every channel."""
+    w4 = "wc + (ci * TAPS + (kz * KH + ky) * KW + kx) * COUT_G"
+    w1 = "wc[ci * WCI + c * WCO + (kz * KH + ky) * KW + kx]"
+    return f"""    #pragma unroll 1
+    for (int ci = 0; ci < CIN_G; ++ci) {{
+        #pragma unroll {rolled[0]}
+        for (int kz = 0; kz < KD; ++kz) {{
+            const int iz = src(oz, kz, SD, PD, DD, ID);
+            if (iz < 0) continue;
+            #pragma unroll {rolled[1]}
+            for (int ky = 0; ky < KH; ++ky) {{
+                const int iy = src(oy, ky, SH, PH, DH, IH);
+                if (iy < 0) continue;
+                const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
+                #pragma unroll
+                for (int kx = 0; kx < KW; ++kx) {{
+                    if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
+{_XV}
+                    float xv[OUTS];
+                    #pragma unroll
+                    for (int v = 0; v < OUTS; ++v) {{
+                        const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
+                        xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
+                    }}
+{_fma(t, vw, w4, w1, " " * 20)}
+                }}
+            }}
+        }}
+    }}"""
+
+
+def _inner_nest(t: str, vw: bool, rolled: tuple[str, str, str], u: int) -> str:
+    """Input channels innermost: a tap's input columns and their bounds computed once for all channels (its
+    inputs CHW apart), the weights of a tap (channel-inner: (groups, taps, C_in / groups, C_out / groups))
+    read in order."""
+    w4 = "wt + ci * COUT_G"
+    w1 = "wc[ci * WCI + c * WCO + tap]"
+    wt = f"\n                    const {t}* wt = wc + tap * CIN_G * COUT_G;" if vw else ""
+    return f"""    #pragma unroll {rolled[0]}
+    for (int kz = 0; kz < KD; ++kz) {{
+        const int iz = src(oz, kz, SD, PD, DD, ID);
+        if (iz < 0) continue;
+        #pragma unroll {rolled[1]}
+        for (int ky = 0; ky < KH; ++ky) {{
+            const int iy = src(oy, ky, SH, PH, DH, IH);
+            if (iy < 0) continue;
+            const {t}* xr = xg + ((long long)iz * IH + iy) * IW;
+            #pragma unroll {rolled[2]}
+            for (int kx = 0; kx < KW; ++kx) {{
+                if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
+                const int tap = (kz * KH + ky) * KW + kx;
+                int ix[OUTS];
+                #pragma unroll
+                for (int v = 0; v < OUTS; ++v) {{
+                    const int ox = ox_of(v);
+                    ix[v] = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
+                }}{wt}
+                #pragma unroll {u}
+                for (int ci = 0; ci < CIN_G; ++ci) {{
+{_XV}
+                    float xv[OUTS];
+                    #pragma unroll
+                    for (int v = 0; v < OUTS; ++v) xv[v] = ix[v] >= 0 ? ld(xr[ci * CHW + ix[v]]) : 0.f;
+{_fma(t, vw, w4, w1, " " * 20)}
+                }}
+            }}
+        }}
+    }}"""
+
+
+def ci_unroll(f: ConvForm, rp: DirectPlan) -> int:
+    """Input channels a channels-innermost loop unrolls: all of a group's while its body stays within
+    UNROLLED_FMAS / 4 FMAs a thread (128 took 128 registers and spilled at 8 channels x 2 outputs)."""
+    per = rp.outs * rp.chans
+    return max(1, min(f.cin // f.groups, UNROLLED_FMAS // 4 // per))
 
 
 def min_blocks(rp: DirectPlan) -> int:
@@ -73,22 +182,30 @@ def channel_inner(rp: DirectPlan) -> bool:
     return rp.chans % 4 == 0
 
 
-def relayout_kernel(rid: str, f: ConvForm, t: str) -> str:
-    """The kernel that writes the channel-inner weight, a thread an element."""
+def relayout_kernel(rid: str, f: ConvForm, t: str, inner: bool) -> str:
+    """The kernel that writes the channel-inner weight, a thread an element: (C_in, taps, C_out / groups),
+    or with input channels innermost (groups, taps, C_in / groups, C_out / groups)."""
     cin_g, cout_g, taps = f.cin // f.groups, f.cout // f.groups, math.prod(f.kernel)
+    if inner:
+        decompose = "cl = i % COUT_G, ci = i / (COUT_G * TAPS * CIN_G) * CIN_G + i / COUT_G % CIN_G,\n" + (
+            "                    tap = i / (COUT_G * CIN_G) % TAPS"
+        )
+    else:
+        decompose = "cl = i % COUT_G, tap = i / COUT_G % TAPS, ci = i / (COUT_G * TAPS)"
     # source: forward (C_out, C_in / groups, taps), transposed (C_in, C_out / groups, taps)
     src = (
         "(ci * COUT_G + cl) * TAPS + tap"
         if f.transposed
         else "((ci / CIN_G * COUT_G + cl) * CIN_G + ci % CIN_G) * TAPS + tap"
     )
+    uses_cin_g = inner or not f.transposed
     return f"""
 extern "C" __global__ void __launch_bounds__(256)
 kp_{rid}_dw(const {t}* __restrict__ w, {t}* __restrict__ wt) {{
-    constexpr long long CIN = {f.cin}, COUT_G = {cout_g}, TAPS = {taps};{"" if f.transposed else f" constexpr long long CIN_G = {cin_g};"}
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // ((ci * TAPS) + tap) * COUT_G + cl
+    constexpr long long CIN = {f.cin}, COUT_G = {cout_g}, TAPS = {taps};{f" constexpr long long CIN_G = {cin_g};" if uses_cin_g else ""}
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CIN * TAPS * COUT_G) return;
-    const long long cl = i % COUT_G, tap = i / COUT_G % TAPS, ci = i / (COUT_G * TAPS);
+    const long long {decompose};
     wt[i] = w[{src}];
 }}
 """
@@ -113,34 +230,21 @@ def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue
     ch = rp.chans
     if cout_g % ch:
         raise ValueError(f"{ch} channels a thread do not divide the group's {cout_g} output channels")
+    vw, inner = channel_inner(rp), rp.ci_inner
     rolled = unrolled(f, rp)
-    vw = channel_inner(rp)
-    w_steps = ""
-    if vw:  # the weight re-laid (C_in, taps, C_out / groups): a thread's channels in CH / 4 vector loads
-        w_base = f"    const {t}* wc = w + ((long long)grp * CIN_G * TAPS) * COUT_G + co0 % COUT_G;"
-        w_row = f"                const {t}* wr = wc + (ci * TAPS + (kz * KH + ky) * KW) * COUT_G;"
-        w_fma = f"""                    #pragma unroll
-                    for (int q = 0; q < CH / 4; ++q) {{
-                        const Vec<{t}, 4> b = vload<{t}, 4>(wr + kx * COUT_G + q * 4);
-                        #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            #pragma unroll
-                            for (int v = 0; v < OUTS; ++v)
-                                acc[q * 4 + e][v] = fmaf(xv[v], ld(b.v[e]), acc[q * 4 + e][v]);
-                    }}"""
-    else:
-        w_steps = """// from one input channel's taps to the next, and from one output channel's to the next
+    w_steps = (
+        ""
+        if vw
+        else """// from one input channel's taps to the next, and from one output channel's to the next
 constexpr long long WCI = TRANSPOSED ? COUT_G * TAPS : TAPS, WCO = TRANSPOSED ? TAPS : CIN_G * TAPS;
 """
+    )
+    if vw:  # re-laid channel-innermost: (C_in, taps, C_out / groups), or (groups, taps, C_in / groups, ...)
+        w_base = f"    const {t}* wc = w + (long long)grp * CIN_G * TAPS * COUT_G + co0 % COUT_G;"
+    else:
         w_base = f"""    const {t}* wc = TRANSPOSED ? w + ((long long)grp * CIN_G * COUT_G + co0 % COUT_G) * TAPS
                                : w + (long long)co0 * CIN_G * TAPS;"""
-        w_row = f"                const {t}* wr = wc + ci * WCI + (kz * KH + ky) * KW;"
-        w_fma = """                    #pragma unroll
-                    for (int c = 0; c < CH; ++c) {
-                        const float wv = ld(wr[c * WCO + kx]);
-                        #pragma unroll
-                        for (int v = 0; v < OUTS; ++v) acc[c][v] = fmaf(xv[v], wv, acc[c][v]);
-                    }"""
+    nest = (_inner_nest if inner else _outer_nest)(t, vw, rolled, ci_unroll(f, rp))
     cuda = (
         chain
         + f"""
@@ -183,34 +287,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
     for (int c = 0; c < CH; ++c)
         #pragma unroll
         for (int v = 0; v < OUTS; ++v) acc[c][v] = 0.f;
-    #pragma unroll 1
-    for (int ci = 0; ci < CIN_G; ++ci) {{
-        #pragma unroll {rolled[0]}
-        for (int kz = 0; kz < KD; ++kz) {{
-            const int iz = src(oz, kz, SD, PD, DD, ID);
-            if (iz < 0) continue;
-            #pragma unroll {rolled[1]}
-            for (int ky = 0; ky < KH; ++ky) {{
-                const int iy = src(oy, ky, SH, PH, DH, IH);
-                if (iy < 0) continue;
-                const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
-{w_row}
-                #pragma unroll
-                for (int kx = 0; kx < KW; ++kx) {{
-                    if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
-                    // each input read once for the CH channels; a tap off the input adds a zero (a flag a
-                    // output would be a predicate each, and a thread has 7: they spilled)
-                    float xv[OUTS];
-                    #pragma unroll
-                    for (int v = 0; v < OUTS; ++v) {{
-                        const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
-                        xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
-                    }}
-{w_fma}
-                }}
-            }}
-        }}
-    }}
+{nest}
     #pragma unroll
     for (int c = 0; c < CH; ++c) {{
         const int co = co0 + c;
@@ -228,7 +305,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
 """
     )
     if vw:
-        cuda += relayout_kernel(rid, f, t)
+        cuda += relayout_kernel(rid, f, t, inner)
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
     w_shape = (
