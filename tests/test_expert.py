@@ -97,6 +97,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    # one-element constants made on the input's device (KernelBench level 2's min against a value): on the
+    # meta device they had no value and the task could not be read
+    "constant_on_device": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                y = torch.min(x * 2.0, torch.tensor(0.25, device=x.device))
+                return torch.max(y, torch.tensor(-1, device=x.device)) + 1.0
+        """,
+        "[torch.randn(6, 5, 33)]",
+        "[]",
+        1e-6,
+    ),
     "bf16_chain": (
         """
         class Model(nn.Module):

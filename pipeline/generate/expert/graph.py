@@ -16,6 +16,7 @@ import io
 import logging
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -201,6 +202,33 @@ def capture_source(source: str, task_id: str) -> Graph:
         return graph
 
 
+@contextlib.contextmanager
+def _scalars_on_cpu() -> Iterator[None]:
+    """A one-element constant the forward makes on its input's device (torch.tensor(0.0, device=x.device),
+    as KernelBench's level 2 writes for a min or max against a value) is made on the CPU while the model
+    is exported on the meta device: export lifts it with its value, which capture reads as a scalar (on
+    the meta device it had none, and the task could not be read). A 0-dim CPU tensor mixes with tensors
+    of any device in PyTorch's ops, as it does in eager."""
+    torch = _torch()
+    real = torch.tensor
+
+    def tensor(data: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device")
+        if (
+            isinstance(data, bool | int | float)
+            and device is not None
+            and torch.device(device).type == "meta"
+        ):
+            kwargs = {**kwargs, "device": "cpu"}
+        return real(data, *args, **kwargs)
+
+    torch.tensor = tensor
+    try:
+        yield
+    finally:
+        torch.tensor = real
+
+
 def _capture_module(module: ModuleType, task_id: str) -> Graph:
     torch = _torch()
     try:
@@ -214,7 +242,7 @@ def _capture_module(module: ModuleType, task_id: str) -> Graph:
             f"building the model on the meta device raised {type(e).__name__}: {_first_line(e)}"
         ) from None
     try:
-        with _quiet(), torch.no_grad():
+        with _quiet(), torch.no_grad(), _scalars_on_cpu():
             ep = torch.export.export(model, tuple(inputs), strict=False)
     except Exception as e:
         why = f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)})"
@@ -330,6 +358,9 @@ def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id:
         if inplace:
             op = op[:-1]
         args = tuple(_convert(a, renamed) for a in n.args)
+        if op in _SCALAR_COPIES and args and isinstance(args[0], bool | int | float):
+            renamed[n.name] = args[0]  # a copy of a one-element constant (torch.tensor(v)): v itself
+            continue
         kwargs = tuple((k, _convert(v, renamed)) for k, v in n.kwargs.items())
         nodes.append(Node(n.name, op, overload, args, kwargs, shape, dtype, target, inplace))
 
@@ -357,6 +388,10 @@ def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id:
     )
     graph.by_name.update({n.name: n for n in (*user_nodes, *params, *nodes)})
     return graph
+
+
+# Ops that copy a tensor unchanged: applied to a one-element constant captured as a scalar, the scalar.
+_SCALAR_COPIES = ("lift_fresh_copy", "detach", "clone", "alias")
 
 
 def _returns_tuple(ep: Any) -> bool:
