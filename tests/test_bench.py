@@ -4,6 +4,7 @@ tasks by their source. One row per task, resume, failures as rows, list files, t
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import shutil
@@ -509,6 +510,18 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
         and (back / "report.md").is_file()
         and (back / "report.html").is_file()
     )
+    # merge_sweep.sh brings it into the kept folder: the rows, the reports and the run log, compressed
+    m = subprocess.run(["bash", str(ROOT / "benchmarks" / "merge_sweep.sh"), str(out / "sweep-kept.tgz"), str(kept)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert m.returncode == 0, m.stderr
+    assert [x["key"] for x in store_rows(kept)] == [x["key"] for x in rows]
+    (gz,) = (kept / "logs").glob("*.jsonl.gz")
+    assert gz.name == logs[0].parent.name + ".jsonl.gz"
+    assert gzip.decompress(gz.read_bytes()) == logs[0].read_bytes()
+    assert "took 1 run log(s)" in m.stdout
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "merge_sweep.sh"), str(out / "sweep-kept.tgz"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "not a bench folder" in bad.stderr
 
 
 def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
