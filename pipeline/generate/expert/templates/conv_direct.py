@@ -18,6 +18,7 @@ convolutions are 3-D ones with unit extents in front), the batch size is not.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import TYPE_CHECKING
 
 from pipeline.generate.expert.regions import Region
@@ -61,8 +62,8 @@ def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str, str]:
     return ("" if kz else "1"), ("" if ky else "1"), ("" if kx else "1")
 
 
-_XV = """                    // each input read once for the CH channels; a tap off the input adds a zero (a flag an
-                    // output would be a predicate each, and a thread has 7: they spilled)"""
+_XV = """// each input read once for the CH channels; a tap off the input adds a zero (a flag an
+// output would be a predicate each, and a thread has 7: they spilled)"""
 
 
 def _fma(t: str, vw: bool, w4: str, w1: str, indent: str) -> str:
@@ -87,36 +88,47 @@ for (int c = 0; c < CH; ++c) {{
     return "\n".join(indent + line for line in body.splitlines())
 
 
+def _tap_loops(t: str, rolled: tuple[str, str, str], xr: str, body: str) -> str:
+    """The depth, height and width tap loops (taps off the input skipped; with a stride along the row, the
+    taps of another phase), xr the input row of the tap's (iz, iy), around `body`."""
+    return f"""#pragma unroll {rolled[0]}
+for (int kz = 0; kz < KD; ++kz) {{
+    const int iz = src(oz, kz, SD, PD, DD, ID);
+    if (iz < 0) continue;
+    #pragma unroll {rolled[1]}
+    for (int ky = 0; ky < KH; ++ky) {{
+        const int iy = src(oy, ky, SH, PH, DH, IH);
+        if (iy < 0) continue;
+        const {t}* xr = {xr};
+        #pragma unroll {rolled[2]}
+        for (int kx = 0; kx < KW; ++kx) {{
+            if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
+{textwrap.indent(body.rstrip(), " " * 12)}
+        }}
+    }}
+}}"""
+
+
 def _outer_nest(t: str, vw: bool, rolled: tuple[str, str, str], _u: int) -> str:
     """Input channels outermost: each tap's input coordinates recomputed for every channel."""
     w4 = "wc + (ci * TAPS + (kz * KH + ky) * KW + kx) * COUT_G"
     w1 = "wc[ci * WCI + c * WCO + (kz * KH + ky) * KW + kx]"
-    return f"""    #pragma unroll 1
-    for (int ci = 0; ci < CIN_G; ++ci) {{
-        #pragma unroll {rolled[0]}
-        for (int kz = 0; kz < KD; ++kz) {{
-            const int iz = src(oz, kz, SD, PD, DD, ID);
-            if (iz < 0) continue;
-            #pragma unroll {rolled[1]}
-            for (int ky = 0; ky < KH; ++ky) {{
-                const int iy = src(oy, ky, SH, PH, DH, IH);
-                if (iy < 0) continue;
-                const {t}* xr = xg + ci * CHW + ((long long)iz * IH + iy) * IW;
-                #pragma unroll
-                for (int kx = 0; kx < KW; ++kx) {{
-                    if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
-{_XV}
-                    float xv[OUTS];
-                    #pragma unroll
-                    for (int v = 0; v < OUTS; ++v) {{
-                        const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
-                        xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
-                    }}
-{_fma(t, vw, w4, w1, " " * 20)}
-                }}
-            }}
-        }}
-    }}"""
+    body = f"""{_XV}
+float xv[OUTS];
+#pragma unroll
+for (int v = 0; v < OUTS; ++v) {{
+    const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
+    xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
+}}
+{_fma(t, vw, w4, w1, "")}"""
+    loops = _tap_loops(
+        t, rolled, "xg + ci * CHW + ((long long)iz * IH + iy) * IW", textwrap.indent(body, " " * 12)
+    )
+    return (
+        "    #pragma unroll 1\n    for (int ci = 0; ci < CIN_G; ++ci) {\n"
+        + textwrap.indent(loops, " " * 8)
+        + "\n    }"
+    )
 
 
 def _inner_nest(t: str, vw: bool, rolled: tuple[str, str, str], u: int) -> str:
@@ -125,37 +137,24 @@ def _inner_nest(t: str, vw: bool, rolled: tuple[str, str, str], u: int) -> str:
     read in order."""
     w4 = "wt + ci * COUT_G"
     w1 = "wc[ci * WCI + c * WCO + tap]"
-    wt = f"\n                    const {t}* wt = wc + tap * CIN_G * COUT_G;" if vw else ""
-    return f"""    #pragma unroll {rolled[0]}
-    for (int kz = 0; kz < KD; ++kz) {{
-        const int iz = src(oz, kz, SD, PD, DD, ID);
-        if (iz < 0) continue;
-        #pragma unroll {rolled[1]}
-        for (int ky = 0; ky < KH; ++ky) {{
-            const int iy = src(oy, ky, SH, PH, DH, IH);
-            if (iy < 0) continue;
-            const {t}* xr = xg + ((long long)iz * IH + iy) * IW;
-            #pragma unroll {rolled[2]}
-            for (int kx = 0; kx < KW; ++kx) {{
-                if (TRANSPOSED && (phase + PW - kx * DW) % SW != 0) continue;  // no column of this phase
-                const int tap = (kz * KH + ky) * KW + kx;
-                int ix[OUTS];
-                #pragma unroll
-                for (int v = 0; v < OUTS; ++v) {{
-                    const int ox = ox_of(v);
-                    ix[v] = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
-                }}{wt}
-                #pragma unroll {u}
-                for (int ci = 0; ci < CIN_G; ++ci) {{
-{_XV}
-                    float xv[OUTS];
-                    #pragma unroll
-                    for (int v = 0; v < OUTS; ++v) xv[v] = ix[v] >= 0 ? ld(xr[ci * CHW + ix[v]]) : 0.f;
-{_fma(t, vw, w4, w1, " " * 20)}
-                }}
-            }}
-        }}
-    }}"""
+    wt = f"\nconst {t}* wt = wc + tap * CIN_G * COUT_G;" if vw else ""
+    body = f"""const int tap = (kz * KH + ky) * KW + kx;
+int ix[OUTS];
+#pragma unroll
+for (int v = 0; v < OUTS; ++v) {{
+    const int ox = ox_of(v);
+    ix[v] = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
+}}{wt}
+#pragma unroll {u}
+for (int ci = 0; ci < CIN_G; ++ci) {{
+{textwrap.indent(_XV, "    ")}
+    float xv[OUTS];
+    #pragma unroll
+    for (int v = 0; v < OUTS; ++v) xv[v] = ix[v] >= 0 ? ld(xr[ci * CHW + ix[v]]) : 0.f;
+{_fma(t, vw, w4, w1, "    ")}
+}}"""
+    loops = _tap_loops(t, rolled, "xg + ((long long)iz * IH + iy) * IW", body)
+    return textwrap.indent(loops, " " * 4)
 
 
 def ci_unroll(f: ConvForm, rp: DirectPlan) -> int:
