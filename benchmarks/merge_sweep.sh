@@ -12,7 +12,11 @@ set -eu
 tgz=${1:?usage: merge_sweep.sh SWEEP.tgz BENCH_DIR}
 bench=${2:?usage: merge_sweep.sh SWEEP.tgz BENCH_DIR}
 [ -f "$tgz" ] || { echo "no such sweep: $tgz" >&2; exit 2; }
-[ -f "$bench/results.jsonl" ] || { echo "not a bench folder (no results.jsonl): $bench" >&2; exit 2; }
+# a new bench's folder may be empty (or not made yet); one holding other files is the wrong folder
+mkdir -p "$bench"
+if [ ! -f "$bench/results.jsonl" ] && [ -n "$(ls -A "$bench")" ]; then
+  echo "not a bench folder (files, but no results.jsonl): $bench" >&2; exit 2
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tar xzf "$tgz" -C "$work"

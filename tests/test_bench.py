@@ -522,6 +522,10 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
     bad = subprocess.run(["bash", str(ROOT / "benchmarks" / "merge_sweep.sh"), str(out / "sweep-kept.tgz"), str(tmp_path)],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "not a bench folder" in bad.stderr
+    fresh = tmp_path / "new-bench"  # a bench begun on the device: its kept folder not made yet
+    m = subprocess.run(["bash", str(ROOT / "benchmarks" / "merge_sweep.sh"), str(out / "sweep-kept.tgz"), str(fresh)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert m.returncode == 0 and len(store_rows(fresh)) == len(rows), m.stderr
 
 
 def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
