@@ -37,6 +37,7 @@ GEOMETRIES = {
         d=3, cin=16, cout=16, g=2, k=(3, 5, 7), s=2, p=(1, 2, 3), op=1, size=(3, 4, 6)
     ),
     "grouped_2d_c16": dict(cin=8, cout=32, g=2, k=3, p=1, size=(9, 11)),
+    "grouped_f16_c8": dict(cin=8, cout=16, g=2, k=3, s=2, p=1, size=(9, 12), dt="float16"),  # 16-bit vectors
     # ungrouped, strided along the row, few products an output (ConvForm.sparse): KernelBench's 81 and 79
     "sparse_transposed_2d": dict(cin=6, cout=5, k=3, s=5, p=1, dl=2, op=0, size=(4, 6)),
     "sparse_transposed_1d": dict(d=1, cin=8, cout=6, k=3, s=2, p=1, dl=2, op=0, size=(13,)),
