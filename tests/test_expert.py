@@ -379,6 +379,7 @@ LEFT_TO_TORCH = {"cross_entropy": {"gather", "where", "clamp"}}
 FAMILIES = {
     "activations": {"ew"},
     "broadcast": {"ew"},
+    "constant_on_device": {"ew"},  # the constants folded into the chain as scalars
     "bf16_chain": {"ew"},
     "batchnorm_dropout": {"ew", "view"},  # batch norm's per-channel vectors seen as (C, 1, 1)
     "reductions_last": {"reduce", "view", "ew"},  # max over a dim: (values, indices) taken apart by views
