@@ -8,7 +8,10 @@ computes `outs` outputs of one output row (pixels lane, lane + lanes, ...: conse
 consecutive pixels, so a warp's loads coalesce at stride 1) in `chans` output channels of one group,
 summing in fp32 over the group's input channels and the taps: each weight read once for its outputs, each
 input once for its channels (a grouped convolution with 8 or 16 channels a group reads its inputs that
-many times less than one channel a thread would). A transposed one with a stride along the
+many times less than one channel a thread would). With 4 channels or more the weight is re-laid
+channel-innermost first (vector loads of a tap's channels), and with `ci_inner` the input channels are the
+innermost loop (a tap's coordinates and bounds computed once for all of them). A transposed one with a
+stride along the
 row takes its pixels one phase (ox mod stride) at a time: a warp's threads then agree on which taps land,
 where consecutive pixels would each skip a different (stride - 1) in stride of them, the warp running
 all, and they read consecutive inputs. The geometry is compiled in (1-D and 2-D
@@ -43,9 +46,10 @@ def lanes(f: ConvForm, outs: int) -> int:
     return phases(f) * -(-per // outs)
 
 
-UNROLLED_FMAS = 256  # a tap loop is unrolled while its body stays within this many FMAs a thread: 7 x 5 x 3
-# taps x 4 outputs x 8 channels (3360, KernelBench's grouped 3-D one) unrolled took 255 registers and ran 2x
-# slower than 2 outputs (80 registers), the code past the instruction cache
+# A tap loop is unrolled while its body stays within this many FMAs a thread: KernelBench's grouped 3-D one
+# fully unrolled (105 taps x 8 outputs of one channel) took 255 registers and ran 3.2x slower than 2 outputs
+# (80 registers) on the H200.
+UNROLLED_FMAS = 256
 
 
 def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str, str]:
