@@ -69,7 +69,7 @@ def chans(f: ConvForm, outs: int) -> int:
 def tuned_plan(rid: str, f: ConvForm) -> DirectPlan:
     """Up to 8 channels a thread, 2 outputs each when 8, else 4: on the H200 8 x 2 (64-72 registers) beat 8
     x 4 (96-128) on 4 of 5 convolutions, 4 x 4 won the fifth, and 1 x 4 is the depthwise one's best. Input
-    channels innermost when a group has several: 1.1-1.6x faster on all 6 convolutions timed both ways."""
+    channels innermost when a group has several: 1.07-1.64x faster on all 6 convolutions timed both ways."""
     c = min(8, chans(f, 2))
     return DirectPlan(rid, outs=2 if c == 8 else 4, chans=c, ci_inner=f.cin // f.groups > 1)
 
