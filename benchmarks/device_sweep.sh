@@ -22,20 +22,23 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 name=$(basename "$bench")
 work=/tmp/sweep-$name
-if [ "${CONTINUE:-0}" = 1 ] && [ -f "$work/.started" ]; then
+# The part's own files sit beside the bench folder until the bench has run: a new bench wants an empty one.
+if [ "${CONTINUE:-0}" = 1 ] && [ -f "$work.started" ]; then
   echo "continuing $work"
 else
-  rm -rf "$work" && cp -r "$bench" "$work" && chmod -R u+w "$work"
-  python3 -m pipeline.cli doctor > "$work/doctor.txt" 2>&1
-  touch "$work/.started"  # the runs written after this are this part's
+  rm -rf "$work" "$work".* && cp -r "$bench" "$work" && chmod -R u+w "$work"
+  python3 -m pipeline.cli doctor > "$work.doctor.txt" 2>&1
+  touch "$work.started"  # the runs written after this are this part's
 fi
 python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budget" "$@" \
-  >> "$work/bench.out" 2>> "$work/bench.err"
-echo "rc=$?" >> "$work/bench.out"
+  >> "$work.bench.out" 2>> "$work.bench.err"
+echo "rc=$?" >> "$work.bench.out"
+mkdir -p "$work"
+for f in doctor.txt bench.out bench.err; do cp "$work.$f" "$work/$f"; done
 (cd "$work" && {
-  for f in results.jsonl results.retried.jsonl summary.json report.md report.html bench.out bench.err doctor.txt; do
+  for f in bench.json results.jsonl results.retried.jsonl summary.json report.md report.html bench.out bench.err doctor.txt; do
     [ -f "$f" ] && printf '%s\0' "$f"
   done
-  find runs -maxdepth 2 -name log.jsonl -newer .started -print0
+  find runs -maxdepth 2 -name log.jsonl -newer "$work.started" -print0 2>/dev/null
 } | tar czf "$out/sweep-$name.tgz" --null -T -)
-tail -4 "$work/bench.err"; tail -4 "$work/bench.out"
+tail -4 "$work.bench.err"; tail -4 "$work.bench.out"

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/merge_sweep.sh SWEEP.tgz BENCH_DIR
 #
-# The bench's rows and reports (results.jsonl, results.retried.jsonl, summary.json, report.md, report.html)
+# The bench's manifest (bench.json), rows and reports (results.jsonl, results.retried.jsonl, summary.json, report.md, report.html)
 # replace the kept ones: the tar holds the whole store as the sweep left it, the kept rows among them. Each
 # new run's log is kept compressed as BENCH_DIR/logs/<run id>.jsonl.gz (the run folders themselves stay
 # out of the repository). Prints what it took.
@@ -21,7 +21,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tar xzf "$tgz" -C "$work"
 [ -f "$work/results.jsonl" ] || { echo "the sweep holds no results.jsonl: $tgz" >&2; exit 2; }
-for f in results.jsonl results.retried.jsonl summary.json report.md report.html; do
+for f in bench.json results.jsonl results.retried.jsonl summary.json report.md report.html; do
   if [ -f "$work/$f" ]; then cp "$work/$f" "$bench/$f"; echo "took $f"; fi
 done
 mkdir -p "$bench/logs"

@@ -526,6 +526,21 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
     m = subprocess.run(["bash", str(ROOT / "benchmarks" / "merge_sweep.sh"), str(out / "sweep-kept.tgz"), str(fresh)],
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert m.returncode == 0 and len(store_rows(fresh)) == len(rows), m.stderr
+    assert bench.read_manifest(fresh) == bench.read_manifest(kept)  # the manifest comes too: resumable here
+    empty = tmp_path / f"{tmp_path.name}-empty"  # a new bench: its folder made empty in the repository
+    empty.mkdir()
+    out2 = tmp_path / "out2"
+    out2.mkdir()
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_sweep.sh"), str(suite), str(empty), "600", "--replay",
+         str(RECORDED), "--evals", str(EVALS), "--match", "1_Softmax"],
+        cwd=ROOT, env={**env, "OUT": str(out2)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0 and "rc=0" in r.stdout, r.stdout + r.stderr
+    with tarfile.open(out2 / f"sweep-{empty.name}.tgz") as tar:
+        names = tar.getnames()
+        assert {"bench.json", "results.jsonl", "doctor.txt", "bench.out"} <= set(names), names
+        assert len(tar.extractfile("results.jsonl").read().splitlines()) == 1
 
 
 def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
