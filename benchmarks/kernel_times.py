@@ -1,0 +1,144 @@
+"""Where a candidate's time goes, kernel by kernel, next to eager's: the candidates of recorded runs (a
+bench's `logs/*.jsonl.gz` or a run's `log.jsonl`) compiled again, exported standalone and run under
+torch.profiler (CUPTI device times), with the reference's weights copied in and fresh random inputs each
+call.
+
+    python3 benchmarks/kernel_times.py LOG [LOG ...] --suite DIR [--which best|all] [--calls 10] [--out F.json]
+
+DIR holds the task files (a log records the path it ran from, which may be another machine's). Prints a
+table per task: each kernel's mean time a call, its share, and the sum against eager's kernels. Run on the
+GPU machine. The candidates are our own recorded ones, run in this process, not in the sandboxed worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline.types import Candidate, from_dict  # noqa: E402
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def recorded(events: list[dict[str, Any]], which: str) -> tuple[str, list[tuple[str, Candidate]]]:
+    """(task id, [(edit, candidate)]): the run's best candidate, or every verified one, in run order."""
+    task_id = events[0]["data"]["task"]["id"]
+    proposed = {
+        e["data"]["candidate"]["key"]: e["data"]["candidate"] for e in events if e["type"] == "proposal"
+    }
+    verified = [
+        e["data"]["key"] for e in events if e["type"] == "result" and e["data"]["verdict"]["status"] == "ok"
+    ]
+    best = [e["data"].get("best_key") for e in events if e["type"] == "end"]
+    keys = [k for k in best if k] if which == "best" else list(dict.fromkeys(verified))
+    out = []
+    for k in keys:
+        c = proposed[k]
+        c = {**c, "flags": tuple(c.get("flags") or ()), "blocks": tuple(c.get("blocks") or ())}
+        out.append((c.get("edit") or "", from_dict(Candidate, c)))
+    return task_id, out
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def kernel_times(model: Any, task: Any, calls: int) -> dict[str, float]:
+    """Mean device ms a call of each kernel the model launches: fresh inputs each call, all made (and copied
+    to the GPU) before the profiled region, so their generators' kernels are not counted."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    inputs = [[x.cuda() if hasattr(x, "cuda") else x for x in task.get_inputs()] for _ in range(calls + 2)]
+    with torch.no_grad():
+        for xs in inputs[:2]:
+            model(*xs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for xs in inputs[2:]:
+                model(*xs)
+            torch.cuda.synchronize()
+    total: dict[str, float] = defaultdict(float)
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            total[ev.name] += ev.device_time / 1000.0
+    return {k: v / calls for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+def _table(title: str, times: dict[str, float]) -> str:
+    s = sum(times.values()) or 1.0
+    rows = [f"  {title}: {s:.3f} ms of kernels a call"]
+    rows += [f"    {ms:9.3f} ms {100 * ms / s:5.1f}%  {name[:110]}" for name, ms in times.items()]
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("logs", nargs="+", type=Path)
+    ap.add_argument("--suite", type=Path, required=True, help="folder of the task files")
+    ap.add_argument("--which", choices=("best", "all"), default="best")
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--home", type=Path, default=Path("/tmp/kernelpro-ktimes"))
+    args = ap.parse_args()
+
+    import torch
+
+    from pipeline.candidates import export_standalone
+    from pipeline.compile import compile_candidates
+    from pipeline.config import Config
+    from pipeline.worker_jobs import reference_precision
+
+    reference_precision()  # as the harness runs eager and hybrids: no TF32 in cuBLAS or cuDNN
+    report: list[dict[str, Any]] = []
+    for log in args.logs:
+        task_id, cands = recorded(read_log(log), args.which)
+        task_path = args.suite / f"{task_id}.py"
+        task = _load("task", task_path)
+        torch.manual_seed(0)
+        ref = task.Model(*task.get_init_inputs()).cuda().eval()
+        entry: dict[str, Any] = {
+            "task": task_id,
+            "eager": kernel_times(ref, task, args.calls),
+            "candidates": [],
+        }
+        print(f"== {task_id}\n{_table('eager', entry['eager'])}", flush=True)
+        builds = compile_candidates([c for _, c in cands], Config(home=args.home, arch="sm_90a"))
+        for (edit, c), b in zip(cands, builds, strict=True):
+            if b.status.value != "ok":
+                print(f"  {edit}: build {b.status.value}")
+                continue
+            mod = _load(f"cand_{c.key}", export_standalone(c, b, args.home / f"{c.key}.py"))
+            model = mod.ModelNew(*task.get_init_inputs()).cuda().eval()
+            model.load_state_dict(ref.state_dict())
+            times = kernel_times(model, task, args.calls)
+            entry["candidates"].append({"key": c.key, "edit": edit, "kernels": times})
+            print(_table(f"{c.key} {edit}", times), flush=True)
+            del model
+        report.append(entry)
+        del ref
+        torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
