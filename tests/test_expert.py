@@ -1181,3 +1181,30 @@ def test_supports_says_when_the_tuned_plans_launcher_would_not_pass(monkeypatch)
     ok, why = supports(TASKS / "softmax.py")
     assert ok and f"{policy.TUNED_BROKEN}: its launcher fails the static check" in why, why
     assert "does not parse" in why, why
+
+
+@needs_gxx
+def test_the_mish_helper_matches_pytorch_over_its_whole_range():
+    """kp_mish's one-exp form (n / (n + 2) for tanh(softplus)), element by element against float64, from
+    where exp underflows to past its threshold: as close as PyTorch's own fp32 mish."""
+    import numpy
+    import torch.nn.functional as F
+    from cuda_emulator import build
+
+    from pipeline.generate.expert.templates.common import PRELUDE
+
+    src = PRELUDE + textwrap.dedent("""
+        extern "C" __global__ void __launch_bounds__(256) kp_mish_each(const float* x, float* y, int n) {
+            int i = blockIdx.x * 256 + threadIdx.x;
+            if (i < n) y[i] = kp_mish(x[i]);
+        }
+    """)
+    x = torch.cat(
+        [torch.linspace(-110.0, 45.0, 8191), torch.tensor([-0.0, 0.0, 1e-30, -1e-30, 20.0, 20.001])]
+    )
+    y = torch.empty_like(x)
+    build(src).kp_mish_each((-(-x.numel() // 256),), (256,), (x, y, numpy.int32(x.numel())))
+    exact = F.mish(x.double())
+    rel = ((y.double() - exact).abs() / exact.abs().clamp_min(1e-37)).max().item()
+    torch_rel = ((F.mish(x).double() - exact).abs() / exact.abs().clamp_min(1e-37)).max().item()
+    assert rel < max(2 * torch_rel, 1e-6), (rel, torch_rel)
