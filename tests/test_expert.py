@@ -1184,21 +1184,26 @@ def test_supports_says_when_the_tuned_plans_launcher_would_not_pass(monkeypatch)
 
 
 @needs_gxx
-def test_the_mish_helper_matches_pytorch_over_its_whole_range():
-    """kp_mish's one-exp form (n / (n + 2) for tanh(softplus)), element by element against float64, from
-    where exp underflows to past its threshold: as close as PyTorch's own fp32 mish."""
+def test_the_mish_helper_matches_pytorch_over_its_whole_range(tmp_path):
+    """The one-exp mish the ops write (kp_mish_exp: n / (n + 2) for tanh(softplus)), element by element
+    against float64, from where exp underflows to past its threshold: as close as PyTorch's own fp32 mish;
+    and a source gets it only where a kernel calls it."""
     import numpy
     import torch.nn.functional as F
     from cuda_emulator import build
 
-    from pipeline.generate.expert.templates.common import PRELUDE
+    from pipeline.generate.expert.templates.common import ON_USE, PRELUDE
 
-    src = PRELUDE + textwrap.dedent("""
+    src = (
+        PRELUDE
+        + ON_USE["kp_mish_exp"]
+        + textwrap.dedent("""
         extern "C" __global__ void __launch_bounds__(256) kp_mish_each(const float* x, float* y, int n) {
             int i = blockIdx.x * 256 + threadIdx.x;
-            if (i < n) y[i] = kp_mish(x[i]);
+            if (i < n) y[i] = kp_mish_exp(x[i]);
         }
     """)
+    )
     x = torch.cat(
         [torch.linspace(-110.0, 45.0, 8191), torch.tensor([-0.0, 0.0, 1e-30, -1e-30, 20.0, 20.001])]
     )
@@ -1208,3 +1213,13 @@ def test_the_mish_helper_matches_pytorch_over_its_whole_range():
     rel = ((y.double() - exact).abs() / exact.abs().clamp_min(1e-37)).max().item()
     torch_rel = ((F.mish(x).double() - exact).abs() / exact.abs().clamp_min(1e-37)).max().item()
     assert rel < max(2 * torch_rel, 1e-6), (rel, torch_rel)
+    with_mish, without = (
+        ExpertPolicy()
+        .propose(ctx(task_file(tmp_path, name, body, "[torch.randn(64, 256)]")), 1)[0]
+        .candidate.source
+        for name, body in (
+            ("m", "class Model(nn.Module):\n    def forward(self, x):\n        return F.mish(x) * 2"),
+            ("t", "class Model(nn.Module):\n    def forward(self, x):\n        return torch.tanh(x) * 2"),
+        )
+    )
+    assert with_mish.count("float kp_mish_exp(") == 1 and "kp_mish_exp(" not in without

@@ -87,7 +87,7 @@ _UNARY_CALL = {
     "relu": "kp_relu({0})",
     "sigmoid": "kp_sigmoid({0})",
     "silu": "kp_silu({0})",
-    "mish": "kp_mish({0})",
+    "mish": "kp_mish_exp({0})",  # templates/common.py ON_USE
     "hardsigmoid": "kp_hardsigmoid({0})",
     "hardswish": "kp_hardswish({0})",
     "selu": "kp_elu({0}, 1.6732632423543772f, 1.0507009873554805f, 1.0f)",

@@ -21,7 +21,7 @@ from pipeline.generate.expert.templates.code import (
     Code,
     gathered,
 )
-from pipeline.generate.expert.templates.common import HALF_DEFINE, HALF_TYPES, PRELUDE
+from pipeline.generate.expert.templates.common import HALF_DEFINE, HALF_TYPES, ON_USE, PRELUDE
 
 __all__ = ["RenderError", "nvcc_flags", "prepare", "render", "uses_cute"]
 
@@ -66,6 +66,7 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
     # most of a float-only build's nvcc time
     half = any(HALF_TYPES.search(c.cuda) or HALF_TYPES.search(c.launcher) for c in codes.values())
     head = [header(plan), HALF_DEFINE, PRELUDE] if half else [header(plan), PRELUDE]
+    head += [text for name, text in ON_USE.items() if any(f"{name}(" in c.cuda for c in codes.values())]
     tail = [GATHER, GATHER_HALF] if half else [GATHER]
     cuda = "\n".join([*head, *(c.cuda for c in codes.values()), *tail]) + "\n"
     return cuda, _launcher(low, plan, codes, half)

@@ -14,6 +14,19 @@ HALF_TYPES = re.compile(
 )
 HALF_DEFINE = "#define KP_HALF_TYPES"
 
+# Helpers written into a source after the prelude only when one of its kernels calls them (render.py): the
+# prelude's text is in every source, so a change there changes every candidate's key, and the run logs the
+# replay tests answer from (recorded on the GPU) would no longer match.
+ON_USE: dict[str, str] = {
+    # mish: tanh(log1p(e)) = n / (n + 2) with n = e (e + 2), e = exp(x): one expf and a division where the
+    # prelude's kp_mish makes three library calls (expf, log1pf, tanhf). Its error matches PyTorch's own
+    # fp32 mish (3.5e-7 relative at worst over [-110, 45], against 2.6e-7; tests/test_expert.py).
+    "kp_mish_exp": r"""__device__ __forceinline__ float kp_mish_exp(float x) {
+    const float e = expf(x), n = e * (e + 2.0f);
+    return x > 20.0f ? x : x * (n / (n + 2.0f));
+}""",
+}
+
 PRELUDE = r"""#ifdef KP_HALF_TYPES  // defined only for sources that use fp16/bf16: the headers are most of a small build
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -99,12 +112,7 @@ __device__ __forceinline__ float kp_silu(float x) { return x / (1.0f + expf(-x))
 __device__ __forceinline__ float kp_softplus(float x, float beta, float threshold) {
     return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
 }
-// tanh(log1p(e)) = n / (n + 2) with n = e (e + 2), e = exp(x): one expf and a division where tanhf(log1pf(expf))
-// costs three library calls (its errors match PyTorch's fp32 mish: 3.5e-7 relative at worst, against 2.6e-7)
-__device__ __forceinline__ float kp_mish(float x) {
-    const float e = expf(x), n = e * (e + 2.0f);
-    return x > 20.0f ? x : x * (n / (n + 2.0f));
-}
+__device__ __forceinline__ float kp_mish(float x) { return x * tanhf(kp_softplus(x, 1.0f, 20.0f)); }
 __device__ __forceinline__ float kp_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f)); }
 __device__ __forceinline__ float kp_gelu_tanh(float x) {
     const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
