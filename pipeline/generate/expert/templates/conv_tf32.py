@@ -529,19 +529,20 @@ kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
     )
 
 
-_GATHER_TAPWISE = r"""        const Window win = window((long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
-        for (int kt = 0; kt < ktiles; ++kt) {
-            float v[BK];
-            #pragma unroll
-            for (int j = 0; j < BK; ++j) v[j] = tap(x, win, kt * BK + j, K);"""
-_GATHER_CHANNELS = r"""        const Gather g = gather_of(x, (long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel
-        for (int kt = 0; kt < ktiles; ++kt) {
-            float v[BK];
-            gather_tile(g, kt, v, TAPS, 0);"""
-_GATHER_PHASED = r"""        const Gather g = gather_of_phase(x, Q, (long long)m_blk * BM + t, M);  // row t: one pixel of the phase
-        for (int kt = 0; kt < ktiles; ++kt) {
-            float v[BK];
-            gather_tile(g, kt, v, Q.taps, Q.tap0);"""
+# Each gather: what a gatherer sets up once for its row (one output pixel), and the loads of k tile KT into
+# registers DST.
+_GATHER_TAPWISE = (
+    "        const Window win = window((long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel\n",
+    "#pragma unroll\n            for (int j = 0; j < BK; ++j) DST[j] = tap(x, win, (KT) * BK + j, K);",
+)
+_GATHER_CHANNELS = (
+    "        const Gather g = gather_of(x, (long long)m_blk * BM + t, M);  // row t of every A tile: one output pixel\n",
+    "gather_tile(g, KT, DST, TAPS, 0);",
+)
+_GATHER_PHASED = (
+    "        const Gather g = gather_of_phase(x, Q, (long long)m_blk * BM + t, M);  // row t: one pixel of the phase\n",
+    "gather_tile(g, KT, DST, Q.taps, Q.tap0);",
+)
 # Which phase this block computes (the grid runs the phases' tiles one phase after another), its rows
 # (M becomes the phase's pixels) and its k tiles.
 _PHASE_PROLOGUE = r"""    (void)GROUP;  // one phase's tiles in order: no grouped rasterisation
@@ -577,6 +578,7 @@ def body(f: ConvForm) -> str:
             + "    (void)batch;  // one GEMM: the TMA's third coordinate picks the weight's plane\n"
         )
         gather, k0 = (_GATHER_CHANNELS if cin_pad(f) else _GATHER_TAPWISE), ""
+    setup, load = gather
     return (
         head
         + r"""    if (threadIdx.x == 0) {
@@ -591,8 +593,19 @@ def body(f: ConvForm) -> str:
     if (wg == 0) {
         const int t = threadIdx.x;
 """
-        + gather
+        + setup
+        + "        float v[BK];\n"
+        + f"        if (ktiles > 0) {{\n            {load.replace('KT', '0').replace('DST', 'v')}\n        }}\n"
+        + r"""        for (int kt = 0; kt < ktiles; ++kt) {
+            // The next tile's loads go out before this one's stores (and the wait for its stage): a
+            // gatherer that loaded and stored one tile at a time waited a load's latency every tile, and
+            // that bounded the 64-channel convolutions (level 2's per-kernel times, docs/benchmarks.md).
+            float vn[BK];
+            if (kt + 1 < ktiles) {
+                """
+        + load.replace("KT", "kt + 1").replace("DST", "vn")
         + r"""
+            }
             const int st = kt % STAGES;
             if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
             if (t == 0) {  // the weight tile and its low part (planes 0 and 1 of the weight kernel's output)
@@ -610,13 +623,14 @@ def body(f: ConvForm) -> str:
                 sts4(al + at, lo4(q));
             }
             FENCE();  // our writes, visible to the WGMMAs' async proxy
-            Full::wait(&s.full[st], (kt / STAGES) & 1);  // the consumers wait on ready only: B has landed too
-            Barrier::arrive(&s.ready[st]);
+            Barrier::arrive(&s.ready[st]);  // B's TMA is the consumers' own wait: no round trip here
+            #pragma unroll
+            for (int j = 0; j < BK; ++j) v[j] = vn[j];
         }
         return;
     }
 """.replace("K0kt", k0 + "kt")
-        + gemm_tf32.CONSUMERS
+        + gemm_tf32.consumers(wait_full=True)
         + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM;
     const int n0 = n_blk * BN;"""

@@ -268,7 +268,7 @@ __device__ __forceinline__ void split_same(const float* x, float* l, int n, int 
 
 # The consumer warpgroups: wait for a split stage, three WGMMA passes on it, release it; every PROMOTE k tiles
 # the tensor cores' sum is added to fp32 registers (the module doc says why). Shared with the convolution.
-CONSUMERS = r"""    TiledMma mma;
+_CONSUMERS = r"""    TiledMma mma;
     auto thr = mma.get_slice(threadIdx.x - 128);
     Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.a)), SmemA{});
     Tensor sAl = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.alo)), SmemA{});
@@ -285,7 +285,7 @@ CONSUMERS = r"""    TiledMma mma;
     int held = -1;  // a k tile whose stage this warpgroup has not released (its MMAs may still run)
     for (int kt = 0; kt < ktiles; ++kt) {
         const int st = kt % STAGES;
-        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
+WAIT_FULL        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
         warpgroup_fence_operand(acc);
         warpgroup_arrive();
         // The small products first, then the large one: a_lo.b + a.b_lo + a.b
@@ -319,6 +319,14 @@ CONSUMERS = r"""    TiledMma mma;
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
 """
+
+
+def consumers(wait_full: bool) -> str:
+    """The consumer warpgroups' loop. wait_full: they wait for the stage's TMA themselves (the convolution,
+    whose gatherers write A while B lands); the GEMM's splitters wait for it before they arrive."""
+    wait = "        Full::wait(&s.full[st], (kt / STAGES) & 1);  // B's TMA\n" if wait_full else ""
+    return _CONSUMERS.replace("WAIT_FULL", wait)
+
 
 _BODY = (
     gemm.PROLOGUE
@@ -356,5 +364,5 @@ _BODY = (
     }
     cutlass::arch::warpgroup_reg_alloc<224>();
 """
-    + CONSUMERS
+    + consumers(wait_full=False)
 )
