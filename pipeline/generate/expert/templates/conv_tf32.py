@@ -21,7 +21,9 @@ its elements straight from the NCDHW input (zero in the padding and past K; cons
 consecutive pixels, so a warp's loads coalesce at stride 1; no im2col copy in memory), and writes them, and
 their low parts, in the 128-byte swizzled K-major layout the WGMMAs read (16-byte chunk c of row t at chunk
 c ^ (t % 8)). Its thread 0 also issues the TMA loads of the weight tile and of its low part, which the
-weight kernel writes beside it (so nobody splits B in the loop). The two consumer warpgroups are the 3xTF32
+weight kernel writes beside it (so nobody splits B in the loop). A gatherer loads its next k tile into
+registers before it stores this one, and the consumers wait for the weight's TMA themselves, so no
+latency sits in the gatherers' loop but the stage ring's. The two consumer warpgroups are the 3xTF32
 GEMM's (three passes, sums promoted to the CUDA cores every 128 of K). No register reallocation: at tiles
 up to 128 channels every warpgroup fits in the launch's 168 registers.
 
