@@ -22,6 +22,7 @@ from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of
 from pipeline.generate.expert.edits import base_plan, legal_edits
 from pipeline.generate.expert.families import conv_tf32
+from pipeline.generate.expert.families.gemm_kit import FEW_TILES
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.generate.expert.templates import conv_tf32 as template
@@ -313,6 +314,23 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
     # the conv's bias, a (C, 1, 1) view of its (C,) parameter, is read per channel from the parameter itself
     assert launcher.count(".reshape(-1))") == 2  # the bias and the scale: per channel
+
+
+def test_a_narrower_channel_tile_is_offered_only_to_a_grid_of_few_tiles(tmp_path):
+    """more_parallelism and resize_grid halve the channel tile where the grid is too small to fill the GPU;
+    with thousands of tiles they are not offered (the narrower tile lost on every such convolution
+    measured) and the next edits take their place among the first kernels; reduce_registers still is."""
+    for batch, size, offered in ((2, (13, 11), True), (64, (128, 128), False)):
+        low = prepare(capture(conv_task(tmp_path, f"c{batch}", cin=16, cout=64, batch=batch, size=size)))
+        tuned = base_plan(low, True)
+        (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
+        (r,) = [r for r in low.regions if r.rid == c.rid]
+        tiles = conv_tf32.SPEC.grid_tiles(r, conv_tf32.form(r, low), c.bn)
+        assert (tiles < FEW_TILES) == offered and tiles == (3 if offered else 8192)
+        labels = [label for label, _ in legal_edits(tuned, low)]
+        narrower = [lbl for lbl in labels if "conv2d_conv: bn=32" in lbl]  # one plan, listed once
+        want = "more_parallelism" if offered else "reduce_registers"
+        assert len(narrower) == 1 and narrower[0].startswith(want), labels
 
 
 def test_an_epilogue_operand_of_another_layout_is_not_fused(tmp_path):

@@ -185,6 +185,7 @@ SPEC = gemm_kit.Spec(
     form_of=_gemm_form,
     epilogue_of=epilogue,
     library="cuDNN",
+    grid_tiles=lambda r, f, bn: conv_tf32.grid_tiles(r.node.shape[0], f, bn),
 )
 FAMILY = gemm_kit.family(SPEC)
 

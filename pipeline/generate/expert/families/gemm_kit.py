@@ -62,6 +62,16 @@ class Spec:
     form_of: Callable[[Region, Lowered], Any] | None = None
     epilogue_of: Callable[[Region, Lowered], Any] | None = None
     library: str = "cuBLAS"  # what computes the region in the plain plan
+    # The grid's tiles for a form and a tile width, where more_parallelism and resize_grid (a narrower tile)
+    # wait for a grid too small to fill the GPU (FEW_TILES); None: they are always offered.
+    grid_tiles: Callable[[Region, Any, int], int] | None = None
+
+
+# Tiles from which a narrower tile buys no parallelism: four waves on a 132-SM H200, whose last wave's tail
+# is then under a quarter of the time. Every implicit-GEMM convolution of KernelBench level 2 measured so
+# far (2, 3, 4, 5, 7, 16, 19, 20: thousands of tiles each) and three level-1 shapes ran slower with half the
+# channel tile, 4-46% (docs/benchmarks.md): each gathered A tile then feeds half the MMAs.
+FEW_TILES = 4 * 132
 
 
 def form(r: Region, low: Lowered, spec: Spec) -> Form | str:
@@ -238,6 +248,12 @@ def family(spec: Spec) -> Family:
             f = form_of(r, low)
             tiles = spec.tiles(f)
             bn = tiles[-1] if widest else tiles[0]
+            grid = edit in (
+                "more_parallelism",
+                "resize_grid",
+            )  # for more blocks (reduce_registers: fewer registers)
+            if grid and spec.grid_tiles and spec.grid_tiles(r, f, rp.bn) >= FEW_TILES:
+                return  # enough tiles already
             if rp.bn != bn:
                 top = spec.max_stages(bn, f)
                 yield from change(edit, plan, rp, bn=bn, stages=min(rp.stages, top) if rp.bn > bn else top)

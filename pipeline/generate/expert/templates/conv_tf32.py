@@ -233,6 +233,11 @@ def gemm_k(f: ConvForm) -> int:
     return math.prod(f.kernel) * cinp if cinp else f.k
 
 
+def grid_tiles(batch: int, f: ConvForm, bn: int) -> int:
+    """The implicit GEMM's BM x bn tiles: output pixels (batch x output volume) by output channels."""
+    return -(-batch * math.prod(f.out) // BM) * -(-f.cout // bn)
+
+
 def stage_bytes(bn: int) -> int:
     """A (gathered) and its lo, B (the weight tile) and its lo."""
     return (2 * BM + 2 * bn) * BK * 4
