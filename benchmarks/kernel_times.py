@@ -6,8 +6,8 @@ call.
     python3 benchmarks/kernel_times.py LOG [LOG ...] --suite DIR [--which best|all] [--calls 10] [--out F.json]
 
 DIR holds the task files (a log records the path it ran from, which may be another machine's). Prints a
-table per task: each kernel's mean time a call, its share, and the sum against eager's kernels. Run on the
-GPU machine. The candidates are our own recorded ones, run in this process, not in the sandboxed worker.
+table per task: each kernel's mean time a call, its share, the sum, and a call's median time by CUDA events
+(L2 not flushed), eager's the same way. Run on the GPU machine. The candidates are our own recorded ones, run in this process, not in the sandboxed worker.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pipeline.types import Candidate, from_dict  # noqa: E402
 
@@ -60,10 +61,14 @@ def _load(name: str, path: Path):
     return module
 
 
-def kernel_times(model: Any, task: Any, calls: int) -> dict[str, float]:
-    """Mean device ms a call of each kernel the model launches: fresh inputs each call, all made (and copied
-    to the GPU) before the profiled region, so their generators' kernels are not counted."""
+def kernel_times(model: Any, task: Any, calls: int) -> tuple[dict[str, float], float]:
+    """(mean device ms a call of each kernel the model launches, the median ms of a call by CUDA events):
+    fresh inputs each call, all made (and copied to the GPU) before the profiled region, so their
+    generators' kernels are not counted. A kernel sum above the events' time means kernels overlapped."""
+    import itertools
+
     import torch
+    from event_timing import event_median_ms
     from torch.profiler import ProfilerActivity, profile
 
     inputs = [[x.cuda() if hasattr(x, "cuda") else x for x in task.get_inputs()] for _ in range(calls + 2)]
@@ -75,16 +80,18 @@ def kernel_times(model: Any, task: Any, calls: int) -> dict[str, float]:
             for xs in inputs[2:]:
                 model(*xs)
             torch.cuda.synchronize()
+        cycle = itertools.cycle(inputs[2:])
+        wall = event_median_ms(lambda: model(*next(cycle)), calls, 0)
     total: dict[str, float] = defaultdict(float)
     for ev in prof.events():
         if ev.device_type.name == "CUDA":
             total[ev.name] += ev.device_time / 1000.0
-    return {k: v / calls for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
+    return {k: v / calls for k, v in sorted(total.items(), key=lambda kv: -kv[1])}, wall
 
 
-def _table(title: str, times: dict[str, float]) -> str:
+def _table(title: str, times: dict[str, float], wall: float) -> str:
     s = sum(times.values()) or 1.0
-    rows = [f"  {title}: {s:.3f} ms of kernels a call"]
+    rows = [f"  {title}: {s:.3f} ms of kernels a call, {wall:.3f} ms a call by events"]
     rows += [f"    {ms:9.3f} ms {100 * ms / s:5.1f}%  {name[:110]}" for name, ms in times.items()]
     return "\n".join(rows)
 
@@ -114,12 +121,13 @@ def main() -> int:
         task = _load("task", task_path)
         torch.manual_seed(0)
         ref = task.Model(*task.get_init_inputs()).cuda().eval()
+        kernels, wall = kernel_times(ref, task, args.calls)
         entry: dict[str, Any] = {
             "task": task_id,
-            "eager": kernel_times(ref, task, args.calls),
+            "eager": {"kernels": kernels, "wall_ms": wall},
             "candidates": [],
         }
-        print(f"== {task_id}\n{_table('eager', entry['eager'])}", flush=True)
+        print(f"== {task_id}\n{_table('eager', kernels, wall)}", flush=True)
         builds = compile_candidates([c for _, c in cands], Config(home=args.home, arch="sm_90a"))
         for (edit, c), b in zip(cands, builds, strict=True):
             if b.status.value != "ok":
@@ -128,9 +136,9 @@ def main() -> int:
             mod = _load(f"cand_{c.key}", export_standalone(c, b, args.home / f"{c.key}.py"))
             model = mod.ModelNew(*task.get_init_inputs()).cuda().eval()
             model.load_state_dict(ref.state_dict())
-            times = kernel_times(model, task, args.calls)
-            entry["candidates"].append({"key": c.key, "edit": edit, "kernels": times})
-            print(_table(f"{c.key} {edit}", times), flush=True)
+            times, wall = kernel_times(model, task, args.calls)
+            entry["candidates"].append({"key": c.key, "edit": edit, "kernels": times, "wall_ms": wall})
+            print(_table(f"{c.key} {edit}", times, wall), flush=True)
             del model
         report.append(entry)
         del ref
