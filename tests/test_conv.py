@@ -346,6 +346,7 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
         conv_task(tmp_path, "c1", d=1, size=(40,), cin=8, cout=24, k=5, s=2, p=2),
         conv_task(tmp_path, "c3", d=3, size=(5, 9, 7), cin=4, cout=72, k=3, expr="self.conv(x) - self.b"),
         conv_task(tmp_path, "t2", cin=32, cout=64, s=2, op=1),  # 72 products an output: the GEMM's
+        conv_task(tmp_path, "tw", cin=8, cout=64, k=9, p=4, size=(20, 20)),  # 81 taps: the tap-wise gather
     ]
     cands = []
     for path in paths:
@@ -356,6 +357,7 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
             if uses_cute(plan_of(p.candidate.source))
         ]
         cands.append(tuned)
+    assert "tap(x, win, (kt + 1) * BK + j, K)" in cands[-1].source
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for b in builds:
         assert b.status == Status.OK and not b.log, b.log  # not even a warning
