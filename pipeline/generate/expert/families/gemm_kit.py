@@ -248,10 +248,9 @@ def family(spec: Spec) -> Family:
             f = form_of(r, low)
             tiles = spec.tiles(f)
             bn = tiles[-1] if widest else tiles[0]
-            grid = edit in (
-                "more_parallelism",
-                "resize_grid",
-            )  # for more blocks (reduce_registers: fewer registers)
+            # more_parallelism and resize_grid narrow the tile for more blocks (reduce_registers: for fewer
+            # registers, offered whatever the grid)
+            grid = edit in ("more_parallelism", "resize_grid")
             if grid and spec.grid_tiles and spec.grid_tiles(r, f, rp.bn) >= FEW_TILES:
                 return  # enough tiles already
             if rp.bn != bn:
