@@ -585,3 +585,39 @@ def test_kernel_times_takes_a_bench_logs_candidates_whole():
     assert [c.key for _, c in every] == ok and len(ok) == end["evaluations"]
     for edit, c in every:
         assert c.key == candidate_key(c.source, c.launcher, c.flags) and c.edit == edit
+
+
+def test_precompile_builds_a_tasks_first_kernels_into_a_cache_another_machine_unpacks(tmp_path):
+    """benchmarks/precompile.py: the expert's first kernels of each task compiled here and tarred; unpacked
+    into another home's cache, compiling the same candidates there is all cache hits (no nvcc)."""
+    import subprocess
+    import tarfile
+
+    from pipeline.compile import ToolchainError, compile_candidates, find_nvcc
+
+    try:
+        find_nvcc(config.Config())
+    except ToolchainError:
+        pytest.skip("no nvcc")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import precompile
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    shutil.copy(SOFTMAX, suite / "softmax.py")
+    out = tmp_path / "cubins.tgz"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "precompile.py"), str(suite), "--evals", "2", "--out", str(out),
+         "--home", str(tmp_path / "here")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "softmax: 2 of 2 built" in r.stdout and "2 builds in" in r.stdout, r.stdout
+    there = tmp_path / "there"
+    (there / "cache").mkdir(parents=True)
+    with tarfile.open(out) as tar:
+        tar.extractall(there / "cache", filter="data")
+    cands = precompile.first_kernels(suite / "softmax.py", 2)
+    assert isinstance(cands, list) and len(cands) == 2
+    builds = compile_candidates(cands, config.Config(home=there, arch="sm_90a"))
+    assert all(b.status.value == "ok" and b.cached for b in builds), builds
