@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import json
 import sys
 from collections import defaultdict
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from pipeline.tasks import load_module  # noqa: E402
 from pipeline.types import Candidate, from_dict  # noqa: E402
 
 
@@ -51,14 +51,6 @@ def recorded(events: list[dict[str, Any]], which: str) -> tuple[str, list[tuple[
         c = {**c, "flags": tuple(c.get("flags") or ()), "blocks": tuple(c.get("blocks") or ())}
         out.append((c.get("edit") or "", from_dict(Candidate, c)))
     return task_id, out
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def kernel_times(model: Any, task: Any, calls: int) -> tuple[dict[str, float], float]:
@@ -118,7 +110,7 @@ def main() -> int:
     for log in args.logs:
         task_id, cands = recorded(read_log(log), args.which)
         task_path = args.suite / f"{task_id}.py"
-        task = _load("task", task_path)
+        task = load_module(task_path)
         torch.manual_seed(0)
         ref = task.Model(*task.get_init_inputs()).cuda().eval()
         kernels, wall = kernel_times(ref, task, args.calls)
@@ -133,7 +125,7 @@ def main() -> int:
             if b.status.value != "ok":
                 print(f"  {edit}: build {b.status.value}")
                 continue
-            mod = _load(f"cand_{c.key}", export_standalone(c, b, args.home / f"{c.key}.py"))
+            mod = load_module(export_standalone(c, b, args.home / f"{c.key}.py"))
             model = mod.ModelNew(*task.get_init_inputs()).cuda().eval()
             model.load_state_dict(ref.state_dict())
             times, wall = kernel_times(model, task, args.calls)
