@@ -157,7 +157,11 @@ def test_chain_candidates(cpu_worker, probed, name):
         assert any(r.startswith(code) for r in v.reasons), v.reasons
     else:
         assert v.trials_passed == v.trials == 3
-        assert v.worst_rel_error is not None and v.worst_rel_error < 1e-6
+        # Not bit-exact: in up to one run in five, PyTorch's own CPU result for the honest candidate's very
+        # first call in a fresh worker came out 1.54e-5 (relative) off eager's, and bit-exact on every later
+        # call (instrumented in an earlier session: always those values). The harness's tolerance takes it,
+        # as it should; the bound here still tells an exact chain from a bf16 one (low_precision, a mismatch).
+        assert v.worst_rel_error is not None and v.worst_rel_error < 1e-4
         assert v.kind == Kind.CUSTOM
 
 
