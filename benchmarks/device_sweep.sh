@@ -5,10 +5,11 @@
 #
 # SUITE: a folder of task files carried with the call (e.g. a copy of KernelBench's level1 in an ignored
 # folder); BENCH_DIR: the bench folder kept in the repository (benchmarks/results/bench-level1), copied to
-# /tmp and resumed there, so the repository's copy changes only when its files are copied back by hand.
+# /tmp and resumed there, so the repository's copy changes only when its files are copied back by hand
+# (benchmarks/merge_sweep.sh). BENCH_DIR may be a new, empty folder: the bench is then begun there.
 # WHEELS (optional): a folder of wheels the image lacks (nvidia-cutlass for the GEMM families), installed
 # first. CONTINUE=1: resume the /tmp copy an earlier part of the same call left (e.g. a --retry part, then
-# the rest), so the one file brought back holds both parts' runs. Writes $OUT/sweep-NAME.tgz (NAME: BENCH_DIR's name): the bench's rows (results.jsonl, and
+# the rest), so the one file brought back holds both parts' runs. Writes $OUT/sweep-NAME.tgz (NAME: BENCH_DIR's name): the bench's manifest (bench.json), rows (results.jsonl, and
 # results.retried.jsonl with --retry), summary.json, report.md, report.html, bench.out / bench.err, doctor.txt (the
 # toolchain it ran with) and runs/*/log.jsonl of this part's runs. One file: the device tool brings back
 # only a few a call, and the sweep may share its call with other work.
