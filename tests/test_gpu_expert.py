@@ -353,6 +353,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "conv_tapwise_f32": (  # 81 taps, more than the channel-inner gather's 64: the tap-wise gather, its prefetch
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(8, 24, 9, padding=4)
+            def forward(self, x):
+                return self.conv(x) - 0.25
+        """,
+        "[]",
+    ),
     "conv3d_f32": (
         """
         class Model(nn.Module):
@@ -590,6 +601,7 @@ SHAPES = {
     "conv_epilogue": ["(3, 16, 37, 53)", "(1, 16, 5, 7)"],
     "conv2d_f32": ["(3, 5, 37, 53)", "(1, 5, 2, 9)"],
     "conv3d_f32": ["(2, 3, 9, 17, 13)"],
+    "conv_tapwise_f32": ["(2, 8, 21, 19)"],
     "conv1d_f32": ["(4, 16, 301)"],
     "convt2d_f32": ["(2, 32, 17, 13)"],
     "dwconv_f32": ["(3, 12, 37, 53)", "(1, 12, 1, 2)"],
