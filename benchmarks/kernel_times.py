@@ -7,13 +7,13 @@ call.
 
 DIR holds the task files (a log records the path it ran from, which may be another machine's). Prints a
 table per task: each kernel's mean time a call, its share, the sum, and a call's median time by CUDA events
-(L2 not flushed), eager's the same way. Run on the GPU machine. The candidates are our own recorded ones, run in this process, not in the sandboxed worker.
+(L2 not flushed), eager's the same way. Run on the GPU machine. The candidates are our own recorded
+ones, run in this process, not in the sandboxed worker.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from collections import defaultdict
@@ -24,33 +24,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from pipeline import events as ev  # noqa: E402
+from pipeline.runlog import Event, read_events  # noqa: E402
 from pipeline.tasks import load_module  # noqa: E402
-from pipeline.types import Candidate, from_dict  # noqa: E402
+from pipeline.types import Candidate, Status  # noqa: E402
 
 
-def read_log(path: Path) -> list[dict[str, Any]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def recorded(events: list[dict[str, Any]], which: str) -> tuple[str, list[tuple[str, Candidate]]]:
+def recorded(events: list[Event], which: str) -> tuple[str, list[tuple[str, Candidate]]]:
     """(task id, [(edit, candidate)]): the run's best candidate, or every verified one, in run order."""
-    task_id = events[0]["data"]["task"]["id"]
-    proposed = {
-        e["data"]["candidate"]["key"]: e["data"]["candidate"] for e in events if e["type"] == "proposal"
-    }
-    verified = [
-        e["data"]["key"] for e in events if e["type"] == "result" and e["data"]["verdict"]["status"] == "ok"
-    ]
-    best = [e["data"].get("best_key") for e in events if e["type"] == "end"]
-    keys = [k for k in best if k] if which == "best" else list(dict.fromkeys(verified))
-    out = []
-    for k in keys:
-        c = proposed[k]
-        c = {**c, "flags": tuple(c.get("flags") or ()), "blocks": tuple(c.get("blocks") or ())}
-        out.append((c.get("edit") or "", from_dict(Candidate, c)))
-    return task_id, out
+    typed = [ev.decode(e) for e in events]
+    task_id = next(t.task["id"] for t in typed if isinstance(t, ev.Start))
+    proposed = {t.candidate.key: t.candidate for t in typed if isinstance(t, ev.Proposal) and t.candidate}
+    if which == "best":
+        keys = [t.best_key for t in typed if isinstance(t, ev.End) and t.best_key]
+    else:
+        verified = (t.evaluation for t in typed if isinstance(t, ev.Result))
+        keys = list(dict.fromkeys(e.key for e in verified if e.verdict.status is Status.OK))
+    return task_id, [(proposed[k].edit or "", proposed[k]) for k in keys]
 
 
 def kernel_times(model: Any, task: Any, calls: int) -> tuple[dict[str, float], float]:
@@ -75,9 +65,9 @@ def kernel_times(model: Any, task: Any, calls: int) -> tuple[dict[str, float], f
         cycle = itertools.cycle(inputs[2:])
         wall = event_median_ms(lambda: model(*next(cycle)), calls, 0)
     total: dict[str, float] = defaultdict(float)
-    for ev in prof.events():
-        if ev.device_type.name == "CUDA":
-            total[ev.name] += ev.device_time / 1000.0
+    for kev in prof.events():
+        if kev.device_type.name == "CUDA":
+            total[kev.name] += kev.device_time / 1000.0
     return {k: v / calls for k, v in sorted(total.items(), key=lambda kv: -kv[1])}, wall
 
 
@@ -108,7 +98,7 @@ def main() -> int:
     reference_precision()  # as the harness runs eager and hybrids: no TF32 in cuBLAS or cuDNN
     report: list[dict[str, Any]] = []
     for log in args.logs:
-        task_id, cands = recorded(read_log(log), args.which)
+        task_id, cands = recorded(read_events(log), args.which)
         task_path = args.suite / f"{task_id}.py"
         task = load_module(task_path)
         torch.manual_seed(0)

@@ -21,6 +21,7 @@ import dataclasses
 import enum
 import errno
 import fcntl
+import gzip
 import itertools
 import json
 import os
@@ -208,9 +209,11 @@ class RunLog:
 
 
 def read_events(path: Path) -> list[Event]:
-    """The events of a run (its folder or its log.jsonl), read-only, without the lock: replay, reports."""
+    """The events of a run (its folder, its log.jsonl, or a bench's kept copy of it, gzipped: <run id>.jsonl.gz),
+    read-only, without the lock: replay, reports."""
     path = Path(path) / LOG if Path(path).is_dir() else Path(path)
-    return _parse(path.read_bytes(), path)[0]
+    raw = path.read_bytes()
+    return _parse(gzip.decompress(raw) if path.suffix == ".gz" else raw, path)[0]
 
 
 def run_ids(runs_dir: Path) -> list[str]:

@@ -564,8 +564,9 @@ def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_h
 
 
 def test_kernel_times_takes_a_bench_logs_candidates_whole():
-    """benchmarks/kernel_times.py reads a kept bench's compressed run log: the best candidate (the run's
-    end names it) or every verified one in run order, each rebuilt byte for byte (its key recomputed)."""
+    """benchmarks/kernel_times.py reads a kept bench's gzipped run log through read_events: the best candidate
+    (the run's end names it) or every verified one in run order, each rebuilt byte for byte (its key
+    recomputed)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import kernel_times
 
@@ -574,14 +575,12 @@ def test_kernel_times_takes_a_bench_logs_candidates_whole():
     (log,) = (ROOT / "benchmarks" / "results" / "bench-level2" / "logs").glob(
         "*-19_ConvTranspose2d_GELU_*.jsonl.gz"
     )
-    events = kernel_times.read_log(log)
-    end = next(e["data"] for e in events if e["type"] == "end")
+    events = read_events(log)  # the kept copy, gzipped
+    end = next(e.data for e in events if e.type == "end")
     task, best = kernel_times.recorded(events, "best")
     assert task == "19_ConvTranspose2d_GELU_GroupNorm" and [c.key for _, c in best] == [end["best_key"]]
     _, every = kernel_times.recorded(events, "all")
-    ok = [
-        e["data"]["key"] for e in events if e["type"] == "result" and e["data"]["verdict"]["status"] == "ok"
-    ]
+    ok = [e.data["key"] for e in events if e.type == "result" and e.data["verdict"]["status"] == "ok"]
     assert [c.key for _, c in every] == ok and len(ok) == end["evaluations"]
     for edit, c in every:
         assert c.key == candidate_key(c.source, c.launcher, c.flags) and c.edit == edit
