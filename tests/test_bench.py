@@ -572,9 +572,10 @@ def test_kernel_times_takes_a_bench_logs_candidates_whole():
 
     from pipeline.candidates import candidate_key
 
-    (log,) = (ROOT / "benchmarks" / "results" / "bench-level2" / "logs").glob(
-        "*-19_ConvTranspose2d_GELU_*.jsonl.gz"
-    )
+    kept = ROOT / "benchmarks" / "results" / "bench-level2"
+    rows = [json.loads(line) for line in (kept / "results.jsonl").read_text().splitlines()]
+    (run_id,) = [r["run_id"] for r in rows if r["task"] == "19_ConvTranspose2d_GELU_GroupNorm"]
+    log = kept / "logs" / f"{run_id}.jsonl.gz"  # the row's run (a retried row's older run is kept beside it)
     events = read_events(log)  # the kept copy, gzipped
     end = next(e.data for e in events if e.type == "end")
     task, best = kernel_times.recorded(events, "best")
