@@ -933,6 +933,62 @@ def test_emulated_family_kernels_match_the_reference(cases, name):
 
 
 @needs_gxx
+@pytest.mark.parametrize(
+    "shapes",
+    [[(5, 48), (3, 48)], [(2, 8, 1, 5), (2, 8, 24, 24), (1, 8, 64, 64)]],
+    ids=["n_c", "images"],
+)
+def test_emulated_group_norm_with_short_and_long_channels(tmp_path, shapes):
+    """GroupNorm whose channels hold one element (over (N, C), as after a Linear: level 2's Gemm_GroupNorm
+    tasks) or a few, each element then scaled by its own channel's weight, and channels long enough for the
+    block to write one channel at a time (4096 columns each): both paths against float64."""
+    path = task_file(
+        tmp_path,
+        f"gn{len(shapes[0])}",
+        """
+        class Model(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.gn = nn.GroupNorm(4, c)
+            def forward(self, x):
+                return torch.clamp(self.gn(x), -2.0, 2.0)
+        """,
+        f"[torch.randn{shapes[0]}]",
+        f"[{shapes[0][1]}]",
+    )
+    props = ExpertPolicy().propose(ctx(path), 2)
+    assert all(p.candidate and "hw >= (long long)nt * V" in p.candidate.source for p in props)
+    for shape in shapes:
+        torch.manual_seed(3)
+        _emulate(path, [p.candidate for p in props], 1e-5, inputs=[torch.randn(*shape) * 3 + 1])
+
+
+@needs_gxx
+def test_a_broadcast_into_trailing_ones_is_split_for_long_rows(tmp_path):
+    """An N x 1 column plus a 1 x C x 1 x 1 bias makes 1 x C x N x 1: the elementwise kernel sees rows of
+    N (split before the trailing size-1 dim), not C x N rows of one element that idle a block each."""
+    path = task_file(
+        tmp_path,
+        "bcast_ones",
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bias = nn.Parameter(torch.randn(1, 5, 1, 1))
+            def forward(self, x):
+                return torch.min(x, dim=1, keepdim=True)[0] + self.bias
+        """,
+        "[torch.randn(64, 16)]",
+    )
+    props = ExpertPolicy().propose(ctx(path), 2)
+    for p in props:
+        assert p.candidate and "split = max(0, nd - 2)" in p.candidate.launcher, p.edit
+    for shape in ((64, 16), (3, 7)):
+        torch.manual_seed(4)
+        _emulate(path, [p.candidate for p in props], 1e-6, inputs=[torch.randn(*shape)])
+
+
+@needs_gxx
 @pytest.mark.slow
 def test_emulated_scans_stage_chunks_through_shared_memory(cases):
     """Rows of several chunks (256 threads x 8 items), forward, reverse and exclusive, through the staged

@@ -182,6 +182,32 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # GroupNorm over (N, C), channels of one element (level 2's Gemm_GroupNorm tasks): after our GEMM, and
+    # with many groups before a min whose N x 1 result broadcasts against a 1 x C x 1 x 1 bias
+    "linear_group_norm": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(1036, 1024)
+                self.gn = nn.GroupNorm(16, 1024)
+            def forward(self, x):
+                return F.hardtanh(self.gn(self.fc(x)), -2.0, 2.0)
+        """,
+        "[]",
+    ),
+    "group_norm_min_bias": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gn = nn.GroupNorm(256, 1024)
+                self.bias = nn.Parameter(torch.randn(1, 96, 1, 1))
+            def forward(self, x):
+                return torch.min(self.gn(x), dim=1, keepdim=True)[0] + self.bias
+        """,
+        "[]",
+    ),
     "scan": (
         """
         class Model(nn.Module):
@@ -584,6 +610,8 @@ SHAPES = {
     "rms_by_hand": ["(1001, 4097)", "(2, 3, 4097)"],
     "norms_by_hand": ["(1001, 4097)", "(3, 4096)", "(2, 5, 3)"],
     "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
+    "linear_group_norm": ["(33, 1036)", "(1, 1036)"],
+    "group_norm_min_bias": ["(300, 1024)", "(5, 1024)"],
     # rows of a multiple of 4 take the tuned plan's warp per row; the others, and the columns, a block or thread
     "scan": ["(129, 10007)", "(4, 1003, 65)", "(67, 8196)"],
     "folded_scans": ["(129, 10007)", "(4, 1003, 65)", "(67, 8196)"],

@@ -86,10 +86,14 @@ def ew_layout(region: Region, low: Lowered) -> EwLayout:
             if c is Bcast.DENSE:
                 cost += 100
             elif c is Bcast.COL:
+                # its index (c // inner) % mid is c itself when it spans the row, size-1 dims aside
                 live = [d for d in range(nd) if dims[d] != 1]
-                cost += 0 if (live[0] == split and live[-1] == nd - 1) else 10
+                spans = math.prod(out[split : live[0]]) == 1 and math.prod(out[live[-1] + 1 :]) == 1
+                cost += 0 if spans else 10
         cols = math.prod(out[split:]) if out else 1
-        cost += (1 if split > 0 else 0) + (5 if split > 0 and cols < 64 else 0)
+        # A block walks one row at a time: rows of a few elements leave nearly all its threads idle (level 2's
+        # 75_Gemm_GroupNorm_Min_BiasAdd adds N x 1 to 1 x C x 1 x 1, split after dim 3 into rows of one).
+        cost += (1 if split > 0 else 0) + (0 if split == 0 or cols >= 64 else 5 if cols >= 16 else 40)
         if best is None or cost < best[0]:
             best = (cost, split)
     split = best[1] if best else 0

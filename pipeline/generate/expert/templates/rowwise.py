@@ -724,8 +724,26 @@ def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str, k
     shift (the cache holds the columns from c0 on; with `kc`, from that offset on and read as vectors)."""
     w = "ld(w[ch])" if lay.has_weight else "1.0f"
     b = "ld(b[ch])" if lay.has_bias else "0.0f"
+    # Short channels (a GroupNorm over (N, C), small images) would leave most of the block idle a channel at
+    # a time: each element then finds its channel from its column (a 32-bit division) and its own scale.
+    short = [
+        "        } else {",
+        "            auto aff = [&](float v, long long col) -> float {",
+        "                const long long ch = (r % groups) * cg + (long long)((unsigned)col / (unsigned)hw);",
+        "                (void)ch;",
+        f"                const float sc = rstd * {w};",
+        f"                const float sh = {b} - mean * sc;",
+        "                return v * sc + sh;",
+        "            };",
+        *(
+            "    " + t
+            for t in _write_segment(f"rs + {c0}", f"{kc}0", n, f"aff(v, {c0} + c)", x_dt, out_dt, bool(kc))
+        ),
+        "        }",
+    ]
     return [
         "        const long long hw = cols / cg;",
+        "        if (hw >= (long long)nt * V || cols > 0xffffffffLL) {  // a channel spans the block's vectors",
         f"        for (long long cl = {c0} / hw; cl < cg && cl * hw < {c0} + {n}; ++cl) {{",
         f"            const long long lo = cl * hw > {c0} ? cl * hw : {c0};",
         f"            const long long hi = (cl + 1) * hw < {c0} + {n} ? (cl + 1) * hw : {c0} + {n};",
@@ -738,6 +756,7 @@ def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str, k
             for t in _write_segment("rs + lo", f"{kc}lo - {c0}", "hi - lo", f, x_dt, out_dt, bool(kc))
         ),
         "        }",
+        *short,
     ]
 
 
