@@ -31,6 +31,17 @@ from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
 from pipeline.types import Kind, Status
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_convolutions_stay_implicit_gemms():
+    """This file tests the implicit GEMM on small shapes (K of 15 to 45 with several taps), which the
+    tap-wise narrow bound (NARROW_K_TAPS) sends to the direct kernel: here only the pointwise bound applies."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(template, "NARROW_K_TAPS", template.NARROW_K)
+    yield
+    mp.undo()
+
+
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
 CONV = """
 class Model(nn.Module):

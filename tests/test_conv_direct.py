@@ -89,12 +89,19 @@ def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monk
     r, low = conv_region(conv_task(tmp_path, "c", **kw))
     assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)  # the defaults
     monkeypatch.setattr(conv_template, "NARROW_COUT", 0)
-    monkeypatch.setattr(conv_template, "NARROW_K", 0)
+    monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 0)
     assert conv_tf32.FAMILY.claims(r, low) and not conv_direct.FAMILY.claims(r, low)
-    monkeypatch.setattr(conv_template, "NARROW_K", 27)  # 3 channels x 3 x 3 taps
+    monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 27)  # 3 channels x 3 x 3 taps
     assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)
-    monkeypatch.setattr(conv_template, "NARROW_K", 26)
+    monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 26)
     assert conv_tf32.FAMILY.claims(r, low)
+    # one tap (pointwise): NARROW_K bounds it, NARROW_K_TAPS not
+    rp, lowp = conv_region(conv_task(tmp_path, "p", cin=48, cout=64, k=1, p=0, size=(9, 14)))
+    monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 96)
+    assert conv_tf32.FAMILY.claims(rp, lowp) and not conv_direct.FAMILY.claims(rp, lowp)
+    monkeypatch.setattr(conv_template, "NARROW_K", 48)
+    assert conv_direct.FAMILY.claims(rp, lowp)
+    monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 0)
     monkeypatch.setattr(conv_template, "NARROW_COUT", 16)
     assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)
     path = conv_task(tmp_path, "n", batch=2, **kw)
@@ -115,7 +122,7 @@ def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monk
 @pytest.mark.parametrize(
     ("kw", "why"),
     [
-        (dict(cin=5, cout=24), "ungrouped"),
+        (dict(cin=11, cout=24), "ungrouped"),  # K 99: above the tap-wise narrow bound
         (dict(cin=64, cout=24, s=2, op=1), "ungrouped"),  # transposed, 64 x 1.5 x 1.5 products an output
         (dict(cin=8, cout=8, g=8, dt="float64"), "fp32, fp16 or bf16"),
     ],

@@ -367,12 +367,13 @@ FAMILIES = {
         """,
         "[]",
     ),
-    "conv2d_f32": (  # fp32 implicit GEMM: strides, padding and dilation per axis, 5 channels padded to 8 per tap
+    # the implicit GEMM's cases have K above the direct kernel's tap-wise bound (NARROW_K_TAPS, 96)
+    "conv2d_f32": (  # fp32 implicit GEMM: strides, padding and dilation per axis, 13 channels padded to 16 per tap
         """
         class Model(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.conv = nn.Conv2d(5, 40, 3, stride=(2, 1), padding=(1, 2), dilation=(1, 2))
+                self.conv = nn.Conv2d(13, 40, 3, stride=(2, 1), padding=(1, 2), dilation=(1, 2))
                 self.s = nn.Parameter(torch.rand(40, 1, 1) + 0.5)
             def forward(self, x):
                 return torch.relu(self.conv(x)) * self.s
@@ -395,7 +396,7 @@ FAMILIES = {
         class Model(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.conv = nn.Conv3d(3, 24, 3, padding=1)
+                self.conv = nn.Conv3d(5, 24, 3, padding=1)
             def forward(self, x):
                 return torch.tanh(self.conv(x))
         """,
@@ -406,7 +407,7 @@ FAMILIES = {
         class Model(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.conv = nn.Conv1d(16, 130, 5, stride=2, bias=False)
+                self.conv = nn.Conv1d(20, 130, 5, stride=2, bias=False)
             def forward(self, x):
                 return self.conv(x)
         """,
@@ -627,10 +628,10 @@ SHAPES = {
     "linear_lone_f16": ["(300, 1024)", "(1, 1024)", "(4099, 1024)"],
     "linear_odd": ["(77, 1032)", "(1, 1032)", "(2, 1300, 1032)"],
     "conv_epilogue": ["(3, 16, 37, 53)", "(1, 16, 5, 7)"],
-    "conv2d_f32": ["(3, 5, 37, 53)", "(1, 5, 2, 9)"],
-    "conv3d_f32": ["(2, 3, 9, 17, 13)"],
+    "conv2d_f32": ["(3, 13, 37, 53)", "(1, 13, 2, 9)"],
+    "conv3d_f32": ["(2, 5, 9, 17, 13)"],
     "conv_tapwise_f32": ["(2, 8, 21, 19)"],
-    "conv1d_f32": ["(4, 16, 301)"],
+    "conv1d_f32": ["(4, 20, 301)"],
     "convt2d_f32": ["(2, 32, 17, 13)"],
     "dwconv_f32": ["(3, 12, 37, 53)", "(1, 12, 1, 2)"],
     "grouped_conv_f16": ["(2, 12, 301)"],
