@@ -6,8 +6,8 @@ files through the harness (verify, then time against eager with the L2 flushed),
 
 For each task the expert's first proposals are generated twice: once with every ungrouped convolution
 routed to the implicit GEMM, once with every one routed to the direct kernel (templates/conv_tf32.py's
-NARROW_COUT, NARROW_K, NARROW_K_TAPS and SPARSE_PRODUCTS, set here for the generation only; the candidates are ordinary
-sources); the direct route adds the tuned plan with the other loop order. Each
+routing bounds, LIMITS below, set here for the generation only; the candidates are ordinary sources); the
+direct route adds the tuned plan with the other loop order. Each
 proposal that puts the convolution in the route's kernel is evaluated `--repeat` times, in separate passes,
 so a difference is believed only when both agree. Writes DIR/results.json as it goes.
 """
@@ -33,8 +33,8 @@ from pipeline.types import Status  # noqa: E402
 
 BIG = 1 << 30
 # route -> (the plan entry's family, then LIMITS' values while its proposals are made)
-ROUTES = {"gemm": ("wgmma_conv_3xtf32", 0, 0, 0, 0), "direct": ("direct_conv", BIG, BIG, BIG, BIG)}
-LIMITS = ("NARROW_COUT", "NARROW_K", "NARROW_K_TAPS", "SPARSE_PRODUCTS")
+ROUTES = {"gemm": ("wgmma_conv_3xtf32", 0, 0, 0, 0, 0), "direct": ("direct_conv", BIG, BIG, BIG, BIG, BIG)}
+LIMITS = ("NARROW_COUT", "NARROW_K", "NARROW_K_TAPS", "NARROW_PRODUCTS", "SPARSE_PRODUCTS")
 
 
 def candidates(path: Path, route: str, n: int) -> list:

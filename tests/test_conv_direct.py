@@ -89,6 +89,7 @@ def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monk
     r, low = conv_region(conv_task(tmp_path, "c", **kw))
     assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)  # the defaults
     monkeypatch.setattr(conv_template, "NARROW_COUT", 0)
+    monkeypatch.setattr(conv_template, "NARROW_K", 0)
     monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 0)
     assert conv_tf32.FAMILY.claims(r, low) and not conv_direct.FAMILY.claims(r, low)
     monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 27)  # 3 channels x 3 x 3 taps
@@ -101,6 +102,15 @@ def test_a_narrow_ungrouped_convolution_goes_to_the_direct_kernel(tmp_path, monk
     assert conv_tf32.FAMILY.claims(rp, lowp) and not conv_direct.FAMILY.claims(rp, lowp)
     monkeypatch.setattr(conv_template, "NARROW_K", 48)
     assert conv_direct.FAMILY.claims(rp, lowp)
+    monkeypatch.setattr(conv_template, "NARROW_K", 32)
+    # several taps: K and output channels x K bound it (the defaults: 2-D 8 -> 64 direct, 3-D 3 -> 64 not)
+    for kw2, direct in ((dict(cin=8, cout=64), True), (dict(cin=3, cout=64, d=3, size=(5, 6, 7)), False)):
+        rt, lowt = conv_region(conv_task(tmp_path, "t", k=3, **kw2))
+        assert (
+            conv_direct.FAMILY.claims(rt, lowt) is direct and conv_tf32.FAMILY.claims(rt, lowt) is not direct
+        )
+    monkeypatch.setattr(conv_template, "NARROW_PRODUCTS", 64 * 81)
+    assert conv_direct.FAMILY.claims(rt, lowt)
     monkeypatch.setattr(conv_template, "NARROW_K_TAPS", 0)
     monkeypatch.setattr(conv_template, "NARROW_COUT", 16)
     assert conv_direct.FAMILY.claims(r, low) and not conv_tf32.FAMILY.claims(r, low)

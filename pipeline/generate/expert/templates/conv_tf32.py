@@ -74,11 +74,13 @@ SPARSE_PRODUCTS = 64  # products an output below which a strided transposed conv
 # the GEMM's N too small for a gathered tile to feed many MMAs, or its K one k-block, nothing to pipeline.
 # Measured on the H200 (benchmarks/conv_routes.py, docs/benchmarks.md): 16 output channels from 3, 8 and 32
 # inputs (K 81 to 3360) ran 1.3-2.5x faster direct; 64 from 3 with K 27, 1.35x; with several taps, K 72 and
-# 81 (24 to 64 output channels, 2-D and 3-D) 1.3-1.7x; K 216 (8 to 32, 3-D) 1.13x slower direct.
+# 81 (24 to 64 output channels, 2-D and 3-D) 1.2-1.7x, but 64 channels x K 81 (3-D) 1.14x slower direct, and
+# K 216 (8 to 32, 3-D) 1.13x: the direct kernel's work an output grows with channels x K, the gather's with K.
 # A one-tap (pointwise) convolution's gather is a plain strided copy: only the tighter K applies to it.
 NARROW_COUT = 16
 NARROW_K = 32
 NARROW_K_TAPS = 96
+NARROW_PRODUCTS = 4800  # output channels x K, with NARROW_K_TAPS
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,10 @@ class ConvForm:
     def narrow(self) -> bool:
         """An ungrouped convolution with few output channels (the GEMM's N) or few products an output (its
         K; a pointwise one's bound is the tighter): each gathered tile of the implicit GEMM feeds too few MMAs."""
-        k_max = NARROW_K_TAPS if math.prod(self.kernel) > 1 else NARROW_K
-        return self.groups == 1 and (self.cout <= NARROW_COUT or self.k <= k_max)
+        taps = (
+            math.prod(self.kernel) > 1 and self.k <= NARROW_K_TAPS and self.cout * self.k <= NARROW_PRODUCTS
+        )
+        return self.groups == 1 and (self.cout <= NARROW_COUT or self.k <= NARROW_K or taps)
 
     @property
     def direct(self) -> bool:
