@@ -96,7 +96,7 @@ def probe(path: str | Path) -> Task:
             f"{path.name}: building the inputs raised {type(e).__name__}: {first_line(e)}"
         ) from None
     try:
-        model = _model_on_meta(module, init_args)
+        model = model_on_meta(module, init_args)
     except Exception as e:
         raise TaskError(
             f"{path.name}: building the model raised {type(e).__name__}: {first_line(e)}"
@@ -234,7 +234,7 @@ def valued_inputs(module: ModuleType) -> list:
     ]
 
 
-def _model_on_meta(module: ModuleType, init_args: list):
+def model_on_meta(module: ModuleType, init_args: list):
     """The model with meta parameters. A constructor that reads values (Swin's `x.item()` over a linspace)
     cannot run on meta: such a model is built on the CPU, its parameters real but small, and then moved."""
     import torch

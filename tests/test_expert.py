@@ -607,6 +607,30 @@ def test_a_python_scalar_argument_is_specialized_and_checked(tmp_path):
     assert report.ok and report.kind.value == "custom", report.library_ops
 
 
+@needs_gxx
+def test_a_constructor_that_reads_tensor_values_is_built_on_the_cpu(tmp_path):
+    """Swin's constructors take drop rates from `torch.linspace(...)` with `.item()`, which the meta device
+    cannot answer: such a model is built on the CPU and moved to the meta device, its values (a scale
+    here) as the reference has them. A constructor that fails for another reason still says why."""
+    body = """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = [x.item() for x in torch.linspace(0.0, 0.5, 3)][1] + 1.0
+                self.fc = nn.Linear(16, 24)
+            def forward(self, x):
+                return torch.relu(self.fc(x)) * self.scale
+        """
+    path = task_file(tmp_path, "item_init", body, "[torch.randn(5, 16)]")
+    props = ExpertPolicy().propose(ctx(path), 2)
+    assert props and all(p.status == ProposalStatus.OK for p in props), [p.reason for p in props]
+    assert all("1.25" in p.candidate.launcher + p.candidate.source for p in props)
+    _emulate(path, [p.candidate for p in props], 1e-6)
+    bad = body.replace("self.fc = nn.Linear(16, 24)", "self.fc = nn.Linear(16, int('24 units'))")
+    (p,) = ExpertPolicy().propose(ctx(task_file(tmp_path, "bad_init", bad, "[torch.randn(5, 16)]")), 2)
+    assert p.status == ProposalStatus.UNSUPPORTED and "building the model" in p.reason, p.reason
+
+
 def test_einsums_that_are_products_become_gemms(tmp_path):
     """A matmul or bmm written as an einsum is a library GEMM region (ours in the tuned plan); other
     einsums stay in PyTorch, said so."""

@@ -39,8 +39,6 @@ except ToolchainError:
 NOT_READ = "the expert cannot read this reference"
 NOTHING_OURS = "nothing for our kernels to compute"
 REFUSED = {
-    "level3/29_SwinMLP": NOT_READ,  # .item() while building the model
-    "level3/30_SwinTransformerV2": NOT_READ,
     "level3/33_VanillaRNN": NOT_READ,  # hidden state held as a plain tensor attribute
     "level3/36_LSTMHn": NOTHING_OURS,  # the recurrence is cuDNN's; nothing after it
     "level3/37_LSTMCn": NOTHING_OURS,

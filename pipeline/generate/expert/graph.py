@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pipeline.tasks import TaskError, load_module, meta_inputs
+from pipeline.tasks import TaskError, load_module, meta_inputs, model_on_meta
 
 
 class CaptureError(Exception):
@@ -234,7 +234,7 @@ def _capture_module(module: ModuleType, task_id: str) -> Graph:
     try:
         with torch.device("meta"):
             init_args = list(module.get_init_inputs())
-            model = module.Model(*init_args)
+        model = model_on_meta(module, init_args)  # on the CPU first where its constructor reads values
         inputs = meta_inputs(module)
         model.eval()
     except Exception as e:
