@@ -2,7 +2,8 @@
 kernel (templates/gemm_tf32.py), with the elementwise region after it fused on its stores. Left to
 cuBLAS's fp32 path they run on the CUDA cores (about 50 TFLOP/s on the H200). The plain plan keeps
 cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a repair. Knobs and edits:
-gemm_kit.py (tiles 128 x 128, 32 deep; templates/gemm_tf32.py says why not 256). A row-major B is
+gemm_kit.py (tiles 128 x 128, 32 deep, and 128 x 32 by an edit where the grid has few tiles;
+templates/gemm_tf32.py says why not 256). A row-major B is
 made K-major by a tiled transpose before the kernel (tf32 WGMMA reads K-major operands only).
 
 Split-K: a GEMM with too few output tiles to fill the GPU (256 x 256 outputs over K = 524288 is 4 tiles on
@@ -111,6 +112,10 @@ def _family() -> Any:
     def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
         plan = base.settle(plan, r, low, tuned)
         rp = plan.get(r.rid)
+        if not tuned and isinstance(rp, Tf32Plan) and rp.bn != gemm_tf32.TILE_N[-1]:
+            # a plain plan of our GEMMs alone keeps the measured tile, not the edits' narrow ones
+            bn = gemm_tf32.TILE_N[-1]
+            plan = changed(plan, rp, bn=bn, stages=min(4, gemm_tf32.max_stages(bn)))
         if tuned and isinstance(rp, Tf32Plan) and not rp.epilogue and (s := wave_split(r, low)) > 1:
             plan = changed(plan, rp, splits=s)
         return plan
