@@ -725,7 +725,8 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
 # vertically or at stride 2, scans, and long rows over a cluster of twice the blocks the tuned plan takes
 # (where it takes fewer than 8); (more_parallelism) the fp32 GEMM's narrow tile.
 EDITED = dict.fromkeys(("long_rows", "pool_rows", "avg_pool2d", "scan", "folded_scans"), "tile_shared_memory")
-EDITED["linear_f32_epilogue"] = "more_parallelism"  # the 3xTF32 GEMM's 128 x 32 tile on a grid of few tiles
+# the 3xTF32 GEMM's 128 x 32 tile on a grid of few tiles: fused epilogue, then row-major B and split-K
+EDITED |= dict.fromkeys(("linear_f32_epilogue", "matmul_f32"), "more_parallelism")
 
 
 def proposals(path: Path) -> list:
