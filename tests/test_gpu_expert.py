@@ -723,7 +723,7 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
 
 # Families with a kernel that only an edit makes (tile_shared_memory): pools staged where windows overlap
 # vertically or at stride 2, scans, and long rows over a cluster of twice the blocks the tuned plan takes
-# (where it takes fewer than 8); (more_parallelism) the fp32 GEMM's narrow tile.
+# (where it takes fewer than 8).
 EDITED = dict.fromkeys(("long_rows", "pool_rows", "avg_pool2d", "scan", "folded_scans"), "tile_shared_memory")
 # the 3xTF32 GEMM's 128 x 32 tile on a grid of few tiles: fused epilogue, then row-major B and split-K
 EDITED |= dict.fromkeys(("linear_f32_epilogue", "matmul_f32"), "more_parallelism")

@@ -65,6 +65,9 @@ class Spec:
     # The grid's tiles for a form and a tile width, where more_parallelism and resize_grid (a narrower tile)
     # wait for a grid too small to fill the GPU (FEW_TILES); None: they are always offered.
     grid_tiles: Callable[[Region, Any, int], int] | None = None
+    # The plain plan of a task whose regions are all ours takes the narrowest tile, or the widest where the
+    # narrow ones are only for grids of few tiles (3xTF32: 128 x 32 beside the measured 128 x 128).
+    plain_widest: bool = False
 
 
 # Tiles from which a narrower tile buys no parallelism: four waves on a 132-SM H200, whose last wave's tail
@@ -279,7 +282,7 @@ def family(spec: Spec) -> Family:
         elif all(isinstance(rp, GemmPlan) for rp in plan.regions):
             for _, p in take("use_wgmma")(plan, plan.get(r.rid), r, low):
                 f = form_of(r, low)
-                bn = spec.tiles(f)[0]
+                bn = spec.tiles(f)[-1 if spec.plain_widest else 0]
                 plan = changed(p, p.get(r.rid), bn=bn, stages=min(4, spec.max_stages(bn, f)))
         return plan
 

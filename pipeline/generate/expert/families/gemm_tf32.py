@@ -50,6 +50,7 @@ SPEC = gemm_kit.Spec(
     max_stages=lambda bn, f: gemm_tf32.max_stages(bn),
     render=gemm_tf32.render,
     kernel="3xTF32 WGMMA kernel (fp32 accuracy on the tensor cores)",
+    plain_widest=True,
     order=21,
 )
 WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
@@ -112,10 +113,6 @@ def _family() -> Any:
     def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
         plan = base.settle(plan, r, low, tuned)
         rp = plan.get(r.rid)
-        if not tuned and isinstance(rp, Tf32Plan) and rp.bn != gemm_tf32.TILE_N[-1]:
-            # a plain plan of our GEMMs alone keeps the measured tile, not the edits' narrow ones
-            bn = gemm_tf32.TILE_N[-1]
-            plan = changed(plan, rp, bn=bn, stages=min(4, gemm_tf32.max_stages(bn)))
         if tuned and isinstance(rp, Tf32Plan) and not rp.epilogue and (s := wave_split(r, low)) > 1:
             plan = changed(plan, rp, splits=s)
         return plan
