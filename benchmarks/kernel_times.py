@@ -90,7 +90,7 @@ def main() -> int:
 
     import torch
 
-    from pipeline.candidates import export_standalone
+    from pipeline.candidates import export_standalone, load_export
     from pipeline.compile import compile_candidates
     from pipeline.config import Config
     from pipeline.worker_jobs import reference_precision
@@ -115,7 +115,7 @@ def main() -> int:
             if b.status.value != "ok":
                 print(f"  {edit}: build {b.status.value}")
                 continue
-            mod = load_module(export_standalone(c, b, args.home / f"{c.key}.py"))
+            mod = load_export(export_standalone(c, b, args.home / f"{c.key}.py"))
             model = mod.ModelNew(*task.get_init_inputs()).cuda().eval()
             model.load_state_dict(ref.state_dict())
             times, wall = kernel_times(model, task, args.calls)

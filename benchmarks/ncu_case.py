@@ -10,7 +10,6 @@ GPU machine: ncu needs the device and its counters).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -24,20 +23,14 @@ KEEP = ("Throughput", "Occupancy", "Duration", "Warp Cycles", "Issue", "Register
 SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats", "LaunchStats")
 
 
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _run_once(module_path: str, task_path: str) -> None:
     """The child ncu profiles: the standalone candidate called twice (ncu skips the first launch)."""
     import torch
 
-    model = _load("candidate", module_path).ModelNew().cuda()
-    xs = [x.cuda() for x in _load("task", task_path).get_inputs()]
+    from pipeline.candidates import load_export
+
+    model = load_export(module_path, "candidate").ModelNew().cuda()
+    xs = [x.cuda() for x in load_export(task_path, "task").get_inputs()]
     for _ in range(2):
         model(*xs)
     torch.cuda.synchronize()

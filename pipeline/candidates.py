@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 from pipeline.types import Build, Candidate, Status
 
@@ -129,3 +131,13 @@ CUDA_SOURCE = {candidate.source!r}
 def _strip_future(src: str) -> str:
     # __future__ imports are legal only at the top of a file; the export puts one there for all parts.
     return "\n".join(line for line in src.splitlines() if not line.startswith("from __future__ import"))
+
+
+def load_export(path: str | Path, name: str = "kernelpro_export") -> ModuleType:
+    """Import an exported file (it defines ModelNew, not a task's Model): for tools that run it in process."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    if spec is None or spec.loader is None:
+        raise CandidateError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.candidates import load_export
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "candidates" / "elementwise_chain"
 
@@ -158,6 +160,8 @@ def test_export_writes_a_standalone_file(tmp_path):
     size, name = r2.stdout.split()
     assert int(size) > 1000 and name == "ModelNew"
     assert r2.stdout and not (tmp_path / "pipeline").exists()
+    # the in-process loader the benchmark tools use takes it (a task loader would want the task's Model)
+    assert load_export(out).ModelNew.__name__ == "ModelNew"
 
 
 @pytest.mark.slow
