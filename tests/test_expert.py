@@ -988,6 +988,38 @@ def test_emulated_group_norm_with_short_and_long_channels(tmp_path, shapes):
 
 
 @needs_gxx
+def test_extrema_over_a_dim_write_indices_only_when_read(tmp_path):
+    """max/min over a dim whose [1] nobody reads write no int64 indices (the kernels have no yi store); one
+    whose indices are returned still writes them. Short reduced dims (5 and 22 rows, level 2's 24 shape in
+    small) leave each thread 2U rows at least; a long one (70) is still shared by threads and merged."""
+    path = task_file(
+        tmp_path,
+        "extrema",
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                a = torch.min(x, dim=2)[0]
+                b = torch.max(x, dim=-1)[0]
+                c = torch.max(x, dim=1)
+                return a * 2, b + 1, c[0], c[1]
+        """,
+        "[torch.randn(3, 4, 22, 30)]",
+    )
+    props = ExpertPolicy().propose(ctx(path), 2)
+    for p in props:
+        src = p.candidate.source
+        assert src.count("yi[") == src.count("yi[t] = acc.i;") and "yi" in src, p.edit
+        assert "while by > 1 and reduced < by *" in p.candidate.launcher, p.edit
+        # two of the three extrema are values only: their kernels take no yi
+        bodies = re.findall(r"void kp_(\w+)_body\(([^)]*)\)", src)
+        with_yi = sorted(name for name, params in bodies if "yi" in params)
+        assert len(bodies) >= 3 and len(with_yi) == 1, (p.edit, bodies)
+    for shape in ((3, 4, 22, 30), (2, 5, 5, 7), (2, 70, 3, 9)):
+        torch.manual_seed(5)
+        _emulate(path, [p.candidate for p in props], 1e-6, inputs=[torch.randn(*shape)])
+
+
+@needs_gxx
 def test_a_broadcast_into_trailing_ones_is_split_for_long_rows(tmp_path):
     """An N x 1 column plus a 1 x C x 1 x 1 bias makes 1 x C x N x 1: the elementwise kernel sees rows of
     N (split before the trailing size-1 dim), not C x N rows of one element that idle a block each."""

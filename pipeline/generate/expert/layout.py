@@ -132,6 +132,7 @@ class RowLayout:
     out_dtype: str
     keepdim: bool = False
     indices: bool = False  # also writes int64 indices (max/min over a dim) or only indices (arg*)
+    pair: bool = False  # max/min over a dim whose indices nobody reads: returns (values, None)
     correction: float = 1.0
     eps: float = 0.0
     has_weight: bool = False
@@ -144,6 +145,19 @@ class RowLayout:
     reverse: bool = False  # scan: from the far end of the dim
     exclusive: bool = False  # scan: each output leaves its own element out (the first is the identity)
     grow: int = 0  # scan: the output's length along the dim minus the input's
+
+
+def _values_only(name: str, low: Lowered) -> bool:
+    """Whether a (values, indices) result is only ever indexed [0]: its int64 indices, twice the values'
+    bytes, then need not be written."""
+    users = low.users.get(name, ())
+    if not users or name in low.graph.output_names():
+        return False
+    for u in users:
+        n = low.by_name.get(u)
+        if n is None or n.op != "getitem" or len(n.args) < 2 or n.args[1] != 0:
+            return False
+    return True
 
 
 def row_layout(region: Region, low: Lowered) -> RowLayout | None:
@@ -170,6 +184,7 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
         d0, d1 = (dims[0], dims[-1] + 1) if dims else (nd, nd)
         outer, reduced, inner = math.prod(shape[:d0]), math.prod(shape[d0:d1]), math.prod(shape[d1:])
         arg = red.kind in ("argmax", "argmin")
+        pair = red.indices and _values_only(n.name, low)
         if red.indices:
             out_dt = in_dt
         return RowLayout(
@@ -182,7 +197,8 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             in_dtype=in_dt,
             out_dtype="int64" if arg else out_dt,
             keepdim=red.keepdim,
-            indices=red.indices or arg,
+            indices=(red.indices and not pair) or arg,
+            pair=pair,
             correction=red.correction,
             static_nd=nd,
             dims_from="all" if red.dims is None else "end" if all(d < 0 for d in red.dims) else "start",

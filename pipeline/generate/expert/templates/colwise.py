@@ -221,14 +221,29 @@ def _launcher(region, lay, rp, pre, post, inputs, sig, variants, combine, softma
         lines += pre.prepare("x.shape")
     lines.append("    x = _contig(x)")
     lines += shapes.shape_lines(region, lay)
-    lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or reduced == 0")
-    ret = shapes.returned(with_yi)
+    lines += shapes.output_lines(
+        out_dt, indices_only, with_yi, post, "y.numel() == 0 or reduced == 0", lay.pair
+    )
+    ret = shapes.returned(with_yi, lay.pair)
     v = rp.vec
     lines += [
         f"    vec = {v} if inner % {v} == 0 and _aligned((x, y), {v}) else 1" if v > 1 else "    vec = 1",
         "    width = -(-inner // vec)  # columns of `vec` elements",
         f"    bx = min({rp.threads if softmax else rp.bx}, 1 << (width - 1).bit_length())",
-        "    by = 1" if softmax else f"    by = max(1, {rp.threads} // bx)",
+    ]
+    if softmax:
+        lines.append("    by = 1")
+    else:
+        # A short reduced dim shared by many threads leaves each a row or two and the block mostly barriers
+        # (level-2 24: 22 rows over 8 threads, 4x eager's time): each thread keeps 2U rows at least, and the
+        # threads so freed go along the inner dim.
+        lines += [
+            f"    by = max(1, {rp.threads} // bx)",
+            f"    while by > 1 and reduced < by * {2 * rp.unroll}:",
+            "        by //= 2",
+            f"    bx = min(max(bx, {rp.threads} // by), 1 << (width - 1).bit_length())",
+        ]
+    lines += [
         "    gx, gy = -(-width // bx), min(outer, MAX_GRID_Y)",
         "    splits, rps = 1, reduced",
     ]

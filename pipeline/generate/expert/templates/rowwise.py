@@ -817,8 +817,8 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
     lines += [f"    {p} = _contig({p})" for p in wb]
     lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
     with_yi = lay.indices and not indices_only
-    lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0")
-    ret = shapes.returned(with_yi)
+    lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0", lay.pair)
+    ret = shapes.returned(with_yi, lay.pair)
     threads = rp.threads
     if rp.warp_rows:
         lines += [

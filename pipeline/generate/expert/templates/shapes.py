@@ -65,7 +65,9 @@ def expect_trailing() -> list[str]:
     ]
 
 
-def output_lines(out_dt: str, indices_only: bool, with_yi: bool, post: Fused | None, empty: str) -> list[str]:
+def output_lines(
+    out_dt: str, indices_only: bool, with_yi: bool, post: Fused | None, empty: str, pair: bool = False
+) -> list[str]:
     """Launcher lines allocating a row-wise op's outputs at `out_shape` (y, and yi for indices), preparing
     the epilogue's operands, and returning early (with `ret` holding the outputs) when `empty` holds."""
     out_t = "torch.int64" if indices_only else torch_dtype(out_dt)
@@ -74,9 +76,10 @@ def output_lines(out_dt: str, indices_only: bool, with_yi: bool, post: Fused | N
         lines.append("    yi = torch.empty(out_shape, dtype=torch.int64, device=x.device)")
     if post:
         lines += post.prepare("out_shape")
-    lines.append(f"    if {empty}:\n        return {returned(with_yi)}")
+    lines.append(f"    if {empty}:\n        return {returned(with_yi, pair)}")
     return lines
 
 
-def returned(with_yi: bool) -> str:
-    return "y, yi" if with_yi else "y"
+def returned(with_yi: bool, pair: bool = False) -> str:
+    """The launcher's result: a values-only pair keeps the tuple its [0] reads."""
+    return "y, yi" if with_yi else "y, None" if pair else "y"
