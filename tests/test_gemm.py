@@ -344,15 +344,17 @@ def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_t
     plain, tuned = base_plan(low, False), base_plan(low, True)
     assert not uses_cute(plain) and uses_cute(tuned)  # cuBLAS's fp32 path first, then ours
     (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
-    assert (g.bn, g.stages, g.epilogue) == (128, 3, "linear")  # the widest tile, its deepest ring
+    # a 77 x 1001 output is 8 tiles of 128 x 128 (16 blocks with K = 1036 split in two): the tuned plan takes
+    # the narrow tile (32 tiles), its deepest ring, and the split; the wide tile is an edit
+    assert (g.bn, g.stages, g.epilogue, g.splits) == (32, 5, "linear", 2)
     labels = [label for label, _ in legal_edits(tuned, low)]
     assert not any("bn=256" in label for label in labels)
-    # a 77 x 1001 output is 8 tiles: the narrow tile is an edit for that grid (the tuned plan keeps 128)
-    assert any("more_parallelism(linear_mm: bn=32" in label for label in labels), labels
+    assert any("coarsen_threads(linear_mm: bn=128" in label for label in labels), labels
     source, launcher = render(low, tuned)
     assert "F32TF32TF32_SS_TN" in source and "fence_view_async_shared" in source
     assert "PROMOTE = 4" in source and "sum(i) += acc(i);" in source  # chunk sums added on the CUDA cores
-    assert "kernels.tensor_map(a, 128, 32)" in launcher and "kernels.tensor_map(b, 128, 32)" in launcher
+    assert "kernels.tensor_map(a, 128, 32)" in launcher and "kernels.tensor_map(b, 32, 32)" in launcher
+    assert "kp_linear_f(" in source.split("kp_linear_mm_splitk(")[1]  # the epilogue in the sum kernel
     assert check_launcher(launcher).ok
     assert not uses_cute(safer(tuned, None))  # a failed fp32 GEMM goes back to cuBLAS
 
@@ -497,15 +499,16 @@ class _SplitKernels:
 
 
 def test_a_product_with_few_tiles_and_a_long_k_splits_k_and_sums_the_partials_in_order(tmp_path):
-    """200 x 200 outputs (4 tiles) over K = 4096: the tuned plan splits K 8 ways (4 x 8 blocks, each with 16
-    k tiles), the edits offer 4 and none; the launcher's sum kernel (emulated) adds the slices into the
-    product, and the split kernel builds for sm_90a without spills."""
+    """200 x 200 outputs (4 tiles of 128 x 128) over K = 4096: the tuned plan takes the 128 x 32 tile (14
+    tiles) and splits K 8 ways (14 x 8 blocks, each with 16 k tiles), the edits offer 4 and none; the
+    launcher's sum kernel (emulated) adds the slices into the product, and the split kernel builds for
+    sm_90a without spills."""
     body = "class Model(nn.Module):\n    def forward(self, a, b):\n        return torch.mm(a, b)\n"
     path = task(tmp_path, "mm_split", body, "torch.randn(200, 4096), torch.randn(4096, 200)")
     low = prepare(capture(path))
     tuned = base_plan(low, True)
     (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
-    assert (g.splits, g.epilogue) == (8, "") and "split-K=8" in g.describe()
+    assert (g.bn, g.splits, g.epilogue) == (32, 8, "") and "split-K=8" in g.describe()
     moves = {label: p for label, p in legal_edits(tuned, low)}
     splits = sorted(p.get(g.rid).splits for label, p in moves.items() if "splits=" in label)
     assert splits == [1, 4]
@@ -524,7 +527,7 @@ def test_a_product_with_few_tiles_and_a_long_k_splits_k_and_sums_the_partials_in
     model = load_model(ours.launcher, fake)()
     x, y = torch.randn(200, 4096), torch.randn(4096, 200)
     torch.testing.assert_close(model(x, y).double(), x.double() @ y.double(), rtol=1e-5, atol=1e-4)
-    assert fake.grids == [(4, 8)]
+    assert fake.grids == [(14, 8)]
     if _cutlass()[0]:
         (b,) = compile_candidates([ours], Config(home=tmp_path / "home", arch="sm_90a"))
         assert b.status == Status.OK, b.log
@@ -556,4 +559,60 @@ def test_a_product_that_fills_the_gpu_does_not_split(tmp_path):
         capture(linear(tmp_path, "l32f", k=4096, n=200, dt="float32", expr="torch.relu(self.linear(x))"))
     )
     (h,) = [rp for rp in base_plan(fused, True).regions if isinstance(rp, Tf32Plan)]
-    assert (h.splits, h.epilogue) == (1, "linear")  # the epilogue fused: no split (the sum kernel has none)
+    assert (h.bn, h.splits, h.epilogue) == (32, 8, "linear")  # 77 x 200: 7 narrow tiles, K split, fused
+
+
+def test_a_split_product_computes_its_fused_epilogue_in_the_sum_kernel(tmp_path):
+    """A linear layer with a bias, a residual (a full operand) and a ReLU over few tiles and a long K: split
+    8 ways with the epilogue kept; the GEMM kernel takes no epilogue operands and stores raw partials, the
+    sum kernel (emulated) adds them in order and computes the chain on the total, on 2-D and 3-D inputs."""
+    body = """
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4096, 200)
+        def forward(self, x, y):
+            return torch.relu(self.linear(x) + y * 0.5)
+    """
+    path = task(tmp_path, "l32split", body, "torch.randn(77, 4096), torch.randn(77, 200)")
+    low = prepare(capture(path))
+    tuned = base_plan(low, True)
+    (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
+    assert (g.bn, g.splits) == (32, 8) and g.epilogue
+    t = probe(path)
+    ours = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[-1].candidate
+    assert plan_of(ours.source) == tuned and "K split 8 ways" in ours.launcher
+    gemm_decl = re.search(rf"kp_{g.rid}_gemm\(([^)]*)\)", ours.source).group(1)
+    assert "e0" not in gemm_decl and "kp_linear_f(" in ours.source
+    region = next(r for r in low.regions if r.rid == g.rid)
+    epi = gemm_tf32.SPEC.epilogue_of(region, low) if gemm_tf32.SPEC.epilogue_of else None
+    from pipeline.generate.expert.families import gemm_kit
+    from pipeline.generate.expert.templates.common import PRELUDE
+
+    epi = epi or gemm_kit.epilogue(region, low)
+    sig = tf32_template._sum_signature(epi, "float32", 8)
+    src = "\n".join([PRELUDE, *gemm.epilogue_function(epi, "float32"),
+                     tf32_template._split_sum_epilogue(g.rid, epi, "float32", sig)])  # fmt: skip
+    from cuda_emulator import build, load_model
+
+    from pipeline.generate.expert.templates.code import GATHER
+
+    fake = _SplitKernels(build(src + "\n" + GATHER, tmp_path))
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    model = load_model(ours.launcher, fake)()
+    model.load_state_dict(ref.state_dict())
+    for lead in ((77,), (3, 5)):
+        x, y = torch.randn(*lead, 4096), torch.randn(*lead, 200)
+        with torch.no_grad():
+            want = ref.double()(x.double(), y.double())
+            ref.float()
+            got = model(x, y)
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-4)
+    assert fake.grids[0] == (7, 8)
+    if _cutlass()[0]:
+        (b,) = compile_candidates([ours], Config(home=tmp_path / "home", arch="sm_90a"))
+        assert b.status == Status.OK, b.log
+        res = {r.name: r for r in b.resources}
+        assert res[f"kp_{g.rid}_gemm"].spill_stores == 0 and f"kp_{g.rid}_splitk" in res

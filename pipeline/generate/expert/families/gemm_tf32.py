@@ -2,16 +2,16 @@
 kernel (templates/gemm_tf32.py), with the elementwise region after it fused on its stores. Left to
 cuBLAS's fp32 path they run on the CUDA cores (about 50 TFLOP/s on the H200). The plain plan keeps
 cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a repair. Knobs and edits:
-gemm_kit.py (tiles 128 x 128, 32 deep, and 128 x 32 by an edit where the grid has few tiles;
-templates/gemm_tf32.py says why not 256). A row-major B is
-made K-major by a tiled transpose before the kernel (tf32 WGMMA reads K-major operands only).
+gemm_kit.py (tiles 128 x 128 and 128 x 32, 32 deep; templates/gemm_tf32.py says why not 256). A row-major
+B is made K-major by a tiled transpose before the kernel (tf32 WGMMA reads K-major operands only).
 
-Split-K: a GEMM with too few output tiles to fill the GPU (256 x 256 outputs over K = 524288 is 4 tiles on
-132 SMs) splits K over `splits` blocks a tile, each summing its share into an fp32 workspace slice, then
-one small kernel adds the slices in order. The tuned plan takes the split that fills a wave; the
-more_parallelism / resize_grid edits offer half and twice that. Only without a fused epilogue (the sum
-kernel would have to compute it), so fuse_epilogue is not offered on a split plan, nor a split on a fused
-one.
+Grids of few tiles: a GEMM whose 128 x 128 tiles, split over K as far as K allows, fill under half the
+SMs (level 3's (394, 512) outputs are 16 tiles on 132 SMs) takes the 128 x 32 tile in the tuned plan,
+four times the blocks. Where SMs are still idle and K is long, K is split over `splits` blocks a tile,
+each summing its share into an fp32 workspace slice; one small kernel then adds the slices in order and
+computes the fused epilogue on the total (ViT's bias adds, a residual). The tuned plan takes the split
+that fills a wave; the more_parallelism / resize_grid edits offer half and twice that (and the narrow
+tile; coarsen_threads the wide one).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import gemm_kit
-from pipeline.generate.expert.families.base import change, changed
+from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -57,8 +57,8 @@ WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of 
 MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
 
 
-def _tiles_and_ktiles(r: Region, low: Lowered) -> tuple[int, int] | None:
-    """Output tiles (128 x 128) and k tiles of the region's GEMM, from the graph's static shapes."""
+def _tiles_and_ktiles(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> tuple[int, int] | None:
+    """Output tiles (128 x bn) and k tiles of the region's GEMM, from the graph's static shapes."""
     a, b = (low.by_name.get(getattr(v, "name", "")) for v in r.node.args[:2])
     if a is None or b is None or not a.shape or not b.shape:
         return None
@@ -68,14 +68,23 @@ def _tiles_and_ktiles(r: Region, low: Lowered) -> tuple[int, int] | None:
     k = a.shape[-1]
     n = b.shape[0] if f.b_major == "K" else b.shape[-1]
     batch, m = (math.prod(a.shape[:-2]), a.shape[-2]) if f.batched else (1, math.prod(a.shape[:-1]))
-    bm, bn = gemm_tf32.BM, gemm_tf32.TILE_N[-1]
+    bm = gemm_tf32.BM
     return batch * -(-m // bm) * -(-n // bn), -(-k // gemm_tf32.BK)
 
 
-def wave_split(r: Region, low: Lowered) -> int:
-    """The power-of-two split that brings the tiles to a wave, as far as each split keeps MIN_SHARE k tiles;
-    1 when the tiles already fill the GPU."""
-    return _wave(_tiles_and_ktiles(r, low))
+def wave_split(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> int:
+    """The power-of-two split that brings the tiles (128 x bn) to a wave, as far as each split keeps
+    MIN_SHARE k tiles; 1 when the tiles already fill the GPU."""
+    return _wave(_tiles_and_ktiles(r, low, bn))
+
+
+def wave_tile(r: Region, low: Lowered) -> int:
+    """The tile width: the widest (the most MMAs per byte loaded), unless its tiles, split as far as K allows,
+    leave over half the SMs idle; then the narrowest, four times the blocks. A long K is split rather than
+    narrowed: level 1's 256 x 256 over K = 262144 keeps 4 tiles x 32 splits."""
+    wide = gemm_tf32.TILE_N[-1]
+    tk = _tiles_and_ktiles(r, low, wide)
+    return wide if tk is None or tk[0] * _wave(tk) >= WAVE // 2 else gemm_tf32.TILE_N[0]
 
 
 def _wave(tk: tuple[int, int] | None) -> int:
@@ -90,9 +99,9 @@ def _wave(tk: tuple[int, int] | None) -> int:
 
 def _split_edit(edit: str) -> Any:
     def apply(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
-        if rp is None or rp.epilogue:
+        if rp is None:
             return
-        tk = _tiles_and_ktiles(r, low)
+        tk = _tiles_and_ktiles(r, low, rp.bn)
         best, ktiles = _wave(tk), tk[1] if tk else 0
         for s in dict.fromkeys((best, best // 2, best * 2, 1)):
             if s != rp.splits and 1 <= s <= gemm_tf32.MAX_SPLITS and (s == 1 or ktiles // s >= MIN_SHARE):
@@ -103,21 +112,18 @@ def _split_edit(edit: str) -> Any:
 
 def _family() -> Any:
     base = gemm_kit.family(SPEC)
-    fuse = base.edits["fuse_epilogue"]
-
-    def fuse_unsplit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
-        if rp is not None and rp.splits > 1:
-            return
-        yield from fuse(plan, rp, r, low)
 
     def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
         plan = base.settle(plan, r, low, tuned)
         rp = plan.get(r.rid)
-        if tuned and isinstance(rp, Tf32Plan) and not rp.epilogue and (s := wave_split(r, low)) > 1:
-            plan = changed(plan, rp, splits=s)
+        if tuned and isinstance(rp, Tf32Plan):
+            bn = wave_tile(r, low)
+            if bn != rp.bn:
+                rp = dataclasses.replace(rp, bn=bn, stages=gemm_tf32.max_stages(bn))
+            plan = plan.replace(dataclasses.replace(rp, splits=wave_split(r, low, bn)))
         return plan
 
-    edits = {**base.edits, "fuse_epilogue": fuse_unsplit}
+    edits = dict(base.edits)
     for name in ("more_parallelism", "resize_grid"):
         tile, split = base.edits[name], _split_edit(name)
 

@@ -288,6 +288,21 @@ _LOAD_B = {
 PAIRING = "        if (get<1>(tCcC(i + size(acc) / 2)) != get<1>(tCcC(i)) + BN / 2) __trap();"
 
 
+def epilogue_call(epi: GemmEpilogue, main: str, up: str, col: str, out: str) -> str:
+    """The fused chain's call on one output: `main` (and `up`, gated) its accumulator values, `col` its
+    column; `m` (its row in its matrix) and `r` (its row in the output) are in scope where it is used."""
+    # a positional chain's row and column in its matrix (families/gemm_kit.py: only per-matrix rows)
+    args = ["m", col] if ops.positional(epi.region.nodes) else []
+    for i in epi.region.inputs:
+        if i == epi.main or (epi.up and i == epi.up):
+            args.append(main if i == epi.main else up)
+            continue
+        j = next(j for j, (v, _, _) in enumerate(epi.operands) if v == i)
+        at = {Bcast.FULL: f"r * N + {col}", Bcast.COL: col, Bcast.ROW: "r", Bcast.SCALAR: "0"}
+        args.append(f"kp::ld(e{j}[{at[epi.operands[j][2]]}])")
+    return f"kp_{epi.region.rid}_f({', '.join([*args, out])})"
+
+
 def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     """The epilogue: accumulator pairs (i, i + 1) are adjacent columns of one row in the GMMA layout."""
     ot = ctype(out_dt)
@@ -297,19 +312,8 @@ def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     def value(k: int) -> str:
         if epi is None:
             return f"acc(i + {k})"
-        # a positional chain's row and column in its matrix (families/gemm_kit.py: only per-matrix rows)
-        args = ["m", f"n + {k}"] if ops.positional(epi.region.nodes) else []
-        for i in epi.region.inputs:
-            if i in (epi.main, epi.up):
-                # the GMMA accumulators hold columns c and c + BN / 2 at i and i + size(acc) / 2
-                args.append(f"acc(i + {k}{' + size(acc) / 2' if i == epi.up else ''})")
-                continue
-            j = next(j for j, (v, _, _) in enumerate(epi.operands) if v == i)
-            cls = epi.operands[j][2]
-            at = {Bcast.FULL: f"r * N + n + {k}", Bcast.COL: f"n + {k}", Bcast.ROW: "r", Bcast.SCALAR: "0"}
-            idx = at[cls]
-            args.append(f"kp::ld(e{j}[{idx}])")
-        return f"kp_{epi.region.rid}_f({', '.join([*args, f'v{k}'])})"
+        # the GMMA accumulators hold columns c and c + BN / 2 at i and i + size(acc) / 2
+        return epilogue_call(epi, f"acc(i + {k})", f"acc(i + {k} + size(acc) / 2)", f"n + {k}", f"v{k}")
 
     pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
     make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",

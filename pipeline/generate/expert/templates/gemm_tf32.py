@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline.generate.expert import atoms
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm
-from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.code import Code, ctype
 from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT, Boxes, Form, GemmEpilogue
-from pipeline.generate.expert.templates.signature import Signature
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
 if TYPE_CHECKING:
     from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
@@ -121,24 +121,27 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     sig = gemm.signature(epi, out_dt)
     body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
     splits = rp.splits
+    # Split, the GEMM stores raw fp32 partials and the sum kernel computes the fused epilogue on the total.
+    kernel_epi = None if splits > 1 else epi
     if splits > 1:
-        if epi is not None:  # the plan's edits never make this: the sum of the partials is the epilogue
-            raise ValueError(f"region {rid}: split-K keeps no fused epilogue")
+        if epi is not None and epi.up:  # the plan's edits never make this: gated pairs live in the tile
+            raise ValueError(f"region {rid}: split-K keeps no gated epilogue")
         body = _split_k(body)
+    kernel_sig = gemm.signature(kernel_epi, "float32") if splits > 1 else sig
     lines += [
-        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({kernel_sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         body + gemm.EPILOGUE_HEAD,
-        *gemm.store(epi, out_dt),
+        *gemm.store(kernel_epi, out_dt if kernel_epi else "float32"),
         "}",
     ]
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
     code = gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
     if f.b_major == "MN":
         code = _with_transpose(code, rid)
-    return _with_split_sum(code, rid, sig, smem, splits) if splits > 1 else code
+    return _with_split_sum(code, rid, sig, kernel_sig, smem, splits, epi, out_dt) if splits > 1 else code
 
 
 def _with_transpose(code: Code, rid: str) -> Code:
@@ -209,22 +212,31 @@ def _split_k(body: str) -> str:
     )
 
 
-def _with_split_sum(code: Code, rid: str, sig: Signature, smem: int, splits: int) -> Code:
-    """The launcher runs the GEMM into a workspace of `splits` slices, then the sum kernel into the output."""
+def _with_split_sum(code: Code, rid: str, sig: Signature, kernel_sig: Signature, smem: int, splits: int,
+                    epi: GemmEpilogue | None, out_dt: str) -> Code:  # fmt: skip
+    """The launcher runs the GEMM into a workspace of `splits` slices, then the sum kernel into the output
+    (computing the fused epilogue on each total, where there is one)."""
     call = f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821"
     assert code.launcher.count(call) == 1, "the GEMM launch line changed"
     into_ws = Signature(
-        tuple(dataclasses.replace(p, value="ws") if p.name == "out" else p for p in sig.params)
+        tuple(dataclasses.replace(p, value="ws") if p.name == "out" else p for p in kernel_sig.params)
     )
+    if epi is None:
+        sum_src, sum_args = (
+            SPLIT_SUM.replace("RID", rid),
+            f"ws, out, numpy.int64(total), numpy.int32({splits})",
+        )
+    else:
+        sum_sig = _sum_signature(epi, out_dt, splits)
+        sum_src, sum_args = _split_sum_epilogue(rid, epi, out_dt, sum_sig), sum_sig.args()
     split_call = "\n".join([
         f"        ws = torch.empty(({splits}, batch * m, n), dtype=torch.float32, device=x.device)",
         f"        kernels.kp_{rid}_gemm((grid, {splits}), (384,), ({into_ws.args()}), shared_mem={smem})  # noqa: F821",
         "        total = batch * m * n",
         "        blocks = max(1, min(-(-total // 1024), 65535 * 32))",
-        f"        kernels.kp_{rid}_splitk((blocks,), (256,), (ws, out, numpy.int64(total), numpy.int32({splits})))"
-        "  # noqa: F821",
+        f"        kernels.kp_{rid}_splitk((blocks,), (256,), ({sum_args}))  # noqa: F821",
     ])  # fmt: skip
-    cuda = code.cuda + SPLIT_SUM.replace("RID", rid)
+    cuda = code.cuda + sum_src
     launcher = code.launcher.replace(call, split_call).replace(
         'stages)."""', f'stages, K split {splits} ways)."""', 1
     )
@@ -257,6 +269,35 @@ kp_RID_splitk(const float* __restrict__ ws, float* __restrict__ out, long long n
     }
 }
 """
+
+
+def _sum_signature(epi: GemmEpilogue, out_dt: str, splits: int) -> Signature:
+    return Signature((
+        ptr("ws", "float"), ptr("out", ctype(out_dt), const=False),
+        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(epi.operands)),
+        i64("total"), i32("M", "m"), i32("N", "n"), i32("splits", str(splits)),
+    ))  # fmt: skip
+
+
+def _split_sum_epilogue(rid: str, epi: GemmEpilogue, out_dt: str, sig: Signature) -> str:
+    """The sum kernel of a split GEMM with a fused epilogue: the partials added in split order, then the
+    chain on the total, indexed as the GEMM's own store indexes it (r: the output's row, m: the matrix's)."""
+    call = gemm.epilogue_call(epi, "a", "", "n", "v")
+    return (
+        f'extern "C" __global__ void __launch_bounds__(256)\nkp_{rid}_splitk({sig.decls()}) {{\n'
+        "    const long long step = (long long)gridDim.x * blockDim.x;\n"
+        "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {\n"
+        "        float a = ws[i];\n"
+        "        for (int z = 1; z < splits; ++z) a += ws[z * total + i];\n"
+        "        const long long r = i / N, n = i % N, m = r % M;\n"
+        "        (void)r;\n"
+        "        (void)m;\n"
+        "        float v;\n"
+        f"        {call};\n"
+        f"        out[i] = kp::cv<{ctype(out_dt)}>(v);\n"
+        "    }\n"
+        "}\n"
+    )
 
 
 LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
