@@ -13,6 +13,10 @@
 # results.retried.jsonl with --retry), summary.json, report.md, report.html, bench.out / bench.err, doctor.txt (the
 # toolchain it ran with) and runs/*/log.jsonl of this part's runs. One file: the device tool brings back
 # only a few a call, and the sweep may share its call with other work.
+# HARD_S (optional): seconds after which the bench is interrupted (SIGINT, then killed 30 s later) so that
+# the packing below still runs inside the device call's limit: BUDGET_S only stops new tasks from starting,
+# and a task already started runs to its end (a level-3 task takes 4 minutes). The rows of the tasks that
+# finished come back; the interrupted task has none and runs again on --resume.
 set -u
 suite=${1:?usage: device_sweep.sh SUITE BENCH_DIR BUDGET_S [bench options]}
 bench=${2:?}; budget=${3:?}; shift 3
@@ -31,7 +35,9 @@ else
   python3 -m pipeline.cli doctor > "$work.doctor.txt" 2>&1
   touch "$work.started"  # the runs written after this are this part's
 fi
-python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budget" "$@" \
+hard=()
+[ -n "${HARD_S:-}" ] && hard=(timeout --signal=INT --kill-after=30 "$HARD_S")
+${hard[@]+"${hard[@]}"} python3 -m pipeline.cli bench "$suite" --out "$work" --resume --budget-s "$budget" "$@" \
   >> "$work.bench.out" 2>> "$work.bench.err"
 echo "rc=$?" >> "$work.bench.out"
 mkdir -p "$work"

@@ -541,6 +541,18 @@ def test_the_device_sweep_script_resumes_a_copy_and_brings_back_its_rows_and_log
         names = tar.getnames()
         assert {"bench.json", "results.jsonl", "doctor.txt", "bench.out"} <= set(names), names
         assert len(tar.extractfile("results.jsonl").read().splitlines()) == 1
+    # HARD_S: a bench still running then is interrupted, and what there is still comes back in the tar
+    out3 = tmp_path / "out3"
+    out3.mkdir()
+    r = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "device_sweep.sh"), str(suite), str(kept), "600", "--replay",
+         str(RECORDED)],
+        cwd=ROOT, env={**env, "OUT": str(out3), "HARD_S": "0.2"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    with tarfile.open(out3 / "sweep-kept.tgz") as tar:
+        assert "rc=124" in tar.extractfile("bench.out").read().decode()
+        assert {"bench.json", "results.jsonl", "doctor.txt"} <= set(tar.getnames())
 
 
 def test_a_bench_keeps_one_set_of_workers_for_its_tasks_and_closes_it_whatever_happens(tmp_path):
