@@ -97,7 +97,7 @@ FAMILIES = {
         """
         class Model(nn.Module):
             def forward(self, x):
-                return x.mean(dim=1), torch.max(x, dim=1)[0], torch.argmin(x, dim=1)
+                return x.mean(dim=1), torch.max(x, dim=1)[0], torch.argmin(x, dim=1), *torch.min(x, dim=1)
         """,
         "[]",
     ),
@@ -340,6 +340,17 @@ FAMILIES = {
                 self.linear = nn.Linear(1036, 1001)
             def forward(self, x):
                 return F.gelu(self.linear(x)) * 0.5 + 1.0
+        """,
+        "[]",
+    ),
+    "linear_f32_split": (  # fp32, few tiles and a long K: K split, bias + residual + ReLU in the sum kernel
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(4100, 200)
+            def forward(self, x, y):
+                return torch.relu(self.linear(x) + y)
         """,
         "[]",
     ),
@@ -595,12 +606,13 @@ FAMILIES = {
 }
 # Rows held in registers (4096 columns fit), weight and bias read as vectors: the same model, another width.
 FAMILIES["layer_rms_4k"] = (FAMILIES["layer_rms"][0], "[4096]")
+FAMILIES["linear_f32_skinny"] = (FAMILIES["linear_f32_split"][0].replace("4100", "1030"), "[]")
 SHAPES = {
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
     "bf16": ["(1001, 1003)"],
     "reduce_last": ["(4097, 999)", "(3, 2)", "(2, 100003)"],
-    "reduce_mid": ["(3, 1001, 77)", "(5, 33, 7, 3)", "(64, 4096, 512)"],
+    "reduce_mid": ["(3, 1001, 77)", "(5, 33, 7, 3)", "(64, 4096, 512)", "(96, 22, 900)"],  # the last: R short
     "reduce_all": ["(2**24 + 1,)", "(5,)"],
     "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)", "(2, 200003)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
@@ -668,6 +680,10 @@ SHAPES = {
     "matmul_misaligned": ["(300 * 1024 + 1,); (1024, 264)"],
     # fp32 (3xTF32): no size a multiple of any tile; K a multiple of 4 but not of the 32-deep k-tile
     "linear_f32_epilogue": ["(999, 1036)", "(3, 7, 1036)", "(1, 1036)"],
+    # 77 x 200: 2 tiles of 128 x 128, so 7 of 128 x 32 with K (129 k tiles) split 8 ways, the last short
+    "linear_f32_split": ["(77, 4100); (77, 200)", "(3, 5, 4100); (3, 5, 200)"],  # the second: 15 rows, skinny
+    # few rows (families/gemm_skinny.py), K = 1030 (scalar loads): two groups of 16 rows, one row, 32 rows
+    "linear_f32_skinny": ["(20, 1030); (20, 200)", "(1, 1030); (1, 200)", "(2, 16, 1030); (2, 16, 200)"],
     "matmul_f32": [
         "(300, 1028); (1028, 1000)",
         "(3, 7, 4100); (4100, 132)",
@@ -702,9 +718,10 @@ GATHERS = {"cross_entropy"}  # the pick of one element a row left to PyTorch: hy
 
 
 def ours(c) -> bool:
-    """Our own kernel computes the library region (a WGMMA GEMM or convolution, the direct convolution)."""
+    """Our own kernel computes the library region (a WGMMA GEMM or convolution, the direct convolution, the
+    few-row linear layer on the CUDA cores)."""
     plan = plan_of(c.source)
-    return uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
+    return uses_cute(plan) or any(rp.TAG in ("direct_conv", "skinny_gemm") for rp in plan.regions)
 
 
 def family_task(folder: Path, name: str, shape: str) -> Path:
@@ -725,7 +742,8 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
 # vertically or at stride 2, scans, and long rows over a cluster of twice the blocks the tuned plan takes
 # (where it takes fewer than 8).
 EDITED = dict.fromkeys(("long_rows", "pool_rows", "avg_pool2d", "scan", "folded_scans"), "tile_shared_memory")
-# the 3xTF32 GEMM's 128 x 32 tile on a grid of few tiles: fused epilogue, then row-major B and split-K
+# the 3xTF32 GEMM's more_parallelism: the 128 x 32 tile where the tuned plan kept 128 x 128 (999 x 1001), else
+# half or twice its split of K
 EDITED |= dict.fromkeys(("linear_f32_epilogue", "matmul_f32"), "more_parallelism")
 
 

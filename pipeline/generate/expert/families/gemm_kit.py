@@ -58,7 +58,8 @@ class Spec:
     render: Callable[[Region, Any, Any, Any, Any], Code]  # the template: region, form, plan, epilogue, hunter
     kernel: str  # how notes name the kernel
     order: int = 20
-    # Another anchor than a GEMM (a convolution): its operand form (or why not) and its fusable epilogue.
+    # Another anchor than a GEMM (a convolution): its operand form (or why not) and its fusable epilogue;
+    # form_of also for a GEMM family that leaves some GEMMs to another (3xTF32: few rows to gemm_skinny).
     form_of: Callable[[Region, Lowered], Any] | None = None
     epilogue_of: Callable[[Region, Lowered], Any] | None = None
     library: str = "cuBLAS"  # what computes the region in the plain plan

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families import gemm_kit, gemm_skinny
 from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.plan import Plan
@@ -41,6 +41,14 @@ class Tf32Plan(GemmPlan):
         return super().describe() + (f" split-K={self.splits}" if self.splits > 1 else "")
 
 
+def _form(r: Region, low: Lowered) -> Form | str:
+    """The operands' form, else why not: a linear layer over few rows is the CUDA cores' (gemm_skinny.py)."""
+    f = gemm_kit.form(r, low, SPEC)
+    if not isinstance(f, str) and not isinstance(rows := gemm_skinny.form(r, low), str):
+        return f"{rows} rows: the CUDA cores' (families/gemm_skinny.py)"
+    return f
+
+
 SPEC = gemm_kit.Spec(
     knobs=Tf32Plan,
     dtypes=("float32",),
@@ -51,6 +59,7 @@ SPEC = gemm_kit.Spec(
     render=gemm_tf32.render,
     kernel="3xTF32 WGMMA kernel (fp32 accuracy on the tensor cores)",
     plain_widest=True,
+    form_of=_form,
     order=21,
 )
 WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
@@ -140,7 +149,7 @@ FAMILY = _family()
 
 def form(r: Region, low: Lowered) -> Form | str:
     """The operands' form when our 3xTF32 kernel can compute this library region, else why not."""
-    return gemm_kit.form(r, low, SPEC)
+    return _form(r, low)
 
 
 __all__ = ["FAMILY", "SPEC", "Tf32Plan", "form"]
