@@ -86,10 +86,7 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
     f = form(r, low)
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our direct convolution: {f}")
-    epi = epilogue(r, low) if rp.epilogue else None
-    if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
-        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
-    return conv_direct.render(r, f, rp, r.node.dtype, epi)
+    return conv_direct.render(r, f, rp, r.node.dtype, gemm_kit.planned_epilogue(rp, r, low, epilogue))
 
 
 _fuse = gemm_kit.fuse_edit(epilogue)

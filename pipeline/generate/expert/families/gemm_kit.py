@@ -179,6 +179,15 @@ def _per_matrix(host: Region, low: Lowered) -> bool:
     return len(a) == 2 or (n.op != "gemm_linear" and len(a) == len(b))
 
 
+def planned_epilogue(rp: Any, r: Region, low: Lowered, epilogue_of: Callable[[Region, Lowered], Any]) -> Any:
+    """The epilogue a library region's entry fused (None where it fused none); RenderError where the graph no
+    longer offers that fusion."""
+    epi = epilogue_of(r, low) if rp.epilogue else None
+    if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
+        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+    return epi
+
+
 def fuse_edit(epilogue_of: Callable[[Region, Lowered], Any]) -> Edit:
     """fuse_epilogue for a library region's entry with an `epilogue` knob: the ew region after it (which
     `epilogue_of` finds, or None) computed on its stores, once that region has an entry of its own."""
@@ -223,9 +232,7 @@ def family(spec: Spec) -> Family:
 
     def render(r: Region, rp: GemmPlan, low: Lowered, hunter: Any) -> Code:
         f = form_of(r, low)
-        epi = epilogue_any(r, low) if rp.epilogue else None
-        if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
-            raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+        epi = planned_epilogue(rp, r, low, epilogue_any)
         if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= spec.max_stages(rp.bn, f):
             raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
         try:

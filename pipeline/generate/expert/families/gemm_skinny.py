@@ -81,12 +81,9 @@ def render(r: Region, rp: SkinnyPlan, low: Lowered, hunter: Any) -> Code:
     rows = form(r, low)
     if isinstance(rows, str):
         raise RenderError(f"region {r.rid} cannot be our skinny GEMM: {rows}")
-    epi = gemm_kit.epilogue(r, low) if rp.epilogue else None
-    if rp.epilogue and (epi is None or epi.region.rid != rp.epilogue):
-        raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
     if rp.rows * rp.cols > MAX_SUMS or rp.cols > MAX_COLS:
         raise RenderError(f"region {r.rid}: {rp.rows} x {rp.cols} sums a thread do not fit")
-    return gemm_skinny.render(r, rp, epi)
+    return gemm_skinny.render(r, rp, gemm_kit.planned_epilogue(rp, r, low, gemm_kit.epilogue))
 
 
 _fuse = gemm_kit.fuse_edit(gemm_kit.epilogue)
