@@ -742,8 +742,8 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
 # vertically or at stride 2, scans, and long rows over a cluster of twice the blocks the tuned plan takes
 # (where it takes fewer than 8).
 EDITED = dict.fromkeys(("long_rows", "pool_rows", "avg_pool2d", "scan", "folded_scans"), "tile_shared_memory")
-# the 3xTF32 GEMM's more_parallelism: the 128 x 32 tile where the tuned plan kept 128 x 128 (999 x 1001), else
-# half or twice its split of K
+# more_parallelism on the fp32 GEMMs: the 128 x 32 tile where the tuned plan kept 128 x 128 (999 x 1001), else
+# half or twice its split of K; on the few-row shapes (the skinny kernel) half its columns a block
 EDITED |= dict.fromkeys(("linear_f32_epilogue", "matmul_f32"), "more_parallelism")
 
 

@@ -122,19 +122,20 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
     splits = rp.splits
     # Split, the GEMM stores raw fp32 partials and the sum kernel computes the fused epilogue on the total.
-    kernel_epi = None if splits > 1 else epi
+    kernel_epi, kernel_dt, kernel_sig = epi, out_dt, sig
     if splits > 1:
         if epi is not None and epi.up:  # the plan's edits never make this: gated pairs live in the tile
             raise ValueError(f"region {rid}: split-K keeps no gated epilogue")
         body = _split_k(body)
-    kernel_sig = gemm.signature(kernel_epi, "float32") if splits > 1 else sig
+        kernel_epi, kernel_dt = None, "float32"
+        kernel_sig = gemm.signature(kernel_epi, kernel_dt)
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({kernel_sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         body + gemm.EPILOGUE_HEAD,
-        *gemm.store(kernel_epi, out_dt if kernel_epi else "float32"),
+        *gemm.store(kernel_epi, kernel_dt),
         "}",
     ]
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
