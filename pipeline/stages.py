@@ -294,6 +294,7 @@ def profile_candidate(
             ncu = collect.run_ncu(
                 jobs.Ncu(str(Path(task_path).resolve()), cfg.seed, code), cfg, warm_next=warm_next
             )
+        seconds.update({f"ncu_{k}": v for k, v in ncu.parts.items()})
         if ncu.warm:
             notes.append("ncu's target was started ahead (its start is not in the ncu seconds)")
         if ncu.status != Status.OK:

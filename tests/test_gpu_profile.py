@@ -77,5 +77,13 @@ def test_a_profile_started_ahead_reads_the_same_counters(pool):
         names = lambda pr: sorted(k.name for k in pr.evidence.our_counters)  # noqa: E731
         assert names(hot) == names(cold) and names(hot)
         assert hot.evidence.dominant().get("dram__bytes_read.sum") >= 0.9 * 16384 * 4096 * 4
+        # Both say where their ncu seconds went, from the target's marks; the parts add up to the whole.
+        for pr in (cold, hot):
+            parts = {k: v for k, v in pr.seconds.items() if k.startswith("ncu_")}
+            assert set(parts) == {
+                f"ncu_{k}" for k in ("start", "setup", "candidate", "warmup", "replay", "exit")
+            }
+            assert abs(sum(parts.values()) - pr.seconds["ncu"]) < 0.05 * pr.seconds["ncu"] + 0.05
+        assert hot.seconds["ncu_start"] < cold.seconds["ncu_start"]  # the waiting target had imported all
     finally:
         warm.stop()

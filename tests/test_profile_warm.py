@@ -102,3 +102,22 @@ def test_run_ncu_uses_the_target_started_ahead_with_its_settings(tmp_path, monke
     finally:
         warm.stop()
     assert warm._waiting is None
+
+
+def test_target_parts_split_a_profile_by_the_targets_marks(tmp_path):
+    marks = tmp_path / target.TIMES_FILE
+    assert collect.target_parts(marks, 100.0, 110.0) == {}  # the target died before its profiled call
+    marks.write_text(
+        '{"job": 100.5, "reference": 102.0, "candidate": 102.25, "warmup": 102.5, "replayed": 109.0}'
+    )
+    parts = collect.target_parts(marks, 100.0, 110.0)
+    assert parts == {
+        "start": 0.5,
+        "setup": 1.5,
+        "candidate": 0.25,
+        "warmup": 0.25,
+        "replay": 6.5,
+        "exit": 1.0,
+    }
+    marks.write_text('{"job": 100.5, "reference": 102.0}')  # no mark past the reference: no parts
+    assert collect.target_parts(marks, 100.0, 110.0) == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import re
 import shutil
@@ -24,7 +25,7 @@ from pathlib import Path
 from pipeline import jobs, sandbox
 from pipeline.config import Config
 from pipeline.profile import warm
-from pipeline.profile.target import JOB_FILE
+from pipeline.profile.target import JOB_FILE, TIMES_FILE
 from pipeline.types import Status
 
 METRICS_FILE = Path(__file__).with_name("metrics.txt")
@@ -56,6 +57,10 @@ class NcuResult:
     seconds: float = 0.0
     raw: str = ""  # ncu's CSV output as written
     warm: bool = False  # the target was started ahead (its start is not in `seconds`)
+    # `seconds` by part, from the target's marks (target.TIMES_FILE): start (to the job read: a cold target's
+    # Python and imports, a waiting one's poll), setup (CUDA under ncu, the task and its reference),
+    # candidate, warmup, replay (the profiled call, replayed per metric pass), exit (ncu's CSV and exit)
+    parts: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -188,7 +193,7 @@ def run_ncu(
     if ncu is None:
         return NcuResult(Status.LAUNCH_ERROR, log="ncu (Nsight Compute) not found on this machine")
     metrics = metrics or curated_metrics()
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
 
     # The namespaces go on ncu's whole tree through the trampoline; the target applies Landlock and seccomp
     # itself once CUDA is up (job.sandbox), since ncu must exec it and talk to its injected library.
@@ -198,6 +203,7 @@ def run_ncu(
     waiting = warm.take(cfg, ncu, metrics, launch_count)
     if waiting is not None:
         proc, log_path = waiting.proc, waiting.log_path
+        wall0 = time.time()  # the parts count from the handover (the job is ready to read)
         warm.hand_over(waiting, planned(sandbox.ncu_plan(cfg, waiting.scratch, job)))
     else:
 
@@ -209,10 +215,35 @@ def run_ncu(
         proc, _, log_path = warm.spawn_tree(cfg, job, command)
     try:
         res = _finish(proc, log_path, metrics, timeout_s, t0)
-        return dataclasses.replace(res, warm=waiting is not None)
+        parts = target_parts(log_path.parent / TIMES_FILE, wall0, time.time())
+        return dataclasses.replace(res, warm=waiting is not None, parts=parts)
     finally:
         if warm_next:
             prewarm(cfg, metrics, launch_count)
+
+
+# (part, the target's mark that ends it), in order
+_PARTS = (("start", "job"), ("setup", "reference"), ("candidate", "candidate"), ("warmup", "warmup"),
+          ("replay", "replayed"))  # fmt: skip
+
+
+def target_parts(times_path: Path, begin: float, end: float) -> dict[str, float]:
+    """A profile's seconds by part, from the target's wall-clock marks between `begin` and `end` (both
+    time.time()); empty when the target left none (it failed before its profiled call)."""
+    try:
+        marks = json.loads(times_path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(marks, dict):
+        return {}
+    parts, last = {}, begin
+    for name, mark in _PARTS:
+        t = marks.get(mark)
+        if not isinstance(t, int | float):
+            return {}
+        parts[name], last = round(max(t - last, 0.0), 4), t
+    parts["exit"] = round(max(end - last, 0.0), 4)
+    return parts
 
 
 def prewarm(cfg: Config, metrics: tuple[str, ...] | None = None, launch_count: int = PER_CONFIG) -> None:

@@ -24,6 +24,7 @@ from pipeline import jobs, sandbox
 
 WARMUP_CALLS = 2
 JOB_FILE = "job.json"  # what a waiting target looks for in its scratch folder (written whole, by a rename)
+TIMES_FILE = "target-times.json"  # wall-clock marks of the target's steps, for the profile's seconds by part
 POLL_S = 0.005
 IDLE_S = 600.0  # a waiting target whose job never comes exits (its orchestrator died or moved on)
 
@@ -59,6 +60,7 @@ def main(argv: list[str]) -> int:
     else:
         print(__doc__, file=sys.stderr)
         return 2
+    marks = {"job": time.time()}
     job = jobs.decode(Path(job_path).read_bytes())
     if not isinstance(job, jobs.Ncu):
         raise jobs.JobFormatError(f"{job_path}: a {job.KIND!r} message, not an ncu job")
@@ -68,6 +70,7 @@ def main(argv: list[str]) -> int:
     init_args = list(module.get_init_inputs())
     reference = verify.build_reference(module, init_args, job.seed, device, redraw_constant=False)
     torch.cuda.synchronize()
+    marks["reference"] = time.time()  # CUDA's start under ncu's injection, the task's module and weights
     if job.sandbox:
         import cupy
 
@@ -81,14 +84,20 @@ def main(argv: list[str]) -> int:
         factory = candidate_factory(job.candidate)
         model, _ = verify.build_candidate(factory, init_args, job.seed, device, reference)
     inputs = verify.make_inputs(module, job.seed + 101, device)
+    torch.cuda.synchronize()
+    marks["candidate"] = time.time()
     with torch.no_grad():
         for _ in range(WARMUP_CALLS):
             model(*inputs)
         torch.cuda.synchronize()
+        marks["warmup"] = time.time()
         torch.cuda.profiler.start()
         model(*inputs)
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+    marks["replayed"] = time.time()  # ncu replays each kernel of the call once per pass its metrics need
+    with contextlib.suppress(OSError):
+        (Path(job_path).parent / TIMES_FILE).write_text(json.dumps(marks))
     return 0
 
 
