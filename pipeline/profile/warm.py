@@ -5,8 +5,8 @@ of which ~5.5 s were a new Python bringing torch up and ~2.4 s ncu's injection
 job itself. It initialises CUDA only once its job comes, so while it waits it holds nothing on the GPU and
 cannot disturb the timings made meanwhile.
 
-One waits at a time, for one set of ncu settings; it is used by the next profile with those settings and
-replaced by a new one after it. Its scratch folder is made at its start, and the job's sandbox plan is made
+One waits at a time, for one set of ncu settings; it is used by the next profile with those settings, which
+starts its replacement as it hands its job over. Its scratch folder is made at its start, and the job's sandbox plan is made
 for that folder when the job is handed over: the namespaces and rlimits the trampoline applied at the start
 depend on the configuration only, the Landlock grants (the job's task and cubin) are applied by the target
 once the job is known.
