@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -408,13 +409,91 @@ def compile_candidates(
     elif todo:
         jobs = max(1, min(cfg.compile_jobs, len(todo)))
         with concurrent.futures.ThreadPoolExecutor(jobs, thread_name_prefix="nvcc") as pool:
-            # Threads suffice: each one only waits on its nvcc process.
+            # Threads suffice: each one only waits on its nvcc process. A build already under way (started
+            # ahead by prefetch, or by another caller) is waited for, not run twice.
             futures = {
-                pool.submit(_compile_one, c, key, cfg, nvcc, arch, includes, cache): key for key, c in todo
-            }
+                _in_flight(key, lambda c=c, key=key: pool.submit(
+                    _compile_one, c, key, cfg, nvcc, arch, includes, cache)): key
+                for key, c in todo
+            }  # fmt: skip
             for future in concurrent.futures.as_completed(futures):
-                finish(futures[future], future.result())
+                key = futures[future]
+                if future.cancelled():  # a build started ahead, dropped before it began (cancel_prefetch)
+                    c = candidates[by_key[key][0]]
+                    finish(key, _compile_one(c, key, cfg, nvcc, arch, includes, cache))
+                else:
+                    finish(key, future.result())
     return [b for b in results if b is not None]
+
+
+# Builds under way, by cache key: what compile_candidates and prefetch look at before they start nvcc.
+_flying: dict[str, concurrent.futures.Future[Build]] = {}
+_flying_lock = threading.Lock()
+_ahead_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _in_flight(
+    key: str, submit: Callable[[], concurrent.futures.Future[Build]]
+) -> concurrent.futures.Future[Build]:
+    """The build of `key` under way, or the one `submit` starts now, registered until it is done."""
+    with _flying_lock:
+        found = _flying.get(key)
+        if found is not None:
+            return found
+        future = submit()
+        _flying[key] = future
+
+    def done(_: concurrent.futures.Future[Build]) -> None:
+        with _flying_lock:
+            if _flying.get(key) is future:
+                del _flying[key]
+
+    future.add_done_callback(done)
+    return future
+
+
+def prefetch(candidates: Sequence[Candidate], cfg: Config) -> int:
+    """Start building, in the background, the candidates that are not cached; returns how many are being
+    built (started now, or already under way). For a search whose next candidates are known before they are evaluated (the expert's
+    other moves, made while the GPU profiles or times): compile_candidates later finds them cached or waits
+    for them. At most half the compile jobs run ahead, so the builds a batch is waiting for keep the rest.
+    Never raises: a candidate that cannot be keyed or built here is left for compile_candidates to report."""
+    global _ahead_pool
+    if not candidates or cfg.ray:
+        return 0
+    try:
+        nvcc = find_nvcc(cfg)
+        arch = resolve_arch(cfg)
+        version = toolkit_version(nvcc)
+        includes, cutlass_version = _cutlass()
+    except Exception:  # no toolkit: the foreground build says so
+        return 0
+    cache = cfg.cache_dir / "cubin"
+    cache.mkdir(parents=True, exist_ok=True)
+    with _flying_lock:
+        if _ahead_pool is None:
+            _ahead_pool = concurrent.futures.ThreadPoolExecutor(
+                max(1, cfg.compile_jobs // 2), thread_name_prefix="nvcc-ahead"
+            )
+        pool = _ahead_pool
+    started = 0
+    for c in candidates:
+        key = _cache_key(c, cfg, arch, version, cutlass_version)
+        if (cache / f"{key}.json").is_file():
+            continue
+        _in_flight(key, lambda c=c, key=key: pool.submit(
+            _compile_one, c, key, cfg, nvcc, arch, includes, cache))  # fmt: skip
+        started += 1
+    return started
+
+
+def cancel_prefetch() -> None:
+    """Drop the builds started ahead that have not begun (a search that ends); the running ones finish."""
+    global _ahead_pool
+    with _flying_lock:
+        pool, _ahead_pool = _ahead_pool, None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _keep_remote(cache: Path, done: Compiled) -> Build:

@@ -20,6 +20,9 @@ class Config:
     nvcc_flags: tuple[str, ...] = ("-O3", "-std=c++17", "-lineinfo")
     compile_timeout_s: float = 180.0
     compile_jobs: int = max(1, os.cpu_count() or 1)
+    # the search builds the expert's next candidates in the background while the GPU profiles and times
+    # (on a GPU machine only; pipeline/compile.py prefetch)
+    prefetch: bool = True
     # Ray (pipeline/cluster.py): "" keeps everything on this machine and never imports Ray; "local" starts
     # Ray here, "auto" or an address joins a cluster (GPU actors for evaluations, CPU tasks for nvcc)
     ray: str = ""

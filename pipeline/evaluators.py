@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 from pipeline import calibrate, reasons, stages
 from pipeline.calibrate import Ceilings
+from pipeline.compile import cancel_prefetch
+from pipeline.compile import prefetch as compile_candidates_ahead
 from pipeline.config import Config
 from pipeline.profile import collect
 from pipeline.runlog import read_events
@@ -29,6 +31,7 @@ class Evaluator(Protocol):
     def baselines(self) -> Baselines: ...
     def ceilings(self) -> Ceilings | None: ...
     def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluation]: ...
+    def prefetch(self, candidates: Sequence[Candidate]) -> None: ...
     def profile(self, candidate: Candidate, evaluation: Evaluation) -> Profile: ...
     def close(self) -> None: ...
 
@@ -82,6 +85,12 @@ class GpuEvaluator:
     def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluation]:
         return stages.evaluate_candidates(self.task_path, list(candidates), self.eval_cfg, pool=self.pool)
 
+    def prefetch(self, candidates: Sequence[Candidate]) -> None:
+        """Build, in the background, candidates the search will likely evaluate next (while the GPU profiles
+        or times others). Only on a GPU machine: elsewhere its cores are the foreground builds'."""
+        if self.cfg.prefetch and self.cfg.device == "cuda":
+            compile_candidates_ahead(candidates, self.cfg)
+
     def remeasure(self, candidate: Candidate, energy: bool = True) -> Evaluation:
         """The best candidate timed again with energy on: a difference is believed once seen twice."""
         cfg = self.eval_cfg.replace(energy=energy, baselines=("eager", "compile"))
@@ -118,6 +127,7 @@ class GpuEvaluator:
         )
 
     def close(self) -> None:
+        cancel_prefetch()
         if self._owns_pool:
             self.pool.close()
 
@@ -196,6 +206,9 @@ class ReplayEvaluator:
                 found = Evaluation(c.key, None, Verdict(c.key, Status.REJECTED, reasons=(why,)), None)
             out.append(found)
         return out
+
+    def prefetch(self, candidates: Sequence[Candidate]) -> None:
+        pass  # nothing is built: the recordings answer
 
     def profile(self, candidate: Candidate, evaluation: Evaluation) -> Profile:
         found = self.profiles.get(candidate.key)

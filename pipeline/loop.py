@@ -27,7 +27,7 @@ from pipeline.runstate import ROOT, NodeState, NotOneTree, RunState, fold
 from pipeline.search import make_search, matched
 from pipeline.search.reward import Objective, objective_value, reward_at_speed
 from pipeline.tasks import TaskError
-from pipeline.types import Baselines, Evaluation, Measurement, Status, Task, speedup, to_dict
+from pipeline.types import Baselines, Candidate, Evaluation, Measurement, Status, Task, speedup, to_dict
 from pipeline.worker import WorkerPool
 
 REPAIRABLE = frozenset({Status.COMPILE_ERROR, Status.MISMATCH, Status.LAUNCH_ERROR})
@@ -271,10 +271,20 @@ class _Run:
         if self.policy_name != "expert" or nid == ROOT or node.profile is not None or node.candidate is None:
             return None
         proposals = self.policy.propose(self._context(nid), EVERY_MOVE)
-        return len(
-            {p.candidate.key for p in proposals if p.candidate and p.status == ProposalStatus.OK}
-            - set(self.keys)
-        )
+        new = self._ahead(proposals)  # built while the profile runs: the advice only orders them
+        return len({c.key for c in new})
+
+    def _ahead(self, proposals: list[Proposal], skip: int = 0) -> list[Candidate]:
+        """The proposals' candidates not yet in the tree, past the first `skip` of them, handed to the
+        evaluator to build in the background; returns them all (skipped ones included)."""
+        new = [
+            p.candidate
+            for p in proposals
+            if p.candidate is not None and p.status == ProposalStatus.OK and p.candidate.key not in self.keys
+        ]
+        if new[skip:]:
+            self.ev.prefetch(new[skip:])
+        return new
 
     def _profile(self, nid: int) -> None:
         node = self.nodes[nid]
@@ -472,6 +482,8 @@ class _Run:
                 self._close(nid, "; ".join(why[:3]) + more or "no proposals")
                 continue
             self.refusals = 0
+            if expert:  # the moves past this expansion's room come up in later ones (the root's do)
+                self._ahead(proposals, skip=len(fresh))
             self._evaluate(self._add(nid, fresh))
             self._repairs()
 

@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import compile as compile_module
 from pipeline.compile import (
     ToolchainError,
+    cancel_prefetch,
     compile_candidates,
     find_nvcc,
     parse_ptxas,
+    prefetch,
     resolve_arch,
     toolkit_version,
     trim_log,
@@ -145,6 +148,57 @@ def test_second_compile_is_a_cache_hit(cfg: Config) -> None:
     assert files == {".cubin", ".json"}
     record = json.loads(next(p for p in cache_files(cfg) if p.suffix == ".json").read_text())
     assert record["status"] == "ok" and record["resources"][0]["name"] == "spill"
+
+
+def nothing_in_flight() -> bool:
+    """No build registered as under way, once the builds' done callbacks ran (their threads call them)."""
+    deadline = time.monotonic() + 10
+    while compile_module._flying and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not compile_module._flying
+
+
+def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The cache keys nvcc is run for, in order (the real builds still run)."""
+    keys: list[str] = []
+    real = compile_module._compile_one
+
+    def counting(c, key, *args):
+        keys.append(key)
+        return real(c, key, *args)
+
+    monkeypatch.setattr(compile_module, "_compile_one", counting)
+    return keys
+
+
+def test_prefetch_builds_ahead_and_a_batch_waits_for_it(cfg: Config, monkeypatch) -> None:
+    keys = counted_builds(monkeypatch)
+    try:
+        assert prefetch([candidate("spill"), candidate("local_array")], cfg) == 2
+        # At once, while those build: the batch takes them (cached or under way), nvcc runs for the new one only.
+        builds = compile_candidates(
+            [candidate("local_array", "x"), candidate("good", "y"), candidate("spill", "z")], cfg
+        )
+        assert [b.candidate_key for b in builds] == ["x", "y", "z"]
+        assert all(b.status is Status.OK and Path(b.cubin_path).is_file() for b in builds)
+        assert len(keys) == len(set(keys)) == 3  # each source built once
+        assert prefetch([candidate("good", "again")], cfg) == 0  # cached: nothing to build
+    finally:
+        cancel_prefetch()
+    assert nothing_in_flight()
+
+
+def test_cancelled_prefetches_are_built_by_the_batch(cfg: Config, monkeypatch) -> None:
+    keys = counted_builds(monkeypatch)
+    one_ahead = Config(home=cfg.home, arch=cfg.arch, compile_jobs=2)  # one build ahead at a time
+    cancel_prefetch()  # a fresh pool of that size
+    names = ("good", "spill", "local_array")
+    assert prefetch([candidate(n) for n in names], one_ahead) == 3
+    cancel_prefetch()  # the first is running, the two queued are dropped
+    builds = compile_candidates([candidate(n) for n in names], cfg)
+    assert [b.status for b in builds] == [Status.OK] * 3
+    assert len(set(keys)) == 3 and len(keys) == 3  # none twice, none lost
+    assert nothing_in_flight()
 
 
 @needs_nvcc

@@ -302,3 +302,40 @@ def test_a_node_whose_first_moves_repeat_a_siblings_gets_its_later_new_ones(tmp_
     assert kids[9] == 2, closed.get(9)
     # a node closed for repeats has been expanded before: its repeats never cost it a new move
     assert all(kids[n] for n, why in closed.items() if why.startswith("duplicate")), closed
+
+
+def test_the_expert_s_next_candidates_are_handed_over_to_be_built_before_they_are_evaluated(
+    tmp_path, monkeypatch
+):
+    """On a GPU machine the search builds the expert's moves in the background while the GPU profiles and
+    times (compile.prefetch): a node's moves before its profile (the advice only orders them), and an
+    expansion's moves past its room (the root's next batches). On this recording every candidate after the
+    first batch was handed over before its evaluation, and none that was already in the tree."""
+    from pipeline import loop as loop_module
+    from pipeline.evaluators import ReplayEvaluator
+
+    timeline: list[tuple[str, list[str]]] = []  # ("ahead" | "evaluate", keys), in call order
+
+    class Recording(ReplayEvaluator):
+        def prefetch(self, candidates):
+            timeline.append(("ahead", [c.key for c in candidates]))
+
+        def evaluate(self, candidates):
+            timeline.append(("evaluate", [c.key for c in candidates]))
+            return super().evaluate(candidates)
+
+    monkeypatch.setattr(loop_module, "ReplayEvaluator", Recording)
+    a = run(tmp_path, evals=30)
+    assert sum(e.type == "result" for e in read_events(a.folder / "log.jsonl")) == 30
+    ahead: set[str] = set()
+    evaluated: set[str] = set()
+    batches = 0
+    for kind, keys in timeline:
+        if kind == "ahead":
+            assert not set(keys) & evaluated, keys  # nothing already in the tree
+            ahead |= set(keys)
+            continue
+        assert set(keys) <= ahead if batches else not set(keys) & ahead, (batches, keys)
+        evaluated |= set(keys)
+        batches += 1
+    assert batches > 3
