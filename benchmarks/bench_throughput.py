@@ -6,7 +6,8 @@ over small memory-bound tasks with their baselines cached.
 
 Two `kernelpro bench` passes over the same tasks, each in its own folder under DIR with one home: the first
 (1 evaluation a task) measures the baselines and leaves them in the baseline cache, the second (--evals) is
-the one measured. A candidate counts when the harness verified it and timed it; the minutes are the second
+the one measured, with an empty compile cache (every candidate it evaluates is built in it). A candidate
+counts when the harness verified it and timed it; the minutes are the second
 pass's run logs from each run's first event to its last (the GPU is held all that time: compiles, proposals,
 profiles and the final re-measure included). Prints one JSON document: the figure, where the seconds went
 by stage, and the worker's own phases summed over the search's evaluations (verify, timing, eager,
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -30,13 +32,14 @@ from pipeline.runstate import fold  # noqa: E402
 DEFAULT_TASKS = "elementwise_chain,softmax,layernorm,reduce_mean"
 
 
-def run_pass(out: Path, tasks: list[Path], evals: int, home: Path, energy: bool = True) -> bench.BenchResult:
+def run_pass(out: Path, tasks: list[Path], evals: int, home: Path, energy: bool = True,
+             prefetch: bool = True) -> bench.BenchResult:  # fmt: skip
     suite_file = out.with_suffix(".txt")
     suite_file.write_text("".join(f"{p}\n" for p in tasks))
     suite = bench.load_suite(suite_file)
     settings = {"evals": evals, "policy": "expert", "search": None, "energy": energy}
     manifest = bench.open_bench(out, suite, settings, False)
-    return bench.run_bench(out, suite, config.load(home=home), manifest)
+    return bench.run_bench(out, suite, config.load(home=home, prefetch=prefetch), manifest)
 
 
 def throughput(result: bench.BenchResult) -> dict:
@@ -96,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     home = args.out / "home"
     energy = not args.no_energy
-    run_pass(args.out / "warm", tasks, 1, home, energy)  # measures the baselines; the cache keeps them
+    # The first pass measures the baselines, which their cache keeps; its builds are dropped, so the timed
+    # pass compiles every candidate it evaluates (nothing built ahead by the first pass either).
+    run_pass(args.out / "warm", tasks, 1, home, energy, prefetch=False)
+    shutil.rmtree(config.load(home=home).cache_dir / "cubin", ignore_errors=True)
     result = run_pass(args.out / "timed", tasks, args.evals, home, energy)
     doc = {"evals": args.evals, "energy": energy, "tasks": [t.stem for t in tasks], **throughput(result)}
     print(json.dumps(doc, indent=1))

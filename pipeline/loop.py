@@ -31,7 +31,6 @@ from pipeline.types import Baselines, Candidate, Evaluation, Measurement, Status
 from pipeline.worker import WorkerPool
 
 REPAIRABLE = frozenset({Status.COMPILE_ERROR, Status.MISMATCH, Status.LAUNCH_ERROR})
-EVERY_MOVE = 256  # more than the expert's vocabulary ever offers one plan: ask for all of its moves
 
 
 class OptimizeError(Exception):
@@ -262,15 +261,16 @@ class _Run:
         self.search.close(nid, reason)
         self._append(ev.Closed(nid, reason))
 
-    def _new_moves(self, nid: int) -> int | None:
-        """How many candidates not yet in the tree the expert can make of this node, whatever its profile
-        would say; None where that is not known before the profile (another policy, a profiled node). The
-        advice only orders the expert's vocabulary (edits.legal_edits makes the same edits either way), so
-        this is known before the Nsight Compute run (~10 s on the H200)."""
+    def _new_moves(self, nid: int, limit: int) -> int | None:
+        """How many candidates not yet in the tree the expert can make of this node, up to `limit`, whatever
+        its profile would say; None where that is not known before the profile (another policy, a profiled
+        node). The advice only orders the expert's vocabulary (edits.legal_edits makes the same edits either
+        way), so this is known before the Nsight Compute run (~3-10 s on the H200). Only the first `limit`
+        new moves are rendered: a level-3 plan has hundreds (rendering all of SwinV2's root took minutes)."""
         node = self.nodes[nid]
         if self.policy_name != "expert" or nid == ROOT or node.profile is not None or node.candidate is None:
             return None
-        proposals = self.policy.propose(self._context(nid), EVERY_MOVE)
+        proposals = self.policy.propose(self._context(nid), limit)
         new = self._ahead(proposals)  # built while the profile runs: the advice only orders them
         return len({c.key for c in new})
 
@@ -358,6 +358,7 @@ class _Run:
             arch=resolve_arch(self.cfg),  # what the candidates are compiled for (the GPU's, with "auto")
             extra={"evidence": evidence, "objective": self.cfg.objective}
             | ({} if sees else {"blind_seed": self.cfg.seed}),
+            known=frozenset(self.keys),
         )
 
     def _lesson(self, nid: int) -> None:
@@ -439,7 +440,7 @@ class _Run:
             if nid is None:
                 return "the search has nothing left to expand"
             self._append(ev.Iteration(self.state.iteration + 1, nid))
-            new = self._new_moves(nid)
+            new = self._new_moves(nid, self.cfg.children_per_expand + 1)
             if new == 0:  # closed before the profile that would have preceded finding that out
                 self._close(nid, "every edit the expert can make of it gives a candidate already tried")
                 continue
@@ -458,10 +459,11 @@ class _Run:
             else:
                 self._profile(nid)
             self._tell(f"{self.policy_name} policy: proposing {room} from node {nid}")
-            # The expert's moves cost nothing to render: all of them, in the advice's order, and the first
-            # `room` not already in the tree (its top moves may repeat a sibling's while later ones are new)
+            # The expert skips the moves that repeat a candidate in the tree (its top moves may repeat a
+            # sibling's while later ones are new): its first `room` proposals are new, and `room` more are
+            # rendered to be built ahead for the next expansion (the root's next batch)
             expert = self.policy_name == "expert"
-            proposals = self.policy.propose(self._context(nid), EVERY_MOVE if expert else room)
+            proposals = self.policy.propose(self._context(nid), 2 * room if expert else room)
             self._usage(proposals)
             fresh, reasons = self._fresh(proposals, room)
             if not fresh:

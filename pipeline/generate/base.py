@@ -74,6 +74,9 @@ class Context:
     best: Outcome | None = None
     arch: str = "sm_90a"
     extra: dict[str, Any] = field(default_factory=dict)
+    # candidate keys the search holds already: a policy that can tell (the expert) proposes other ones, so
+    # asking for n proposals gives n new candidates without rendering the moves past them
+    known: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,9 @@ def _proposals(
     low, _ = _lowered(ctx.task)
     assert low is not None
     out: list[Proposal] = []
-    seen: set[str] = set()
+    seen: set[str] = set(ctx.known)  # the search's candidates: rendered again, they are not counted
     errors: list[str] = []
+    repeats = 0
     base = ctx.parent  # a repair is a sibling of what it repairs: the same parent
     for label, plan in plans:
         if len(out) >= n:
@@ -144,11 +145,14 @@ def _proposals(
             ctx.task.id, source, launcher, flags, parent=base.key if base else None, edit=label, blocks=used
         )
         if cand.key in seen:
+            repeats += cand.key in ctx.known
             continue
         seen.add(cand.key)
         rationale = "; ".join(rp.describe() for rp in plan.regions if rp.rid not in plan.fused())
         out.append(Proposal(ProposalStatus.OK, cand, edit=label, reason=rationale, notes=notes))
     if not out:
+        if repeats and not errors:
+            empty = f"duplicate of an earlier candidate: each of its {repeats} moves gives one in the tree"
         return [Proposal(ProposalStatus.NO_MOVE, reason="; ".join([empty, *errors[:3]]), notes=notes)]
     return out
 
