@@ -854,6 +854,8 @@ MOE_CASES = {
                         write="gate, up = h.chunk(2, dim=-1)\n            out[start : start + n] = F.silu(gate) * up"),
     "k_major_relu": dict(w="8, 200, 264", cols=200, t=".t()", counts=[0, 0, 300, 1, 0, 0, 0, 5],
                          write="out[start : start + n] = torch.relu(h) * 2"),
+    "k_major_swiglu": dict(w="8, 272, 264", cols=136, t=".t()", counts=[129, 3, 0, 0, 256, 0, 1, 40],
+                           write="gate, up = h.chunk(2, dim=-1)\n            out[start : start + n] = F.silu(gate) * up"),
 }  # fmt: skip
 # The same loop given int32 bounds with a leading zero: the kernel reads them as they are
 MOE_BOUNDS = (
@@ -878,6 +880,28 @@ def test_grouped_gemm_verifies_on_odd_groups(pool, home, tmp_path, name, bounds)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=True)
     assert any(ours(c) for c in cands)
+
+
+@pytest.mark.parametrize("name", sorted(MOE_CASES))
+def test_grouped_gemm_with_multicast_weights_verifies_on_odd_groups(pool, home, tmp_path, name):
+    """multicast_loads: a cluster of two blocks per pair of row tiles, each loading half of the weight tile
+    into both. Groups of 1, 77, 129, 200 and 300 rows give pairs whose second tile has no row (its block
+    still loads and releases its half), with 128- and 256-wide tiles; MN- and K-major, with and without SwiGLU
+    (the gate and up halves then one block's each)."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(HEADER + textwrap.dedent(MOE_LOOP.format(**MOE_CASES[name])))
+    task = probe(path)
+    policy = ExpertPolicy()
+    tuned = policy.propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 30)
+    cands = [k.candidate for k in kids if k.candidate and "multicast_loads" in k.edit]
+    narrow = [k.candidate for k in kids if k.candidate and "bn=128" in k.edit]
+    assert cands and narrow, [k.edit for k in kids]
+    cands += [k.candidate for k in policy.propose(Context(task=task, reference=task.source, parent=narrow[0]), 30)
+              if k.candidate and "multicast_loads" in k.edit]  # fmt: skip
+    assert len(cands) == 2 and all('"cluster":2' in c.source.splitlines()[0] for c in cands), name
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=True)
 
 
 def test_a_whole_moe_block_verifies_with_its_routing_computed(pool, home):

@@ -100,6 +100,13 @@ TMA_LOAD_3D = Need(  # (col, row, batch): a plain GEMM is a batch of one
     name=r"SM90_TMA_LOAD\w*3D",
     queries=("SM90 TMA LOAD 3D tile copy",),
 )
+TMA_LOAD_MULTICAST_3D = Need(  # the same load, written into the shared memory of each block in a mask
+    "TMA 3-D tile load multicast to the blocks of a cluster, mbarrier completion in each",
+    "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster",
+    ("cute/arch/copy_sm90_tma.hpp",),
+    name=r"SM90_TMA_LOAD_MULTICAST\w*3D",
+    queries=("SM90 TMA LOAD MULTICAST 3D cluster multicast copy",),
+)
 TX_BARRIER = Need(
     "mbarrier with transaction bytes: arrive and expect tx, wait on phase parity",
     "mbarrier.arrive.expect_tx",

@@ -12,13 +12,16 @@ outputs, so the (M, 2I) product is never written: the kernel writes the (M, I) r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import grouped_gemm
 from pipeline.generate.expert.templates.gemm import GemmEpilogue
@@ -28,6 +31,13 @@ from pipeline.generate.expert.templates.grouped_gemm import GroupedForm, Groups
 @dataclass(frozen=True)
 class GroupedPlan(GemmPlan):
     TAG: ClassVar[str] = "wgmma_grouped"
+
+    cluster: int = 1  # blocks of a cluster sharing each weight tile by TMA multicast (1 or 2)
+
+    def describe(self) -> str:
+        return super().describe() + (
+            f" cluster={self.cluster} (weight tiles multicast)" if self.cluster > 1 else ""
+        )
 
 
 def form(r: Region, low: Lowered) -> GroupedForm | str:
@@ -129,4 +139,14 @@ SPEC = gemm_kit.Spec(
     epilogue_of=epilogue,
     library="torch._grouped_mm",
 )
-FAMILY = gemm_kit.family(SPEC)
+
+
+def multicast(plan: Plan, rp: GroupedPlan | None, r: Region, low: Lowered) -> Any:
+    """multicast_loads: a cluster of two blocks shares each weight tile (half the weight's loads from L2), or
+    back to one block a tile."""
+    if isinstance(rp, GroupedPlan):
+        yield from change("multicast_loads", plan, rp, cluster=1 if rp.cluster > 1 else 2)
+
+
+_FAMILY = gemm_kit.family(SPEC)
+FAMILY = dataclasses.replace(_FAMILY, edits={**_FAMILY.edits, "multicast_loads": multicast})

@@ -14,6 +14,13 @@ TMA loads into a ring of stages, two consumer warpgroups on WGMMA), made persist
   tile may read past the group (the next expert's rows, or zeros past M) and stores only its own rows;
 - the ring's stage and phase run on across tiles, and the consumers release each stage as its MMAs
   retire, so the producer loads the next tile while the consumers store this one.
+With a cluster of two (the plan's `cluster`), the blocks of a cluster take the two row tiles of one
+(group, column tile) pair, and each loads half of the weight tile and multicasts it to both: the weight's
+traffic from L2, two thirds of a 128 x 256 tile's loads, halves (at K = 768 the loads of 128 x 256 tiles ask
+L2 for about 5 TB/s at the measured speed). A stage is then released by the consumers of both blocks (an
+arrive on the peer's barrier too), the block without a row tile in a pair's tail loads and releases its
+half all the same, and a producer waits for its last stages' releases before its block exits, so no
+remote arrive lands after it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipeline.generate.expert import atoms
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
@@ -82,6 +90,9 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     rid = r.rid
     dt = r.node.dtype
     b = gemm.blocks(rp, dt, f, hunter)  # type: ignore[arg-type]
+    cluster = getattr(rp, "cluster", 1)
+    if cluster > 1:
+        b["tma_mc"] = atoms.find(atoms.TMA_LOAD_MULTICAST_3D, hunter)
     smem = smem_bytes(rp.bn, rp.stages, f.experts)
     out_dt = epi.out_dtype if epi else dt
     groups = f.groups or Groups(r.node.args[2].name, "int32")
@@ -90,6 +101,7 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         *gemm.preamble(rid, b),
         f"using T = {CUTE_TYPES[dt]};",
         f"constexpr int BM = {BM}, BN = {rp.bn}, BK = {BK}, STAGES = {rp.stages}, GROUPS = {f.experts};",
+        f"constexpr int CLUSTER = {cluster};  // blocks sharing each weight tile (multicast)",
         f"constexpr int TN = {rp.bn // 2 if gated else rp.bn};  // output columns a tile writes"
         + ("  (gated: BN / 2 gate and BN / 2 up columns)" if gated else ""),
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
@@ -111,11 +123,13 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     ]
     sig = signature(epi, out_dt, groups)
     lines += [
-        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
+        f'extern "C" __global__ void __launch_bounds__(384, 1){f" __cluster_dims__({cluster}, 1, 1)" if cluster > 1 else ""} '
+        f"kp_{rid}_gemm({sig.decls()}) {{",
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
-        _BODY.replace("LOAD_B", (_GATED_B if gated else _LOAD_B)[f.b_major])
+        _BODY.replace("LOAD_B", _load_b(f.b_major, gated, cluster))
+        .replace("TMA_MULTICAST", b["tma_mc"].name if cluster > 1 else "")
         .replace("TMA_COPY", b["tma"].name)
         .replace("ROWS_OF_E", _rows_of(groups)),
         *("    " + ln for ln in gemm.store(epi, out_dt)),
@@ -130,7 +144,7 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         ("offs", groups.value),
         *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_)),
     ]
-    src = launcher(rid, f, groups, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, gated)
+    src = launcher(rid, f, groups, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, gated, cluster)
     outs = (epi.out,) if epi else r.outputs
     return Code(
         "\n".join(lines) + "\n", src, f"_gemm_{rid}", (f"kp_{rid}_gemm",), tuple(v for _, v in inputs), outs
@@ -164,6 +178,36 @@ _LOAD_B = {
     "                        TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK + i * 64 * BK,\n"
     "                                       n_blk * BN + 64 * i, kt * BK, group);",
 }
+
+
+def _load_b(major: str, gated: bool, cluster: int) -> str:
+    """The producer's B loads for one stage: all of the tile, or (cluster) this block's half, multicast."""
+    if cluster == 1:
+        return (_GATED_B if gated else _LOAD_B)[major]
+    mask = f"(uint16_t){(1 << cluster) - 1}"
+    if major == "K" and gated:  # the first block loads the gate columns, the second the up columns
+        return (
+            "                    if (rank == 0)\n"
+            f"                        TMA_MULTICAST::copy(&tma_b, &s.full[st], {mask}, 0, s.b + st * BN * BK, kt * BK,\n"
+            "                                            n_blk * TN, group);\n"
+            "                    else\n"
+            f"                        TMA_MULTICAST::copy(&tma_b, &s.full[st], {mask}, 0, s.b + st * BN * BK + TN * BK,\n"
+            "                                            kt * BK, N + n_blk * TN, group);"
+        )
+    if major == "K":  # a box of BN / CLUSTER rows of N
+        return (
+            f"                    TMA_MULTICAST::copy(&tma_b, &s.full[st], {mask}, 0,\n"
+            "                                        s.b + st * BN * BK + rank * (BN / CLUSTER) * BK, kt * BK,\n"
+            "                                        n_blk * BN + rank * (BN / CLUSTER), group);"
+        )
+    col = "(i < TN / 64 ? 0 : N - TN) + n_blk * TN + 64 * i" if gated else "n_blk * BN + 64 * i"
+    return (  # MN: boxes of 64 columns, this block's share of them
+        "                    for (int i = rank * (BN / 64 / CLUSTER); i < (rank + 1) * (BN / 64 / CLUSTER); ++i)\n"
+        f"                        TMA_MULTICAST::copy(&tma_b, &s.full[st], {mask}, 0, s.b + st * BN * BK + i * 64 * BK,\n"
+        f"                                            {col}, kt * BK, group);"
+    )
+
+
 # The persistent body up to the stores: the group table, then tiles in turn, the ring running on across them.
 _BODY = (
     r"""    extern __shared__ char smem_raw[];
@@ -179,7 +223,7 @@ _BODY = (
             int tiles = 0, rows = 0;
             if (e < GROUPS) {
                 rows = max(ROWS_OF_E, 0);
-                tiles = rows > 0 ? ((rows + BM - 1) / BM) * nt : 0;
+                tiles = rows > 0 ? ((rows + BM * CLUSTER - 1) / (BM * CLUSTER)) * nt : 0;  // a cluster's pairs
             }
             for (int d = 1; d < 32; d *= 2) {
                 const int v = __shfl_up_sync(0xffffffffu, tiles, d), w = __shfl_up_sync(0xffffffffu, rows, d);
@@ -193,14 +237,21 @@ _BODY = (
     if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
-            Empty::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+            Empty::init(&s.empty[i], 2 * CLUSTER);  // one arrive per consumer warpgroup of each block
         }
         cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
+    if constexpr (CLUSTER > 1) {  // the peer's barriers are set up before any multicast or remote arrive
+        cute::cluster_arrive_relaxed();
+        cute::cluster_wait();
+    }
+    const int rank = CLUSTER > 1 ? (int)cute::block_rank_in_cluster() : 0;
+    const int first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;  // a cluster walks the tiles as one
     const int total = s.first_tile[GROUPS];
-    // tile -> (group, its first row, its rows, the tile's row and column blocks); column-major within a
-    // group, so the blocks running together share the expert's B tile
+    // tile -> (group, its first row, its rows, this block's row and column blocks); column-major within a
+    // group, so the blocks running together share the expert's B tile (in a cluster, a tile is a pair of
+    // row blocks, one a block: the second may be past the group's end)
     auto locate = [&](int tile, int& group, int& row0, int& rows, int& m_blk, int& n_blk) {
         int lo = 0, hi = GROUPS;  // the last group whose first tile is <= tile (empty groups share it)
         while (hi - lo > 1) {
@@ -210,25 +261,30 @@ _BODY = (
         group = lo;
         row0 = group ? s.row_end[group - 1] : 0;
         rows = s.row_end[group] - row0;
-        const int mt = (rows + BM - 1) / BM, local = tile - s.first_tile[group];
-        m_blk = local % mt;
-        n_blk = local / mt;
+        const int mt = (rows + BM - 1) / BM, mp = (mt + CLUSTER - 1) / CLUSTER, local = tile - s.first_tile[group];
+        m_blk = (local % mp) * CLUSTER + rank;
+        n_blk = local / mp;
     };
     if (wg == 0) {  // producer: one thread issues the TMA loads, STAGES k-tiles ahead of the consumers
         cutlass::arch::warpgroup_reg_dealloc<40>();
         if (threadIdx.x == 0) {
             int it = 0;
-            for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+            for (int tile = first; tile < total; tile += step) {
                 int group, row0, rows, m_blk, n_blk;
                 locate(tile, group, row0, rows, m_blk, n_blk);
+                const bool has_rows = m_blk * BM < rows;  // false only for a cluster pair's missing second
                 for (int kt = 0; kt < ktiles; ++kt, ++it) {
                     const int st = it % STAGES;
                     if (it >= STAGES) Empty::wait(&s.empty[st], ((it / STAGES) - 1) & 1);
-                    Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(T));
-                    TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, row0 + m_blk * BM, 0);
+                    // this block's A rows, and the whole B tile (in a cluster, half of it comes from the peer)
+                    Full::arrive_and_expect_tx(&s.full[st], ((has_rows ? BM : 0) + BN) * BK * sizeof(T));
+                    if (has_rows)
+                        TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, row0 + m_blk * BM, 0);
 LOAD_B
                 }
             }
+            if constexpr (CLUSTER > 1)  // the peer's consumers release our last stages remotely: let them
+                for (int j = max(0, it - STAGES); j < it; ++j) Empty::wait(&s.empty[j % STAGES], (j / STAGES) & 1);
         }
         return;
     }
@@ -236,8 +292,13 @@ LOAD_B
     + gemm.CONSUMER
     + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned
+    // a stage is free once the consumers of every block it was loaded into are done with it
+    auto release = [&](int st) {
+        Empty::arrive(&s.empty[st]);
+        if constexpr (CLUSTER > 1) Empty::arrive(&s.empty[st], (uint32_t)(rank ^ 1), 1u);
+    };
     int it = 0;
-    for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    for (int tile = first; tile < total; tile += step) {
         int group, row0, M, m_blk, n_blk;
         locate(tile, group, row0, M, m_blk, n_blk);
         // A group's last tile may end within its first 64 rows: the warpgroup of the other 64 then issues no
@@ -258,22 +319,23 @@ LOAD_B
                 warpgroup_wait<1>();  // keep this k-tile's MMAs in flight; the previous one's are done
                 warpgroup_fence_operand(acc);
             }
-            if (kt > 0 && threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);
+            if (kt > 0 && threadIdx.x % 128 == 0) release((it - 1) % STAGES);
         }
         warpgroup_wait<0>();
         warpgroup_fence_operand(acc);
-        if (threadIdx.x % 128 == 0) Empty::arrive(&s.empty[(it - 1) % STAGES]);  // the tile's last stage
+        if (threadIdx.x % 128 == 0) release((it - 1) % STAGES);  // the tile's last stage
         const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * TN;
         const long long r0 = row0;  // the group's first row of the output (and of row operands)"""
 )
 
 
 def launcher(rid: str, f: GroupedForm, groups: Groups, epi: GemmEpilogue | None, rp: GemmPlan, smem: int,
-             out_dt: str, names: list[str], sig: Signature, gated: bool) -> str:  # fmt: skip
+             out_dt: str, names: list[str], sig: Signature, gated: bool, cluster: int = 1) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
     b = "w.transpose(-1, -2)" if f.b_major == "K" else "w"
     tn = rp.bn // 2 if gated else rp.bn
-    box_b = f"{tn}, {BK}" if f.b_major == "K" else f"{BK}, 64"
+    # K-major: a box of the tile's rows of N (half of them a block in a cluster: its multicast share)
+    box_b = f"{tn if gated else rp.bn // cluster}, {BK}" if f.b_major == "K" else f"{BK}, 64"
     lines = [
         f"def _gemm_{rid}(sms, {', '.join(names)}):",
         f'    """x @ w[e] for each expert\'s rows{" and the fused epilogue" if epi else ""}: our persistent '
@@ -301,9 +363,19 @@ def launcher(rid: str, f: GroupedForm, groups: Groups, epi: GemmEpilogue | None,
         "    if m and n:",
         f"        ta = kernels.tensor_map(a.reshape(1, m, k), {BM}, {BK})  # noqa: F821",
         f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
-        f"        tiles = (-(-m // {BM}) + {f.experts}) * (-(-n // {tn}))  # at most: each group's last tile partial",
-        f"        kernels.kp_{rid}_gemm((max(1, min(sms, tiles)),), (384,), ({sig.args()}), shared_mem={smem})"
-        "  # noqa: F821",
+        f"        tiles = (-(-m // {BM * cluster}) + {f.experts}) * (-(-n // {tn}))  # at most: each group's last "
+        "partial",
+        *(
+            [
+                f"        kernels.kp_{rid}_gemm((max(1, min(sms, tiles)),), (384,), ({sig.args()}), shared_mem={smem})"
+                "  # noqa: F821"
+            ]
+            if cluster == 1
+            else [
+                f"        blocks = {cluster} * max(1, min(sms // {cluster}, tiles))  # whole clusters",
+                f"        kernels.kp_{rid}_gemm((blocks,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
+            ]
+        ),
         "    return out",
     ]
     return "\n".join(lines)
