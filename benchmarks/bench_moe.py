@@ -14,6 +14,7 @@ Writes DIR/results.json (one entry per task, rewritten after each) and prints a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -27,6 +28,7 @@ from pipeline import stages  # noqa: E402
 from pipeline.config import load  # noqa: E402
 from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy, supports  # noqa: E402
+from pipeline.generate.expert.plan import plan_of  # noqa: E402
 from pipeline.tasks import load_module, probe  # noqa: E402
 from pipeline.types import Status, speedup  # noqa: E402
 from pipeline.verify import make_inputs  # noqa: E402
@@ -35,7 +37,8 @@ TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*_fc*.py"))  # the
 
 
 def candidates(path: Path) -> list:
-    """Our grouped kernel (the tuned plan) and its children with another tile or ring depth."""
+    """Our grouped kernel (the tuned plan) and its children with another tile or ring depth, and the one with
+    its weight tiles multicast to a cluster of two (multicast_loads)."""
     task = probe(path)
     policy = ExpertPolicy()
     first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
@@ -50,7 +53,15 @@ def candidates(path: Path) -> list:
         for k in kids
         if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
     ]
-    return [ours[0], *moved[:3]]
+    multicast = []
+    for parent in [ours[0], *(c for c in moved[:3] if "bn=256" in c.edit)][
+        :2
+    ]:  # the plain tile and the wide one
+        kids = policy.propose(Context(task=task, reference=task.source, parent=parent), 8)
+        bn = plan_of(parent.source).regions[-1].bn  # named in the edit: the two children's edits read alike
+        multicast += [dataclasses.replace(k.candidate, edit=f"{k.edit} at bn={bn}") for k in kids
+                      if k.status == ProposalStatus.OK and k.candidate and "multicast_loads" in k.edit][:1]  # fmt: skip
+    return [ours[0], *moved[:3], *multicast]
 
 
 def libraries(module, model) -> dict[str, Callable]:
