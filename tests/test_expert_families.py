@@ -201,7 +201,9 @@ def test_a_signature_writes_the_c_parameters_and_the_launcher_arguments_from_one
 def _c_params(source: str) -> dict[str, list[str]]:
     out = {}
     for m in re.finditer(
-        r'extern "C" __global__ void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\(([^)]*)\)', source
+        # the launch bounds and a cluster's dims (the grouped GEMM's multicast) may stand before the name
+        r'extern "C" __global__ void\s+(?:__(?:launch_bounds|cluster_dims)__\([^)]*\)\s*)*(\w+)\(([^)]*)\)',
+        source,
     ):
         out[m.group(1)] = [" ".join(p.split()) for p in m.group(2).split(",")]
     return out
