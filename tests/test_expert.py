@@ -1275,6 +1275,29 @@ def test_rms_and_l2_norms_written_by_hand_are_one_norm_reading_each_row_once(tmp
         assert not any(n.op in ("rms_norm", "l1_norm") for n in low.nodes), name
 
 
+def test_a_plan_proposed_again_is_not_rendered_again(monkeypatch):
+    """The search asks for a node's first moves before its profile and again after it: the second time the
+    plans come from memory (a level-3 plan takes seconds to render), the same candidates."""
+    from pipeline.generate.expert import policy
+
+    calls: list[str] = []
+    real = policy.render
+
+    def counting(low, plan, hunter=None):
+        calls.append(plan.to_json())
+        return real(low, plan, hunter)
+
+    monkeypatch.setattr(policy, "render", counting)
+    monkeypatch.setattr(policy, "_RENDERED", {})
+    task = probe(TASKS / "softmax.py")
+    ctx = Context(task=task, reference=task.source, parent=None)
+    first = ExpertPolicy().propose(ctx, 4)
+    assert len(calls) >= 4
+    again = ExpertPolicy().propose(ctx, 4)
+    assert [p.candidate.key for p in again] == [p.candidate.key for p in first]
+    assert len(calls) == len(set(calls))  # none rendered twice
+
+
 def test_supports_says_when_the_tuned_plans_launcher_would_not_pass(monkeypatch):
     """supports() checks the launcher of the tuned plan as well as the plain one's: a broken one is an
     expert bug, said in the summary (the plain plan still writes the task)."""

@@ -131,7 +131,7 @@ def _proposals(
             break
         plan = edits.for_arch(plan, ctx.arch)  # e.g. WGMMA and TMA need Hopper: cuBLAS before it
         try:
-            source, launcher = render(low, plan, hunter)
+            source, launcher = _render(ctx.task, low, plan, hunter)
         except RenderError as e:
             errors.append(f"{label}: {e}")
             continue
@@ -182,6 +182,29 @@ def _notes(low: Lowered, arch: str | None = None) -> tuple[str, ...]:
 
 
 _LOWERED: dict[str, tuple[Lowered | None, str]] = {}
+# The last plans rendered, by task and plan: the search renders a node's first moves before its profile and
+# again after it (a level-3 plan takes seconds). Not with a source hunter: its picks may change the source.
+_RENDERED: dict[tuple[str, str], tuple[str, str] | str] = {}
+_RENDERED_MAX = 64
+
+
+def _render(task: Task, low: Lowered, plan: Plan, hunter: Any) -> tuple[str, str]:
+    """render(), remembered; raises RenderError as it does."""
+    if hunter is not None:
+        return render(low, plan, hunter)
+    key = (task.source_hash or task.path, plan.to_json())
+    hit = _RENDERED.get(key)
+    if hit is None:
+        try:
+            hit = render(low, plan, hunter)
+        except RenderError as e:
+            hit = str(e)
+        if len(_RENDERED) >= _RENDERED_MAX:
+            del _RENDERED[next(iter(_RENDERED))]  # the oldest
+        _RENDERED[key] = hit
+    if isinstance(hit, str):
+        raise RenderError(hit)
+    return hit
 
 
 def _lowered(task: Task) -> tuple[Lowered | None, str]:
