@@ -363,8 +363,8 @@ def launcher(rid: str, f: GroupedForm, groups: Groups, epi: GemmEpilogue | None,
         "    if m and n:",
         f"        ta = kernels.tensor_map(a.reshape(1, m, k), {BM}, {BK})  # noqa: F821",
         f"        tb = kernels.tensor_map(b, {box_b})  # noqa: F821",
-        f"        tiles = (-(-m // {BM * cluster}) + {f.experts}) * (-(-n // {tn}))  # at most: each group's last "
-        "partial",
+        f"        tiles = (-(-m // {BM * cluster}) + {f.experts}) * (-(-n // {tn}))  # at most: each group's "
+        "last tile partial",
         *(
             [
                 f"        kernels.kp_{rid}_gemm((max(1, min(sms, tiles)),), (384,), ({sig.args()}), shared_mem={smem})"
