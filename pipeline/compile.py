@@ -369,14 +369,9 @@ def compile_candidates(
     total = len(candidates)
     if total == 0:
         return []
-    nvcc = find_nvcc(cfg)
-    arch = resolve_arch(cfg)
-    version = toolkit_version(nvcc)
-    includes, cutlass_version = _cutlass()
-    cache = cfg.cache_dir / "cubin"
-    cache.mkdir(parents=True, exist_ok=True)
-
-    keys = [_cache_key(c, cfg, arch, version, cutlass_version) for c in candidates]
+    tc = _Toolchain.of(cfg)
+    cache = tc.cache
+    keys = [tc.key(c, cfg) for c in candidates]
     by_key: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
         by_key.setdefault(key, []).append(i)
@@ -404,7 +399,7 @@ def compile_candidates(
     if todo and cfg.ray:  # Ray tasks on the cluster's CPU nodes; the head's cache keeps what they built
         from pipeline.cluster import compile_remote
 
-        for done_ in compile_remote(todo, cfg, version):
+        for done_ in compile_remote(todo, cfg, tc.version):
             finish(done_.key, _keep_remote(cache, done_))
     elif todo:
         jobs = max(1, min(cfg.compile_jobs, len(todo)))
@@ -412,18 +407,44 @@ def compile_candidates(
             # Threads suffice: each one only waits on its nvcc process. A build already under way (started
             # ahead by prefetch, or by another caller) is waited for, not run twice.
             futures = {
-                _in_flight(key, lambda c=c, key=key: pool.submit(
-                    _compile_one, c, key, cfg, nvcc, arch, includes, cache)): key
+                _in_flight(key, lambda c=c, key=key: pool.submit(tc.build, c, key, cfg)): key
                 for key, c in todo
-            }  # fmt: skip
+            }
             for future in concurrent.futures.as_completed(futures):
                 key = futures[future]
                 if future.cancelled():  # a build started ahead, dropped before it began (cancel_prefetch)
-                    c = candidates[by_key[key][0]]
-                    finish(key, _compile_one(c, key, cfg, nvcc, arch, includes, cache))
+                    finish(key, tc.build(candidates[by_key[key][0]], key, cfg))
                 else:
                     finish(key, future.result())
     return [b for b in results if b is not None]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Toolchain:
+    """What a build is made with, looked up once for a batch (or a prefetch): nvcc, the arch, the toolkit
+    and CUTLASS versions (part of the cache key), the include dirs and the cache folder."""
+
+    nvcc: str
+    arch: str
+    version: str
+    includes: tuple[str, ...]
+    cutlass_version: str | None
+    cache: Path
+
+    @classmethod
+    def of(cls, cfg: Config) -> _Toolchain:
+        """Raises ToolchainError without nvcc."""
+        nvcc = find_nvcc(cfg)
+        includes, cutlass_version = _cutlass()
+        cache = cfg.cache_dir / "cubin"
+        cache.mkdir(parents=True, exist_ok=True)
+        return cls(nvcc, resolve_arch(cfg), toolkit_version(nvcc), tuple(includes), cutlass_version, cache)
+
+    def key(self, c: Candidate, cfg: Config) -> str:
+        return _cache_key(c, cfg, self.arch, self.version, self.cutlass_version)
+
+    def build(self, c: Candidate, key: str, cfg: Config) -> Build:
+        return _compile_one(c, key, cfg, self.nvcc, self.arch, self.includes, self.cache)
 
 
 # Builds under way, by cache key: what compile_candidates and prefetch look at before they start nvcc.
@@ -462,14 +483,9 @@ def prefetch(candidates: Sequence[Candidate], cfg: Config) -> int:
     if not candidates or cfg.ray:
         return 0
     try:
-        nvcc = find_nvcc(cfg)
-        arch = resolve_arch(cfg)
-        version = toolkit_version(nvcc)
-        includes, cutlass_version = _cutlass()
+        tc = _Toolchain.of(cfg)
     except Exception:  # no toolkit: the foreground build says so
         return 0
-    cache = cfg.cache_dir / "cubin"
-    cache.mkdir(parents=True, exist_ok=True)
     with _flying_lock:
         if _ahead_pool is None:
             _ahead_pool = concurrent.futures.ThreadPoolExecutor(
@@ -478,11 +494,10 @@ def prefetch(candidates: Sequence[Candidate], cfg: Config) -> int:
         pool = _ahead_pool
     started = 0
     for c in candidates:
-        key = _cache_key(c, cfg, arch, version, cutlass_version)
-        if (cache / f"{key}.json").is_file():
+        key = tc.key(c, cfg)
+        if (tc.cache / f"{key}.json").is_file():
             continue
-        _in_flight(key, lambda c=c, key=key: pool.submit(
-            _compile_one, c, key, cfg, nvcc, arch, includes, cache))  # fmt: skip
+        _in_flight(key, lambda c=c, key=key: pool.submit(tc.build, c, key, cfg))
         started += 1
     return started
 
