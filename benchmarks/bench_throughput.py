@@ -7,9 +7,9 @@ over small memory-bound tasks with their baselines cached.
 Two `kernelpro bench` passes over the same tasks, each in its own folder under DIR with one home: the first
 (1 evaluation a task) measures the baselines and leaves them in the baseline cache, the second (--evals) is
 the one measured, with an empty compile cache (every candidate it evaluates is built in it). A candidate
-counts when the harness verified it and timed it; the minutes are the second
-pass's run logs from each run's first event to its last (the GPU is held all that time: compiles, proposals,
-profiles and the final re-measure included). Prints one JSON document: the figure, where the seconds went
+counts when the harness verified it and timed it; the minutes are the second pass's run logs from each
+run's first event to its last (the GPU is held all that time: compiles, proposals, profiles and the final
+re-measure included). Prints one JSON document: the figure, where the seconds went
 by stage, and the worker's own phases summed over the search's evaluations (verify, timing, eager,
 profile_check, energy) and the profiles' parts (SASS, the system profile, Nsight Compute).
 """
