@@ -5,7 +5,7 @@ drawn on the GPU each call, L2 flushed, CUDA events, median of many), next to th
 VeOmni's Triton group GEMM on the same routings. For kernel work: a minute a task, where the harness
 (bench_moe.py: isolated worker, float64 verification, eager baseline) takes a few.
 
-    python benchmarks/moe_kernels.py --out DIR [--tasks qwen3_fc1,deepseek_fc1] [--trials 15]
+    python benchmarks/moe_kernels.py --out DIR [--tasks qwen3_fc1,deepseek_fc1] [--trials 15] [--build-only]
 
 Writes DIR/results.json ({task: {name: [ms, TFLOP/s, relative error]}}, rewritten after each task).
 """
@@ -87,11 +87,18 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--tasks", default=",".join(bench_moe.TASKS))
     ap.add_argument("--trials", type=int, default=15)
+    ap.add_argument(
+        "--build-only", action="store_true", help="compile the candidates into DIR/home's cache, no GPU"
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = load(home=args.out / "home")
     results: dict[str, dict] = {}
     for name in args.tasks.split(","):
+        if args.build_only:  # a GPU machine's time is dearer than this one's: bring the cubins along
+            builds = compile_candidates(bench_moe.candidates(ROOT / "tasks" / "moe" / f"{name}.py"), cfg)
+            print(name, *(f"{b.status.value}" for b in builds), flush=True)
+            continue
         t0 = time.monotonic()
         results[name] = run_task(name, cfg, args.trials)
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
