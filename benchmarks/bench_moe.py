@@ -37,8 +37,9 @@ TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*_fc*.py"))  # the
 
 
 def candidates(path: Path) -> list:
-    """Our grouped kernel (the tuned plan) and its children with another tile or ring depth, and the one with
-    its weight tiles multicast to a cluster of two (multicast_loads)."""
+    """Our grouped kernel (the tuned plan) and its children with another tile or ring depth; and, of it and of
+    its 256-wide child, the children with weight tiles multicast to a cluster of two (multicast_loads) and with
+    the stores staged in shared memory (coalesce_accesses)."""
     task = probe(path)
     policy = ExpertPolicy()
     first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
@@ -53,15 +54,14 @@ def candidates(path: Path) -> list:
         for k in kids
         if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
     ]
-    multicast = []
-    for parent in [ours[0], *(c for c in moved[:3] if "bn=256" in c.edit)][
-        :2
-    ]:  # the plain tile and the wide one
+    edited = []  # the plain tile's and the wide one's: the children's edits read alike, so the tile is named
+    for parent in [ours[0], *(c for c in moved[:3] if "bn=256" in c.edit)][:2]:
         kids = policy.propose(Context(task=task, reference=task.source, parent=parent), 8)
-        bn = plan_of(parent.source).regions[-1].bn  # named in the edit: the two children's edits read alike
-        multicast += [dataclasses.replace(k.candidate, edit=f"{k.edit} at bn={bn}") for k in kids
-                      if k.status == ProposalStatus.OK and k.candidate and "multicast_loads" in k.edit][:1]  # fmt: skip
-    return [ours[0], *moved[:3], *multicast]
+        bn = plan_of(parent.source).regions[-1].bn
+        for edit in ("multicast_loads", "coalesce_accesses"):
+            edited += [dataclasses.replace(k.candidate, edit=f"{k.edit} at bn={bn}") for k in kids
+                       if k.status == ProposalStatus.OK and k.candidate and edit in k.edit][:1]  # fmt: skip
+    return [ours[0], *moved[:3], *edited]
 
 
 def libraries(module, model) -> dict[str, Callable]:

@@ -882,24 +882,30 @@ def test_grouped_gemm_verifies_on_odd_groups(pool, home, tmp_path, name, bounds)
     assert any(ours(c) for c in cands)
 
 
+# (edit, what its plan line holds): multicast_loads, a cluster of two blocks per pair of row tiles, each loading
+# half of the weight tile into both (groups of 1, 77, 129, 200 and 300 rows give pairs whose second tile has
+# no row: its block still loads and releases its half); coalesce_accesses, stores from the accumulators instead
+# of the default, staged in shared memory (odd_groups above: N = 200 and 136 end within a 64-column block)
+GROUPED_EDITS = {"multicast_loads": '"cluster":2', "coalesce_accesses": '"staged":false'}
+
+
+@pytest.mark.parametrize("edit", sorted(GROUPED_EDITS))
 @pytest.mark.parametrize("name", sorted(MOE_CASES))
-def test_grouped_gemm_with_multicast_weights_verifies_on_odd_groups(pool, home, tmp_path, name):
-    """multicast_loads: a cluster of two blocks per pair of row tiles, each loading half of the weight tile
-    into both. Groups of 1, 77, 129, 200 and 300 rows give pairs whose second tile has no row (its block
-    still loads and releases its half), with 128- and 256-wide tiles; MN- and K-major, with and without SwiGLU
-    (the gate and up halves then one block's each)."""
+def test_grouped_gemm_edits_verify_on_odd_groups(pool, home, tmp_path, name, edit):
+    """The edit on 128- and 256-wide tiles, MN- and K-major, with and without SwiGLU (the gate and up halves
+    then one block's each, multicast)."""
     path = tmp_path / f"{name}.py"
     path.write_text(HEADER + textwrap.dedent(MOE_LOOP.format(**MOE_CASES[name])))
     task = probe(path)
     policy = ExpertPolicy()
     tuned = policy.propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
     kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 30)
-    cands = [k.candidate for k in kids if k.candidate and "multicast_loads" in k.edit]
+    cands = [k.candidate for k in kids if k.candidate and edit in k.edit]
     narrow = [k.candidate for k in kids if k.candidate and "bn=128" in k.edit]
     assert cands and narrow, [k.edit for k in kids]
     cands += [k.candidate for k in policy.propose(Context(task=task, reference=task.source, parent=narrow[0]), 30)
-              if k.candidate and "multicast_loads" in k.edit]  # fmt: skip
-    assert len(cands) == 2 and all('"cluster":2' in c.source.splitlines()[0] for c in cands), name
+              if k.candidate and edit in k.edit]  # fmt: skip
+    assert len(cands) == 2 and all(GROUPED_EDITS[edit] in c.source.splitlines()[0] for c in cands), name
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=True)
 

@@ -227,8 +227,9 @@ def test_every_moe_task_draws_skewed_routing_with_idle_experts():
 
 
 def test_grouped_kernels_compile_for_sm90a_without_spills(tmp_path):
-    """Our persistent grouped kernel at a real MoE size (rows MN-major) and on a K-major stack, with one block a
-    tile and with a cluster of two sharing the weight tiles."""
+    """Our persistent grouped kernel at a real MoE size (rows MN-major) and on a K-major stack, its stores staged
+    in shared memory (the SwiGLU one's of the gate's columns); each with a cluster of two sharing the weight
+    tiles (multicast_loads), and with stores direct from the accumulators (coalesce_accesses)."""
     paths = [ROOT / "tasks" / "moe" / "qwen3_fc1.py", _loop(tmp_path, "k_major_then_scaled")]
     cands = []
     for path in paths:
@@ -238,12 +239,14 @@ def test_grouped_kernels_compile_for_sm90a_without_spills(tmp_path):
         cands.append(tuned)
     assert "GMMA::Major::MN" in cands[0].source and "GMMA::Major::K>" in cands[1].source
     assert '"epilogue":"silu"' in cands[0].source.splitlines()[0]  # SwiGLU on the gate/up pairs
-    # and each with its weight tiles multicast to a cluster of two (multicast_loads)
     for t, tuned in zip([probe(p) for p in paths], list(cands), strict=True):
         kids = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=tuned), 30)
         (mc,) = [k.candidate for k in kids if k.candidate and "multicast_loads" in k.edit]
         assert "__cluster_dims__(2, 1, 1)" in mc.source and "SM90_TMA_LOAD_MULTICAST" in mc.source
-        cands.append(mc)
+        (st,) = [k.candidate for k in kids if k.candidate and "coalesce_accesses" in k.edit]
+        assert '"staged":false' in st.source.splitlines()[0] and "bar.sync" not in st.source
+        assert "bar.sync" in tuned.source and " c[2 * 64 * (64 + 16 / sizeof(" in tuned.source
+        cands += [mc, st]
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]

@@ -341,6 +341,68 @@ def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     ]
 
 
+def staging_bytes(out_dt: str) -> int:
+    """Shared memory of staged_store: two warpgroups' 64 x 64 blocks, each row padded by 16 bytes."""
+    size = 4 if ctype(out_dt) == "float" else 2
+    return 2 * 64 * (64 + 16 // size) * size
+
+
+def staged_store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
+    """The epilogue through shared memory (`s.c`, staging_bytes): each consumer warpgroup writes its 64 rows of
+    the tile into its own block 64 columns at a time, then stores the block in 16-byte vectors, a row's 128
+    bytes by 8 lanes. Direct stores (store) put two columns of 8 rows in each warp store: 8 partly written
+    lines a store, 8 times the lines per byte. The 16-byte pad of a block's rows puts the 8 rows a warp writes
+    at once on 8 bank groups. Values past the output's rows or columns are neither computed (the fused chain's
+    operands end there) nor stored; the block's bytes for them are never read."""
+    ot = ctype(out_dt)
+    gated = epi is not None and bool(epi.up)
+
+    def value(k: int) -> str:
+        if epi is None:
+            return f"v{k} = acc(i + {k})"
+        return epilogue_call(epi, f"acc(i + {k})", f"acc(i + {k} + size(acc) / 2)", f"n + {k}", f"v{k}")
+
+    pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
+    make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",
+            "__nv_bfloat16": "__floats2bfloat162_rn(v0, v1)"}[ot]  # fmt: skip
+    return [
+        f"    constexpr int VEC = 16 / sizeof({ot}), CP = 64 + VEC;  // a block row, padded by 16 bytes",
+        '    static_assert(size(acc) == BN / 2 && TN % 64 == 0, "a warpgroup\'s 64 x BN accumulators, 64-column blocks");',
+        f"    {ot}* const cs = s.c + (wg - 1) * 64 * CP;",
+        "    const int wrow = 64 * (wg - 1);",
+        "    const bool rows16 = N % VEC == 0;  // every output row starts 16-byte aligned",
+        "    CUTE_UNROLL",
+        "    for (int j = 0; j < TN / 64; ++j) {",
+        "        // GMMA's accumulator layout: values 4c..4c+3 are columns 8c, 8c + 1 of two rows, so block j is",
+        "        // values 32j..32j+31"
+        + (" (the gate's; the up value is size(acc) / 2 further)" if gated else ""),
+        "        CUTE_UNROLL",
+        "        for (int i = 32 * j; i < 32 * j + 32; i += 2) {",
+        *([PAIRING.replace("        ", "            ", 1)] if gated else []),
+        "            const int tr = get<0>(tCcC(i)), tc = get<1>(tCcC(i));",
+        "            const long long m = m0 + tr, n = n0 + tc;",
+        "            if (m >= M || n >= N) continue;",
+        "            [[maybe_unused]] const long long r = r0 + m;  // the fused chain's row operands' row",
+        "            float v0, v1 = 0.f;",
+        f"            {value(0)};",
+        f"            if (n + 1 < N) {value(1)};",
+        f"            *reinterpret_cast<{pair}*>(cs + (tr - wrow) * CP + tc % 64) = {make};",
+        "        }",
+        '        asm volatile("bar.sync %0, 128;" ::"r"(wg) : "memory");  // this warpgroup\'s block is written',
+        "        for (int v = threadIdx.x % 128; v < 64 * 64 / VEC; v += 128) {",
+        "            const int br = v / (64 / VEC), bc = v % (64 / VEC) * VEC;",
+        "            const long long m = m0 + wrow + br, n = n0 + 64 * j + bc;",
+        "            if (m >= M || n >= N) continue;",
+        f"            const {ot}* src = cs + br * CP + bc;",
+        f"            {ot}* dst = out + (r0 + m) * N + n;",
+        "            if (rows16 && n + VEC <= N) *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);",
+        "            else for (int e = 0; e < VEC && n + e < N; ++e) dst[e] = src[e];",
+        "        }",
+        '        asm volatile("bar.sync %0, 128;" ::"r"(wg) : "memory");  // read before block j + 1 is written',
+        "    }",
+    ]
+
+
 def operand_lines(ops_: tuple[tuple[str, str, Bcast], ...], lead: str, rows: str) -> list[str]:
     """Launcher lines shaping the epilogue's operands as the kernel indexes them: a full (rows, n) matrix, a
     column vector (n,), a row vector (rows,), or a scalar. `lead` is the output's leading dims."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.generate.expert import atoms
+from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
@@ -66,12 +67,14 @@ def _tables(experts: int) -> int:
 
 
 def max_stages(bn: int, experts: int) -> int:
+    """The deepest ring beside the group tables and a bf16 output's staging blocks (staged stores): the same
+    ring depth whether the stores are staged or not, so the two differ in their stores alone."""
     stage = (BM + bn) * BK * 2
-    return max(2, (gemm.SMEM_LIMIT - 2048 - _tables(experts)) // stage)
+    return max(2, (gemm.SMEM_LIMIT - 2048 - _tables(experts) - gemm.staging_bytes("bfloat16")) // stage)
 
 
-def smem_bytes(bn: int, stages: int, experts: int) -> int:
-    return gemm.smem_bytes(bn, stages) + _tables(experts)
+def smem_bytes(bn: int, stages: int, experts: int, staging: int = 0) -> int:
+    return gemm.smem_bytes(bn, stages) + _tables(experts) + staging
 
 
 def _rows_of(g: Groups) -> str:
@@ -93,8 +96,14 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     cluster = getattr(rp, "cluster", 1)
     if cluster > 1:
         b["tma_mc"] = atoms.find(atoms.TMA_LOAD_MULTICAST_3D, hunter)
-    smem = smem_bytes(rp.bn, rp.stages, f.experts)
     out_dt = epi.out_dtype if epi else dt
+    staged = getattr(rp, "staged", False)
+    smem = smem_bytes(rp.bn, rp.stages, f.experts, gemm.staging_bytes(out_dt) if staged else 0)
+    if smem > gemm.SMEM_LIMIT:
+        raise RenderError(
+            f"region {rid}: 128 x {rp.bn} tiles with {rp.stages} stages and {out_dt} stores staged need {smem} "
+            f"bytes of shared memory, over the {gemm.SMEM_LIMIT} a block may have"
+        )
     groups = f.groups or Groups(r.node.args[2].name, "int32")
     gated = epi is not None and bool(epi.up)
     lines = [
@@ -116,6 +125,13 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         "    uint64_t empty[STAGES];",
         "    int first_tile[GROUPS + 1];  // group e's tiles are [first_tile[e], first_tile[e + 1])",
         "    int row_end[GROUPS];  // group e's rows are [row_end[e - 1], row_end[e])",
+        *(
+            [
+                f"    alignas(16) {ctype(out_dt)} c[2 * 64 * (64 + 16 / sizeof({ctype(out_dt)}))];  // staged stores"
+            ]
+            if staged
+            else []
+        ),
         "};",
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
         f"}}  // namespace kp_{rid}",
@@ -129,10 +145,11 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
         _BODY.replace("LOAD_B", _load_b(f.b_major, gated, cluster))
+        .replace("PAIRS", "" if staged else _PAIRS)
         .replace("TMA_MULTICAST", b["tma_mc"].name if cluster > 1 else "")
         .replace("TMA_COPY", b["tma"].name)
         .replace("ROWS_OF_E", _rows_of(groups)),
-        *("    " + ln for ln in gemm.store(epi, out_dt)),
+        *("    " + ln for ln in (gemm.staged_store if staged else gemm.store)(epi, out_dt)),
         "    }",
         "}",
     ]
@@ -208,6 +225,7 @@ def _load_b(major: str, gated: bool, cluster: int) -> str:
     )
 
 
+_PAIRS = "    const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned\n"
 # The persistent body up to the stores: the group table, then tiles in turn, the ring running on across them.
 _BODY = (
     r"""    extern __shared__ char smem_raw[];
@@ -291,8 +309,7 @@ LOAD_B
 """
     + gemm.CONSUMER
     + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
-    const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned
-    // a stage is free once the consumers of every block it was loaded into are done with it
+PAIRS    // a stage is free once the consumers of every block it was loaded into are done with it
     auto release = [&](int st) {
         Empty::arrive(&s.empty[st]);
         if constexpr (CLUSTER > 1) Empty::arrive(&s.empty[st], (uint32_t)(rank ^ 1), 1u);
