@@ -26,6 +26,8 @@ module each under rules/:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pipeline.static_check.classify import classify
 from pipeline.static_check.report import LauncherReport, Violation
 from pipeline.static_check.resolver import Launcher
@@ -36,6 +38,9 @@ from pipeline.types import Kind
 __all__ = ["CODES", "RUNTIME_METHODS", "LauncherReport", "Violation", "check_launcher"]
 
 
+# A pure function of the text, and its report is frozen: a candidate's launcher is checked when the policy
+# proposes it and again when it is evaluated (a level-3 launcher takes a tenth of a second or more).
+@lru_cache(maxsize=512)
 def check_launcher(source: str) -> LauncherReport:
     tree = syntax_error.parse(source)
     if isinstance(tree, Violation):
