@@ -910,6 +910,35 @@ def test_grouped_gemm_edits_verify_on_odd_groups(pool, home, tmp_path, name, edi
     assert_ok(cands, results, hybrid=True)
 
 
+# Ping-pong consumers (overlap_epilogue): enough tiles that every block's two warpgroups take turns several
+# times (about 4 tiles a block on 132 SMs), skewed groups with idle experts and groups of 1 row; K = 72 (2
+# k-tiles, fewer than the ring's stages: a warpgroup's next tile starts a lap of the ring ahead) and K = 264
+PINGPONG_CASES = {
+    "rows_k72": dict(w="16, 72, 256", cols=256, t="", k=72, write="out[start : start + n] = h",
+                     counts=[0, 9000, 1, 0, 12000, 129, 3000, 0, 7000, 64, 0, 5000, 2000, 1, 0, 1805]),
+    "k_major_relu": dict(w="8, 200, 264", cols=200, t=".t()", k=264, write="out[start : start + n] = torch.relu(h) * 2",
+                         counts=[0, 20000, 300, 1, 0, 9000, 77, 5]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PINGPONG_CASES))
+def test_grouped_gemm_with_ping_pong_consumers_verifies(pool, home, tmp_path, name):
+    case = PINGPONG_CASES[name]
+    path = tmp_path / f"{name}.py"
+    path.write_text(HEADER + textwrap.dedent(MOE_LOOP.replace("264", "{k}").format(**case)))
+    task = probe(path)
+    policy = ExpertPolicy()
+    tuned = policy.propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 30)
+    (pp,) = [k.candidate for k in kids if k.candidate and "overlap_epilogue" in k.edit]
+    deeper = [k.candidate for k in policy.propose(Context(task=task, reference=task.source, parent=pp), 30)
+              if k.candidate and "pipeline_loads" in k.edit]  # fmt: skip
+    cands = [pp, *deeper]
+    assert len(cands) == 2 and all('"pingpong":true' in c.source.splitlines()[0] for c in cands), name
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=True)
+
+
 def test_a_whole_moe_block_verifies_with_its_routing_computed(pool, home):
     """Router, top-2, sort and bincount in the candidate (left to PyTorch), fc1 + SwiGLU and fc2 as two grouped
     GEMMs on the routing it computes: groups of 0 to ~180 rows, some of one row. Verified against the loop."""

@@ -229,7 +229,8 @@ def test_every_moe_task_draws_skewed_routing_with_idle_experts():
 def test_grouped_kernels_compile_for_sm90a_without_spills(tmp_path):
     """Our persistent grouped kernel at a real MoE size (rows MN-major) and on a K-major stack, its stores staged
     in shared memory (the SwiGLU one's of the gate's columns); each with a cluster of two sharing the weight
-    tiles (multicast_loads), and with stores direct from the accumulators (coalesce_accesses)."""
+    tiles (multicast_loads), with stores direct from the accumulators (coalesce_accesses), and the plain one
+    with ping-pong consumers (overlap_epilogue)."""
     paths = [ROOT / "tasks" / "moe" / "qwen3_fc1.py", _loop(tmp_path, "k_major_then_scaled")]
     cands = []
     for path in paths:
@@ -247,6 +248,16 @@ def test_grouped_kernels_compile_for_sm90a_without_spills(tmp_path):
         assert '"staged":false' in st.source.splitlines()[0] and "bar.sync" not in st.source
         assert "bar.sync" in tuned.source and " c[2 * 64 * (64 + 16 / sizeof(" in tuned.source
         cands += [mc, st]
+        # ping-pong consumers (overlap_epilogue): not for the SwiGLU one (its gate and up halves pair across
+        # the cooperative warpgroups' accumulators); the other's on 128 x 128 tiles, turns by named barriers
+        pp = [k.candidate for k in kids if k.candidate and "overlap_epilogue" in k.edit]
+        assert len(pp) == (0 if '"epilogue":"silu"' in tuned.source.splitlines()[0] else 1), [
+            k.edit for k in kids
+        ]
+        for c in pp:
+            assert '"pingpong":true' in c.source.splitlines()[0] and '"bn":128' in c.source.splitlines()[0]
+            assert "bar.arrive" in c.source and "Layout<Shape<_1, _1, _1>>" in c.source
+        cands += pp
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]

@@ -18,10 +18,10 @@ from typing import Any, ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import gemm_kit
-from pipeline.generate.expert.families.base import change
+from pipeline.generate.expert.families.base import Edit, change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import Plan
+from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import grouped_gemm
 from pipeline.generate.expert.templates.gemm import GemmEpilogue
@@ -36,12 +36,14 @@ class GroupedPlan(GemmPlan):
     # stores through shared memory in 16-byte rows (templates/gemm.py: staged_store): on the H200, 12% off
     # qwen3_fc2 (K = 768, where direct stores were a third of the kernel's time), even elsewhere
     staged: bool = True
+    pingpong: bool = False  # a consumer warpgroup a tile, one storing while the other's MMAs run
 
     def describe(self) -> str:
         return (
             super().describe()
             + (f" cluster={self.cluster} (weight tiles multicast)" if self.cluster > 1 else "")
             + ("" if self.staged else " stores direct from the accumulators")
+            + (" ping-pong consumers (a warpgroup a tile)" if self.pingpong else "")
         )
 
 
@@ -160,7 +162,49 @@ def coalesce(plan: Plan, rp: GroupedPlan | None, r: Region, low: Lowered) -> Any
         yield from change("coalesce_accesses", plan, rp, staged=not rp.staged)
 
 
+def overlap(plan: Plan, rp: GroupedPlan | None, r: Region, low: Lowered) -> Any:
+    """overlap_epilogue: ping-pong consumers, each warpgroup on its own 128 x 128 tile, so one's stores run
+    under the other's MMAs (at K = 768 the stores were a third of the kernel's time), or back to both
+    warpgroups on one tile. Its accumulators take a warpgroup's registers at 128 columns: 256-wide plans
+    narrow to it; a gated epilogue (gate and up columns paired across the warpgroups' halves) keeps the
+    cooperative consumers, and so do clusters and direct stores."""
+    if not isinstance(rp, GroupedPlan) or rp.cluster > 1 or not rp.staged:
+        return
+    epi = epilogue(r, low) if rp.epilogue else None
+    if epi is not None and epi.up:
+        return
+    f = form(r, low)
+    if isinstance(f, str):
+        return
+    if rp.pingpong:
+        yield from change("overlap_epilogue", plan, rp, pingpong=False)
+    else:
+        top = grouped_gemm.max_stages(128, f.experts)
+        yield from change(
+            "overlap_epilogue", plan, rp, pingpong=True, bn=128, stages=min(max(rp.stages, 4), top)
+        )
+
+
+def _fits(edit: Edit) -> Edit:
+    """The edit's plans that the template takes: ping-pong consumers keep 128 x 128 tiles, one block a tile
+    and staged stores, so a wider tile, a cluster or direct stores are proposed from the cooperative plan."""
+
+    def fitting(plan: Plan, rp: RegionPlan | None, r: Region, low: Lowered) -> Any:
+        for label, p in edit(plan, rp, r, low):
+            q = p.get(r.rid)
+            if not (
+                isinstance(q, GroupedPlan) and q.pingpong and (q.bn != 128 or q.cluster > 1 or not q.staged)
+            ):
+                yield label, p
+
+    return fitting
+
+
 _FAMILY = gemm_kit.family(SPEC)
-FAMILY = dataclasses.replace(
-    _FAMILY, edits={**_FAMILY.edits, "multicast_loads": multicast, "coalesce_accesses": coalesce}
-)
+_EDITS = {
+    **_FAMILY.edits,
+    "multicast_loads": multicast,
+    "coalesce_accesses": coalesce,
+    "overlap_epilogue": overlap,
+}
+FAMILY = dataclasses.replace(_FAMILY, edits={name: _fits(e) for name, e in _EDITS.items()})

@@ -347,30 +347,46 @@ def staging_bytes(out_dt: str) -> int:
     return 2 * 64 * (64 + 16 // size) * size
 
 
-def staged_store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
+def staged_store(epi: GemmEpilogue | None, out_dt: str, halves: bool = False) -> list[str]:
     """The epilogue through shared memory (`s.c`, staging_bytes): each consumer warpgroup writes its 64 rows of
     the tile into its own block 64 columns at a time, then stores the block in 16-byte vectors, a row's 128
     bytes by 8 lanes. Direct stores (store) put two columns of 8 rows in each warp store: 8 partly written
     lines a store, 8 times the lines per byte. The 16-byte pad of a block's rows puts the 8 rows a warp writes
     at once on 8 bank groups. Values past the output's rows or columns are neither computed (the fused chain's
-    operands end there) nor stored; the block's bytes for them are never read."""
+    operands end there) nor stored; the block's bytes for them are never read.
+    `halves`: the warpgroup holds a whole 128-row tile (ping-pong consumers: accumulators (values, 2, 1)),
+    staged as two 64-row halves through the same block; ungated only."""
     ot = ctype(out_dt)
     gated = epi is not None and bool(epi.up)
+    if halves and gated:
+        raise ValueError("a whole tile a warpgroup is staged ungated only")
+    at = ", h, 0" if halves else ""
 
     def value(k: int) -> str:
         if epi is None:
-            return f"v{k} = acc(i + {k})"
-        return epilogue_call(epi, f"acc(i + {k})", f"acc(i + {k} + size(acc) / 2)", f"n + {k}", f"v{k}")
+            return f"v{k} = acc(i + {k}{at})"
+        return epilogue_call(epi, f"acc(i + {k}{at})", f"acc(i + {k} + size(acc) / 2)", f"n + {k}", f"v{k}")
 
     pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
     make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",
             "__nv_bfloat16": "__floats2bfloat162_rn(v0, v1)"}[ot]  # fmt: skip
-    return [
+    shape = (
+        "static_assert(size<0>(acc) == BN / 2 && size<1>(acc) == 2 && TN % 64 == 0, \"a warpgroup's 128 x BN "
+        'accumulators, two 64-row halves, 64-column blocks");'
+        if halves
+        else "static_assert(size(acc) == BN / 2 && TN % 64 == 0, \"a warpgroup's 64 x BN accumulators, 64-column "
+        'blocks");'
+    )
+    lines = [
         f"    constexpr int VEC = 16 / sizeof({ot}), CP = 64 + VEC;  // a block row, padded by 16 bytes",
-        '    static_assert(size(acc) == BN / 2 && TN % 64 == 0, "a warpgroup\'s 64 x BN accumulators, 64-column blocks");',
+        f"    {shape}",
         f"    {ot}* const cs = s.c + (wg - 1) * 64 * CP;",
-        "    const int wrow = 64 * (wg - 1);",
         "    const bool rows16 = N % VEC == 0;  // every output row starts 16-byte aligned",
+        *(
+            ["    CUTE_UNROLL", "    for (int h = 0; h < 2; ++h) {", "    const int wrow = 64 * h;"]
+            if halves
+            else ["    const int wrow = 64 * (wg - 1);"]
+        ),
         "    CUTE_UNROLL",
         "    for (int j = 0; j < TN / 64; ++j) {",
         "        // GMMA's accumulator layout: values 4c..4c+3 are columns 8c, 8c + 1 of two rows, so block j is",
@@ -379,7 +395,7 @@ def staged_store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
         "        CUTE_UNROLL",
         "        for (int i = 32 * j; i < 32 * j + 32; i += 2) {",
         *([PAIRING.replace("        ", "            ", 1)] if gated else []),
-        "            const int tr = get<0>(tCcC(i)), tc = get<1>(tCcC(i));",
+        f"            const int tr = get<0>(tCcC(i{at})), tc = get<1>(tCcC(i{at}));",
         "            const long long m = m0 + tr, n = n0 + tc;",
         "            if (m >= M || n >= N) continue;",
         "            [[maybe_unused]] const long long r = r0 + m;  // the fused chain's row operands' row",
@@ -401,6 +417,7 @@ def staged_store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
         '        asm volatile("bar.sync %0, 128;" ::"r"(wg) : "memory");  // read before block j + 1 is written',
         "    }",
     ]
+    return lines + (["    }"] if halves else [])
 
 
 def operand_lines(ops_: tuple[tuple[str, str, Bcast], ...], lead: str, rows: str) -> list[str]:

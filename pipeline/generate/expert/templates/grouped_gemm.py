@@ -98,6 +98,12 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         b["tma_mc"] = atoms.find(atoms.TMA_LOAD_MULTICAST_3D, hunter)
     out_dt = epi.out_dtype if epi else dt
     staged = getattr(rp, "staged", False)
+    pingpong = getattr(rp, "pingpong", False)
+    gated = epi is not None and bool(epi.up)
+    if pingpong and (gated or cluster > 1 or rp.bn != 128 or not staged):
+        raise RenderError(
+            f"region {rid}: ping-pong consumers take 128 x 128 tiles, one block a tile, ungated, stores staged"
+        )
     smem = smem_bytes(rp.bn, rp.stages, f.experts, gemm.staging_bytes(out_dt) if staged else 0)
     if smem > gemm.SMEM_LIMIT:
         raise RenderError(
@@ -105,7 +111,6 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
             f"bytes of shared memory, over the {gemm.SMEM_LIMIT} a block may have"
         )
     groups = f.groups or Groups(r.node.args[2].name, "int32")
-    gated = epi is not None and bool(epi.up)
     lines = [
         *gemm.preamble(rid, b),
         f"using T = {CUTE_TYPES[dt]};",
@@ -114,7 +119,9 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         f"constexpr int TN = {rp.bn // 2 if gated else rp.bn};  // output columns a tile writes"
         + ("  (gated: BN / 2 gate and BN / 2 up columns)" if gated else ""),
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::{f.b_major}>{{}},",
-        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
+        "                                         Layout<Shape<_1, _1, _1>>{}));  // a warpgroup a tile (ping-pong)"
+        if pingpong
+        else "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
         f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
         "Int<STAGES>{})));",
         gemm._smem_b(f, b),  # type: ignore[arg-type]
@@ -144,12 +151,16 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Empty = {b['empty'].name};",
-        _BODY.replace("LOAD_B", _load_b(f.b_major, gated, cluster))
+        (_pingpong(_BODY) if pingpong else _BODY)
+        .replace("LOAD_B", _load_b(f.b_major, gated, cluster))
         .replace("PAIRS", "" if staged else _PAIRS)
         .replace("TMA_MULTICAST", b["tma_mc"].name if cluster > 1 else "")
         .replace("TMA_COPY", b["tma"].name)
         .replace("ROWS_OF_E", _rows_of(groups)),
-        *("    " + ln for ln in (gemm.staged_store if staged else gemm.store)(epi, out_dt)),
+        *(
+            "    " + ln
+            for ln in (gemm.staged_store(epi, out_dt, pingpong) if staged else gemm.store(epi, out_dt))
+        ),
         "    }",
         "}",
     ]
@@ -344,6 +355,38 @@ PAIRS    // a stage is free once the consumers of every block it was loaded into
         const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * TN;
         const long long r0 = row0;  // the group's first row of the output (and of row operands)"""
 )
+
+
+# Ping-pong consumers: each warpgroup takes every other tile of its block (a 128 x BN tile a warpgroup), so one
+# stores its tile while the other's MMAs run. The producer fills the ring in tile order, a tile's k-tiles in
+# a row; a warpgroup skips the other's k-tiles (ring positions) and takes its turn on the tensor cores after
+# the other's main loop is issued (named barriers 3 and 4), so it never waits on a stage a lap ahead of
+# the producer (an mbarrier's parity cannot tell those laps apart). One warpgroup releases each stage.
+_PP = {
+    "            Empty::init(&s.empty[i], 2 * CLUSTER);  // one arrive per consumer warpgroup of each block":
+    "            Empty::init(&s.empty[i], 1);  // ping-pong: one warpgroup consumes a stage",
+    "    auto thr = mma.get_slice(threadIdx.x - 128);": "    auto thr = mma.get_slice(threadIdx.x % 128);",
+    "    int it = 0;\n    for (int tile = first; tile < total; tile += step) {":
+    "    const int me = wg - 1;  // this warpgroup's tiles: the block's me-th, me + 2-th, ...\n"
+    "    int it = me * ktiles;\n"
+    "    bool turn = me == 0;  // the first tile's main loop waits for no one\n"
+    "    for (int tile = first + me * step; tile < total; tile += 2 * step, it += ktiles) {",
+    "        const bool busy = m_blk * BM + 64 * (wg - 1) < M;":
+    "        const bool busy = true;  // the whole tile is this warpgroup's\n"
+    "        if (!turn) asm volatile(\"bar.sync %0, 256;\" ::\"r\"(3 + me));  // the other's main loop is issued\n"
+    "        turn = false;",
+    "        warpgroup_wait<0>();\n        warpgroup_fence_operand(acc);\n":
+    "        if (tile + step < total) asm volatile(\"bar.arrive %0, 256;\" ::\"r\"(4 - me));  // its turn\n"
+    "        warpgroup_wait<0>();\n        warpgroup_fence_operand(acc);\n",
+}  # fmt: skip
+
+
+def _pingpong(body: str) -> str:
+    for old, new in _PP.items():
+        if body.count(old) != 1:
+            raise AssertionError(f"the grouped template changed: {old.strip()!r}")
+        body = body.replace(old, new)
+    return body
 
 
 def launcher(rid: str, f: GroupedForm, groups: Groups, epi: GemmEpilogue | None, rp: GemmPlan, smem: int,
