@@ -38,8 +38,8 @@ TASKS = sorted(p.stem for p in (ROOT / "tasks" / "moe").glob("*_fc*.py"))  # the
 
 def candidates(path: Path) -> list:
     """Our grouped kernel (the tuned plan) and its children with another tile or ring depth; and, of it and of
-    its 256-wide child, the children with weight tiles multicast to a cluster of two (multicast_loads) and with
-    the stores staged in shared memory (coalesce_accesses)."""
+    its 256-wide child, the children with weight tiles multicast to a cluster of two (multicast_loads), with
+    stores direct from the accumulators (coalesce_accesses) and with ping-pong consumers (overlap_epilogue)."""
     task = probe(path)
     policy = ExpertPolicy()
     first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
@@ -52,16 +52,20 @@ def candidates(path: Path) -> list:
     moved = [
         k.candidate
         for k in kids
-        if k.status == ProposalStatus.OK and ("bn=" in k.edit or "stages=" in k.edit)
+        if k.status == ProposalStatus.OK
+        and k.edit.startswith(("coarsen_threads", "more_parallelism", "pipeline_loads"))
     ]
     edited = []  # the plain tile's and the wide one's: the children's edits read alike, so the tile is named
     for parent in [ours[0], *(c for c in moved[:3] if "bn=256" in c.edit)][:2]:
         kids = policy.propose(Context(task=task, reference=task.source, parent=parent), 8)
         bn = plan_of(parent.source).regions[-1].bn
-        for edit in ("multicast_loads", "coalesce_accesses"):
+        for edit in ("multicast_loads", "coalesce_accesses", "overlap_epilogue"):
             edited += [dataclasses.replace(k.candidate, edit=f"{k.edit} at bn={bn}") for k in kids
                        if k.status == ProposalStatus.OK and k.candidate and edit in k.edit][:1]  # fmt: skip
-    return [ours[0], *moved[:3], *edited]
+    out: dict[str, object] = {}  # one of each kernel: edits from either parent may reach the same plan
+    for c in [ours[0], *moved[:3], *edited]:
+        out.setdefault(c.source, c)
+    return list(out.values())
 
 
 def libraries(module, model) -> dict[str, Callable]:
