@@ -257,6 +257,12 @@ def test_grouped_kernels_compile_for_sm90a_without_spills(tmp_path):
         for c in pp:
             assert '"pingpong":true' in c.source.splitlines()[0] and '"bn":128' in c.source.splitlines()[0]
             assert "bar.arrive" in c.source and "Layout<Shape<_1, _1, _1>>" in c.source
+            # its own moves keep what ping-pong needs: no wider tile, cluster or direct stores
+            moves = [
+                k.edit for k in ExpertPolicy().propose(Context(task=t, reference=t.source, parent=c), 30)
+            ]
+            assert "overlap_epilogue(_grouped_mm: pingpong=False)" in moves, moves
+            assert not [m for m in moves if "bn=256" in m or "cluster" in m or "staged" in m], moves
         cands += pp
     for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
