@@ -912,12 +912,15 @@ def test_grouped_gemm_edits_verify_on_odd_groups(pool, home, tmp_path, name, edi
 
 # Ping-pong consumers (overlap_epilogue): enough tiles that every block's two warpgroups take turns several
 # times (about 4 tiles a block on 132 SMs), skewed groups with idle experts and groups of 1 row; K = 72 (2
-# k-tiles, fewer than the ring's stages: a warpgroup's next tile starts a lap of the ring ahead) and K = 264
+# k-tiles, fewer than the ring's stages: a warpgroup's next tile starts a lap of the ring ahead) and K = 264;
+# SwiGLU (a value's gate and up in one warpgroup's half: 64 outputs a 128-wide tile)
 PINGPONG_CASES = {
     "rows_k72": dict(w="16, 72, 256", cols=256, t="", k=72, write="out[start : start + n] = h",
                      counts=[0, 9000, 1, 0, 12000, 129, 3000, 0, 7000, 64, 0, 5000, 2000, 1, 0, 1805]),
     "k_major_relu": dict(w="8, 200, 264", cols=200, t=".t()", k=264, write="out[start : start + n] = torch.relu(h) * 2",
                          counts=[0, 20000, 300, 1, 0, 9000, 77, 5]),
+    "swiglu_rows": dict(w="8, 264, 272", cols=136, t="", k=264, counts=[1, 0, 30000, 129, 0, 7700, 0, 1],
+                        write="gate, up = h.chunk(2, dim=-1)\n            out[start : start + n] = F.silu(gate) * up"),
 }  # fmt: skip
 
 

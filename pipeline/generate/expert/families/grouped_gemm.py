@@ -165,13 +165,10 @@ def coalesce(plan: Plan, rp: GroupedPlan | None, r: Region, low: Lowered) -> Any
 def overlap(plan: Plan, rp: GroupedPlan | None, r: Region, low: Lowered) -> Any:
     """overlap_epilogue: ping-pong consumers, each warpgroup on its own 128 x 128 tile, so one's stores run
     under the other's MMAs (at K = 768 the stores were a third of the kernel's time), or back to both
-    warpgroups on one tile. Its accumulators take a warpgroup's registers at 128 columns: 256-wide plans
-    narrow to it; a gated epilogue (gate and up columns paired across the warpgroups' halves) keeps the
-    cooperative consumers, and so do clusters and direct stores."""
+    warpgroups on one tile. Its accumulators take a warpgroup's registers at 128 columns (gated: 64 gate and
+    64 up columns, 64 outputs): 256-wide plans narrow to it; clusters and direct stores keep the cooperative
+    consumers."""
     if not isinstance(rp, GroupedPlan) or rp.cluster > 1 or not rp.staged:
-        return
-    epi = epilogue(r, low) if rp.epilogue else None
-    if epi is not None and epi.up:
         return
     f = form(r, low)
     if isinstance(f, str):

@@ -355,17 +355,16 @@ def staged_store(epi: GemmEpilogue | None, out_dt: str, halves: bool = False) ->
     at once on 8 bank groups. Values past the output's rows or columns are neither computed (the fused chain's
     operands end there) nor stored; the block's bytes for them are never read.
     `halves`: the warpgroup holds a whole 128-row tile (ping-pong consumers: accumulators (values, 2, 1)),
-    staged as two 64-row halves through the same block; ungated only."""
+    staged as two 64-row halves through the same block (gated: the up value size<0>(acc) / 2 after the gate's
+    in the same half)."""
     ot = ctype(out_dt)
     gated = epi is not None and bool(epi.up)
-    if halves and gated:
-        raise ValueError("a whole tile a warpgroup is staged ungated only")
-    at = ", h, 0" if halves else ""
+    at, half = (", h, 0", "size<0>(acc) / 2") if halves else ("", "size(acc) / 2")
 
     def value(k: int) -> str:
         if epi is None:
             return f"v{k} = acc(i + {k}{at})"
-        return epilogue_call(epi, f"acc(i + {k}{at})", f"acc(i + {k} + size(acc) / 2)", f"n + {k}", f"v{k}")
+        return epilogue_call(epi, f"acc(i + {k}{at})", f"acc(i + {k} + {half}{at})", f"n + {k}", f"v{k}")
 
     pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
     make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",
@@ -394,7 +393,14 @@ def staged_store(epi: GemmEpilogue | None, out_dt: str, halves: bool = False) ->
         + (" (the gate's; the up value is size(acc) / 2 further)" if gated else ""),
         "        CUTE_UNROLL",
         "        for (int i = 32 * j; i < 32 * j + 32; i += 2) {",
-        *([PAIRING.replace("        ", "            ", 1)] if gated else []),
+        *(
+            [
+                f"            if (get<1>(tCcC(i + {half}{at})) != get<1>(tCcC(i{at})) + BN / 2) __trap();"
+                "  // gate and up pair"
+            ]
+            if gated
+            else []
+        ),
         f"            const int tr = get<0>(tCcC(i{at})), tc = get<1>(tCcC(i{at}));",
         "            const long long m = m0 + tr, n = n0 + tc;",
         "            if (m >= M || n >= N) continue;",

@@ -100,9 +100,9 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     staged = getattr(rp, "staged", False)
     pingpong = getattr(rp, "pingpong", False)
     gated = epi is not None and bool(epi.up)
-    if pingpong and (gated or cluster > 1 or rp.bn != 128 or not staged):
+    if pingpong and (cluster > 1 or rp.bn != 128 or not staged):
         raise RenderError(
-            f"region {rid}: ping-pong consumers take 128 x 128 tiles, one block a tile, ungated, stores staged"
+            f"region {rid}: ping-pong consumers take 128 x 128 tiles, one block a tile, stores staged"
         )
     smem = smem_bytes(rp.bn, rp.stages, f.experts, gemm.staging_bytes(out_dt) if staged else 0)
     if smem > gemm.SMEM_LIMIT:
