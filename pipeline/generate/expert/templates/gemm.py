@@ -389,8 +389,7 @@ def staged_store(epi: GemmEpilogue | None, out_dt: str, halves: bool = False) ->
         "    CUTE_UNROLL",
         "    for (int j = 0; j < TN / 64; ++j) {",
         "        // GMMA's accumulator layout: values 4c..4c+3 are columns 8c, 8c + 1 of two rows, so block j is",
-        "        // values 32j..32j+31"
-        + (" (the gate's; the up value is size(acc) / 2 further)" if gated else ""),
+        "        // values 32j..32j+31" + (f" (the gate's; the up value is {half} further)" if gated else ""),
         "        CUTE_UNROLL",
         "        for (int i = 32 * j; i < 32 * j + 32; i += 2) {",
         *(

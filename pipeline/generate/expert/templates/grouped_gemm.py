@@ -21,6 +21,9 @@ L2 for about 5 TB/s at the measured speed). A stage is then released by the cons
 arrive on the peer's barrier too), the block without a row tile in a pair's tail loads and releases its
 half all the same, and a producer waits for its last stages' releases before its block exits, so no
 remote arrive lands after it.
+Stores are staged in shared memory by default (`staged`, gemm.staged_store: whole 16-byte row pieces); with
+`pingpong` each consumer warpgroup takes every other tile (128 x 128) and stores it while the other's MMAs
+run (_PP below).
 """
 
 from __future__ import annotations
