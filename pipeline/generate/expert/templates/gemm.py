@@ -303,6 +303,14 @@ def epilogue_call(epi: GemmEpilogue, main: str, up: str, col: str, out: str) -> 
     return f"kp_{epi.region.rid}_f({', '.join([*args, out])})"
 
 
+# An output type's two-value vector and the expression that packs v0, v1 into it
+_PAIR = {
+    "float": ("float2", "make_float2(v0, v1)"),
+    "__half": ("__half2", "__floats2half2_rn(v0, v1)"),
+    "__nv_bfloat16": ("__nv_bfloat162", "__floats2bfloat162_rn(v0, v1)"),
+}
+
+
 def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
     """The epilogue: accumulator pairs (i, i + 1) are adjacent columns of one row in the GMMA layout."""
     ot = ctype(out_dt)
@@ -315,9 +323,7 @@ def store(epi: GemmEpilogue | None, out_dt: str) -> list[str]:
         # the GMMA accumulators hold columns c and c + BN / 2 at i and i + size(acc) / 2
         return epilogue_call(epi, f"acc(i + {k})", f"acc(i + {k} + size(acc) / 2)", f"n + {k}", f"v{k}")
 
-    pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
-    make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",
-            "__nv_bfloat16": "__floats2bfloat162_rn(v0, v1)"}[ot]  # fmt: skip
+    pair, make = _PAIR[ot]
     return [
         "    CUTE_UNROLL",
         f"    for (int i = 0; i < size(acc){' / 2' if gated else ''}; i += 2) {{",
@@ -366,9 +372,7 @@ def staged_store(epi: GemmEpilogue | None, out_dt: str, halves: bool = False) ->
             return f"v{k} = acc(i + {k}{at})"
         return epilogue_call(epi, f"acc(i + {k}{at})", f"acc(i + {k} + {half}{at})", f"n + {k}", f"v{k}")
 
-    pair = {"float": "float2", "__half": "__half2", "__nv_bfloat16": "__nv_bfloat162"}[ot]
-    make = {"float": "make_float2(v0, v1)", "__half": "__floats2half2_rn(v0, v1)",
-            "__nv_bfloat16": "__floats2bfloat162_rn(v0, v1)"}[ot]  # fmt: skip
+    pair, make = _PAIR[ot]
     shape = (
         "static_assert(size<0>(acc) == BN / 2 && size<1>(acc) == 2 && TN % 64 == 0, \"a warpgroup's 128 x BN "
         'accumulators, two 64-row halves, 64-column blocks");'
