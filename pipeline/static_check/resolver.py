@@ -46,6 +46,7 @@ class Launcher(Scopes, TensorTyping):
         super().__init__(tree)
         self._tensor_cache: dict[int, set[str]] = {}
         self._attr_cache: dict[tuple[str, str], tuple] = {}
+        self._returned: dict[int, list[ast.expr]] = {}  # nested function -> the values it returns
         self._active: set[object] = set()  # recursion guards
         self.pseudo: dict[int, Scope] = {}
 

@@ -41,9 +41,16 @@ class Scopes:
     def __init__(self, tree: ast.Module):
         self.tree = tree
         self.parent: dict[int, ast.AST] = {}
-        for node in ast.walk(tree):
+        # every node once, in ast.walk's order (breadth first): the rules read this list rather than walk a
+        # level-3 launcher's 2000 lines again each (a walk is most of a check's time)
+        self.walked: list[ast.AST] = [tree]
+        i = 0
+        while i < len(self.walked):
+            node = self.walked[i]
+            i += 1
             for child in ast.iter_child_nodes(node):
                 self.parent[id(child)] = node
+                self.walked.append(child)
         self.imports: dict[str, str] = {}  # local name -> module path it stands for
         self.star: list[str] = []
         self._collect_imports()
@@ -58,7 +65,7 @@ class Scopes:
         self._collect_attrs()
 
     def _collect_imports(self) -> None:
-        for node in ast.walk(self.tree):
+        for node in self.walked:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:

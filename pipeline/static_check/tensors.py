@@ -25,6 +25,7 @@ class TensorTyping:
     func_scopes: dict[str, Scope]
     _tensor_cache: dict[int, set[str]]
     _active: set[object]
+    _returned: dict[int, list[ast.expr]]
 
     def resolve(self, expr: ast.AST, s: Scope, depth: int = 0) -> Path | None:
         raise NotImplementedError
@@ -107,16 +108,21 @@ class TensorTyping:
                 node = s.nested[p[1]]
                 if isinstance(node, ast.Lambda):
                     return self.is_tensor(node.body, s, d)
-                return any(
-                    isinstance(r, ast.Return) and r.value and self.is_tensor(r.value, s, d)
-                    for r in ast.walk(node)
-                )
+                return any(self.is_tensor(r, s, d) for r in self.returned(node))
             return False  # kernels, numpy, math, builtins, launcher classes
         if isinstance(e.func, ast.Attribute):
             if e.func.attr in NON_TENSOR_METHODS or e.func.attr in PY_METHODS:
                 return False
             return self.is_tensor(e.func.value, s, d)
         return False
+
+    def returned(self, node: ast.AST) -> list[ast.expr]:
+        """The values a nested function returns, found once (a launcher asks of the same helpers often)."""
+        if id(node) not in self._returned:
+            self._returned[id(node)] = [
+                r.value for r in ast.walk(node) if isinstance(r, ast.Return) and r.value
+            ]
+        return self._returned[id(node)]
 
     def returns_tensor(self, s: Scope) -> bool:
         if id(s) in self._active:

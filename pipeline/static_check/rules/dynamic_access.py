@@ -191,7 +191,7 @@ def _plain_alias(launcher: Launcher, s: Scope, node: ast.AST, parent: ast.AST | 
 
 def _shadowing(launcher: Launcher) -> Iterator[Violation]:
     imported: dict[str, str] = {}  # name -> what its first import binds it to
-    for node in ast.walk(launcher.tree):
+    for node in launcher.walked:
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
         for a in node.names:
@@ -224,7 +224,7 @@ def _shadowing(launcher: Launcher) -> Iterator[Violation]:
 
 def _bindings(launcher: Launcher) -> Iterator[tuple[ast.AST, str]]:
     """Every place a name is bound (imports and method names aside), with the name."""
-    for node in ast.walk(launcher.tree):
+    for node in launcher.walked:
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
             yield node, node.id
         elif isinstance(node, ast.arg):
