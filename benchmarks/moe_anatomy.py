@@ -31,7 +31,11 @@ from pipeline.config import load  # noqa: E402
 from pipeline.tasks import load_module  # noqa: E402
 
 # (variant, [(text in the kernel, its replacement)]): each must be found, or the template changed under us
-STORE = ("        if (m >= M || n >= N) continue;", "        if (m >= M || n >= N || K != -7) continue;")
+# no stores: the tile's epilogue skipped whole (direct or staged stores alike), right where it begins
+STORE = (
+    "const long long r0 = row0;",
+    "const long long r0 = row0;\n        if (K != -7) continue;  // anatomy",
+)
 MMA = ("            if (busy) {", "            if (busy && K == -7) {")
 VARIANTS = {"whole": [], "no stores": [STORE], "no MMAs": [MMA], "loads only": [STORE, MMA]}
 

@@ -444,3 +444,28 @@ def test_the_benchmarks_weight_gradient_baseline_computes_what_the_loop_does(tmp
     torch.testing.assert_close(got.float(), model(*args).float(), rtol=2e-2, atol=2e-2)
     t = probe(ROOT / "tasks" / "moe" / "qwen3_fc2_wgrad.py")  # the full-size task: (E, I, H) from 65536 rows
     assert t.flops == 2 * 65536 * 768 * 2048
+
+
+def test_the_anatomy_script_switches_off_each_part_of_every_grouped_kernel():
+    """benchmarks/moe_anatomy.py edits the rendered kernel by text: each part's switch is found once in the
+    kernels it times (staged stores, the default, and ping-pong among them), or the script stops."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import moe_anatomy
+
+    t = probe(ROOT / "tasks" / "moe" / "qwen3_fc2.py")
+    policy = ExpertPolicy()
+    tuned = policy.propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    kids = [
+        k.candidate
+        for k in policy.propose(Context(task=t, reference=t.source, parent=tuned), 30)
+        if k.candidate
+    ]
+    for cand in [tuned, *kids]:
+        v = moe_anatomy.variants(cand)
+        assert list(v) == ["whole", "no stores", "no MMAs", "loads only"]
+        assert v["whole"].source == cand.source and len({c.source for c in v.values()}) == 4, cand.edit
+        assert (
+            "if (K != -7) continue;" in v["loads only"].source and "busy && K == -7" in v["loads only"].source
+        )
