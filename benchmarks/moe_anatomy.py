@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_moe  # noqa: E402
 
+from pipeline.candidates import candidate_key  # noqa: E402
 from pipeline.compile import compile_candidates  # noqa: E402
 from pipeline.config import load  # noqa: E402
 from pipeline.tasks import load_module  # noqa: E402
@@ -43,15 +43,12 @@ VARIANTS = {"whole": [], "no stores": [STORE], "no MMAs": [MMA], "loads only": [
 def variants(cand) -> dict[str, object]:
     out = {}
     for name, edits in VARIANTS.items():
-        if not edits:
-            out[name] = dataclasses.replace(cand, edit=f"{cand.edit} [{name}]")
-            continue
         src = cand.source
         for old, new in edits:
             if src.count(old) != 1:
                 raise SystemExit(f"{cand.edit}: {old.strip()!r} found {src.count(old)} times in the kernel")
             src = src.replace(old, new)
-        key = hashlib.sha256((src + cand.launcher).encode()).hexdigest()[:16]
+        key = candidate_key(src, cand.launcher, cand.flags)  # the whole kernel keeps its own key
         out[name] = dataclasses.replace(cand, source=src, key=key, edit=f"{cand.edit} [{name}]")
     return out
 

@@ -477,7 +477,8 @@ def prefetch(candidates: Sequence[Candidate], cfg: Config) -> int:
     """Start building, in the background, the candidates that are not cached; returns how many are being
     built (started now, or already under way). For a search whose next candidates are known before they
     are evaluated (the expert's other moves, made while the GPU profiles or times): compile_candidates later
-    finds them cached or waits for them. At most half the compile jobs run ahead, so the builds a batch is waiting for keep the rest.
+    finds them cached or waits for them. At most half the compile jobs run ahead, so the builds a batch is
+    waiting for keep the rest.
     Never raises: a candidate that cannot be keyed or built here is left for compile_candidates to report."""
     global _ahead_pool
     if not candidates or cfg.ray:

@@ -465,7 +465,8 @@ def test_the_anatomy_script_switches_off_each_part_of_every_grouped_kernel():
     for cand in [tuned, *kids]:
         v = moe_anatomy.variants(cand)
         assert list(v) == ["whole", "no stores", "no MMAs", "loads only"]
-        assert v["whole"].source == cand.source and len({c.source for c in v.values()}) == 4, cand.edit
+        assert v["whole"].source == cand.source and v["whole"].key == cand.key, cand.edit
+        assert len({c.source for c in v.values()}) == 4, cand.edit
         assert (
             "if (K != -7) continue;" in v["loads only"].source and "busy && K == -7" in v["loads only"].source
         )

@@ -188,10 +188,7 @@ def _fits(edit: Edit) -> Edit:
 
     def fitting(plan: Plan, rp: RegionPlan | None, r: Region, low: Lowered) -> Any:
         for label, p in edit(plan, rp, r, low):
-            q = p.get(r.rid)
-            if not (
-                isinstance(q, GroupedPlan) and q.pingpong and (q.bn != 128 or q.cluster > 1 or not q.staged)
-            ):
+            if not grouped_gemm.misfit(p.get(r.rid)):
                 yield label, p
 
     return fitting

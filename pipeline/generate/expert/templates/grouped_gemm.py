@@ -76,6 +76,14 @@ def max_stages(bn: int, experts: int) -> int:
     return max(2, (gemm.SMEM_LIMIT - 2048 - _tables(experts) - gemm.staging_bytes("bfloat16")) // stage)
 
 
+def misfit(rp: Any) -> bool:
+    """A ping-pong plan the template does not take: its consumers need 128 x 128 tiles (a warpgroup holds a
+    whole tile's accumulators), one block a tile and staged stores."""
+    return bool(getattr(rp, "pingpong", False)) and (
+        getattr(rp, "cluster", 1) > 1 or rp.bn != 128 or not getattr(rp, "staged", False)
+    )
+
+
 def smem_bytes(bn: int, stages: int, experts: int, staging: int = 0) -> int:
     return gemm.smem_bytes(bn, stages) + _tables(experts) + staging
 
@@ -103,7 +111,7 @@ def render(r: Region, f: GroupedForm, rp: GemmPlan, epi: GemmEpilogue | None, hu
     staged = getattr(rp, "staged", False)
     pingpong = getattr(rp, "pingpong", False)
     gated = epi is not None and bool(epi.up)
-    if pingpong and (cluster > 1 or rp.bn != 128 or not staged):
+    if misfit(rp):
         raise RenderError(
             f"region {rid}: ping-pong consumers take 128 x 128 tiles, one block a tile, stores staged"
         )
