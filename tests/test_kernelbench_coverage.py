@@ -58,8 +58,7 @@ else:  # read where einops is installed; whether they are written is not settled
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, tuple[bool, str]]:
-    """supports() of every task, once, in a process a core (the recurrent level-3 tasks take torch.export
-    15-40 s each: over two minutes on one core)."""
+    """supports() of every task, once, in a process a core."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pipeline.generate.expert import recurrent
 from pipeline.tasks import TaskError, load_module, meta_inputs, model_on_meta
 
 
@@ -242,7 +243,7 @@ def _capture_module(module: ModuleType, task_id: str) -> Graph:
             f"building the model on the meta device raised {type(e).__name__}: {_first_line(e)}"
         ) from None
     try:
-        with _quiet(), torch.no_grad(), _scalars_on_cpu():
+        with _quiet(), torch.no_grad(), _scalars_on_cpu(), recurrent.shapes_only():
             ep = torch.export.export(model, tuple(inputs), strict=False)
     except Exception as e:
         why = f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)})"
