@@ -2,9 +2,11 @@
 
 The CUDA source is compiled with g++ against a small shim of the CUDA subset the templates use (thread
 and block indices, __syncthreads, warp shuffles, dynamic shared memory, fp16/bf16 storage). Each launch
-runs its blocks one after another on blockDim real threads, so barriers and shuffles behave as on the
-GPU; races and divergent barriers show up as wrong results or hangs. A kernel with `__cluster_dims__(C, 1,
-1)` runs its clusters one after another, the C blocks of each at once (C * blockDim threads), each block
+runs its blocks one after another. The CUDA threads of a block are fibers of one OS thread, each run until
+it waits at a barrier (or a shuffle), then the next: barriers and shuffles behave as on the GPU, a missing
+barrier shows up as a wrong result (a thread reads what later threads have not written yet), and a barrier
+that some threads never reach stops the launch with an error. A kernel with `__cluster_dims__(C, 1, 1)`
+runs its clusters one after another, the C blocks of each at once (C * blockDim fibers), each block
 with its own shared memory and barriers, the cluster's barrier and the mapping of a block's shared memory
 to another's (distributed shared memory) as the kp_cluster_* helpers of templates/rowwise.py define them
 on the GPU. A static `__shared__` array is one for the whole cluster here: cluster kernels take dynamic
@@ -31,24 +33,23 @@ SHIM = r"""
 #include <stdint.h>
 #include <string.h>
 #include <limits.h>
-#include <barrier>
+#include <sys/mman.h>
+#include <ucontext.h>
 #include <functional>
-#include <memory>
-#include <thread>
-#include <optional>
 #include <vector>
 #include <algorithm>
 using std::max;  // CUDA's integer min and max
 using std::min;
 
 struct kp_dim3 { unsigned x = 0, y = 0, z = 0; };
-thread_local kp_dim3 threadIdx, blockIdx;
+// The running CUDA thread's own values: set by the scheduler each time it resumes that thread.
+kp_dim3 threadIdx, blockIdx;
 kp_dim3 blockDim, gridDim;
-thread_local int kp_lane = 0, kp_warp = 0;
+int kp_lane = 0, kp_warp = 0;
 constexpr int KP_EMU_MAX_CLUSTER = 8;
 alignas(16) static unsigned char kp_emu_smem[KP_EMU_MAX_CLUSTER][256 * 1024];
-thread_local unsigned char* kp_emu_smem_base = kp_emu_smem[0];  // this thread's block's shared memory
-thread_local unsigned kp_emu_rank = 0;  // this thread's block within its cluster
+unsigned char* kp_emu_smem_base = kp_emu_smem[0];  // this thread's block's shared memory
+unsigned kp_emu_rank = 0;  // this thread's block within its cluster
 
 #define __global__
 #define __device__
@@ -66,34 +67,65 @@ inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return
 #define CUDART_NAN_F NAN
 
 // A GPU faults on a misaligned vector access; x86 does not, so the emulator counts them instead.
-extern "C" { int kp_emu_misaligned = 0; }
+// kp_emu_error: 1 when threads wait at a barrier the others never reach, 2 when no stacks could be mapped.
+extern "C" { int kp_emu_misaligned = 0, kp_emu_error = 0; }
 #define KP_CHECK_ALIGN(p, bytes) \
     do { if (reinterpret_cast<uintptr_t>(p) % (bytes)) __atomic_store_n(&kp_emu_misaligned, 1, __ATOMIC_RELAXED); } while (0)
 
-static std::vector<std::unique_ptr<std::barrier<>>> kp_block_bar;  // one a block of the cluster
-static std::unique_ptr<std::barrier<>> kp_cluster_bar;
-static std::vector<std::unique_ptr<std::barrier<>>> kp_warp_bar;  // warps numbered across the cluster
+// Each CUDA thread is a fiber (ucontext) on one OS thread; a fiber runs until it waits at a barrier, then
+// the next one runs. Switching costs a fraction of a microsecond, where a thousand OS threads meeting at a
+// std::barrier on two cores cost milliseconds each time.
+struct kp_fiber {
+    ucontext_t ctx;
+    kp_dim3 tid, bid;
+    int lane = 0, warp = 0;
+    unsigned rank = 0, token = 0;  // token: the cluster barrier's phase it arrived in (split barrier)
+    bool done = false;
+};
+struct kp_bar { unsigned expected = 0, arrived = 0, phase = 0; };
+constexpr size_t KP_EMU_STACK = 256 * 1024;  // reserved, not committed: only the pages used are touched
+static std::vector<kp_fiber> kp_fibers;
+static ucontext_t kp_sched;
+static kp_fiber* kp_cur = nullptr;
+static const std::function<void()>* kp_body = nullptr;
+static bool kp_moved = false;  // since the scheduler last resumed a fiber: a barrier was met or passed
+
+inline void kp_yield() { swapcontext(&kp_cur->ctx, &kp_sched); }
+inline unsigned kp_arrive(kp_bar& b) {
+    const unsigned phase = b.phase;
+    kp_moved = true;
+    if (++b.arrived == b.expected) { b.arrived = 0; ++b.phase; }
+    return phase;
+}
+inline void kp_wait(kp_bar& b, unsigned phase) {
+    while (b.phase == phase) kp_yield();
+    kp_moved = true;
+}
+inline void kp_sync(kp_bar& b) { kp_wait(b, kp_arrive(b)); }
+
+static std::vector<kp_bar> kp_block_bar;  // one a block of the cluster
+static kp_bar kp_cluster_bar;
+static std::vector<kp_bar> kp_warp_bar;  // warps numbered across the cluster
 static uint64_t kp_xchg[KP_EMU_MAX_CLUSTER * 32][32];
 
-inline void __syncthreads() { kp_block_bar[kp_emu_rank]->arrive_and_wait(); }
+inline void __syncthreads() { kp_sync(kp_block_bar[kp_emu_rank]); }
 inline unsigned kp_cluster_rank() { return kp_emu_rank; }
-inline void kp_cluster_sync() { kp_cluster_bar->arrive_and_wait(); }
-// The split barrier: arrive now, wait later (the token a thread holds between them is its own).
-thread_local std::optional<std::barrier<>::arrival_token> kp_emu_token;
-inline void kp_cluster_arrive() { kp_emu_token.emplace(kp_cluster_bar->arrive()); }
-inline void kp_cluster_wait() { kp_cluster_bar->wait(std::move(*kp_emu_token)); kp_emu_token.reset(); }
+inline void kp_cluster_sync() { kp_sync(kp_cluster_bar); }
+// The split barrier: arrive now, wait later (the phase a thread holds between them is its own).
+inline void kp_cluster_arrive() { kp_cur->token = kp_arrive(kp_cluster_bar); }
+inline void kp_cluster_wait() { kp_wait(kp_cluster_bar, kp_cur->token); }
 template <class T> inline T* kp_cluster_map(T* p, unsigned rank) {
     return reinterpret_cast<T*>(kp_emu_smem[rank] + (reinterpret_cast<unsigned char*>(p) - kp_emu_smem_base));
 }
-inline void __syncwarp(unsigned = 0xffffffffu) { kp_warp_bar[kp_warp]->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { kp_sync(kp_warp_bar[kp_warp]); }
 
 template <class T> inline T kp_shfl(T v, int src, bool valid) {
     uint64_t bits = 0;
     memcpy(&bits, &v, sizeof(T));
     kp_xchg[kp_warp][kp_lane] = bits;
-    kp_warp_bar[kp_warp]->arrive_and_wait();
+    kp_sync(kp_warp_bar[kp_warp]);
     uint64_t got = valid ? kp_xchg[kp_warp][src] : bits;
-    kp_warp_bar[kp_warp]->arrive_and_wait();
+    kp_sync(kp_warp_bar[kp_warp]);
     T out;
     memcpy(&out, &got, sizeof(T));
     return out;
@@ -130,7 +162,7 @@ inline void kp_emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, 
     for (int i = 0; i < 4; ++i) kp_mma_a[kp_warp][kp_lane][i] = a[i];
     kp_mma_b[kp_warp][kp_lane][0] = b0;
     kp_mma_b[kp_warp][kp_lane][1] = b1;
-    kp_warp_bar[kp_warp]->arrive_and_wait();
+    kp_sync(kp_warp_bar[kp_warp]);
     const int g = kp_lane >> 2, t = kp_lane & 3;
     for (int c = 0; c < 4; ++c) {
         const int row = g + (c >= 2 ? 8 : 0), col = 2 * t + (c & 1);
@@ -142,45 +174,82 @@ inline void kp_emu_mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, 
         }
         d[c] += sum;
     }
-    kp_warp_bar[kp_warp]->arrive_and_wait();
+    kp_sync(kp_warp_bar[kp_warp]);
 }
 
-// Clusters (of `cluster` blocks along x; 1 without __cluster_dims__) run one after another on
-// cluster * nthreads std::threads; every thread takes part in every cluster, as one thread of one block.
+static void kp_fiber_main() {
+    (*kp_body)();
+    kp_cur->done = true;
+    kp_moved = true;
+}  // returns to the scheduler through uc_link
+
+// Clusters (of `cluster` blocks along x; 1 without __cluster_dims__) run one after another, the cluster *
+// nthreads CUDA threads of each as fibers resumed in turn. When a whole round of them makes no progress
+// (each waits at a barrier that the others will never reach), the launch stops: kp_emu_error = 1.
 inline void kp_emu_run(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        size_t smem, unsigned cluster, const std::function<void()>& body) {
     gridDim = {gx, gy, gz};
     blockDim = {bx, by, bz};
-    const unsigned n = bx * by * bz, warps = (n + 31) / 32;
-    kp_block_bar.clear();
-    for (unsigned c = 0; c < cluster; ++c) kp_block_bar.push_back(std::make_unique<std::barrier<>>(n));
-    kp_cluster_bar = std::make_unique<std::barrier<>>(cluster * n);
-    kp_warp_bar.clear();
-    for (unsigned c = 0; c < cluster; ++c)
-        for (unsigned w = 0; w < warps; ++w)
-            kp_warp_bar.push_back(std::make_unique<std::barrier<>>(std::min(32u, n - 32 * w)));
-    std::barrier<> step(cluster * n);
-    std::vector<std::thread> pool;
-    for (unsigned g = 0; g < cluster * n; ++g) {
-        pool.emplace_back([&, g]() {
-            const unsigned rank = g / n, t = g % n;
-            threadIdx = {t % bx, (t / bx) % by, t / (bx * by)};
-            kp_lane = t % 32;
-            kp_warp = rank * warps + t / 32;
-            kp_emu_rank = rank;
-            kp_emu_smem_base = kp_emu_smem[rank];
-            for (unsigned z = 0; z < gz; ++z)
-                for (unsigned y = 0; y < gy; ++y)
-                    for (unsigned x = rank; x < gx; x += cluster) {
-                        if (t == 0) memset(kp_emu_smem_base, 0xff, smem);  // garbage, as on the GPU
-                        step.arrive_and_wait();
-                        blockIdx = {x, y, z};
-                        body();
-                        step.arrive_and_wait();
-                    }
-        });
+    kp_body = &body;
+    const unsigned n = bx * by * bz, warps = (n + 31) / 32, total = cluster * n;
+    if (kp_fibers.size() < total) kp_fibers.resize(total);
+    // One mapping for all the stacks, unmapped when the launch ends: every kernel library has its own
+    // emulator, and mappings kept per fiber would run into the process's limit on mappings.
+    void* stacks = mmap(nullptr, total * KP_EMU_STACK, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) {
+        kp_emu_error = 2;
+        return;
     }
-    for (auto& th : pool) th.join();
+    for (unsigned z = 0; z < gz; ++z)
+        for (unsigned y = 0; y < gy; ++y)
+            for (unsigned x0 = 0; x0 < gx; x0 += cluster) {
+                kp_block_bar.assign(cluster, kp_bar{n});
+                kp_cluster_bar = kp_bar{total};
+                kp_warp_bar.clear();
+                for (unsigned c = 0; c < cluster; ++c)
+                    for (unsigned w = 0; w < warps; ++w) kp_warp_bar.push_back(kp_bar{std::min(32u, n - 32 * w)});
+                for (unsigned c = 0; c < cluster; ++c) memset(kp_emu_smem[c], 0xff, smem);  // garbage, as on the GPU
+                for (unsigned g = 0; g < total; ++g) {
+                    kp_fiber& f = kp_fibers[g];
+                    const unsigned t = g % n;
+                    f.rank = g / n;
+                    f.tid = {t % bx, (t / bx) % by, t / (bx * by)};
+                    f.bid = {x0 + f.rank, y, z};
+                    f.lane = t % 32;
+                    f.warp = f.rank * warps + t / 32;
+                    f.done = false;
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = static_cast<char*>(stacks) + g * KP_EMU_STACK;
+                    f.ctx.uc_stack.ss_size = KP_EMU_STACK;
+                    f.ctx.uc_link = &kp_sched;
+                    makecontext(&f.ctx, kp_fiber_main, 0);
+                }
+                for (unsigned live = total; live;) {
+                    bool moved = false;
+                    for (unsigned g = 0; g < total; ++g) {
+                        kp_fiber& f = kp_fibers[g];
+                        if (f.done) continue;
+                        kp_cur = &f;
+                        threadIdx = f.tid;
+                        blockIdx = f.bid;
+                        kp_lane = f.lane;
+                        kp_warp = f.warp;
+                        kp_emu_rank = f.rank;
+                        kp_emu_smem_base = kp_emu_smem[f.rank];
+                        kp_moved = false;
+                        swapcontext(&kp_sched, &f.ctx);
+                        moved = moved || kp_moved;
+                        live -= f.done;
+                    }
+                    if (!moved) {
+                        kp_emu_error = 1;
+                        munmap(stacks, total * KP_EMU_STACK);
+                        return;
+                    }
+                }
+            }
+    munmap(stacks, total * KP_EMU_STACK);
 }
 """
 
@@ -220,7 +289,7 @@ def translate(source: str, shim: str = SHIM) -> tuple[str, list[str]]:
     return shim + src + "\n" + "\n".join(wrappers) + "\n", names
 
 
-_FLAGS = ["g++", "-std=c++20", "-O1", "-fPIC", "-pthread", "-w"]
+_FLAGS = ["g++", "-std=c++20", "-O0", "-fPIC", "-pthread", "-w"]
 
 
 def _shim_header(folder: Path) -> str:
@@ -316,10 +385,17 @@ class EmuKernel:
         fn = getattr(self.owner._lib, f"{self.name}__emu")
         fn.restype = None
         flag = ctypes.c_int.in_dll(self.owner._lib, "kp_emu_misaligned")
-        flag.value = 0
+        error = ctypes.c_int.in_dll(self.owner._lib, "kp_emu_error")
+        flag.value = error.value = 0
         fn(*(ctypes.c_uint(int(v)) for v in (*grid, *block)), ctypes.c_size_t(int(shared_mem)), ptrs)
         if flag.value:
             raise RuntimeError(f"{self.name}: misaligned vector access (a GPU would fault)")
+        if error.value == 1:
+            raise RuntimeError(
+                f"{self.name}: threads wait at a barrier the others never reach (a GPU would hang)"
+            )
+        if error.value:
+            raise RuntimeError(f"{self.name}: the emulator could not map stacks for {grid} x {block}")
         self.owner.launches.append((self.name, grid, block, int(shared_mem)))
 
 

@@ -65,7 +65,7 @@ def ctx(path: Path, parent=None, findings=(), tried=()) -> Context:
 
 
 # Small reference models covering every template family and the op vocabulary (inputs kept tiny: the
-# emulator runs each CUDA thread as a real thread).
+# emulator runs every CUDA thread of a block in turn).
 CASES: dict[str, tuple[str, str, str, float]] = {
     "activations": (
         """
