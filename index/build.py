@@ -151,7 +151,9 @@ def _ingestion_pipeline(collection: Collection, embedder: Embedder, max_batch: i
             # Each distinct short text once: overloads and #if branches of one symbol in one file often
             # share theirs (a tenth of CUTLASS's chunks), and the model is most of an index build's time.
             texts = [embed_text(n.get_content(metadata_mode=MetadataMode.NONE), n.metadata) for n in nodes]
-            unique = list(dict.fromkeys(texts))
+            # By length, so each of the model's batches pads its texts to about the same length (a fifth
+            # less model time than in file order).
+            unique = sorted(dict.fromkeys(texts), key=len)
             vecs = dict(zip(unique, self._embed.get_text_embedding_batch(unique), strict=True))
             for n, t in zip(nodes, texts, strict=True):
                 n.embedding = vecs[t]

@@ -17,6 +17,7 @@ old set or the new one, never a mix; an interrupted write leaves the previous se
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -52,17 +53,22 @@ def tokenize(text: str) -> list[str]:
     Single characters are dropped (template parameters, loop variables): they only add noise.
     """
     out: list[str] = []
-    for m in _IDENT_RE.finditer(text):
-        word = m.group(0)
-        toks: dict[str, None] = {word.lower(): None}  # ordered set: no repeats within one identifier
-        for comp in word.split("::"):
-            toks[comp.lower()] = None
-            for piece in comp.split("_"):
-                toks[piece.lower()] = None
-                for part in _PART_RE.findall(piece):
-                    toks[part.lower()] = None
-        out.extend(t for t in toks if len(t) > 1)
+    for word in _IDENT_RE.findall(text):
+        out.extend(_word_tokens(word))
     return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word_tokens(word: str) -> tuple[str, ...]:
+    """One identifier's tokens (an index build meets the same identifiers thousands of times)."""
+    toks: dict[str, None] = {word.lower(): None}  # ordered set: no repeats within one identifier
+    for comp in word.split("::"):
+        toks[comp.lower()] = None
+        for piece in comp.split("_"):
+            toks[piece.lower()] = None
+            for part in _PART_RE.findall(piece):
+                toks[part.lower()] = None
+    return tuple(t for t in toks if len(t) > 1)
 
 
 def symbol_keys(symbol: str, namespace: str = "") -> list[str]:
