@@ -211,20 +211,28 @@ def _c_params(source: str) -> dict[str, list[str]]:
 
 def _launches(launcher: str) -> list[tuple[str, list[ast.expr]]]:
     """(kernel, argument expressions) of every launch whose argument tuple is spelled out in the launcher."""
-    out = []
-    for fn in ast.walk(ast.parse(launcher)):
-        if not isinstance(fn, ast.FunctionDef):
-            continue
-        tuples: dict[int, ast.Tuple] = {}  # line -> the `args = (...)` assigned there
-        calls = []
-        for node in ast.walk(fn):
+    # One walk: each node goes to the innermost function it stands in.
+    found: dict[
+        int, tuple[dict[int, ast.Tuple], list[ast.Call]]
+    ] = {}  # function -> (line -> `args = (...)`, calls)
+    stack: list[tuple[ast.AST, int | None]] = [(ast.parse(launcher), None)]
+    while stack:
+        node, fn = stack.pop()
+        if isinstance(node, ast.FunctionDef):
+            fn = id(node)
+            found[fn] = ({}, [])
+        elif fn is not None:
+            tuples, calls = found[fn]
             named = isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)]
             if named and "args" in named and isinstance(node.value, ast.Tuple):
                 tuples[node.lineno] = node.value
             f = node.func if isinstance(node, ast.Call) else None
             if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "kernels":
                 calls.append(node)
-        for call in calls:
+        stack.extend((child, fn) for child in ast.iter_child_nodes(node))
+    out = []
+    for tuples, calls in found.values():
+        for call in sorted(calls, key=lambda c: c.lineno):
             if call.func.attr == "tensor_map":
                 continue
             arg = call.args[2]
