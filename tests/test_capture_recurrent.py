@@ -5,6 +5,8 @@ the shapes eager PyTorch returns, for every layout the modules offer."""
 from __future__ import annotations
 
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -60,11 +62,31 @@ def test_captured_recurrent_outputs_have_eager_shapes(tmp_path: Path):
     assert {"gru", "lstm", "rnn_relu", "rnn_tanh"} <= kinds  # each layer one node, left to PyTorch
 
 
-def test_the_ops_decompositions_are_back_after_capture(tmp_path: Path):
+def _kernels() -> dict[str, dict]:
+    return {name: dict(getattr(torch.ops.aten, name).input.py_kernels) for name in recurrent._OPS}
+
+
+def test_the_ops_decompositions_are_back_after_capture():
     """The swap lasts only while capture exports: outside it, a GRU on fake tensors runs PyTorch's own
     decomposition again (a failing capture restores them too)."""
-    kernels = {name: dict(getattr(torch.ops.aten, name).input.py_kernels) for name in recurrent._OPS}
+    kernels = _kernels()
     with pytest.raises(RuntimeError), recurrent.shapes_only():
         assert torch.ops.aten.gru.input.py_kernels != kernels["gru"]
         raise RuntimeError("capture failed")
-    assert {name: dict(getattr(torch.ops.aten, name).input.py_kernels) for name in recurrent._OPS} == kernels
+    assert _kernels() == kernels
+
+
+def test_captures_in_several_threads_leave_the_decompositions_in_place():
+    """Overlapping swaps would save each other's rule as the original and leave it installed."""
+    kernels = _kernels()
+
+    def capture_slowly() -> None:
+        with recurrent.shapes_only():
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=capture_slowly) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _kernels() == kernels

@@ -9,12 +9,16 @@ their shapes only; while it exports, the ops' Python kernels are swapped for the
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 # Their schemas share one order: input, hx (a tensor; [h, c] for LSTM), params, has_biases, num_layers,
 # dropout, train, bidirectional, batch_first.
 _OPS = ("gru", "lstm", "rnn_tanh", "rnn_relu")
+# The swap changes PyTorch's global operator tables: one capture at a time holds it, so two threads never
+# save each other's rule as the original.
+_LOCK = threading.RLock()
 
 
 def outputs(name: str, args: tuple) -> tuple:
@@ -38,7 +42,7 @@ def shapes_only() -> Iterator[None]:
 
     keys = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
     saved: list[tuple[Any, Any, Any]] = []
-    try:
+    with _LOCK, _restored(saved):
         for name in _OPS:
             op = getattr(torch.ops.aten, name).input
 
@@ -49,6 +53,13 @@ def shapes_only() -> Iterator[None]:
                 saved.append((op, key, op.py_kernels.get(key)))
                 op.py_kernels[key] = rule
             op._dispatch_cache.clear()
+        yield
+
+
+@contextlib.contextmanager
+def _restored(saved: list[tuple[Any, Any, Any]]) -> Iterator[None]:
+    """On the way out, however it is left: each (op, key) gets back the kernel saved for it."""
+    try:
         yield
     finally:
         for op, key, kernel in reversed(saved):
