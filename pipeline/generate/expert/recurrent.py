@@ -45,6 +45,8 @@ def shapes_only() -> Iterator[None]:
     with _LOCK, _restored(saved):
         for name in _OPS:
             op = getattr(torch.ops.aten, name).input
+            if not isinstance(getattr(op, "py_kernels", None), dict) or not hasattr(op, "_dispatch_cache"):
+                continue  # a PyTorch without these tables: capture decomposes as before, only slower
 
             def rule(*args: Any, _name: str = name, **kwargs: Any) -> tuple:
                 return outputs(_name, args)
