@@ -41,32 +41,27 @@ def shapes_only() -> Iterator[None]:
     from torch._C import DispatchKey
 
     keys = (DispatchKey.CompositeImplicitAutograd, DispatchKey.Autograd)
-    saved: list[tuple[Any, Any, Any]] = []
-    with _LOCK, _restored(saved):
-        for name in _OPS:
-            op = getattr(torch.ops.aten, name).input
-            if not isinstance(getattr(op, "py_kernels", None), dict) or not hasattr(op, "_dispatch_cache"):
-                continue  # a PyTorch without these tables: capture decomposes as before, only slower
+    saved: list[tuple[Any, Any, Any]] = []  # (op, key, its kernel before the swap)
+    with _LOCK:
+        try:
+            for name in _OPS:
+                op = getattr(torch.ops.aten, name).input
+                tables = getattr(op, "py_kernels", None)
+                if not isinstance(tables, dict) or not hasattr(op, "_dispatch_cache"):
+                    continue  # a PyTorch without these tables: capture decomposes as before, only slower
 
-            def rule(*args: Any, _name: str = name, **kwargs: Any) -> tuple:
-                return outputs(_name, args)
+                def rule(*args: Any, _name: str = name, **kwargs: Any) -> tuple:
+                    return outputs(_name, args)
 
-            for key in keys:
-                saved.append((op, key, op.py_kernels.get(key)))
-                op.py_kernels[key] = rule
-            op._dispatch_cache.clear()
-        yield
-
-
-@contextlib.contextmanager
-def _restored(saved: list[tuple[Any, Any, Any]]) -> Iterator[None]:
-    """On the way out, however it is left: each (op, key) gets back the kernel saved for it."""
-    try:
-        yield
-    finally:
-        for op, key, kernel in reversed(saved):
-            if kernel is None:
-                op.py_kernels.pop(key, None)
-            else:
-                op.py_kernels[key] = kernel
-            op._dispatch_cache.clear()
+                for key in keys:
+                    saved.append((op, key, tables.get(key)))
+                    tables[key] = rule
+                op._dispatch_cache.clear()
+            yield
+        finally:  # however it is left, each (op, key) gets back its kernel
+            for op, key, kernel in reversed(saved):
+                if kernel is None:
+                    op.py_kernels.pop(key, None)
+                else:
+                    op.py_kernels[key] = kernel
+                op._dispatch_cache.clear()
