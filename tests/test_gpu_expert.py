@@ -378,6 +378,14 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "gemv_bf16": (  # the same in bf16: fp32 sums of the products, rounded once
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a, b), torch.mv(a, b[:, 0]) * 0.5
+        """,
+        "[]",
+    ),
     # the implicit GEMM's cases have K above the direct kernel's tap-wise bound (NARROW_K_TAPS, 96)
     "conv2d_f32": (  # fp32 implicit GEMM: strides, padding and dilation per axis, 13 channels padded to 16 per tap
         """
@@ -701,8 +709,18 @@ SHAPES = {
         "(1, 3); (3, 1)",
         "(96, 8192); (8192, 1)",
     ],
+    "gemv_bf16": ["(4099, 1027); (1027, 1)", "(1, 3); (3, 1)", "(96, 8192); (8192, 1)"],
 }
-BF16 = {"bf16", "linear_epilogue", "linear_odd", "matmul_lone", "bmm_epilogue", "addmm", "matmul_misaligned"}
+BF16 = {
+    "bf16",
+    "gemv_bf16",
+    "linear_epilogue",
+    "linear_odd",
+    "matmul_lone",
+    "bmm_epilogue",
+    "addmm",
+    "matmul_misaligned",
+}
 F16 = {"linear_lone_f16", "matmul_4d_f16", "grouped_conv_f16"}
 GEMMS = {n for n in FAMILIES if n.startswith("linear") or "mm" in n or "matmul" in n}
 CONVS = {n for n in FAMILIES if n.startswith("conv")}  # fp32: our implicit GEMM in the tuned plan

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import inspect
 import io
 import logging
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -166,10 +167,13 @@ def _first_line(e: BaseException) -> str:
 _CACHE: dict[str, Graph] = {}
 
 
-def capture(task: str | Path | ModuleType, task_id: str | None = None) -> Graph:
-    """The reference's computation as a Graph; raises CaptureError with a one-line reason."""
+def capture(
+    task: str | Path | ModuleType, task_id: str | None = None, decompose: frozenset[str] = frozenset()
+) -> Graph:
+    """The reference's computation as a Graph; raises CaptureError with a one-line reason. The ops named in
+    `decompose` (\"aten.glu.default\") are replaced by PyTorch's own decomposition of them."""
     if isinstance(task, ModuleType):
-        module, key = task, f"module:{id(task)}"
+        module, key = task, f"module:{id(task)}:{sorted(decompose)}"
         task_id = task_id or getattr(task, "__name__", "task")
     else:
         path = Path(task)
@@ -177,7 +181,7 @@ def capture(task: str | Path | ModuleType, task_id: str | None = None) -> Graph:
             source = path.read_text()
         except OSError as e:
             raise CaptureError(f"cannot read the task file: {e}") from None
-        key = hashlib.sha256(f"{path.resolve()}\0{source}".encode()).hexdigest()
+        key = hashlib.sha256(f"{path.resolve()}\0{source}\0{sorted(decompose)}".encode()).hexdigest()
         if key in _CACHE:
             return _CACHE[key]
         try:
@@ -185,20 +189,20 @@ def capture(task: str | Path | ModuleType, task_id: str | None = None) -> Graph:
         except TaskError as e:
             raise CaptureError(str(e)) from None
         task_id = task_id or path.stem
-    graph = _capture_module(module, task_id)
+    graph = _capture_module(module, task_id, decompose)
     _CACHE[key] = graph
     return graph
 
 
-def capture_source(source: str, task_id: str) -> Graph:
+def capture_source(source: str, task_id: str, decompose: frozenset[str] = frozenset()) -> Graph:
     """Capture from a task's source text (when its file is not at hand, e.g. a run replayed elsewhere)."""
     with tempfile.TemporaryDirectory(prefix="kernelpro-expert-") as d:
         path = Path(d) / f"{task_id}.py"
         path.write_text(source)
-        key = hashlib.sha256(f"source\0{source}".encode()).hexdigest()
+        key = hashlib.sha256(f"source\0{source}\0{sorted(decompose)}".encode()).hexdigest()
         if key in _CACHE:
             return _CACHE[key]
-        graph = capture(path, task_id)
+        graph = capture(path, task_id, decompose)
         _CACHE[key] = graph
         return graph
 
@@ -230,7 +234,33 @@ def _scalars_on_cpu() -> Iterator[None]:
         torch.tensor = real
 
 
-def _capture_module(module: ModuleType, task_id: str) -> Graph:
+@functools.cache
+def _decompositions() -> dict[Any, Any]:
+    """PyTorch's decompositions into other ATen ops: the core-ATen table (what torch.export lowers to), and
+    those of its full table written at the ATen level (addmv, mv, upsampling); not the reference ones that
+    lower to prims, which capture does not read."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    aten_level = {op: fn for op, fn in decomposition_table.items()
+                  if getattr(fn, "__module__", "") == "torch._decomp.decompositions"}  # fmt: skip
+    return {**aten_level, **dict(core_aten_decompositions().items())}
+
+
+def decomposable(targets: Iterable[str]) -> frozenset[str]:
+    """Those of the ops (\"aten.glu.default\") that PyTorch decomposes into other ATen ops."""
+    names = {str(op) for op in _decompositions()}
+    return frozenset(t for t in targets if t in names and not recurrent.unrolls(t))
+
+
+def _decomposed(ep: Any, decompose: frozenset[str]) -> Any:
+    """The exported program with the named ops replaced by their decompositions: the rest of the graph
+    comes back in its functional form (dropout -> clone, batch_norm -> its no-training op), which capture
+    reads as before."""
+    table = {op: fn for op, fn in _decompositions().items() if str(op) in decompose}
+    return ep.run_decompositions(table) if table else ep
+
+
+def _capture_module(module: ModuleType, task_id: str, decompose: frozenset[str] = frozenset()) -> Graph:
     torch = _torch()
     try:
         with torch.device("meta"):
@@ -248,6 +278,13 @@ def _capture_module(module: ModuleType, task_id: str) -> Graph:
     except Exception as e:
         why = f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)})"
         return _capture_grouped(module, model, task_id, why)
+    if decompose:
+        try:
+            with _quiet(), torch.no_grad(), recurrent.shapes_only():
+                ep = _decomposed(ep, decompose)
+        except Exception as e:
+            raise CaptureError(f"decomposing {', '.join(sorted(decompose))} raised {type(e).__name__}: "
+                               f"{_first_line(e)}") from None  # fmt: skip
     try:
         return _from_export(ep, module, model, inputs, task_id)
     except CaptureError as e:

@@ -94,6 +94,14 @@ _UNARY_CALL = {
     "log_sigmoid": "kp_log_sigmoid({0})",
     "logical_not": "(({0}) == 0.0f ? 1.0f : 0.0f)",
     "isnan": "(isnan({0}) ? 1.0f : 0.0f)",
+    "isinf": "(isinf({0}) ? 1.0f : 0.0f)",
+    "isposinf": "((isinf({0}) && ({0}) > 0.0f) ? 1.0f : 0.0f)",
+    "isneginf": "((isinf({0}) && ({0}) < 0.0f) ? 1.0f : 0.0f)",
+    "isfinite": "(isfinite({0}) ? 1.0f : 0.0f)",
+    "asinh": "asinhf({0})",
+    "acosh": "acoshf({0})",
+    "atanh": "atanhf({0})",
+    "lgamma": "lgammaf({0})",
 }
 _IDENTITY = {"alias", "clone", "detach", "lift_fresh_copy", "positive", "contiguous"}
 _COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
@@ -105,6 +113,8 @@ _BINARY_CALL = {
     "remainder": "kp_remainder({0}, {1})",
     "fmod": "fmodf({0}, {1})",
     "atan2": "atan2f({0}, {1})",
+    "hypot": "hypotf({0}, {1})",
+    "copysign": "copysignf({0}, {1})",
     "logical_and": "((({0}) != 0.0f && ({1}) != 0.0f) ? 1.0f : 0.0f)",
     "logical_or": "((({0}) != 0.0f || ({1}) != 0.0f) ? 1.0f : 0.0f)",
 }
@@ -119,6 +129,7 @@ ELEMENTWISE = frozenset(
         "rsub",
         "mul",
         "div",
+        "true_divide",
         "max",
         "min",
         "pow",
@@ -148,6 +159,9 @@ ELEMENTWISE = frozenset(
         "alpha_dropout",
         "triu",
         "tril",
+        "zeros_like",
+        "ones_like",
+        "full_like",
     }
 )
 # Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two
@@ -171,6 +185,8 @@ def is_elementwise(n: Node) -> bool:
     if n.op in ("dropout", "feature_dropout", "alpha_dropout"):
         return (len(n.args) > 2 and n.args[2] is False) or n.kw("train") is False
     if n.op in ("_to_copy", "to") and _to_dtype(n) not in (*FLOAT_DTYPES, "bool", None):
+        return False
+    if n.op == "full_like" and not isinstance(_arg(n, 1, "fill_value", None), bool | int | float):
         return False
     return not (n.op == "div" and (n.kw("rounding_mode") not in (None, "trunc", "floor")))
 
@@ -204,6 +220,8 @@ def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
         return f"((pc - pr) {'>=' if op == 'triu' else '<='} {k}LL ? ({val(a[0])}) : 0.0f)"
     if op in _IDENTITY or op in ("dropout", "feature_dropout", "alpha_dropout"):
         return val(a[0])
+    if op in ("zeros_like", "ones_like", "full_like"):  # a constant of its operand's shape: its values unread
+        return lit({"zeros_like": 0.0, "ones_like": 1.0}.get(op, _arg(n, 1, "fill_value", None)))
     if op in _UNARY_CALL:
         return _UNARY_CALL[op].format(val(a[0]))
     if op in _COMPARE:
@@ -222,7 +240,7 @@ def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
         return f"(({val(a[1])}) - {mine})"
     if op == "mul":
         return f"(({val(a[0])}) * ({val(a[1])}))"
-    if op == "div":
+    if op in ("div", "true_divide"):
         q = f"(({val(a[0])}) / ({val(a[1])}))"
         mode = _arg(n, 2, "rounding_mode", None)
         return {"trunc": f"truncf{q}", "floor": f"floorf{q}"}.get(mode, q)

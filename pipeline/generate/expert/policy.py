@@ -8,6 +8,7 @@ candidate is then hybrid, and the proposal's notes say so); a task with nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from pipeline.candidates import make_candidate
 from pipeline.generate.base import Context, Outcome, Proposal, ProposalStatus
 from pipeline.generate.expert import edits
 from pipeline.generate.expert.families import FAMILIES, family_of
-from pipeline.generate.expert.graph import CaptureError, capture, capture_source
+from pipeline.generate.expert.graph import CaptureError, Graph, capture, capture_source, decomposable
 from pipeline.generate.expert.plan import Plan, plan_of
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.render import RenderError, nvcc_flags, prepare, render
@@ -214,17 +215,48 @@ def _lowered(task: Task) -> tuple[Lowered | None, str]:
     return _LOWERED[key]
 
 
+def _capture(path: str, source: str, task_id: str, decompose: frozenset[str] = frozenset()) -> Graph:
+    p = Path(path)
+    if p.is_file() and p.read_text() == source:
+        return capture(p, task_id, decompose)
+    return capture_source(source, task_id, decompose)
+
+
+def _left(low: Lowered) -> list[str]:
+    """The ops of the regions left to PyTorch: no family of ours computes them."""
+    return [r.node.target for r in low.regions if r.kind is RegionKind.TORCH and not _computed_by_us(r, low)]
+
+
+def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
+    """The task with each op no template covers replaced by PyTorch's own decomposition of it (glu, logit,
+    nan_to_num, outer, pixel_shuffle, the margin losses, ...), where that leaves fewer regions to PyTorch:
+    the parts are ops our kernels compute. A decomposition into ops we lack is not taken."""
+    done: frozenset[str] = frozenset()
+    notes: list[str] = []
+    for _ in range(3):  # a decomposition may bring ops that decompose further
+        more = decomposable(_left(low)) - done
+        if not more:
+            break
+        try:
+            other = prepare(_capture(path, source, task_id, done | more))
+        except CaptureError:
+            break
+        if len(_left(other)) >= len(_left(low)):
+            break
+        done |= more
+        notes.append(
+            f"{', '.join(sorted(more))} decomposed by PyTorch's own rule into ops our kernels compute"
+        )
+        low = dataclasses.replace(other, notes=(*other.notes, *notes))
+    return low
+
+
 def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]:
     try:
-        p = Path(path)
-        graph = (
-            capture(p, task_id)
-            if p.is_file() and p.read_text() == source
-            else capture_source(source, task_id)
-        )
+        graph = _capture(path, source, task_id)
     except CaptureError as e:
         return None, f"the expert cannot read this reference: {e}"
-    low = prepare(graph)
+    low = _decompose(path, source, task_id, prepare(graph))
     ours = [r for r in low.regions if _computed_by_us(r, low)]
     if not ours:
         lib = [f"{r.node.target} stays in the library: {_why_library(r, low)}" for r in low.regions

@@ -21,6 +21,12 @@ _OPS = ("gru", "lstm", "rnn_tanh", "rnn_relu")
 _LOCK = threading.RLock()
 
 
+def unrolls(target: str) -> bool:
+    """Whether the op (\"aten.lstm.input\") is one of these: PyTorch's decomposition of it unrolls every
+    layer over every time step (tens of GB for KernelBench's 512-step LSTM)."""
+    return target.split(".")[1:2] in ([op] for op in _OPS)
+
+
 def outputs(name: str, args: tuple) -> tuple:
     """(output, h_n[, c_n]) of `aten.<name>.input` as empty tensors of the right shapes, dtype and device.
 

@@ -124,14 +124,18 @@ def _bias_view(name: str, bias: Ref, channels: int, spatial: int, dtype: str) ->
 
 
 def _gemv(n: Node, x: object, v: object, by_name: dict[str, Node], bias: object = None) -> list[Node] | None:
-    """An fp32 matrix-vector product (`mm` / `matmul` by a (K, 1) or (K,) operand, a linear layer with one
-    output) as a row-wise dot product: x * v, summed over the last dim. It is bound by reading x once; the
-    row reductions read it once, with the product computed on their loads (a prologue), where a GEMM tile
-    would be 1 column wide. (Its share of the memory floor on the GPU is not measured yet.)"""
+    """A matrix-vector product (`mm` / `matmul` by a (K, 1) or (K,) operand, a linear layer with one output)
+    as a row-wise dot product: x * v, summed over the last dim in fp32 (as cuBLAS accumulates 16-bit ones).
+    It is bound by reading x once; the row reductions read it once, with the product computed on their loads
+    (a prologue), where a GEMM tile would be 1 column wide."""
     xs, vs = (by_name.get(r.name) if isinstance(r, Ref) else None for r in (x, v))
     if xs is None or vs is None or xs.shape is None or vs.shape is None or n.shape is None:
         return None
-    if not (n.dtype == xs.dtype == vs.dtype == "float32") or len(xs.shape) < 1 or not n.shape:
+    if (
+        not (n.dtype == xs.dtype == vs.dtype and n.dtype in ops.FLOAT_DTYPES)
+        or len(xs.shape) < 1
+        or not n.shape
+    ):
         return None
     k = xs.shape[-1]
     if k < 1 or vs.shape not in (((1, k),) if n.op == "linear" else ((k,), (k, 1))):

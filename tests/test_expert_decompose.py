@@ -1,0 +1,127 @@
+"""Ops no template covers, replaced by PyTorch's own decomposition of them where that leaves fewer regions to
+PyTorch (policy._decompose): the expert then writes tasks it refused (a lone glu, nan_to_num, pixel_shuffle,
+a margin loss), and its kernels compute what PyTorch does, NaN and infinities included (CPU emulator). A
+decomposition into ops we lack is not taken. Also ops the element-wise kernels took up beside them:
+constants of an operand's shape (zeros_like, ones_like, full_like), and 16-bit matrix-vector products as
+row-wise dot products."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from fuzz_expert import check_task
+from test_expert import needs_nvcc, task_file
+
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, supports
+from pipeline.tasks import probe
+from pipeline.types import Status
+
+torch = pytest.importorskip("torch")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ for the CPU emulator")
+
+X = "torch.randn(37, 130)"
+# name: (forward's return expression of x, inputs); each was refused or left to PyTorch before
+DECOMPOSED = {
+    "glu": ("F.glu(x, dim=1)", X),
+    "nan_to_num": ("torch.nan_to_num(x, posinf=7.0)", X),
+    "logit": ("torch.logit(torch.sigmoid(x), eps=1e-6)", X),
+    "outer": ("torch.outer(x[0], x[1])", X),
+    "pixel_shuffle": ("F.pixel_shuffle(x, 2)", "torch.randn(2, 12, 5, 7)"),
+    "margin_ranking": ("F.margin_ranking_loss(x[0], x[1], torch.sign(x[2]), margin=0.1)", X),
+    "soft_margin": ("F.soft_margin_loss(x, torch.sign(x + 0.1))", X),
+    "bce_logits": ("F.binary_cross_entropy_with_logits(x, torch.sigmoid(x * 3))", X),
+    "poisson_nll": ("F.poisson_nll_loss(x, x.abs())", X),
+    "addmv": ("torch.addmv(x[:, 0], x, x[0, :130])", "torch.randn(130, 130)"),
+    "dot": ("torch.dot(x[0], x[1])", X),
+    "logaddexp": ("torch.logaddexp(x, x * 0.5)", X),
+}
+EMULATED = ("glu", "nan_to_num", "pixel_shuffle", "bce_logits", "addmv")
+
+
+def _task(tmp_path, name: str, expr: str, inputs: str):
+    body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
+    return task_file(tmp_path, name, body, f"[{inputs}]")
+
+
+def test_ops_without_a_template_are_written_through_pytorchs_decomposition(tmp_path):
+    for name, (expr, inputs) in DECOMPOSED.items():
+        ok, why = supports(_task(tmp_path, name, expr, inputs))
+        assert ok and "decomposed by PyTorch's own rule" in why and "left to PyTorch" not in why, (name, why)
+
+
+def test_a_decomposition_into_ops_we_lack_is_not_taken(tmp_path):
+    # roll decomposes into index_select of an arange: more regions left to PyTorch than roll alone
+    ok, why = supports(_task(tmp_path, "roll", "torch.roll(x, 3, dims=1)", X))
+    assert not ok and "aten.roll.default left to PyTorch" in why and "index_select" not in why, why
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", EMULATED)
+def test_emulated_decomposed_tasks_match_pytorch(tmp_path, name):
+    expr, inputs = DECOMPOSED[name]
+    path = _task(tmp_path, name, expr, inputs)
+    special = None
+    if name == "nan_to_num":  # what the op is for: NaN, both infinities, signed zeros
+        special = [torch.randn(37, 130)]
+        special[0][3, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0])
+    result = check_task(path, 1e-5, edits=1, inputs=special)
+    assert result["outcome"] == "ok", result
+
+
+@needs_gxx
+def test_emulated_16_bit_matrix_vector_products_are_dot_products(tmp_path):
+    body = "class Model(nn.Module):\n    def forward(self, a, v):\n        return a @ v, torch.mv(a, v[:, 0]) * 0.5"
+    path = task_file(
+        tmp_path,
+        "gemv_bf16",
+        body,
+        "[torch.randn(300, 129, dtype=torch.bfloat16), torch.randn(129, 1, dtype=torch.bfloat16)]",
+    )
+    result = check_task(path, 2e-2, edits=1)
+    assert result["outcome"] == "ok" and "reduce" in result["why"], result
+
+
+@needs_gxx
+def test_emulated_constants_of_an_operands_shape_are_element_wise(tmp_path):
+    expr = (
+        "torch.minimum(torch.maximum(x, torch.zeros_like(x)) + torch.ones_like(x), torch.full_like(x, 1.25))"
+    )
+    path = _task(tmp_path, "likes", f"{expr}, torch.zeros_like(x)", X)
+    result = check_task(path, 1e-6, edits=1)
+    assert result["outcome"] == "ok" and "left to PyTorch" not in result["why"], result
+
+
+@needs_nvcc
+def test_decomposed_kernels_compile_for_sm_90a(tmp_path):
+    """The element-wise vocabulary the decompositions brought (isposinf, isneginf, hypot, copysign), and a
+    constant of an operand's shape, in nvcc."""
+    expr = (
+        "torch.nan_to_num(x) + torch.hypot(x, x + 1) + torch.copysign(x, x - 1) + torch.isfinite(x).float()"
+    )
+    expr += " + torch.full_like(x, 0.5)"
+    path = _task(tmp_path, "vocabulary", expr, X)
+    task = probe(path)
+    props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    builds = compile_candidates([p.candidate for p in props], Config(home=tmp_path, arch="sm_90a"))
+    assert [b.status for b in builds] == [Status.OK, Status.OK], [b.log[-400:] for b in builds]
+
+
+def test_recurrent_layers_are_never_decomposed():
+    """PyTorch's table decomposes LSTM/GRU/RNN layers too, unrolled over every layer and time step: a 512-step
+    LSTM took over 15 GB on the meta device before it was excluded."""
+    from pipeline.generate.expert import graph
+
+    table = {str(op) for op in graph._decompositions()}
+    assert {"aten.lstm.input", "aten.gru.input", "aten.rnn_tanh.input"} <= table
+    ops = {
+        "aten.lstm.input",
+        "aten.gru.input",
+        "aten.rnn_tanh.input",
+        "aten.rnn_relu.input",
+        "aten.glu.default",
+    }
+    assert graph.decomposable(ops) == {"aten.glu.default"}
