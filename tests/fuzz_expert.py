@@ -79,6 +79,9 @@ UNARY = (
     "torch.where(y > 0, y, y * 0.3)", "F.selu(y)", "F.hardtanh(y, -1.0, 1.0)", "F.softsign(y)",
     "torch.maximum(y, torch.zeros_like(y))", "F.logsigmoid(y)", "torch.rsqrt(y * y + 1.0)", "-y",
     "y.pow(3) * 0.1", "F.relu6(y * 3.0)", "F.hardsigmoid(y)", "torch.clamp_min(y, -0.2)",
+    "F.glu(torch.cat([y, y * 0.5], dim=-1), dim=-1)", "torch.logit(torch.sigmoid(y), eps=1e-6)",
+    "torch.nan_to_num(torch.log(y))", "torch.hypot(y, y + 1.0)", "torch.logaddexp(y, y * 0.5)",
+    "torch.zeros_like(y) + y * 2.0", "torch.copysign(y, y - 0.5)",
 )  # fmt: skip
 REDUCE = ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "max", "min", "argmax", "argmin")
 

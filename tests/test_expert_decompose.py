@@ -1,9 +1,9 @@
 """Ops no template covers, replaced by PyTorch's own decomposition of them where that leaves fewer regions to
 PyTorch (policy._decompose): the expert then writes tasks it refused (a lone glu, nan_to_num, pixel_shuffle,
 a margin loss), and its kernels compute what PyTorch does, NaN and infinities included (CPU emulator). A
-decomposition into ops we lack is not taken. Also ops the element-wise kernels took up beside them:
-constants of an operand's shape (zeros_like, ones_like, full_like), and 16-bit matrix-vector products as
-row-wise dot products."""
+decomposition into ops we lack is not taken. Also what the expert took up beside them: constants of an
+operand's shape (zeros_like, ones_like, full_like) in the element-wise kernels, adaptive average pools whose
+windows tile the input as plain pools, and 16-bit matrix-vector products as row-wise dot products."""
 
 from __future__ import annotations
 
@@ -125,3 +125,24 @@ def test_recurrent_layers_are_never_decomposed():
         "aten.glu.default",
     }
     assert graph.decomposable(ops) == {"aten.glu.default"}
+
+
+@needs_gxx
+@pytest.mark.parametrize(
+    "expr, inputs",
+    [
+        ("F.adaptive_avg_pool2d(x, (7, 5))", "torch.randn(3, 8, 28, 30)"),
+        ("F.adaptive_avg_pool1d(x, 6)", "torch.randn(3, 8, 30)"),
+        ("torch.relu(F.adaptive_avg_pool3d(x * 2, 2))", "torch.randn(2, 3, 4, 6, 8)"),
+    ],
+)
+def test_emulated_adaptive_average_pools_that_tile_their_input_are_pools(tmp_path, expr, inputs):
+    result = check_task(_task(tmp_path, "adaptive", expr, inputs), 1e-5, edits=1)
+    assert result["outcome"] == "ok" and "left to PyTorch" not in result["why"], result
+
+
+def test_an_adaptive_pool_whose_windows_overlap_stays_in_pytorch(tmp_path):
+    ok, why = supports(
+        _task(tmp_path, "adaptive_uneven", "F.adaptive_avg_pool2d(x, 7)", "torch.randn(3, 8, 30, 30)")
+    )
+    assert not ok and "adaptive_avg_pool2d.default left to PyTorch" in why, why

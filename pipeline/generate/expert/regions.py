@@ -560,6 +560,16 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         if all(s == 1 for s in size):
             dims = tuple(range(-len(size), 0))
             return [_mk(n.name, "mean", (a[0], dims, True), n.shape, n.dtype, "dim")]
+        # each output extent dividing the input's: windows of in / out, as many apart, tile the input
+        x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+        sizes = tuple(x.shape[-len(size) :]) if x is not None and x.shape else ()
+        outs = tuple(n.shape[-len(size) :])
+        if len(sizes) == len(outs) == len(size) and all(
+            o > 0 and i % o == 0 for i, o in zip(sizes, outs, strict=True)
+        ):
+            k = tuple(i // o for i, o in zip(sizes, outs, strict=True))
+            pool = f"avg_pool{len(size)}d"
+            return [_mk(n.name, pool, (a[0], k, k, (0,) * len(k)), n.shape, n.dtype)]
     if n.op == "rms_norm" and (len(a) < 4 or a[3] is None) and n.dtype in _FINFO_EPS:
         return [dataclasses.replace(n, args=(*a[:3], *((None,) * (3 - len(a[:3]))), _FINFO_EPS[n.dtype]))]
     if n.op in ("_to_copy", "to") and ops._to_dtype(n) is None and n.dtype is not None:
