@@ -7,9 +7,10 @@ from pathlib import Path
 
 from pipeline.candidates import make_candidate
 from pipeline.generate.base import Context
-from pipeline.generate.expert import ExpertPolicy, capture, plan_of
+from pipeline.generate.expert import ExpertPolicy, plan_of
 from pipeline.generate.expert.edits import legal_edits
-from pipeline.generate.expert.render import nvcc_flags, prepare, render
+from pipeline.generate.expert.policy import analyse
+from pipeline.generate.expert.render import nvcc_flags, render
 from pipeline.tasks import probe
 from pipeline.types import Candidate
 
@@ -23,7 +24,9 @@ def tuned(path: Path) -> Candidate:
 def tuned_with_edit(path: Path, edit: str) -> Candidate:
     t = probe(path)
     base = tuned(path)
-    low, plan = prepare(capture(path)), plan_of(base.source)
+    low, why = analyse(path)  # as the policy lowered it (PyTorch's decompositions included)
+    assert low is not None, why
+    plan = plan_of(base.source)
     for rid in [rp.rid for rp in plan.regions]:
         plan = next((p for label, p in legal_edits(plan, low) if label.startswith(f"{edit}({rid}:")), plan)
     source, launcher = render(low, plan)

@@ -18,6 +18,7 @@ from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, capture, plan_of
 from pipeline.generate.expert.edits import base_plan, for_arch, legal_edits
 from pipeline.generate.expert.families import attention
+from pipeline.generate.expert.policy import analyse
 from pipeline.generate.expert.render import prepare, render
 from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS, RESHAPE_HELPERS
 from pipeline.static_check import check_launcher
@@ -167,7 +168,8 @@ def _ours(path: Path) -> list:
     policy = ExpertPolicy()
     first = policy.propose(Context(task=t, reference=t.source, parent=None), 2)
     kids = policy.propose(Context(task=t, reference=t.source, parent=first[-1].candidate), 6)
-    low = prepare(capture(path))
+    low, why = analyse(path)  # as the policy lowered it
+    assert low is not None, why
     out = {}
     for p in (*first, *kids):
         plan = plan_of(p.candidate.source) if p.candidate else None

@@ -223,8 +223,13 @@ def _capture(path: str, source: str, task_id: str, decompose: frozenset[str] = f
 
 
 def _left(low: Lowered) -> list[str]:
-    """The ops of the regions left to PyTorch: no family of ours computes them."""
-    return [r.node.target for r in low.regions if r.kind is RegionKind.TORCH and not _computed_by_us(r, low)]
+    """The ops of the regions left to PyTorch: no family of ours computes them, and no kernel of the tuned
+    plan absorbs them (attention takes a dropout of p = 0 in training mode: nothing to decompose there)."""
+    left = [r for r in low.regions if r.kind is RegionKind.TORCH and not _computed_by_us(r, low)]
+    if not decomposable(r.node.target for r in left):  # the plan is built only when it can matter
+        return [r.node.target for r in left]
+    absorbed = edits.base_plan(low, True).fused()
+    return [r.node.target for r in left if r.rid not in absorbed]
 
 
 def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
@@ -249,6 +254,13 @@ def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
         )
         low = dataclasses.replace(other, notes=(*other.notes, *notes))
     return low
+
+
+def analyse(path: str | Path) -> tuple[Lowered | None, str]:
+    """The task file as the policy lowers it (decompositions included), or None and why not: what a caller
+    rendering the policy's plans itself must render them against."""
+    p = Path(path)
+    return _analyse(str(p), p.read_text(), p.stem)
 
 
 def _analyse(path: str, source: str, task_id: str) -> tuple[Lowered | None, str]:
