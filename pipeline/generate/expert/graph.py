@@ -246,10 +246,14 @@ def _decompositions() -> dict[Any, Any]:
     return {**aten_level, **dict(core_aten_decompositions().items())}
 
 
+@functools.cache
+def _decomposed_names() -> frozenset[str]:
+    return frozenset(str(op) for op in _decompositions())
+
+
 def decomposable(targets: Iterable[str]) -> frozenset[str]:
     """Those of the ops (\"aten.glu.default\") that PyTorch decomposes into other ATen ops."""
-    names = {str(op) for op in _decompositions()}
-    return frozenset(t for t in targets if t in names and not recurrent.unrolls(t))
+    return frozenset(t for t in targets if t in _decomposed_names() and not recurrent.unrolls(t))
 
 
 def _decomposed(ep: Any, decompose: frozenset[str]) -> Any:

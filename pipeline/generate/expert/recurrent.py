@@ -24,7 +24,8 @@ _LOCK = threading.RLock()
 def unrolls(target: str) -> bool:
     """Whether the op (\"aten.lstm.input\") is one of these: PyTorch's decomposition of it unrolls every
     layer over every time step (tens of GB for KernelBench's 512-step LSTM)."""
-    return target.split(".")[1:2] in ([op] for op in _OPS)
+    parts = target.split(".")
+    return len(parts) > 1 and parts[1] in _OPS
 
 
 def outputs(name: str, args: tuple) -> tuple:
