@@ -146,3 +146,18 @@ def test_an_adaptive_pool_whose_windows_overlap_stays_in_pytorch(tmp_path):
         _task(tmp_path, "adaptive_uneven", "F.adaptive_avg_pool2d(x, 7)", "torch.randn(3, 8, 30, 30)")
     )
     assert not ok and "adaptive_avg_pool2d.default left to PyTorch" in why, why
+
+
+def test_a_decomposition_that_fails_leaves_the_task_as_it_was_read(tmp_path, monkeypatch):
+    from pipeline.generate.expert import policy
+
+    real = policy._capture
+
+    def failing(path, source, task_id, decompose=frozenset()):
+        if decompose:
+            raise RuntimeError("a decomposition PyTorch cannot trace")
+        return real(path, source, task_id, decompose)
+
+    monkeypatch.setattr(policy, "_capture", failing)
+    ok, why = supports(_task(tmp_path, "glu_failing", "F.glu(x, dim=1) * 2.0", X))
+    assert ok and "aten.glu.default left to PyTorch" in why, why  # the multiply is still ours

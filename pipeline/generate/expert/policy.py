@@ -244,9 +244,10 @@ def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
             break
         try:
             other = prepare(_capture(path, source, task_id, done | more))
-        except CaptureError:
+            worse = len(_left(other)) >= len(_left(low))
+        except Exception:  # an optional step: whatever fails in it, the task stays as it was read
             break
-        if len(_left(other)) >= len(_left(low)):
+        if worse:
             break
         done |= more
         notes.append(
