@@ -27,6 +27,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
 SIZES = (1, 2, 3, 5, 7, 8, 16, 17, 31, 33, 64, 65, 128, 129, 255, 300)
@@ -493,9 +494,21 @@ def check_task(path: Path, tol: float, edits: int = 3, inputs: list | None = Non
     return out | {"outcome": "ok"}
 
 
-def _emulate_all(path: Path, cands: list, tol: float, inputs: list | None = None) -> list[str]:
+@dataclass
+class Reference:
+    """A task's reference model run once: what each emulated candidate is compared with."""
+
+    module: Any
+    state: dict  # its parameters and buffers, for the candidate's model
+    inputs: list
+    native: tuple  # its outputs in the task's dtypes
+    exact: tuple  # the same in float64
+
+
+def reference(path: Path, inputs: list | None = None) -> Reference:
+    """The task's model with its parameters and running statistics moved off their constant initial values,
+    run on its inputs (or `inputs`) natively and in float64."""
     import torch
-    from cuda_emulator import build, load_model
 
     from pipeline.tasks import load_module
 
@@ -509,8 +522,17 @@ def _emulate_all(path: Path, cands: list, tol: float, inputs: list | None = None
     inputs = inputs if inputs is not None else module.get_inputs()
     with torch.no_grad():
         native = _tuple(ref(*inputs))
-        state = ref.state_dict()
+        state = ref.state_dict()  # taken before .double(): it keeps the task's dtypes
         exact = _tuple(ref.double()(*[x.double() if x.is_floating_point() else x for x in inputs]))
+    return Reference(module, state, inputs, native, exact)
+
+
+def _emulate_all(path: Path, cands: list, tol: float, inputs: list | None = None) -> list[str]:
+    import torch
+    from cuda_emulator import build, load_model
+
+    r = reference(path, inputs)
+    module, state, inputs, native, exact = r.module, r.state, r.inputs, r.native, r.exact
     # 16-bit: the native result is the anchor of values; indices may be either's (as the harness takes them)
     # (and with NaN or infinities in the inputs: float64's nan_to_num writes float64's largest value)
     low = any(

@@ -23,7 +23,7 @@ from pipeline.generate.expert.families import family_of
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
 from pipeline.static_check import check_launcher
-from pipeline.tasks import TaskError, load_module, probe
+from pipeline.tasks import TaskError, probe
 from pipeline.types import Finding, Kind, Status, Task
 
 torch = pytest.importorskip("torch")
@@ -887,20 +887,10 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
 def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms: int = 64) -> list[str]:
     """Each candidate's outputs against the float64 reference: same shapes and dtypes, values within tol."""
     from cuda_emulator import build, load_model
+    from fuzz_expert import reference
 
-    module = load_module(path)
-    torch.manual_seed(0)
-    ref = module.Model(*module.get_init_inputs()).eval()
-    with torch.no_grad():  # move parameters and running statistics off their constant initial values
-        for t in [*ref.parameters(), *(b for b in ref.buffers() if b.is_floating_point())]:
-            t.copy_(t + torch.rand_like(t) * 0.5)
-    torch.manual_seed(1)
-    inputs = inputs if inputs is not None else module.get_inputs()
-    with torch.no_grad():
-        native = _tuple(ref(*inputs))
-        state = ref.state_dict()
-        expected = _tuple(ref.double()(*[x.double() if x.is_floating_point() else x for x in inputs]))
-    ref.float()
+    r = reference(path, inputs)
+    module, state, inputs, native, expected = r.module, r.state, r.inputs, r.native, r.exact
     if any(o.dtype == torch.bfloat16 for o in native):  # bf16 weights: compare with the native result
         expected = tuple(o.double() for o in native)
     launched: list[str] = []
