@@ -3,7 +3,8 @@ PyTorch (policy._decompose): the expert then writes tasks it refused (a lone glu
 a margin loss), and its kernels compute what PyTorch does, NaN and infinities included (CPU emulator). A
 decomposition into ops we lack is not taken. Also what the expert took up beside them: constants of an
 operand's shape (zeros_like, ones_like, full_like) in the element-wise kernels, adaptive average pools whose
-windows tile the input as plain pools, and 16-bit matrix-vector products as row-wise dot products."""
+windows tile the input as plain pools, var_mean and std_mean as two reductions, and 16-bit matrix-vector
+products as row-wise dot products."""
 
 from __future__ import annotations
 
@@ -161,3 +162,16 @@ def test_a_decomposition_that_fails_leaves_the_task_as_it_was_read(tmp_path, mon
     monkeypatch.setattr(policy, "_capture", failing)
     ok, why = supports(_task(tmp_path, "glu_failing", "F.glu(x, dim=1) * 2.0", X))
     assert ok and "aten.glu.default left to PyTorch" in why, why  # the multiply is still ours
+
+
+@needs_gxx
+def test_emulated_var_mean_and_std_mean_are_two_reductions(tmp_path):
+    body = (
+        "class Model(nn.Module):\n    def forward(self, x):\n"
+        "        v, m = torch.var_mean(x, dim=-1, keepdim=True)\n"
+        "        s, m2 = torch.std_mean(x, dim=1, unbiased=False)\n"
+        "        v3, m3 = torch.var_mean(x, dim=(0, 1), correction=0)\n"
+        "        return (x - m) / torch.sqrt(v + 1e-5), s + m2, v3 * m3"
+    )
+    result = check_task(task_file(tmp_path, "var_mean", body, "[torch.randn(8, 64, 5)]"), 1e-5, edits=1)
+    assert result["outcome"] == "ok" and "left to PyTorch" not in result["why"], result

@@ -480,11 +480,20 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return [dataclasses.replace(_mk(n.name, "gemm_grouped", a, n.shape, n.dtype), target=n.target)]
     if n.op == "broadcast_tensors":
         return []  # a tuple its getitems take apart: each becomes an expand of its own operand
+    if n.op in ("var_mean", "std_mean") and n.overload in ("dim", "correction"):
+        return []  # a pair its getitems take apart: each becomes a reduction of its own
     if n.op == "getitem" and isinstance(a[0], Ref) and n.shape is not None:
         src = by_name.get(a[0].name)
         if src is not None and src.op == "broadcast_tensors":
             operand = src.args[0][int(a[1])]
             return [_mk(n.name, "expand", (operand, n.shape), n.shape, n.dtype)]
+        if src is not None and src.op in ("var_mean", "std_mean") and src.overload in ("dim", "correction"):
+            if int(a[1]) == 0:  # the spread: var.dim / var.correction of the same arguments
+                spread = src.op.removesuffix("_mean")
+                return [dataclasses.replace(src, name=n.name, op=spread, shape=n.shape, dtype=n.dtype)]
+            dims = ops._arg(src, 1, "dim", None)
+            keep = ops._arg(src, 3, "keepdim", False) if src.overload == "dim" else src.kw("keepdim", False)
+            return [_mk(n.name, "mean", (src.args[0], dims, bool(keep)), n.shape, n.dtype, "dim")]
     if (
         n.op in ("smooth_l1_loss", "huber_loss")
         and n.shape is not None
