@@ -261,6 +261,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "rms_default_eps_f16": (  # no eps: PyTorch adds float32's epsilon, not fp16's (rows of small values)
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.n = nn.RMSNorm([33], dtype=torch.float16)
+            def forward(self, x):
+                return self.n(torch.softmax(x, dim=-1))
+        """,
+        "[]",
+    ),
     "linear_lone_f16": (  # nothing after the GEMM: our WGMMA kernel alone, fp16, no bias
         """
         class Model(nn.Module):
@@ -646,6 +657,7 @@ SHAPES = {
     ],
     "linear_epilogue": ["(999, 1024)", "(3, 7, 1024)"],
     "linear_lone_f16": ["(300, 1024)", "(1, 1024)", "(4099, 1024)"],
+    "rms_default_eps_f16": ["(5, 33)", "(4099, 33)"],
     "linear_odd": ["(77, 1032)", "(1, 1032)", "(2, 1300, 1032)"],
     "conv_epilogue": ["(3, 16, 37, 53)", "(1, 16, 5, 7)"],
     "conv2d_f32": ["(3, 13, 37, 53)", "(1, 13, 2, 9)"],
@@ -721,7 +733,7 @@ BF16 = {
     "addmm",
     "matmul_misaligned",
 }
-F16 = {"linear_lone_f16", "matmul_4d_f16", "grouped_conv_f16"}
+F16 = {"rms_default_eps_f16", "linear_lone_f16", "matmul_4d_f16", "grouped_conv_f16"}
 GEMMS = {n for n in FAMILIES if n.startswith("linear") or "mm" in n or "matmul" in n}
 CONVS = {n for n in FAMILIES if n.startswith("conv")}  # fp32: our implicit GEMM in the tuned plan
 DIRECT = {
