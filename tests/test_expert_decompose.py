@@ -190,3 +190,19 @@ def test_emulated_16_bit_rms_norm_takes_pytorchs_default_eps(tmp_path, dtype):
     path = task_file(tmp_path, f"rms_{dtype}", body, f"[torch.randn(5, 33, dtype=torch.{dtype})]")
     result = check_task(path, 2e-2, edits=1)
     assert result["outcome"] == "ok", result
+
+
+def test_a_decomposition_whose_launcher_would_fail_the_static_check_is_not_taken(tmp_path):
+    """logit's decomposition in bf16 before a GEMM kept an aten.scalar_tensor in PyTorch's hands, which no
+    launcher may call (found by the hunt, seed 6223): the task stays as it was read, logit left to PyTorch."""
+    body = (
+        "class Model(nn.Module):\n    def forward(self, x, w, t):\n"
+        "        y = torch.logit(torch.sigmoid(x.transpose(0, 3).contiguous()), eps=1e-6)\n"
+        "        return torch.mean(1 - F.cosine_similarity(torch.matmul(y, w), t, dim=2))"
+    )
+    inputs = (
+        "[torch.randn(7, 31, 3, 17, dtype=torch.bfloat16), torch.randn(7, 2, dtype=torch.bfloat16), "
+        "torch.randn(17, 31, 3, 2, dtype=torch.bfloat16)]"
+    )
+    ok, why = supports(task_file(tmp_path, "logit_bf16", body, inputs))
+    assert ok and "aten.logit.default left to PyTorch" in why, why

@@ -245,6 +245,8 @@ def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
         try:
             other = prepare(_capture(path, source, task_id, done | more))
             worse = len(_left(other)) >= len(_left(low))
+            if not worse:  # a part PyTorch keeps must still be writable (aten.scalar_tensor is not)
+                worse = not check_launcher(render(other, edits.base_plan(other, False))[1]).ok
         except Exception:  # an optional step: whatever fails in it, the task stays as it was read
             break
         if worse:
