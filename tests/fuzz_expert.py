@@ -521,9 +521,9 @@ def reference(path: Path, inputs: list | None = None) -> Reference:
     torch.manual_seed(1)
     inputs = inputs if inputs is not None else module.get_inputs()
     with torch.no_grad():
-        native = _tuple(ref(*inputs))
+        native = as_tuple(ref(*inputs))
         state = ref.state_dict()  # taken before .double(): it keeps the task's dtypes
-        exact = _tuple(ref.double()(*[x.double() if x.is_floating_point() else x for x in inputs]))
+        exact = as_tuple(ref.double()(*[x.double() if x.is_floating_point() else x for x in inputs]))
     return Reference(module, state, inputs, native, exact)
 
 
@@ -551,7 +551,7 @@ def _emulate_all(path: Path, cands: list, tol: float, inputs: list | None = None
             model = load_model(cand.launcher, kernels, sms=8)(*module.get_init_inputs())
             model.load_state_dict(state, strict=False)
             with torch.no_grad():
-                got = _tuple(model(*inputs))
+                got = as_tuple(model(*inputs))
         except Exception as e:
             bad.append(f"run {label}: {type(e).__name__}: {str(e)[-400:]}")
             continue
@@ -581,7 +581,7 @@ def _emulate_all(path: Path, cands: list, tol: float, inputs: list | None = None
     return bad
 
 
-def _tuple(x):
+def as_tuple(x):
     return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 

@@ -887,7 +887,7 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
 def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms: int = 64) -> list[str]:
     """Each candidate's outputs against the float64 reference: same shapes and dtypes, values within tol."""
     from cuda_emulator import build, load_model
-    from fuzz_expert import reference
+    from fuzz_expert import as_tuple, reference
 
     r = reference(path, inputs)
     module, state, inputs, native, expected = r.module, r.state, r.inputs, r.native, r.exact
@@ -902,7 +902,7 @@ def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms
         model = load_model(cand.launcher, kernels, sms=sms)(*module.get_init_inputs())
         model.load_state_dict(state, strict=False)
         with torch.no_grad():
-            out = _tuple(model(*inputs))
+            out = as_tuple(model(*inputs))
         assert len(out) == len(native)
         for i, (o, n, e) in enumerate(zip(out, native, expected, strict=True)):
             assert o.shape == n.shape and o.dtype == n.dtype, (cand.edit, i, o.shape, o.dtype)
@@ -913,10 +913,6 @@ def _emulate(path: Path, candidates, tol: float, inputs: list | None = None, sms
             assert rel < tol, (cand.edit, i, rel)
         launched += [name for name, *_ in kernels.launches]
     return launched
-
-
-def _tuple(x):
-    return tuple(x) if isinstance(x, tuple | list) else (x,)
 
 
 # The built-in tasks at small, awkward shapes (odd sizes, other ranks, tiny): sizes are read at run time.

@@ -238,13 +238,15 @@ def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
     the parts are ops our kernels compute. A decomposition into ops we lack is not taken."""
     done: frozenset[str] = frozenset()
     notes: list[str] = []
+    left = _left(low)
     for _ in range(3):  # a decomposition may bring ops that decompose further
-        more = decomposable(_left(low)) - done
+        more = decomposable(left) - done
         if not more:
             break
         try:
             other = prepare(_capture(path, source, task_id, done | more))
-            worse = len(_left(other)) >= len(_left(low))
+            left_other = _left(other)
+            worse = len(left_other) >= len(left)
             if not worse:  # a part PyTorch keeps must still be writable (aten.scalar_tensor is not)
                 worse = not check_launcher(render(other, edits.base_plan(other, False))[1]).ok
         except Exception:  # an optional step: whatever fails in it, the task stays as it was read
@@ -255,7 +257,7 @@ def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
         notes.append(
             f"{', '.join(sorted(more))} decomposed by PyTorch's own rule into ops our kernels compute"
         )
-        low = dataclasses.replace(other, notes=(*other.notes, *notes))
+        low, left = dataclasses.replace(other, notes=(*other.notes, *notes)), left_other
     return low
 
 
