@@ -1,5 +1,6 @@
 # kernelpro: make install, make test (CPU, what CI runs), make test-gpu (on a GPU machine).
 PY      ?= python3
+GPU_WORKERS ?= 0
 VENV    ?= .venv
 # The venv's python when there is one; otherwise the machine's (the GPU image carries torch already).
 PYTHON  ?= $(shell [ -x $(VENV)/bin/python ] && echo $(VENV)/bin/python || echo $(PY))
@@ -38,8 +39,11 @@ test:
 
 test-gpu:
 	# Only the modules that hold GPU tests are collected: the CPU-only ones may import packages a bare
-	# GPU image lacks (the index stack), and none of their tests would run here anyway.
-	$(PYTHON) -m pytest -m gpu -q -p no:cacheprovider $$(grep -l "mark.gpu" tests/test_*.py)
+	# GPU image lacks (the index stack), and none of their tests would run here anyway. Most of their time is
+	# nvcc on the CPU and no test asserts a time, so GPU_WORKERS=N (pytest-xdist) may share the one GPU:
+	# test_gpu_expert's cases spread over the workers, every other file's stay together on one
+	# (tests/conftest.py: SPREAD_FILES). 0, the default: one process.
+	$(PYTHON) -m pytest -m gpu -q -p no:cacheprovider $(if $(filter-out 0,$(GPU_WORKERS)),-n $(GPU_WORKERS) --dist loadscope) $$(grep -l "mark.gpu" tests/test_*.py)
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -122,3 +122,30 @@ def small_corpora(tmp_path_factory):
     build_index(some, cfg)
     build_index("local", cfg, folder=kernels)
     return cfg, cutlass, kernels
+
+
+# make test-gpu with GPU_WORKERS (pytest-xdist, `--dist loadscope`): the cases of these files go to whichever
+# worker is free (mostly nvcc, per-worker fixtures only); every other file's stay on one worker, so its module
+# fixtures (a GPU pool and its calibration, loopback servers, test_sandbox's fixed escape folder) are built
+# once and never raced by a twin. (`--dist loadgroup` would say this with marks, but does not group under
+# pytest 9.2 with xdist 3.8.)
+SPREAD_FILES = {"tests/test_gpu_expert.py"}
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit that one worker runs whole: the case itself in SPREAD_FILES, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return nodeid if path in SPREAD_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: no error where xdist is not installed
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileOrCase(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return FileOrCase(config, log)

@@ -591,16 +591,28 @@ def test_make_index_passes_a_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_make_test_gpu_skips_without_a_cuda_device(tmp_path):
-    """With no CUDA device visible every GPU test is skipped with its reason; none fails."""
+def test_make_test_gpu_skips_without_a_cuda_device_and_its_workers_keep_each_file_together():
+    """With no CUDA device visible every GPU test is skipped with its reason; none fails. GPU_WORKERS=2: each
+    file's GPU tests run on one worker (their module fixtures, e.g. test_sandbox's fixed escape folder, must
+    not be built twice at once), and test_gpu_expert's cases are units of their own."""
     import shutil
 
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run([shutil.which("make") or "make", "-C", str(ROOT), "test-gpu"], capture_output=True,
-                       text=True, timeout=600, env=env)  # fmt: skip
+    from conftest import xdist_scope
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTEST_ADDOPTS": "-vv"}
+    r = subprocess.run([shutil.which("make") or "make", "-C", str(ROOT), "test-gpu", "GPU_WORKERS=2"],
+                       capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:]
     assert not re.search(r"\d+ (failed|errors?)\b", r.stdout), r.stdout[-3000:]
     assert "skipped" in r.stdout and "no CUDA device" in r.stdout
+    workers: dict[str, set[str]] = {}
+    for m in re.finditer(r"^\[(gw\d+)\].*? (?:SKIPPED|PASSED) (tests/\w+\.py)::", r.stdout, re.M):
+        workers.setdefault(m[2], set()).add(m[1])
+    assert {"tests/test_sandbox.py", "tests/test_adversarial.py", "tests/test_gpu_harness.py"} <= set(workers)
+    assert all(len(w) == 1 for f, w in workers.items() if f != "tests/test_gpu_expert.py"), workers
+    case = "tests/test_gpu_expert.py::test_family_candidates_verify_on_awkward_shapes[chain-(7,)]"
+    assert xdist_scope(case) == case
+    assert xdist_scope("tests/test_sandbox.py::test_gpu_payloads") == "tests/test_sandbox.py"
 
 
 def test_an_append_cut_short_by_ctrl_c_is_resynced_before_the_interrupted_mark(tmp_path):
