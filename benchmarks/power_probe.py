@@ -13,7 +13,7 @@ on one 1 GiB stream (y = a * x + b, fp32), the time, power and energy per call o
 
 Time from CUDA events (median of 30, after warm-up); energy from NVML's total-energy counter over windows
 of about 2 s (pipeline/energy.py's method, here without its candidate checks: every variant's output is
-checked once against torch). Usage: python3 benchmarks/power_probe.py OUT.json
+checked once against torch). Usage: python3 benchmarks/power_probe.py OUT.json [VARIANT ...] (all by default)
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def energy(fn, handle, per_call_ms: float, windows: int = 3, seconds: float = 2.
     return {"mj_per_call": statistics.median(jpc) * 1e3, "watts": statistics.median(watts), "spread": spread}
 
 
-def main(out: str) -> None:
+def main(out: str, only: list[str]) -> None:
     torch.manual_seed(0)
     n = 1 << 28
     x = torch.rand(n, device="cuda") * 2 - 1
@@ -224,9 +224,16 @@ def main(out: str) -> None:
     variants["lsu_half"] = launcher("lsu", sms * 2, 256, n // 4)
     variants["lsu_cs"] = launcher("lsu_cs", sms * 4, 256, n // 4)
     variants["lsu_cs_u4"] = launcher("lsu_cs_u4", sms * 4, 256, n // 4)
-    for name, threads in (("tma_copy", 32), ("tma_axpb", 128), ("tma_in", 128), ("tma_in", 256)):
-        for per_sm in (1, 3):
-            variants[f"{name}_t{threads}_x{per_sm}"] = launcher(name, sms * per_sm, threads, chunks, smem)
+    for name, threads, per_sm in (
+        ("tma_copy", 32, 1),
+        ("tma_copy", 32, 3),
+        ("tma_axpb", 128, 1),
+        ("tma_axpb", 128, 3),
+        ("tma_in", 128, 1),
+        ("tma_in", 128, 3),
+        ("tma_in", 256, 3),
+    ):
+        variants[f"{name}_t{threads}_x{per_sm}"] = launcher(name, sms * per_sm, threads, chunks, smem)
     variants["tma_copy_big_x1"] = launcher("tma_copy_big", sms, 32, n * 4 // 32768, 32768 * 6)
 
     def eager() -> None:
@@ -238,6 +245,8 @@ def main(out: str) -> None:
     want = x * a + b
     rows = []
     for name, fn in variants.items():
+        if only and name not in only:
+            continue
         y.zero_()
         fn()
         torch.cuda.synchronize()
@@ -254,4 +263,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
