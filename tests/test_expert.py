@@ -1132,6 +1132,22 @@ def test_emulated_split_reductions_merge_partials(tmp_path):
 MAX_EMULATED = 24
 
 
+def test_a_prologue_is_hosted_on_its_operand_of_the_regions_own_shape(tmp_path):
+    """x1 (N,) has the elements of the (1, N) region but not its shape: the reduction hosting the prologue
+    indexes by its main operand's shape, so x0 must be it (x1 was; found by the fuzz hunt, seed 6526)."""
+    body = """
+        class Model(nn.Module):
+            def forward(self, x0, x1, x2):
+                return torch.var(x0 / (x1.abs() + 1.0) - x2, dim=1)
+    """
+    inputs = "[torch.randn(1, 600), torch.randn(600), torch.randn(1, 600)]"
+    path = task_file(tmp_path, "prologue_shape", body, inputs)
+    props = ExpertPolicy().propose(ctx(path), 2)
+    tuned = plan_of(props[1].candidate.source)
+    assert [getattr(rp, "prologue", "") for rp in tuned.regions if rp.rid == "var"] != [""]  # still fused
+    _emulate(path, [p.candidate for p in props], 1e-5)
+
+
 @needs_gxx
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["norms", "reductions_last", "reductions_strided", "softmaxes", "fusions"])

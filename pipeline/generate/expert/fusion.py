@@ -4,7 +4,6 @@ norm or scan: the families that host call these with their own regions)."""
 from __future__ import annotations
 
 from pipeline.generate.expert.graph import Ref
-from pipeline.generate.expert.layout import Bcast, operand_class
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.fused import Fused, fusable
 
@@ -23,7 +22,9 @@ def prologue(host: Region, low: Lowered) -> Fused | None:
         return None
     if low.users.get(src, ()) != (host.node.name,) or src in low.graph.output_names():
         return None
-    mains = [i for i in p.inputs if operand_class(low.by_name[i].shape or (), p.shape, 0) is Bcast.FULL]
+    # the host indexes its input by the main operand's own shape: one of the region's shape exactly, not one
+    # that merely has its elements ((6000,) under a (1, 6000) region; found by the fuzz hunt, seed 6526)
+    mains = [i for i in p.inputs if tuple(low.by_name[i].shape or ()) == tuple(p.shape)]
     if not mains:
         return None
     return fusable(p, mains[0], low, "f")
