@@ -1132,6 +1132,21 @@ def test_emulated_split_reductions_merge_partials(tmp_path):
 MAX_EMULATED = 24
 
 
+def test_expand_as_is_a_view_so_f_normalize_leaves_nothing_to_pytorch(tmp_path):
+    """F.normalize decomposes into a norm, clamp_min, expand_as and a division: the expand_as is a view of
+    ours (it was a region left to PyTorch between our kernels: 24 of them in level 3's SwinV2)."""
+    body = """
+        class Model(nn.Module):
+            def forward(self, q, k):
+                return F.normalize(q, dim=-1) * 2 + k.expand_as(q)
+    """
+    path = task_file(tmp_path, "normalize", body, "[torch.randn(4, 3, 7, 33), torch.randn(3, 1, 33)]")
+    low = prepare(capture(path))
+    assert [r.kind for r in low.regions if r.kind in (RegionKind.TORCH, RegionKind.LIBRARY)] == []
+    assert [n.op for n in low.nodes if n.name.startswith("expand_as")] == ["expand", "expand"]
+    _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
+
+
 def test_a_prologue_is_hosted_on_its_operand_of_the_regions_own_shape(tmp_path):
     """x1 (N,) has the elements of the (1, N) region but not its shape: the reduction hosting the prologue
     indexes by its main operand's shape, so x0 must be it (x1 was; found by the fuzz hunt, seed 6526)."""

@@ -480,6 +480,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return lowered
     if n.op == "_grouped_mm" and len(a) == 3 and not n.kwargs:  # (M, K) x (E, K, N), rows grouped by offsets
         return [dataclasses.replace(_mk(n.name, "gemm_grouped", a, n.shape, n.dtype), target=n.target)]
+    if n.op == "expand_as" and len(a) == 2 and isinstance(a[0], Ref) and n.shape is not None:
+        return [_mk(n.name, "expand", (a[0], n.shape), n.shape, n.dtype)]  # a view (F.normalize's divisor)
     if n.op == "broadcast_tensors":
         return []  # a tuple its getitems take apart: each becomes an expand of its own operand
     if n.op in ("var_mean", "std_mean") and n.overload in ("dim", "correction"):
