@@ -24,7 +24,7 @@ def prologue(host: Region, low: Lowered) -> Fused | None:
         return None
     # the host indexes its input by the main operand's own shape: one of the region's shape exactly, not one
     # that merely has its elements ((6000,) under a (1, 6000) region; found by the fuzz hunt, seed 6526)
-    mains = [i for i in p.inputs if tuple(low.by_name[i].shape or ()) == tuple(p.shape)]
+    mains = [i for i in p.inputs if tuple(low.by_name[i].shape or ()) == tuple(p.shape or ())]
     if not mains:
         return None
     return fusable(p, mains[0], low, "f")

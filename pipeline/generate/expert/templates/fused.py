@@ -124,7 +124,7 @@ def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | Non
         if cls not in (Bcast.FULL, Bcast.SCALAR, Bcast.COL):
             return None
         extra.append((i, node.dtype or "float32", cls))
-    if tuple(low.by_name[main].shape or ()) != tuple(region.shape):
+    if tuple(low.by_name[main].shape or ()) != tuple(region.shape or ()):
         return None  # the host's shape is main's: the region's own, on its loads or its stores
     out_dt = next(n.dtype for n in region.nodes if n.name == region.outputs[0]) or "float32"
     return Fused(region, main, tuple(extra), prefix, out_dt, low.by_name[main].dtype or "float32")
