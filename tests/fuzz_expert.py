@@ -86,6 +86,9 @@ UNARY = (
     "torch.nan_to_num(torch.log(y))", "torch.hypot(y, y + 1.0)", "torch.logaddexp(y, y * 0.5)",
     "torch.zeros_like(y) + y * 2.0", "torch.copysign(y, y - 0.5)",
 )  # fmt: skip
+# From this seed on, the draws take the second set of steps too (views with offsets and strides of zero,
+# tensor bounds, where, roll).
+V2_SEEDS = 10_000
 REDUCE = ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "max", "min", "argmax", "argmin")
 
 
@@ -145,6 +148,8 @@ class Gen:
             opts += ["mask"]
         if len(s) == 4 and s[-1] <= 128:
             opts += ["attention"]
+        if self.case.seed >= V2_SEEDS:  # steps added later: earlier seeds keep their draws
+            opts += ["narrow", "select", "where", "clamp", "expand", "roll"]
         kind = r.choice(opts)
         getattr(self, f"_{kind}")()
 
@@ -274,6 +279,54 @@ class Gen:
         t = list(self.s)
         t[d] *= 2
         self.s = tuple(t)
+
+    def _narrow(self) -> None:
+        """A window of one dim: a view at an offset, its rows strided."""
+        d = self.dim()
+        size = self.s[d]
+        if size < 3:
+            return self._unary()
+        start = self.rng.randrange(1, size - 1)
+        length = self.rng.randrange(1, size - start + 1)
+        self.emit(f"narrow({d},{start},{length})", f"y = y.narrow({d}, {start}, {length})")
+        t = list(self.s)
+        t[d] = length
+        self.s = tuple(t)
+
+    def _select(self) -> None:
+        if len(self.s) < 2:
+            return self._unary()
+        d = self.dim()
+        i = self.rng.randrange(self.s[d])
+        self.emit(f"select({d},{i})", f"y = y.select({d}, {i})")
+        self.s = self.s[:d] + self.s[d + 1 :]
+
+    def _where(self) -> None:
+        p = self.param(self._bshape())
+        self.emit("where", f"y = torch.where(y > {p}, y, {p} * 0.5)")
+
+    def _clamp(self) -> None:
+        p = self.param(self._bshape())
+        bound = self.rng.choice(("min", "max"))
+        self.emit(f"clamp_{bound}", f"y = torch.clamp(y, {bound}={p})")
+
+    def _expand(self) -> None:
+        """A new dim of size k as a stride-0 view, then a step that reads it (a sum over it, or a map)."""
+        d = self.rng.randrange(len(self.s) + 1)
+        k = self.rng.choice((2, 3, 5))
+        t = (*self.s[:d], k, *self.s[d:])
+        n = 1
+        for v in t:
+            n *= v
+        if n > MAX_ELEMS:
+            return self._unary()
+        self.emit(f"expand({d},{k})", f"y = y.unsqueeze({d}).expand({', '.join(map(str, t))})")
+        self.s = t
+
+    def _roll(self) -> None:
+        d = self.dim()
+        shift = self.rng.choice((-2, -1, 1, 3))
+        self.emit(f"roll({d},{shift})", f"y = torch.roll(y, {shift}, dims={d})")
 
     def _pool(self) -> None:
         r, s = self.rng, self.s

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from fuzz_expert import generate, run_case
+from fuzz_expert import V2_SEEDS, generate, run_case
 
 from pipeline.tasks import load_module
 
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 def test_draws_are_reproducible_and_run_in_pytorch(tmp_path):
     invalid = []
-    for seed in range(200):
+    for seed in [*range(200), *range(V2_SEEDS, V2_SEEDS + 100)]:  # both sets of steps
         case = generate(seed)
         assert case.source() == generate(seed).source()
         path = tmp_path / f"fuzz_{seed}.py"
@@ -27,7 +27,7 @@ def test_draws_are_reproducible_and_run_in_pytorch(tmp_path):
                 module.Model(*module.get_init_inputs())(*module.get_inputs())
             except Exception as e:  # the generator's own mistakes: rare (batch norm of one value a channel)
                 invalid.append((seed, case.steps, str(e)[:80]))
-    assert len(invalid) <= 6, invalid
+    assert len(invalid) <= 9, invalid
 
 
 # drawn cases the hunt passed: a direct convolution and a loss; a norm after a softmax over dim 0; a pool and
