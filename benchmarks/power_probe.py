@@ -29,6 +29,8 @@ import pynvml
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from event_timing import event_median_ms  # benchmarks/, this script's folder
+
 from pipeline.energy import nvml_handle
 
 SRC = r"""
@@ -169,20 +171,6 @@ extern "C" __global__ void tma_in(const char* x, char* y, long long chunks, floa
 CH, STAGES = 16384, 4
 
 
-def median_ms(fn, reps: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
-
 def energy(fn, handle, per_call_ms: float, windows: int = 3, seconds: float = 2.0) -> dict:
     calls = max(1, int(seconds * 1e3 / per_call_ms))
     jpc, watts = [], []
@@ -252,8 +240,8 @@ def main(out: str, only: list[str]) -> None:
         torch.cuda.synchronize()
         copy_only = name.startswith("tma_copy")
         err = float((y - (x if copy_only else want)).abs().max())
-        ms = median_ms(fn)
-        ms2 = median_ms(fn)
+        ms = event_median_ms(fn, 30, 5)
+        ms2 = event_median_ms(fn, 30, 5)
         e = energy(fn, handle, ms)
         row = {"variant": name, "ms": ms, "ms_again": ms2, "tb_s": 2 * n * 4 / ms / 1e9, "max_err": err, **e}
         rows.append(row)
