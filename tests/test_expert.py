@@ -1147,6 +1147,21 @@ def test_expand_as_is_a_view_so_f_normalize_leaves_nothing_to_pytorch(tmp_path):
     _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
 
 
+def test_a_16_bit_chain_with_a_step_rounds_each_value_as_eager_stores_it(tmp_path):
+    """bf16 `x * 1.5 + p` then `> 0.5`: eager rounds the product and the sum to bf16 before it compares; a
+    chain that kept them in fp32 put values a hair from 0.5 on the other side (found by the fuzz hunt, seed
+    10222, where the step followed a linear's bias)."""
+    body = """
+        class Model(nn.Module):
+            def forward(self, x, p):
+                y = x * 1.5 + p
+                return y.masked_fill(y > 0.5, -1.0) * 2.0
+    """
+    inputs = "[torch.randn(64, 300).bfloat16() * 0.4, torch.randn(300).bfloat16() * 0.4]"
+    path = task_file(tmp_path, "step_bf16", body, inputs)
+    _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-2)
+
+
 def test_a_prologue_is_hosted_on_its_operand_of_the_regions_own_shape(tmp_path):
     """x1 (N,) has the elements of the (1, N) region but not its shape: the reduction hosting the prologue
     indexes by its main operand's shape, so x0 must be it (x1 was; found by the fuzz hunt, seed 6526)."""

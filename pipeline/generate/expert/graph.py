@@ -165,6 +165,11 @@ def _first_line(e: BaseException) -> str:
 
 
 _CACHE: dict[str, Graph] = {}
+# The last few tasks' exports (module, model, inputs, program) before any decomposition: trying a
+# decomposition (policy._decompose) re-exports nothing, it decomposes the program again (seconds a
+# level-3 model).
+_EXPORTED: dict[str, tuple[ModuleType, Any, list, Any]] = {}
+_EXPORTED_KEPT = 4
 
 
 def capture(
@@ -181,15 +186,21 @@ def capture(
             source = path.read_text()
         except OSError as e:
             raise CaptureError(f"cannot read the task file: {e}") from None
-        key = hashlib.sha256(f"{path.resolve()}\0{source}\0{sorted(decompose)}".encode()).hexdigest()
+        base = hashlib.sha256(f"{path.resolve()}\0{source}".encode()).hexdigest()
+        key = hashlib.sha256(f"{base}\0{sorted(decompose)}".encode()).hexdigest()
         if key in _CACHE:
             return _CACHE[key]
-        try:
-            module = load_module(path)
-        except TaskError as e:
-            raise CaptureError(str(e)) from None
+        if base in _EXPORTED:  # the task's export, taken again with other ops decomposed
+            module = _EXPORTED[base][0]
+        else:
+            try:
+                module = load_module(path)
+            except TaskError as e:
+                raise CaptureError(str(e)) from None
         task_id = task_id or path.stem
-    graph = _capture_module(module, task_id, decompose)
+    graph = _capture_module(
+        module, task_id, decompose, exported_key=None if isinstance(task, ModuleType) else base
+    )
     _CACHE[key] = graph
     return graph
 
@@ -264,24 +275,33 @@ def _decomposed(ep: Any, decompose: frozenset[str]) -> Any:
     return ep.run_decompositions(table) if table else ep
 
 
-def _capture_module(module: ModuleType, task_id: str, decompose: frozenset[str] = frozenset()) -> Graph:
+def _capture_module(
+    module: ModuleType, task_id: str, decompose: frozenset[str] = frozenset(), exported_key: str | None = None
+) -> Graph:
     torch = _torch()
-    try:
-        with torch.device("meta"):
-            init_args = list(module.get_init_inputs())
-        model = model_on_meta(module, init_args)  # on the CPU first where its constructor reads values
-        inputs = meta_inputs(module)
-        model.eval()
-    except Exception as e:
-        raise CaptureError(
-            f"building the model on the meta device raised {type(e).__name__}: {_first_line(e)}"
-        ) from None
-    try:
-        with _quiet(), torch.no_grad(), _scalars_on_cpu(), recurrent.shapes_only():
-            ep = torch.export.export(model, tuple(inputs), strict=False)
-    except Exception as e:
-        why = f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)})"
-        return _capture_grouped(module, model, task_id, why)
+    if exported_key in _EXPORTED:
+        module, model, inputs, ep = _EXPORTED[exported_key]
+    else:
+        try:
+            with torch.device("meta"):
+                init_args = list(module.get_init_inputs())
+            model = model_on_meta(module, init_args)  # on the CPU first where its constructor reads values
+            inputs = meta_inputs(module)
+            model.eval()
+        except Exception as e:
+            raise CaptureError(
+                f"building the model on the meta device raised {type(e).__name__}: {_first_line(e)}"
+            ) from None
+        try:
+            with _quiet(), torch.no_grad(), _scalars_on_cpu(), recurrent.shapes_only():
+                ep = torch.export.export(model, tuple(inputs), strict=False)
+        except Exception as e:
+            why = f"torch.export could not capture the reference ({type(e).__name__}: {_first_line(e)})"
+            return _capture_grouped(module, model, task_id, why)
+        if exported_key is not None:
+            while len(_EXPORTED) >= _EXPORTED_KEPT:
+                _EXPORTED.pop(next(iter(_EXPORTED)))
+            _EXPORTED[exported_key] = (module, model, inputs, ep)
     if decompose:
         try:
             with _quiet(), torch.no_grad(), recurrent.shapes_only():

@@ -164,6 +164,14 @@ ELEMENTWISE = frozenset(
         "full_like",
     }
 )
+# Ops whose result jumps where an operand crosses a value. Eager rounds every 16-bit op's result as it
+# stores it: a 16-bit chain computed in fp32 between its ops puts a value a hair from the step on its other
+# side (bf16 `linear(x) > 0.5` with the bias added in fp32: found by the fuzz hunt, seed 10222).
+STEPS = frozenset(
+    {*_COMPARE, "floor", "ceil", "round", "trunc", "frac", "sign", "remainder", "fmod", "threshold", "hardshrink",
+     "softshrink"}
+)  # fmt: skip
+ROUNDED = {"bfloat16": "kp_round_bf16({0})", "float16": "kp_round_f16({0})"}
 # Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two
 # dims, which a chain function that holds one takes as its first two parameters.
 POSITIONAL = frozenset({"triu", "tril"})

@@ -56,8 +56,14 @@ def chain_function(region: Region, operands: list[str], mufu: bool = False) -> s
     params += [f"float a{i}" for i in range(len(operands))]
     params += [f"float& o{j}" for j in range(len(region.outputs))]
     lines = [f"__device__ __forceinline__ void kp_{region.rid}_f({', '.join(params)}) {{"]
+    # a chain with a step (ops.STEPS) rounds each 16-bit value as eager stores it, so what the step compares
+    # is eager's value; other chains keep fp32 between their ops
+    stepped = any(n.op in ops.STEPS for n in region.nodes)
     for n in region.nodes:
-        lines.append(f"    const float v_{n.name} = {ops.ew_expr(n, val, mufu)};  // {n.target}")
+        expr = ops.ew_expr(n, val, mufu)
+        if stepped and n.dtype in ops.ROUNDED:
+            expr = ops.ROUNDED[n.dtype].format(expr)
+        lines.append(f"    const float v_{n.name} = {expr};  // {n.target}")
     for j, out in enumerate(region.outputs):
         lines.append(f"    o{j} = v_{out};")
     lines.append("}")
