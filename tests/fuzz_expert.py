@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import textwrap
@@ -311,14 +312,11 @@ class Gen:
         self.emit(f"clamp_{bound}", f"y = torch.clamp(y, {bound}={p})")
 
     def _expand(self) -> None:
-        """A new dim of size k as a stride-0 view, then a step that reads it (a sum over it, or a map)."""
+        """A new dim of size k as a stride-0 view: the steps after it read each element k times."""
         d = self.rng.randrange(len(self.s) + 1)
         k = self.rng.choice((2, 3, 5))
         t = (*self.s[:d], k, *self.s[d:])
-        n = 1
-        for v in t:
-            n *= v
-        if n > MAX_ELEMS:
+        if math.prod(t) > MAX_ELEMS:
             return self._unary()
         self.emit(f"expand({d},{k})", f"y = y.unsqueeze({d}).expand({', '.join(map(str, t))})")
         self.s = t

@@ -171,7 +171,7 @@ STEPS = frozenset(
     {*_COMPARE, "floor", "ceil", "round", "trunc", "frac", "sign", "remainder", "fmod", "threshold", "hardshrink",
      "softshrink"}
 )  # fmt: skip
-ROUNDED = {"bfloat16": "kp_round_bf16({0})", "float16": "kp_round_f16({0})"}
+ROUNDED = {"bfloat16": "kp_round_bf16({0})", "float16": "kp_round_f16({0})"}  # a value as 16 bits store it
 # Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two
 # dims, which a chain function that holds one takes as its first two parameters.
 POSITIONAL = frozenset({"triu", "tril"})
@@ -321,13 +321,11 @@ def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
         sym = "*" if op == "addcmul" else "/"
         return f"(({val(a[0])}) + {lit(value)} * (({val(a[1])}) {sym} ({val(a[2])})))"
     if op in ("_to_copy", "to", "type_as"):
-        target = n.dtype
+        target = n.dtype or ""
         x = val(a[0])
-        return {
-            "bfloat16": f"kp_round_bf16({x})",
-            "float16": f"kp_round_f16({x})",
-            "bool": f"(({x}) != 0.0f ? 1.0f : 0.0f)",
-        }.get(target or "", x)
+        if target in ROUNDED:
+            return ROUNDED[target].format(x)
+        return f"(({x}) != 0.0f ? 1.0f : 0.0f)" if target == "bool" else x
     raise KeyError(f"no elementwise formula for {n.target}")
 
 
