@@ -8,6 +8,7 @@ and lists the knobs that differ from their defaults.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from typing import ClassVar
@@ -56,7 +57,20 @@ class Plan:
     version: int = VERSION
 
     def get(self, rid: str) -> RegionPlan | None:
-        return next((r for r in self.regions if r.rid == rid), None)
+        return self._by_rid.get(rid)
+
+    # Plans are immutable and asked these once per region and edit: a scan each time was quadratic in the
+    # regions (seconds on a thousand-region unrolled RNN).
+    @functools.cached_property
+    def _by_rid(self) -> dict[str, RegionPlan]:
+        by: dict[str, RegionPlan] = {}
+        for r in self.regions:
+            by.setdefault(r.rid, r)
+        return by
+
+    @functools.cached_property
+    def _fused(self) -> frozenset[str]:
+        return frozenset(x for r in self.regions for x in r.absorbed())
 
     def replace(self, rp: RegionPlan) -> Plan:
         return Plan(tuple(rp if r.rid == rp.rid else r for r in self.regions), self.version)
@@ -67,9 +81,9 @@ class Plan:
             return self.replace(rp)
         return Plan((*self.regions, rp), self.version)
 
-    def fused(self) -> set[str]:
+    def fused(self) -> frozenset[str]:
         """Regions computed inside another region's kernel."""
-        return {x for r in self.regions for x in r.absorbed()}
+        return self._fused
 
     def to_json(self) -> str:
         regions = [{"rid": r.rid, "family": r.TAG, **r.changed()} for r in self.regions]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from dataclasses import dataclass
 
@@ -70,10 +71,16 @@ class Lowered:
     users: dict[str, tuple[str, ...]]  # value -> names of the nodes that read it
 
     def region_of(self, value: str) -> Region | None:
+        return self._region_by_value.get(value)
+
+    @functools.cached_property
+    def _region_by_value(self) -> dict[str, Region]:
+        """Each node's (first) region: asked per value by the families, a scan was quadratic in the nodes."""
+        by: dict[str, Region] = {}
         for r in self.regions:
-            if any(n.name == value for n in r.nodes):
-                return r
-        return None
+            for n in r.nodes:
+                by.setdefault(n.name, r)
+        return by
 
 
 # rms_norm's eps when none is given: the epsilon of its opmath type, float32's for 16-bit inputs too (fp16's
