@@ -315,6 +315,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "movement": (  # flip, roll, cat and stack as our strided copies (families/movement.py)
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                y = torch.cat([torch.flip(x, dims=(1,)), torch.roll(x, 3, 2) * 2.0], dim=1)
+                return torch.stack([y, y.transpose(1, 2).transpose(1, 2)], 0)
+        """,
+        "[torch.randn(3, 5, 36)]",
+        "[]",
+        1e-6,
+    ),
     "attention": (  # hand-written: scale, a causal mask from a buffer, softmax; fused in the tuned plan
         """
         class Model(nn.Module):
@@ -393,6 +404,7 @@ FAMILIES = {
     "grouped_conv": {"library", "view", "ew"},
     "attention": {"library", "view", "ew", "softmax"},
     "pooling": {"torch", "ew"},
+    "movement": {"torch", "ew"},
     "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"reduce", "ew", "torch", "view"},

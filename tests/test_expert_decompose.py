@@ -55,9 +55,9 @@ def test_ops_without_a_template_are_written_through_pytorchs_decomposition(tmp_p
 
 
 def test_a_decomposition_into_ops_we_lack_is_not_taken(tmp_path):
-    # roll decomposes into index_select of an arange: more regions left to PyTorch than roll alone
-    ok, why = supports(_task(tmp_path, "roll", "torch.roll(x, 3, dims=1)", X))
-    assert not ok and "aten.roll.default left to PyTorch" in why and "index_select" not in why, why
+    # im2col (F.unfold) decomposes into indexing by computed positions: more regions left to PyTorch
+    ok, why = supports(_task(tmp_path, "im2col", "F.unfold(x[None, None], 3)", X))
+    assert not ok and "aten.im2col.default left to PyTorch" in why and "aten.index" not in why, why
 
 
 @needs_gxx

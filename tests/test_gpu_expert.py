@@ -622,10 +622,24 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # data movement by our strided copies (families/movement.py): 16-byte pieces where rows align, element
+    # pieces elsewhere, a transposed input read in place, a roll over the flat tensor
+    "movement": (
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                a = torch.flip(x, dims=(0, -1))
+                b = torch.roll(x, shifts=(3, -5), dims=(-1, 0))
+                c = torch.cat([a, y, b.transpose(0, 1).transpose(0, 1)], dim=1)
+                return c, torch.stack([x, a], -1), torch.roll(y.transpose(-1, -2), 7)
+        """,
+        "[]",
+    ),
 }
 # Rows held in registers (4096 columns fit), weight and bias read as vectors: the same model, another width.
 FAMILIES["layer_rms_4k"] = (FAMILIES["layer_rms"][0], "[4096]")
 FAMILIES["linear_f32_skinny"] = (FAMILIES["linear_f32_split"][0].replace("4100", "1030"), "[]")
+FAMILIES["movement_bf16"] = FAMILIES["movement"]  # 8 elements a 16-byte piece
 SHAPES = {
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
@@ -679,6 +693,8 @@ SHAPES = {
     "max_pool3d": ["(2, 3, 9, 17, 13)"],
     "avg_pool2d": ["(3, 5, 37, 53)", "(1, 1, 1, 2)"],
     "pool_rows": ["(2, 3, 3, 3001)", "(1, 2, 4, 700)"],
+    "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
+    "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],
     "relu_attention": ["(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 24)"],
@@ -724,6 +740,7 @@ SHAPES = {
     "gemv_bf16": ["(4099, 1027); (1027, 1)", "(1, 3); (3, 1)", "(96, 8192); (8192, 1)"],
 }
 BF16 = {
+    "movement_bf16",
     "bf16",
     "gemv_bf16",
     "linear_epilogue",

@@ -315,7 +315,9 @@ def supports(task_path: str | Path) -> tuple[bool, str]:
     report = check_launcher(launcher)
     if not report.ok:
         return False, f"the expert's launcher fails the static check: {report.violations[0]}"
-    kinds = [r.kind for r in low.regions if _computed_by_us(r, low)]
+    # a region PyTorch would compute that a family of ours takes (a pool, a copy) is named by its family
+    kinds = [str(r.kind) if r.kind is not RegionKind.TORCH else family_of(r, low).tag  # type: ignore[union-attr]
+             for r in low.regions if _computed_by_us(r, low)]  # fmt: skip
     summary = f"{len(kinds)} region(s) in our kernels ({', '.join(dict.fromkeys(kinds))})"
     extra = [n for n in _notes(low)]
     # The tuned plan is the search's other start: a launcher of it that does not pass is an expert bug,

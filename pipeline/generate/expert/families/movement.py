@@ -1,0 +1,100 @@
+"""Data movement: flip, roll, cat and stack as our own strided copies (templates/movement.py), any dtype of
+one to eight bytes, any dims, inputs of any strides; the dims and shifts must be constants. Before this
+family they were left to PyTorch, and a task of nothing else (a lone flip or roll) was refused. Both plans
+take our kernel (a copy has no library anchor worth keeping); the tuned one moves 16 bytes a thread where a
+piece's rows align. Edits: vectorize_loads (16-byte units), resize_grid (threads x2 and /2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.graph import Ref
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import movement
+from pipeline.generate.expert.templates.code import Code
+
+DTYPES = ("float32", "float16", "bfloat16", "bool", "int64", "int32", "uint8", "int8")
+
+
+@dataclass(frozen=True)
+class MovePlan(RegionPlan):
+    TAG: ClassVar[str] = "move"
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+
+    threads: int = 256
+    vec: bool = False  # 16 bytes a thread where a piece's rows start on 16-byte boundaries
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def why_not(r: Region, low: Lowered) -> str:
+    """Why our copies do not compute this region, or "" when they do."""
+    n = r.node
+    if r.kind is not RegionKind.TORCH or n.op not in movement.OPS:
+        return "not a flip, roll, cat or stack"
+    if n.dtype not in DTYPES or not n.shape:
+        return f"a {n.dtype} result of shape {n.shape}"
+    a = n.args
+    srcs = a[0] if n.op in ("cat", "stack") else (a[0],) if a else ()
+    if not srcs or not all(isinstance(s, Ref) for s in srcs):
+        return "its inputs are not tensors of the graph"
+    for s in srcs:
+        t = low.by_name.get(s.name)
+        if t is None or t.dtype != n.dtype or not t.shape:
+            return "an input of another dtype (the op would promote it) or of no known shape"
+    if n.op == "flip" and not (len(a) == 2 and _ints(a[1])):
+        return "the flipped dims are not constants"
+    if n.op == "roll":
+        shifts = a[1] if len(a) > 1 else None
+        shifts = (shifts,) if isinstance(shifts, int) and not isinstance(shifts, bool) else shifts
+        dims = a[2] if len(a) > 2 else ()
+        if not _ints(shifts) or not _ints(dims) or len(shifts) != max(1, len(dims)):
+            return "the shifts and dims are not matching constants"
+    if n.op in ("cat", "stack"):
+        dim = a[1] if len(a) > 1 else n.kw("dim", 0)
+        if not isinstance(dim, int) or isinstance(dim, bool):
+            return "the dim is not a constant"
+    return ""
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return not why_not(r, low)
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> MovePlan:
+    return MovePlan(r.rid, vec=tuned)
+
+
+def _vectorize(plan: Plan, rp: MovePlan, r: Region, low: Lowered) -> Moves:
+    if not rp.vec:
+        yield from change("vectorize_loads", plan, rp, vec=True)
+
+
+def _resize(plan: Plan, rp: MovePlan, r: Region, low: Lowered) -> Moves:
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from change("resize_grid", plan, rp, threads=threads)
+
+
+def render(r: Region, rp: MovePlan, low: Lowered, hunter: Any) -> Code:
+    why = why_not(r, low)
+    if why:
+        raise RenderError(f"region {r.rid} cannot be our copy: {why}")
+    return movement.render(r, r.node.dtype or "float32", rp.threads, rp.vec)
+
+
+FAMILY = Family(
+    knobs=MovePlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={"vectorize_loads": _vectorize, "resize_grid": _resize},
+    order=14,
+)

@@ -1,0 +1,237 @@
+"""Data movement by strided copies: flip, roll, cat and stack (families/movement.py).
+
+Each op is a few pieces, each one copy of a strided block of the input into a strided block of the output:
+  flip   one piece: the input read from its last element backwards along the flipped dims (the source
+         strides negated, the base moved to the end of those dims);
+  roll   2^k pieces for k rolled dims: along each, out[s:] <- x[:n-s] and out[:s] <- x[n-s:];
+  cat    a piece an input, written into its slice of the output along the dim (legacy empty 1-D inputs
+         skipped, as torch does);
+  stack  a piece an input, written into out.select(dim, i).
+The launcher merges the dims a piece's source and destination both keep contiguous among themselves and
+drops the unit ones, so most pieces are a few rows of one long contiguous run; the kernel takes the last
+dim as that run (threads along it, rows over blockIdx.y and threadIdx.y) and works out each row's two
+offsets once. The copy moves the elements' bytes, whatever the dtype, and 16 bytes at a time where the
+run is contiguous on both sides and every row starts on a 16-byte boundary (`vec`).
+"""
+
+from __future__ import annotations
+
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates.code import Code, launch_bounds
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
+
+OPS = ("flip", "roll", "cat", "stack")
+UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
+
+_BODY = """namespace kp_{rid} {{
+template <typename U>
+__device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ dst, long long rows,
+                                     long long inner, long long s0, long long d0, long long si, long long di,
+                                     int nd, const long long (&size)[{outer}], const long long (&sstr)[{outer}],
+                                     const long long (&dstr)[{outer}]) {{
+    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
+         r += (long long)gridDim.y * blockDim.y) {{
+        long long rest = r, so = s0, dof = d0;  // the row's first element on each side
+#pragma unroll
+        for (int d = {outer} - 1; d >= 0; --d) {{
+            if (d < nd) {{
+                const long long q = rest / size[d], i = rest - q * size[d];
+                so += i * sstr[d];
+                dof += i * dstr[d];
+                rest = q;
+            }}
+        }}
+        for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < inner;
+             i += (long long)gridDim.x * blockDim.x)
+            dst[dof + i * di] = src[so + i * si];
+    }}
+}}
+}}  // namespace kp_{rid}
+"""
+
+
+def _signature(unit: str) -> Signature:
+    return Signature(
+        (
+            ptr("src", unit),
+            ptr("dst", unit, const=False),
+            i64("rows"),
+            i64("inner"),
+            i64("s0"),
+            i64("d0"),
+            i64("si"),
+            i64("di"),
+            i32("nd"),
+            *(i64(f"z{d}", f"z[{d}]") for d in range(OUTER)),
+            *(i64(f"a{d}", f"a[{d}]") for d in range(OUTER)),
+            *(i64(f"b{d}", f"b[{d}]") for d in range(OUTER)),
+        )
+    )
+
+
+def _kernel(rid: str, name: str, unit: str, threads: int) -> str:
+    sig = _signature(unit)
+    arrays = "\n".join(
+        f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
+        for arr, p in (("size", "z"), ("sstr", "a"), ("dstr", "b"))
+    )
+    return (
+        f'extern "C" __global__ void {launch_bounds(threads, 0)}\n{name}({sig.decls()}) {{\n{arrays}\n'
+        f"    kp_{rid}::move<{unit}>(src, dst, rows, inner, s0, d0, si, di, nd, size, sstr, dstr);\n}}\n"
+    )
+
+
+def _pieces(r: Region, names: dict[str, str]) -> list[str]:
+    """The launcher lines that set `out`, `pieces` ((source, its base, sizes, source strides, the
+    destination's base, its strides), in elements) and `result` (out, or a view of it)."""
+    n = r.node
+    op = n.op
+    if op == "flip":
+        x = names[n.args[0].name]
+        return [
+            f"    dims = sorted({{d % {x}.dim() for d in {tuple(n.args[1])!r}}})",
+            f"    out = torch.empty({x}.shape, dtype={x}.dtype, device={x}.device)",
+            f"    st = list({x}.stride())",
+            f"    base = sum(({x}.shape[d] - 1) * st[d] for d in dims if {x}.shape[d] > 0)",
+            "    for d in dims:",
+            "        st[d] = -st[d]",
+            f"    pieces = [({x}, base, list({x}.shape), st, 0, list(out.stride()))]",
+            "    result = out",
+        ]
+    if op == "roll":
+        x = names[n.args[0].name]
+        shifts = n.args[1] if isinstance(n.args[1], tuple) else (n.args[1],)
+        dims = tuple(n.args[2]) if len(n.args) > 2 and n.args[2] is not None else ()
+        lines = (
+            [f"    src = {x}"] if dims else [f"    src = _contig({x}).view(-1)"]
+        )  # no dims: the flat tensor
+        lines += [
+            "    out = torch.empty(src.shape, dtype=src.dtype, device=src.device)",
+            "    shift = [0] * src.dim()",
+            f"    for s, d in zip({shifts!r}, {dims or (0,)!r}):",
+            "        shift[d % src.dim()] += s",
+            "    # along each dim: (source start, destination start, length) of its one or two ranges",
+            "    ranges = []",
+            "    for n, s in zip(src.shape, shift):",
+            "        s = s % n if n else 0",
+            "        ranges.append([(0, s, n - s), (n - s, 0, s)] if s else [(0, 0, n)])",
+            "    pieces, combos = [], [[]]",
+            "    for rs in ranges:  # every choice of one range a dim",
+            "        combos = [c + [q] for c in combos for q in rs]",
+            "    for parts in combos:",
+            "        if all(m for _, _, m in parts):",
+            "            s0 = sum(a * t for (a, _, _), t in zip(parts, src.stride()))",
+            "            d0 = sum(b * t for (_, b, _), t in zip(parts, out.stride()))",
+            "            pieces.append((src, s0, [m for _, _, m in parts], list(src.stride()), d0, list(out.stride())))",
+            f"    result = out{'' if dims else f'.view({x}.shape)'}",
+        ]
+        return lines
+    xs = "[" + ", ".join(names[a.name] for a in n.args[0]) + "]"
+    dim = n.args[1] if len(n.args) > 1 else n.kw("dim", 0)
+    if op == "cat":
+        return [
+            f"    xs = [t for t in {xs} if not (t.dim() == 1 and t.shape[0] == 0)]  # torch skips these",
+            f"    first = xs[0] if xs else {xs}[0]",
+            f"    d = {dim} % max(1, first.dim())",
+            "    for t in xs:",
+            "        if t.dim() != first.dim() or t.shape[:d] != first.shape[:d] or t.shape[d + 1:] != first.shape[d + 1:]:",
+            "            raise ValueError(f'kernelpro expert: cat of shapes {[tuple(u.shape) for u in xs]} along {d}')",
+            "    shape = list(first.shape)",
+            "    if xs:",
+            "        shape[d] = sum(t.shape[d] for t in xs)",
+            "    out = torch.empty(shape, dtype=first.dtype, device=first.device)",
+            "    pieces, at = [], 0",
+            "    for t in xs:",
+            "        pieces.append((t, 0, list(t.shape), list(t.stride()), at * out.stride(d), list(out.stride())))",
+            "        at += t.shape[d]",
+            "    result = out",
+        ]
+    # stack
+    return [
+        f"    xs = {xs}",
+        f"    d = {dim} % (xs[0].dim() + 1)",
+        "    for t in xs:",
+        "        if t.shape != xs[0].shape:",
+        "            raise ValueError(f'kernelpro expert: stack of shapes {[tuple(u.shape) for u in xs]}')",
+        "    shape = list(xs[0].shape)",
+        "    out = torch.empty([*shape[:d], len(xs), *shape[d:]], dtype=xs[0].dtype, device=xs[0].device)",
+        "    ost = list(out.stride())",
+        "    pieces = [(t, 0, list(t.shape), list(t.stride()), i * ost[d], ost[:d] + ost[d + 1:])",
+        "              for i, t in enumerate(xs)]",
+        "    result = out",
+    ]
+
+
+def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
+    rid, n = r.rid, r.node
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int64": 8, "int32": 4, "uint8": 1,
+                "int8": 1}[dtype]  # fmt: skip
+    unit = UNITS[itemsize]
+    lanes = 16 // itemsize
+    vec = vec and lanes > 1
+    names = {v: f"x{i}" for i, v in enumerate(r.inputs)}
+    kernels = [f"kp_{rid}_move"] + ([f"kp_{rid}_move16"] if vec else [])
+    cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads)
+    if vec:
+        cuda += _kernel(rid, kernels[1], "float4", threads)  # 16 bytes, moved as bits
+    sig = _signature(unit)
+    params = ", ".join(names[v] for v in r.inputs)
+    wide = (
+        f"    wide = ({lanes} > 1 and si == 1 and di == 1 and inner % {lanes} == 0 and s0 % {lanes} == 0\n"
+        f"            and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
+        "            and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)\n"
+        "    if wide:  # 16 bytes a thread: every row of the run starts on a 16-byte boundary\n"
+        f"        inner, s0, d0 = inner // {lanes}, s0 // {lanes}, d0 // {lanes}\n"
+        f"        a, b = [v // {lanes} for v in a], [v // {lanes} for v in b]\n"
+        if vec
+        else ""
+    )
+    launch = f"kernels.{kernels[0]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821"
+    if vec:
+        launch = (
+            f"if wide:\n        kernels.{kernels[1]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
+            f"    else:\n        {launch}"
+        )
+    launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr):
+    """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets)."""
+    if not all(sizes):
+        return
+    merged = []  # unit dims dropped; a dim merged into the one before where both sides stay contiguous
+    for size, a, b in zip(sizes, sstr, dstr):
+        if size == 1:
+            continue
+        if merged and merged[-1][1] == a * size and merged[-1][2] == b * size:
+            merged[-1] = (merged[-1][0] * size, a, b)
+        else:
+            merged.append((size, a, b))
+    (inner, si, di), outer = (merged or [(1, 1, 1)])[-1], merged[:-1]
+    rows = math.prod(size for size, _, _ in outer)
+    nd = len(outer)
+    z = [size for size, _, _ in outer] + [1] * ({OUTER} - nd)
+    a = [v for _, v, _ in outer] + [0] * ({OUTER} - nd)
+    b = [v for _, _, v in outer] + [0] * ({OUTER} - nd)
+{wide}    tx = min({threads}, 1 << max(0, (inner - 1).bit_length()))  # threads along the run, the rest over rows
+    ty = {threads} // tx
+    grid = (max(1, min(-(-inner // tx), 4096)), max(1, min(-(-rows // ty), MAX_GRID_Y)))
+    {launch}
+
+
+def _move_{rid}(sms, {params}):
+    """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""})."""
+{chr(10).join(_pieces(r, names))}
+    for src, s0, sizes, sstr, d0, dstr in pieces:
+        _copy_{rid}(src, s0, sizes, sstr, out, d0, dstr)
+    return result
+'''
+    return Code(
+        cuda=cuda,
+        launcher=launcher,
+        fn=f"_move_{rid}",
+        kernels=tuple(kernels),
+        args=tuple(r.inputs),
+        outputs=(n.name,),
+    )
+
+
+__all__ = ["OPS", "render"]

@@ -1,0 +1,113 @@
+"""flip, roll, cat and stack as our own strided copies (families/movement.py): written where they were left
+to PyTorch (a lone flip or roll was refused: fuzz seeds 10349 and 10350), exact in the CPU emulator on
+strided, transposed, empty and 16-bit inputs, 16 bytes at a time where the rows align, and compiled for
+sm_90a."""
+
+from __future__ import annotations
+
+import pytest
+from fuzz_expert import check_task
+from test_expert import _emulate, needs_nvcc, task_file
+from test_expert_decompose import needs_gxx
+
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, supports
+from pipeline.tasks import probe
+from pipeline.types import Status
+
+torch = pytest.importorskip("torch")
+
+# name -> (forward's body, inputs)
+CASES = {
+    "flips": (
+        "return torch.flip(x, dims=(0, -1)), torch.flip(x.transpose(1, 2), dims=(1,)) * 2",
+        "[torch.randn(5, 33, 17)]",
+    ),
+    "flip_bf16": ("return torch.flip(x, dims=(-1,))", "[torch.randn(7, 129, dtype=torch.bfloat16)]"),
+    "rolls": (
+        "return torch.roll(x, shifts=(3, -40), dims=(2, 0)), torch.roll(x, 1, 1), torch.roll(x.mT, 7)",
+        "[torch.randn(6, 5, 33)]",
+    ),
+    "cats": (
+        "return torch.cat([x, torch.relu(x), x.flip(1)], dim=1), torch.cat([x.transpose(1, 2), x.mT], -1)",
+        "[torch.randn(4, 64, 64)]",
+    ),
+    "cat_f16_empty": (
+        "return torch.cat([x, x.new_zeros(0), x * 2], 0)",  # the legacy empty 1-D input is skipped
+        "[torch.randn(3, 40, dtype=torch.float16)]",
+    ),
+    "stacks": (
+        "return torch.stack([x, x * 0.5, x], -1).sum(-1), torch.stack([x, x.t().t()], 0)",
+        "[torch.randn(9, 10)]",
+    ),
+    "indices": (
+        "i = x.argmax(1)\n        return torch.cat([i, i.flip(0)]), torch.stack([x > 0, x < 0])",
+        "[torch.randn(9, 10)]",
+    ),
+}
+
+
+def _path(tmp_path, name: str):
+    body, inputs = CASES[name]
+    return task_file(
+        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, x):\n        {body}", inputs
+    )
+
+
+@pytest.mark.parametrize(
+    "expr",
+    ["torch.flip(x, dims=(0,))", "torch.roll(x, 5, 1)", "torch.cat([x, x], 0)", "torch.stack([x, x])"],
+)
+def test_a_lone_flip_roll_cat_or_stack_is_written_as_our_copies(tmp_path, expr):
+    path = task_file(tmp_path, "lone", f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}",
+                     "[torch.randn(37, 130)]")  # fmt: skip
+    ok, why = supports(path)
+    assert ok and "(move)" in why and "left to PyTorch" not in why, why
+
+
+def test_promoting_concatenations_and_computed_dims_stay_with_pytorch(tmp_path):
+    # cat of fp16 and fp32 promotes: bytes cannot be copied as they are
+    body = (
+        "class Model(nn.Module):\n    def forward(self, x):\n        return torch.cat([x, x.half()], 0) * 2"
+    )
+    ok, why = supports(task_file(tmp_path, "promote", body, "[torch.randn(4, 8)]"))
+    assert ok and "aten.cat.default left to PyTorch" in why, why
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emulated_copies_match_pytorch_exactly(tmp_path, name):
+    result = check_task(_path(tmp_path, name), 1e-12, edits=2)
+    assert result["outcome"] == "ok" and "move" in result["why"], result
+
+
+@needs_gxx
+def test_aligned_rows_move_16_bytes_a_thread_and_others_an_element(tmp_path):
+    path = _path(tmp_path, "cats")
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    assert "_move16" not in plain.source and "_move16" in tuned.source
+    launched = _emulate(path, [tuned], 1e-12)
+    # the first cat's pieces are whole rows of 64 floats: 16 bytes; the transposed ones go by the element
+    assert any(k.endswith("_move16") for k in launched) and any(k.endswith("_move") for k in launched), (
+        launched
+    )
+
+
+@needs_nvcc
+def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
+    cands = []
+    for name in ("flips", "rolls", "cat_f16_empty", "indices"):
+        task = probe(_path(tmp_path, name))
+        cands += [
+            p.candidate
+            for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+        ]
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK and not b.log, (c.edit, b.log)
+        assert all(r.spill_stores == 0 for r in b.resources), (c.edit, b.resources)
