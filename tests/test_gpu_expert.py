@@ -623,7 +623,7 @@ FAMILIES = {
         "[]",
     ),
     # data movement by our strided copies (families/movement.py): 16-byte pieces where rows align, element
-    # pieces elsewhere, a transposed input read in place, a roll over the flat tensor
+    # pieces elsewhere, a transposed input read in place, a roll over the flat tensor, repeat, windows, a pad
     "movement": (
         """
         class Model(nn.Module):
@@ -631,7 +631,8 @@ FAMILIES = {
                 a = torch.flip(x, dims=(0, -1))
                 b = torch.roll(x, shifts=(3, -5), dims=(-1, 0))
                 c = torch.cat([a, y, b.transpose(0, 1).transpose(0, 1)], dim=1)
-                return c, torch.stack([x, a], -1), torch.roll(y.transpose(-1, -2), 7)
+                return (c, torch.stack([x, a], -1), torch.roll(y.transpose(-1, -2), 7), x.repeat(1, 2, 3),
+                        x.unfold(-1, 1, 1), F.pad(y, (3, 1, 0, -1), value=-2.0))
         """,
         "[]",
     ),

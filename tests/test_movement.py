@@ -1,9 +1,11 @@
-"""flip, roll, cat and stack as our own strided copies (families/movement.py): written where they were left
-to PyTorch (a lone flip or roll was refused: fuzz seeds 10349 and 10350), exact in the CPU emulator on
-strided, transposed, empty and 16-bit inputs, 16 bytes at a time where the rows align, and compiled for
-sm_90a."""
+"""flip, roll, cat, stack, repeat, Tensor.unfold and constant padding as our own strided copies
+(families/movement.py): written where they were left to PyTorch (a lone flip or roll was refused: fuzz
+seeds 10349 and 10350), exact in the CPU emulator on strided, transposed, empty and 16-bit inputs, 16 bytes
+at a time where the rows align, and compiled for sm_90a."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from fuzz_expert import check_task
@@ -18,6 +20,7 @@ from pipeline.tasks import probe
 from pipeline.types import Status
 
 torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (forward's body, inputs)
 CASES = {
@@ -42,6 +45,19 @@ CASES = {
         "return torch.stack([x, x * 0.5, x], -1).sum(-1), torch.stack([x, x.t().t()], 0)",
         "[torch.randn(9, 10)]",
     ),
+    "repeats": (
+        "return x.repeat(2, 1, 3), torch.tile(x.mT, (2,)), x[0].repeat(3, 1, 1, 2) + 1",
+        "[torch.randn(3, 5, 8)]",
+    ),
+    "unfolds": (
+        "return x.unfold(2, 4, 3), x.unfold(1, 2, 2).unfold(2, 8, 8).reshape(2, -1), x.mT.unfold(-1, 5, 1)",
+        "[torch.randn(2, 6, 32)]",
+    ),
+    "pads": (
+        "return (F.pad(x, (1, 2, 0, -1)), F.pad(x, (3, 5), value=-1.5), F.pad(x.mT, (2, 0, 1, 1, 1, 0)),"
+        " F.pad(x, (0, 0, 0, 0, -1, -1)), F.pad(x, (2, 2), value=float('-inf')))",
+        "[torch.randn(4, 6, 32)]",
+    ),
     "indices": (
         "i = x.argmax(1)\n        return torch.cat([i, i.flip(0)]), torch.stack([x > 0, x < 0])",
         "[torch.randn(9, 10)]",
@@ -58,9 +74,17 @@ def _path(tmp_path, name: str):
 
 @pytest.mark.parametrize(
     "expr",
-    ["torch.flip(x, dims=(0,))", "torch.roll(x, 5, 1)", "torch.cat([x, x], 0)", "torch.stack([x, x])"],
+    [
+        "torch.flip(x, dims=(0,))",
+        "torch.roll(x, 5, 1)",
+        "torch.cat([x, x], 0)",
+        "torch.stack([x, x])",
+        "x.repeat(2, 2)",
+        "x.unfold(1, 3, 2)",
+        "F.pad(x, (1, 1))",
+    ],
 )
-def test_a_lone_flip_roll_cat_or_stack_is_written_as_our_copies(tmp_path, expr):
+def test_a_lone_data_movement_op_is_written_as_our_copies(tmp_path, expr):
     path = task_file(tmp_path, "lone", f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}",
                      "[torch.randn(37, 130)]")  # fmt: skip
     ok, why = supports(path)
@@ -101,7 +125,7 @@ def test_aligned_rows_move_16_bytes_a_thread_and_others_an_element(tmp_path):
 @needs_nvcc
 def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
-    for name in ("flips", "rolls", "cat_f16_empty", "indices"):
+    for name in ("flips", "rolls", "cat_f16_empty", "indices", "repeats", "pads"):
         task = probe(_path(tmp_path, name))
         cands += [
             p.candidate
@@ -111,3 +135,12 @@ def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
     for c, b in zip(cands, builds, strict=True):
         assert b.status == Status.OK and not b.log, (c.edit, b.log)
         assert all(r.spill_stores == 0 for r in b.resources), (c.edit, b.resources)
+
+
+def test_the_movement_suite_is_written_as_our_copies_alone():
+    """tasks/movement (the suite a GPU bench times against eager and torch.compile): every task ours."""
+    paths = sorted((ROOT / "tasks" / "movement").glob("*.py"))
+    assert len(paths) == 5
+    for path in paths:
+        ok, why = supports(path)
+        assert ok and "move" in why and "left to PyTorch" not in why, (path.name, why)

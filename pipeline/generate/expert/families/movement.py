@@ -1,6 +1,7 @@
-"""Data movement: flip, roll, cat and stack as our own strided copies (templates/movement.py), any dtype of
-one to eight bytes, any dims, inputs of any strides; the dims and shifts must be constants. Before this
-family they were left to PyTorch, and a task of nothing else (a lone flip or roll) was refused. Both plans
+"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold and constant padding as our own
+strided copies (templates/movement.py), any dtype of one to eight bytes, any dims, inputs of any strides;
+the dims, shifts, repeats, windows and pads must be constants. Before this family they were left to PyTorch,
+and a task of nothing else (a lone flip or roll) was refused. Both plans
 take our kernel (a copy has no library anchor worth keeping); the tuned one moves 16 bytes a thread where a
 piece's rows align. Edits: vectorize_loads (16-byte units), resize_grid (threads x2 and /2).
 """
@@ -38,7 +39,7 @@ def why_not(r: Region, low: Lowered) -> str:
     """Why our copies do not compute this region, or "" when they do."""
     n = r.node
     if r.kind is not RegionKind.TORCH or n.op not in movement.OPS:
-        return "not a flip, roll, cat or stack"
+        return "not an op our copies compute"
     if n.dtype not in DTYPES or not n.shape:
         return f"a {n.dtype} result of shape {n.shape}"
     a = n.args
@@ -61,6 +62,24 @@ def why_not(r: Region, low: Lowered) -> str:
         dim = a[1] if len(a) > 1 else n.kw("dim", 0)
         if not isinstance(dim, int) or isinstance(dim, bool):
             return "the dim is not a constant"
+    nd = len(low.by_name[srcs[0].name].shape or ())
+    # repeat: the output seen as (r0, s0, r1, s1, ...) must fit the kernel's eight dims
+    if n.op in ("repeat", "tile") and (len(a) < 2 or not _ints(a[1]) or max(len(a[1]), nd) > 4):
+        return "the repeats are not constants, or span more than 4 dims"
+    if n.op == "unfold" and not (len(a) == 4 and _ints(tuple(a[1:])) and a[2] > 0 and a[3] > 0 and nd < 8):
+        return "the window's dim, size and step are not constants"
+    if n.op in ("pad", "constant_pad_nd"):
+        value = movement.pad_value(n)
+        if movement.pad_mode(n) != "constant" or not _ints(a[1] if len(a) > 1 else None) or len(a[1]) % 2:
+            return "not a constant padding by constant amounts"
+        if len(a[1]) > 2 * nd or not isinstance(value, int | float):
+            return "more padded dims than the input has, or a fill that is not a number"
+        if (
+            n.dtype not in ("float32", "float16", "bfloat16")
+            and isinstance(value, float)
+            and not value.is_integer()
+        ):
+            return "a fractional fill of an integer tensor"
     return ""
 
 

@@ -1,4 +1,5 @@
-"""Data movement by strided copies: flip, roll, cat and stack (families/movement.py).
+"""Data movement by strided copies: flip, roll, cat, stack, repeat (tile), Tensor.unfold and constant padding
+(families/movement.py).
 
 Each op is a few pieces, each one copy of a strided block of the input into a strided block of the output:
   flip   one piece: the input read from its last element backwards along the flipped dims (the source
@@ -6,7 +7,12 @@ Each op is a few pieces, each one copy of a strided block of the input into a st
   roll   2^k pieces for k rolled dims: along each, out[s:] <- x[:n-s] and out[:s] <- x[n-s:];
   cat    a piece an input, written into its slice of the output along the dim (legacy empty 1-D inputs
          skipped, as torch does);
-  stack  a piece an input, written into out.select(dim, i).
+  stack  a piece an input, written into out.select(dim, i);
+  repeat one piece: the output seen as (r0, s0, r1, s1, ...), the source read at stride 0 over the repeats;
+  unfold one piece: the windows are a strided view of the input (the dim's stride times the step, then its
+         own stride for the window's last dim);
+  pad    the output filled with the constant (torch.full), then the input's surviving part copied into it
+         (negative padding crops).
 The launcher merges the dims a piece's source and destination both keep contiguous among themselves and
 drops the unit ones, so most pieces are a few rows of one long contiguous run; the kernel takes the last
 dim as that run (threads along it, rows over blockIdx.y and threadIdx.y) and works out each row's two
@@ -16,11 +22,14 @@ run is contiguous on both sides and every row starts on a 16-byte boundary (`vec
 
 from __future__ import annotations
 
+import math
+
+from pipeline.generate.expert.graph import Node
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, launch_bounds
 from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
-OPS = ("flip", "roll", "cat", "stack")
+OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd")
 UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
 
@@ -82,6 +91,28 @@ def _kernel(rid: str, name: str, unit: str, threads: int) -> str:
     )
 
 
+def pad_value(n: Node) -> float | int | bool:
+    """A constant pad's fill: pad(x, p, mode, value) or constant_pad_nd(x, p, value); None is 0."""
+    a = n.args
+    value = (
+        (a[3] if len(a) > 3 else n.kw("value"))
+        if n.op == "pad"
+        else (a[2] if len(a) > 2 else n.kw("value", 0))
+    )
+    return 0 if value is None else value
+
+
+def _py(value: float | int | bool) -> str:
+    """A number as Python source (the launcher imports math: infinities and NaN have no literal)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "math.nan" if math.isnan(value) else "math.inf" if value > 0 else "-math.inf"
+    return repr(value)
+
+
+def pad_mode(n: Node) -> str:
+    return (n.args[2] if len(n.args) > 2 else n.kw("mode", "constant")) if n.op == "pad" else "constant"
+
+
 def _pieces(r: Region, names: dict[str, str]) -> list[str]:
     """The launcher lines that set `out`, `pieces` ((source, its base, sizes, source strides, the
     destination's base, its strides), in elements) and `result` (out, or a view of it)."""
@@ -127,6 +158,56 @@ def _pieces(r: Region, names: dict[str, str]) -> list[str]:
             f"    result = out{'' if dims else f'.view({x}.shape)'}",
         ]
         return lines
+    if op in ("repeat", "tile"):
+        x, reps = names[n.args[0].name], tuple(n.args[1])
+        return [
+            f"    reps = list({reps!r})",
+            *([f"    reps = [1] * ({x}.dim() - len(reps)) + reps"] if op == "tile" else []),
+            f"    lead = len(reps) - {x}.dim()",
+            "    if lead < 0:",
+            "        raise ValueError(f'kernelpro expert: {len(reps)} repeats for a tensor of {x.dim()} dims')",
+            f"    xs, xst = [1] * lead + list({x}.shape), [0] * lead + list({x}.stride())",
+            f"    out = torch.empty([r * s for r, s in zip(reps, xs)], dtype={x}.dtype, device={x}.device)",
+            "    # out seen as (r0, s0, r1, s1, ...): the copies' index runs over the repeats at source stride 0",
+            "    sizes = [v for r, s in zip(reps, xs) for v in (r, s)]",
+            "    sstr = [v for t in xst for v in (0, t)]",
+            "    dstr = [v for s, t in zip(xs, out.stride()) for v in (s * t, t)]",
+            f"    pieces = [({x}, 0, sizes, sstr, 0, dstr)]",
+            "    result = out",
+        ]
+    if op == "unfold":
+        x, dim, size, step = names[n.args[0].name], *n.args[1:4]
+        return [
+            f"    d = {dim} % max(1, {x}.dim())",
+            f"    if {x}.dim() == 0 or {x}.shape[d] < {size}:",
+            f"        raise ValueError(f'kernelpro expert: windows of {size} along a dim of {{tuple({x}.shape)}}')",
+            f"    sizes, st = list({x}.shape), list({x}.stride())",
+            f"    sizes[d] = ({x}.shape[d] - {size}) // {step} + 1",
+            "    sstr = list(st)",
+            f"    sstr[d] = st[d] * {step}",
+            f"    out = torch.empty([*sizes, {size}], dtype={x}.dtype, device={x}.device)",
+            f"    pieces = [({x}, 0, [*sizes, {size}], [*sstr, st[d]], 0, list(out.stride()))]",
+            "    result = out",
+        ]
+    if op in ("pad", "constant_pad_nd"):
+        x, pad = names[n.args[0].name], tuple(n.args[1])
+        value = pad_value(n)
+        return [
+            f"    pad, nd = {pad!r}, {x}.dim()",
+            "    lo, hi = [0] * nd, [0] * nd",
+            "    for i in range(len(pad) // 2):  # (left, right) pairs from the last dim back",
+            "        lo[nd - 1 - i], hi[nd - 1 - i] = pad[2 * i], pad[2 * i + 1]",
+            f"    shape = [s + a + b for s, a, b in zip({x}.shape, lo, hi)]",
+            "    if min(shape, default=0) < 0:",
+            f"        raise ValueError(f'kernelpro expert: padding {{pad}} of a tensor {{tuple({x}.shape)}}')",
+            f"    out = torch.full(shape, {_py(value)}, dtype={x}.dtype, device={x}.device)",
+            "    # the input's part that survives negative padding, copied into the middle",
+            f"    keep = [max(0, s - max(0, -a) - max(0, -b)) for s, a, b in zip({x}.shape, lo, hi)]",
+            f"    s0 = sum(max(0, -a) * t for a, t in zip(lo, {x}.stride()))",
+            "    d0 = sum(max(0, a) * t for a, t in zip(lo, out.stride()))",
+            f"    pieces = [({x}, s0, keep, list({x}.stride()), d0, list(out.stride()))]",
+            "    result = out",
+        ]
     xs = "[" + ", ".join(names[a.name] for a in n.args[0]) + "]"
     dim = n.args[1] if len(n.args) > 1 else n.kw("dim", 0)
     if op == "cat":
@@ -234,4 +315,4 @@ def _move_{rid}(sms, {params}):
     )
 
 
-__all__ = ["OPS", "render"]
+__all__ = ["OPS", "pad_mode", "pad_value", "render"]
