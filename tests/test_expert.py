@@ -404,7 +404,7 @@ FAMILIES = {
     "grouped_conv": {"library", "view", "ew"},
     "attention": {"library", "view", "ew", "softmax"},
     "pooling": {"torch", "ew"},
-    "movement": {"torch", "ew"},
+    "movement": {"torch", "ew", "view"},  # the transposed-back stack input is a view
     "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"reduce", "ew", "torch", "view"},
