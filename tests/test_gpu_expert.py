@@ -1016,3 +1016,29 @@ def test_the_power_edit_verifies_as_our_kernels(pool, home, task_id):
     cands = [k.candidate for k in kids]
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=False)
+
+
+def test_rows_picked_by_an_index_tensor_verify_as_our_copies(pool, home, tmp_path):
+    """embedding, x[:, i] and index_select (families/movement.py): the index an int64 input, bf16 rows."""
+    path = tmp_path / "takes.py"
+    path.write_text(
+        HEADER
+        + textwrap.dedent(
+            """
+            class Model(nn.Module):
+                def forward(self, i, w):
+                    return F.embedding(i, w), w[:, i[0]], torch.index_select(w, 0, i.flatten()[:5]) * 2
+
+
+            def get_inputs():
+                return [torch.randint(0, 64, (37, 5)), torch.randn(1000, 128, dtype=torch.bfloat16)]
+
+
+            def get_init_inputs():
+                return []
+            """
+        ).lstrip()
+    )
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=False)

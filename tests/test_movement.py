@@ -58,6 +58,11 @@ CASES = {
         " F.pad(x, (0, 0, 0, 0, -1, -1)), F.pad(x, (2, 2), value=float('-inf')))",
         "[torch.randn(4, 6, 32)]",
     ),
+    "takes": (  # rows picked by an index tensor: an embedding, index_select along a middle dim, x[:, i]
+        "return F.embedding(x[0].long() % 50, w) * 2, torch.index_select(w.view(10, 5, 64), 1, x[1, :7].long()"
+        " % 5), w[:, x[2, :9].long() % 64], w[x[3, :3].long() % 50 - 50], w.t()[x[:2, :3].long() % 64]",
+        "[torch.randint(0, 1000, (4, 16)).float(), torch.randn(50, 64)]",
+    ),
     "indices": (
         "i = x.argmax(1)\n        return torch.cat([i, i.flip(0)]), torch.stack([x > 0, x < 0])",
         "[torch.randn(9, 10)]",
@@ -67,8 +72,9 @@ CASES = {
 
 def _path(tmp_path, name: str):
     body, inputs = CASES[name]
+    args = "x, w" if name == "takes" else "x"
     return task_file(
-        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, x):\n        {body}", inputs
+        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, {args}):\n        {body}", inputs
     )
 
 
@@ -91,13 +97,38 @@ def test_a_lone_data_movement_op_is_written_as_our_copies(tmp_path, expr):
     assert ok and "(move)" in why and "left to PyTorch" not in why, why
 
 
-def test_promoting_concatenations_and_computed_dims_stay_with_pytorch(tmp_path):
-    # cat of fp16 and fp32 promotes: bytes cannot be copied as they are
+@pytest.mark.parametrize(
+    ("expr", "left"),
+    [
+        (
+            "torch.cat([x, x.half()], 0) * 2",
+            "aten.cat.default",
+        ),  # promotes: bytes cannot be copied as they are
+        ("F.pad(x, (1, 1), mode='reflect') * 2", "aten.pad.default"),  # not a constant fill
+    ],
+)
+def test_promoting_concatenations_and_reflecting_pads_stay_with_pytorch(tmp_path, expr, left):
+    body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
+    ok, why = supports(task_file(tmp_path, "kept", body, "[torch.randn(4, 8)]"))
+    assert ok and f"{left} left to PyTorch" in why, why
+
+
+@needs_gxx
+def test_rows_picked_by_an_index_input_are_our_copies_16_bytes_a_row_piece(tmp_path):
+    """An embedding of bf16 rows (16-byte pieces), and index_select by a one-element index (the indexed dim
+    of size 1 is kept, not dropped as a unit dim)."""
     body = (
-        "class Model(nn.Module):\n    def forward(self, x):\n        return torch.cat([x, x.half()], 0) * 2"
+        "class Model(nn.Module):\n    def forward(self, i, w):\n"
+        "        return F.embedding(i, w), torch.index_select(w.view(5, 10, 64), 1, i[0, :1]) * 2"
     )
-    ok, why = supports(task_file(tmp_path, "promote", body, "[torch.randn(4, 8)]"))
-    assert ok and "aten.cat.default left to PyTorch" in why, why
+    inputs = "[torch.randint(0, 10, (3, 7)), torch.randn(50, 64, dtype=torch.bfloat16)]"
+    path = task_file(tmp_path, "embedding", body, inputs)
+    ok, why = supports(path)
+    assert ok and "move" in why and "left to PyTorch" not in why, why
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    launched = _emulate(path, [tuned], 1e-12)
+    assert any(k.endswith("_take16") for k in launched), launched
 
 
 @needs_gxx
@@ -125,7 +156,7 @@ def test_aligned_rows_move_16_bytes_a_thread_and_others_an_element(tmp_path):
 @needs_nvcc
 def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
-    for name in ("flips", "rolls", "cat_f16_empty", "indices", "repeats", "pads"):
+    for name in ("flips", "rolls", "cat_f16_empty", "indices", "repeats", "pads", "takes"):
         task = probe(_path(tmp_path, name))
         cands += [
             p.candidate

@@ -1,6 +1,7 @@
-"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold and constant padding as our own
-strided copies (templates/movement.py), any dtype of one to eight bytes, any dims, inputs of any strides;
-the dims, shifts, repeats, windows and pads must be constants. Before this family they were left to PyTorch,
+"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold, constant padding and rows picked by
+an int64 index tensor (embedding, index_select, x[:, i]) as our own strided copies (templates/movement.py),
+any dtype of one to eight bytes, any dims, inputs of any strides; the dims, shifts, repeats, windows and
+pads must be constants. Before this family they were left to PyTorch,
 and a task of nothing else (a lone flip or roll) was refused. Both plans
 take our kernel (a copy has no library anchor worth keeping); the tuned one moves 16 bytes a thread where a
 piece's rows align. Edits: vectorize_loads (16-byte units), resize_grid (threads x2 and /2).
@@ -13,7 +14,7 @@ from typing import Any, ClassVar
 
 from pipeline.generate.expert.families.base import Family, RenderError, change
 from pipeline.generate.expert.families.common import Moves
-from pipeline.generate.expert.graph import Ref
+from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import movement
@@ -63,6 +64,8 @@ def why_not(r: Region, low: Lowered) -> str:
         if not isinstance(dim, int) or isinstance(dim, bool):
             return "the dim is not a constant"
     nd = len(low.by_name[srcs[0].name].shape or ())
+    if n.op in movement.TAKES:
+        return _take_why_not(n, low, nd)
     # repeat: the output seen as (r0, s0, r1, s1, ...) must fit the kernel's eight dims
     if n.op in ("repeat", "tile") and (len(a) < 2 or not _ints(a[1]) or max(len(a[1]), nd) > 4):
         return "the repeats are not constants, or span more than 4 dims"
@@ -80,6 +83,24 @@ def why_not(r: Region, low: Lowered) -> str:
             and not value.is_integer()
         ):
             return "a fractional fill of an integer tensor"
+    return ""
+
+
+def _take_why_not(n: Node, low: Lowered, nd: int) -> str:
+    """embedding, index_select, or indexing by one int64 tensor (x[:, i]): the index and the dims fit."""
+    a = n.args
+    if n.op == "embedding":
+        where, ok = (a[1] if len(a) > 1 else None), nd == 2
+    elif n.op == "index_select":
+        where, ok = (a[2] if len(a) > 2 else None), len(a) > 1 and isinstance(a[1], int) and nd >= 1
+    else:
+        k = movement.take_position(n)
+        where, ok = (a[1][k] if k >= 0 else None), k >= 0 and len(a[1]) <= nd
+    index = low.by_name.get(where.name) if isinstance(where, Ref) else None
+    if not ok or index is None or index.dtype != "int64" or index.shape is None:
+        return "not rows picked by one int64 index tensor"
+    if len(n.shape or ()) > 8:
+        return "more than 8 dims"
     return ""
 
 

@@ -24,21 +24,36 @@ from __future__ import annotations
 
 import math
 
-from pipeline.generate.expert.graph import Node
+from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, launch_bounds
 from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
-OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd")
+TAKES = ("embedding", "index_select", "index")  # rows picked by an index tensor
+OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd", *TAKES)
 UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
 
 _BODY = """namespace kp_{rid} {{
-template <typename U>
+// The source index of coordinate i along the indexed dim: idx[i], negative ones counted from the end as
+// PyTorch does. One out of range is a device fault, as in eager (the emulator clamps it instead).
+__device__ __forceinline__ long long taken(const long long* __restrict__ idx, long long i, long long limit) {{
+    long long j = idx[i];
+    j += j < 0 ? limit : 0;
+#ifdef KP_EMULATED
+    j = j < 0 ? 0 : j >= limit ? limit - 1 : j;
+#else
+    if (j < 0 || j >= limit) __trap();
+#endif
+    return j;
+}}
+// TAKE: the coordinate along dim kd of the piece (kd == {outer}: the run) goes through idx.
+template <typename U, bool TAKE>
 __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ dst, long long rows,
                                      long long inner, long long s0, long long d0, long long si, long long di,
                                      int nd, const long long (&size)[{outer}], const long long (&sstr)[{outer}],
-                                     const long long (&dstr)[{outer}]) {{
+                                     const long long (&dstr)[{outer}], const long long* __restrict__ idx,
+                                     long long limit, int kd) {{
     for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
          r += (long long)gridDim.y * blockDim.y) {{
         long long rest = r, so = s0, dof = d0;  // the row's first element on each side
@@ -46,21 +61,22 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
         for (int d = {outer} - 1; d >= 0; --d) {{
             if (d < nd) {{
                 const long long q = rest / size[d], i = rest - q * size[d];
-                so += i * sstr[d];
+                so += (TAKE && d == kd ? taken(idx, i, limit) : i) * sstr[d];
                 dof += i * dstr[d];
                 rest = q;
             }}
         }}
         for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < inner;
              i += (long long)gridDim.x * blockDim.x)
-            dst[dof + i * di] = src[so + i * si];
+            dst[dof + i * di] = src[so + (TAKE && kd == {outer} ? taken(idx, i, limit) : i) * si];
     }}
 }}
 }}  // namespace kp_{rid}
 """
 
 
-def _signature(unit: str) -> Signature:
+def _signature(unit: str, take: bool) -> Signature:
+    extra = (ptr("idx", "long long"), i64("limit"), i32("kd", "kin")) if take else ()
     return Signature(
         (
             ptr("src", unit),
@@ -75,19 +91,21 @@ def _signature(unit: str) -> Signature:
             *(i64(f"z{d}", f"z[{d}]") for d in range(OUTER)),
             *(i64(f"a{d}", f"a[{d}]") for d in range(OUTER)),
             *(i64(f"b{d}", f"b[{d}]") for d in range(OUTER)),
+            *extra,
         )
     )
 
 
-def _kernel(rid: str, name: str, unit: str, threads: int) -> str:
-    sig = _signature(unit)
+def _kernel(rid: str, name: str, unit: str, threads: int, take: bool) -> str:
+    sig = _signature(unit, take)
     arrays = "\n".join(
         f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
         for arr, p in (("size", "z"), ("sstr", "a"), ("dstr", "b"))
     )
     return (
         f'extern "C" __global__ void {launch_bounds(threads, 0)}\n{name}({sig.decls()}) {{\n{arrays}\n'
-        f"    kp_{rid}::move<{unit}>(src, dst, rows, inner, s0, d0, si, di, nd, size, sstr, dstr);\n}}\n"
+        f"    kp_{rid}::move<{unit}, {'true' if take else 'false'}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
+        f"sstr, dstr, {'idx, limit, kd' if take else 'nullptr, 0, -1'});\n}}\n"
     )
 
 
@@ -111,6 +129,48 @@ def _py(value: float | int | bool) -> str:
 
 def pad_mode(n: Node) -> str:
     return (n.args[2] if len(n.args) > 2 else n.kw("mode", "constant")) if n.op == "pad" else "constant"
+
+
+def take_position(n: Node) -> int:
+    """index.Tensor: the position of its one index tensor among the Nones (-1 for any other form)."""
+    given = [k for k, v in enumerate(n.args[1]) if v is not None] if len(n.args) > 1 else []
+    return given[0] if len(given) == 1 and isinstance(n.args[1][given[0]], Ref) else -1
+
+
+def _taken_pieces(r: Region, names: dict[str, str]) -> list[str]:
+    """One piece reading whole rows of the source at an index tensor's positions (its own shape put in the
+    indexed dim's place in the output)."""
+    n = r.node
+    if n.op == "embedding":
+        w, i = names[n.args[0].name], names[n.args[1].name]
+        return [
+            f"    idx = _contig({i}).reshape(-1)",
+            f"    out = torch.empty([*{i}.shape, {w}.shape[1]], dtype={w}.dtype, device={w}.device)",
+            f"    pieces = [({w}, 0, [idx.numel(), {w}.shape[1]], list({w}.stride()), 0, [{w}.shape[1], 1], idx, 0,"
+            f" {w}.shape[0])]",
+            "    result = out",
+        ]
+    x = names[n.args[0].name]
+    if n.op == "index_select":
+        dim, i = n.args[1], names[n.args[2].name]
+        return [
+            f"    d = {dim} % {x}.dim()",
+            f"    idx = _contig({i}).reshape(-1)",
+            f"    sizes = list({x}.shape)",
+            "    sizes[d] = idx.numel()",
+            f"    out = torch.empty(sizes, dtype={x}.dtype, device={x}.device)",
+            f"    pieces = [({x}, 0, sizes, list({x}.stride()), 0, list(out.stride()), idx, d, {x}.shape[d])]",
+            "    result = out",
+        ]
+    k = take_position(n)
+    i = names[n.args[1][k].name]
+    return [
+        f"    idx = _contig({i}).reshape(-1)",
+        f"    sizes = [*{x}.shape[:{k}], idx.numel(), *{x}.shape[{k + 1}:]]",
+        f"    out = torch.empty([*{x}.shape[:{k}], *{i}.shape, *{x}.shape[{k + 1}:]], dtype={x}.dtype, device={x}.device)",
+        f"    pieces = [({x}, 0, sizes, list({x}.stride()), 0, list(out.view(sizes).stride()), idx, {k}, {x}.shape[{k}])]",
+        "    result = out",
+    ]
 
 
 def _pieces(r: Region, names: dict[str, str]) -> list[str]:
@@ -208,6 +268,8 @@ def _pieces(r: Region, names: dict[str, str]) -> list[str]:
             f"    pieces = [({x}, s0, keep, list({x}.stride()), d0, list(out.stride()))]",
             "    result = out",
         ]
+    if op in TAKES:
+        return _taken_pieces(r, names)
     xs = "[" + ", ".join(names[a.name] for a in n.args[0]) + "]"
     dim = n.args[1] if len(n.args) > 1 else n.kw("dim", 0)
     if op == "cat":
@@ -251,16 +313,18 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
     unit = UNITS[itemsize]
     lanes = 16 // itemsize
     vec = vec and lanes > 1
+    take = n.op in TAKES
     names = {v: f"x{i}" for i, v in enumerate(r.inputs)}
-    kernels = [f"kp_{rid}_move"] + ([f"kp_{rid}_move16"] if vec else [])
-    cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads)
+    verb = "take" if take else "move"
+    kernels = [f"kp_{rid}_{verb}"] + ([f"kp_{rid}_{verb}16"] if vec else [])
+    cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads, take)
     if vec:
-        cuda += _kernel(rid, kernels[1], "float4", threads)  # 16 bytes, moved as bits
-    sig = _signature(unit)
+        cuda += _kernel(rid, kernels[1], "float4", threads, take)  # 16 bytes, moved as bits
+    sig = _signature(unit, take)
     params = ", ".join(names[v] for v in r.inputs)
     wide = (
-        f"    wide = ({lanes} > 1 and si == 1 and di == 1 and inner % {lanes} == 0 and s0 % {lanes} == 0\n"
-        f"            and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
+        f"    wide = ({lanes} > 1 and si == 1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
+        f"            and s0 % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
         "            and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)\n"
         "    if wide:  # 16 bytes a thread: every row of the run starts on a 16-byte boundary\n"
         f"        inner, s0, d0 = inner // {lanes}, s0 // {lanes}, d0 // {lanes}\n"
@@ -274,19 +338,24 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
             f"if wide:\n        kernels.{kernels[1]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
             f"    else:\n        {launch}"
         )
-    launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr):
-    """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets)."""
+    launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
+    """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets);
+    with `idx`, coordinate i along dim kd reads the source at idx[i] of `limit`."""
     if not all(sizes):
         return
-    merged = []  # unit dims dropped; a dim merged into the one before where both sides stay contiguous
-    for size, a, b in zip(sizes, sstr, dstr):
-        if size == 1:
-            continue
-        if merged and merged[-1][1] == a * size and merged[-1][2] == b * size:
-            merged[-1] = (merged[-1][0] * size, a, b)
-        else:
+    # unit dims dropped; a dim merged into the one before where both sides stay contiguous (never the indexed)
+    merged, kpos = [], -1
+    for d, (size, a, b) in enumerate(zip(sizes, sstr, dstr)):
+        if d == kd:
             merged.append((size, a, b))
+            kpos = len(merged) - 1
+        elif size != 1:
+            if merged and kpos != len(merged) - 1 and merged[-1][1] == a * size and merged[-1][2] == b * size:
+                merged[-1] = (merged[-1][0] * size, a, b)
+            else:
+                merged.append((size, a, b))
     (inner, si, di), outer = (merged or [(1, 1, 1)])[-1], merged[:-1]
+    kin = {OUTER} if merged and kpos == len(merged) - 1 else kpos  # the indexed dim: the run's, or an outer one
     rows = math.prod(size for size, _, _ in outer)
     nd = len(outer)
     z = [size for size, _, _ in outer] + [1] * ({OUTER} - nd)
@@ -301,8 +370,8 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
 def _move_{rid}(sms, {params}):
     """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""})."""
 {chr(10).join(_pieces(r, names))}
-    for src, s0, sizes, sstr, d0, dstr in pieces:
-        _copy_{rid}(src, s0, sizes, sstr, out, d0, dstr)
+    for src, s0, sizes, sstr, d0, dstr, *taken in pieces:
+        _copy_{rid}(src, s0, sizes, sstr, out, d0, dstr, *taken)
     return result
 '''
     return Code(
@@ -315,4 +384,4 @@ def _move_{rid}(sms, {params}):
     )
 
 
-__all__ = ["OPS", "pad_mode", "pad_value", "render"]
+__all__ = ["OPS", "TAKES", "pad_mode", "pad_value", "render", "take_position"]
