@@ -365,6 +365,27 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "gevm": (  # vector-matrix products: a column-wise dot product, v read once a row of m on its loads
+        """
+        class Model(nn.Module):
+            def forward(self, v, m, r, b):
+                return torch.matmul(v, m), torch.relu(r @ m) + 1.0, torch.matmul(v, b)
+        """,
+        "[torch.randn(37), torch.randn(37, 50), torch.randn(1, 37), torch.randn(3, 37, 40)]",
+        "[]",
+        1e-5,
+    ),
+    "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                m = (x > 0) & (y < 0.5) | ~(x > 1) ^ (y > x)
+                return torch.where(m, x, y) + F.rrelu(x, 0.1, 0.3, training=False), m
+        """,
+        "[torch.randn(7, 45), torch.randn(7, 45)]",
+        "[]",
+        1e-6,
+    ),
     "transposed": (
         """
         class Model(nn.Module):
@@ -414,6 +435,8 @@ FAMILIES = {
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim
     "pool_flatten": {"reduce", "view", "ew"},
     "transposed": {"view", "ew", "reduce"},
+    "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
+    "bool_masks": {"ew"},
 }
 
 

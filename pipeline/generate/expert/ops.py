@@ -93,6 +93,7 @@ _UNARY_CALL = {
     "selu": "kp_elu({0}, 1.6732632423543772f, 1.0507009873554805f, 1.0f)",
     "log_sigmoid": "kp_log_sigmoid({0})",
     "logical_not": "(({0}) == 0.0f ? 1.0f : 0.0f)",
+    "bitwise_not": "(({0}) == 0.0f ? 1.0f : 0.0f)",  # on bool only (BOOL_ONLY)
     "isnan": "(isnan({0}) ? 1.0f : 0.0f)",
     "isinf": "(isinf({0}) ? 1.0f : 0.0f)",
     "isposinf": "((isinf({0}) && ({0}) > 0.0f) ? 1.0f : 0.0f)",
@@ -117,7 +118,13 @@ _BINARY_CALL = {
     "copysign": "copysignf({0}, {1})",
     "logical_and": "((({0}) != 0.0f && ({1}) != 0.0f) ? 1.0f : 0.0f)",
     "logical_or": "((({0}) != 0.0f || ({1}) != 0.0f) ? 1.0f : 0.0f)",
+    "logical_xor": "((({0}) != 0.0f) != (({1}) != 0.0f) ? 1.0f : 0.0f)",
 }
+# Bitwise ops are the logical ones on bool (masks combined with & | ^ ~); on integers they stay PyTorch's.
+_BITWISE = {"and": "logical_and", "or": "logical_or", "xor": "logical_xor"}
+for _name, _logical in _BITWISE.items():
+    _BINARY_CALL[f"bitwise_{_name}"] = _BINARY_CALL[f"__{_name}__"] = _BINARY_CALL[_logical]
+BOOL_ONLY = frozenset({"bitwise_not", *(f"bitwise_{k}" for k in _BITWISE), *(f"__{k}__" for k in _BITWISE)})
 ELEMENTWISE = frozenset(
     {
         *_UNARY_CALL,
@@ -139,6 +146,7 @@ ELEMENTWISE = frozenset(
         "hardtanh",
         "relu6",
         "leaky_relu",
+        "rrelu",
         "gelu",
         "elu",
         "celu",
@@ -188,8 +196,12 @@ def is_elementwise(n: Node) -> bool:
         return False
     if n.op in POSITIONAL and len(n.shape) < 2:
         return False
+    if n.op in BOOL_ONLY and n.dtype != "bool":
+        return False
     if n.op in ("max", "min") and n.overload not in ("other",):
         return False  # max.dim and max.default are reductions
+    if n.op == "rrelu":  # random slopes in training; in eval the mean slope, a leaky ReLU
+        return _arg(n, 3, "training", False) is False
     if n.op in ("dropout", "feature_dropout", "alpha_dropout"):
         return (len(n.args) > 2 and n.args[2] is False) or n.kw("train") is False
     if n.op in ("_to_copy", "to") and _to_dtype(n) not in (*FLOAT_DTYPES, "bool", None):
@@ -288,6 +300,9 @@ def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
         return f"kp_min_nan({val(a[0])}, {val(a[1])})"
     if op == "leaky_relu":
         return f"kp_leaky_relu({val(a[0])}, {lit(_arg(n, 1, 'negative_slope', 0.01))})"
+    if op == "rrelu":  # eager passes the mean slope, (lower + upper) / 2 in double, to leaky_relu
+        slope = (float(_arg(n, 1, "lower", 1 / 8)) + float(_arg(n, 2, "upper", 1 / 3))) / 2
+        return f"kp_leaky_relu({val(a[0])}, {lit(slope)})"
     if op == "gelu":
         approx = _arg(n, 1, "approximate", "none")
         return f"kp_gelu_{'tanh' if approx == 'tanh' else 'erf'}({val(a[0])})"

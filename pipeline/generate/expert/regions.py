@@ -164,6 +164,28 @@ def _gemv(n: Node, x: object, v: object, by_name: dict[str, Node], bias: object 
     return [vec, prod, dot, _mk(n.name, "add", (Ref(dot.name), bias), n.shape, dt, "Tensor")]
 
 
+def _gevm(n: Node, v: object, m: object, by_name: dict[str, Node]) -> list[Node] | None:
+    """A vector-matrix product (`matmul` of a (K,) or (1, K) vector by a (..., K, N) matrix, `mm` of a (1, K)
+    one) as a column-wise dot product: v[:, None] * m summed over m's K dim, the product computed on the
+    column reduction's loads, so m is read once where a GEMM tile would be one row high."""
+    vs, ms = (by_name.get(r.name) if isinstance(r, Ref) else None for r in (v, m))
+    if vs is None or ms is None or vs.shape is None or ms.shape is None or not n.shape or len(ms.shape) < 2:
+        return None
+    if not (n.dtype == vs.dtype == ms.dtype and n.dtype in ops.FLOAT_DTYPES):
+        return None
+    k, cols = ms.shape[-2:]
+    row = vs.shape == (1, k) and len(ms.shape) == 2  # (1, K) @ (K, N) -> (1, N)
+    if not (row or (vs.shape == (k,) and n.op == "matmul")) or k < 1:
+        return None
+    if n.shape != ((1, cols) if row else (*ms.shape[:-2], cols)):
+        return None
+    dt = n.dtype
+    vec = _mk(f"{n.name}_vec", "reshape", (v, (k, 1)), (k, 1), dt)
+    prod = _mk(f"{n.name}_prod", "mul", (Ref(vec.name), m), ms.shape, dt, "Tensor")
+    dot = _mk(n.name, "sum", (Ref(prod.name), (-2,), row), n.shape, dt, _OVERLOAD["sum"])
+    return [vec, prod, dataclasses.replace(dot, target=n.target)]
+
+
 def _reduced(n: Node, value: Ref, reduction: object, dt: str) -> Node:
     """A loss's reduction: none (0: the value itself), mean (1) or sum (2) over every element."""
     if reduction == 0:
@@ -523,7 +545,9 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return lowered
     if n.op == "linear" and (gemv := _gemv(n, a[0], a[1], by_name, a[2] if len(a) > 2 else n.kw("bias"))):
         return gemv
-    if n.op in ("mm", "matmul", "mv") and (gemv := _gemv(n, a[0], a[1], by_name)):
+    if n.op in ("mm", "matmul", "mv") and (
+        gemv := _gemv(n, a[0], a[1], by_name) or _gevm(n, a[0], a[1], by_name)
+    ):
         return gemv
     if n.op == "linear":
         mm = dataclasses.replace(

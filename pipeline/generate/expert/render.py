@@ -212,6 +212,8 @@ def _state(g: Graph) -> list[str]:
     return lines
 
 
+_OPERATORS = {"__and__": "bitwise_and", "__or__": "bitwise_or", "__xor__": "bitwise_xor",
+              "__lshift__": "bitwise_left_shift", "__rshift__": "bitwise_right_shift"}  # fmt: skip
 _LIBRARY = {"gemm_mm": "torch.mm", "gemm_bmm": "torch.bmm", "gemm_matmul": "torch.matmul"}
 
 
@@ -234,6 +236,8 @@ def _torch_call(n: Node, low: Lowered, first: str | None) -> str:
     if n.op in ops.SCANS and (n.kw("reverse") or n.kw("exclusive")):  # folded (scans.py): no ATen op
         return scans.torch_expr(n, a[0], scans.grow(n, low.by_name[n.args[0].name]))
     kw = "".join(f", {k}={_lit(v, low, first)}" for k, v in n.kwargs)
+    if n.op in _OPERATORS:  # x & y on integers: aten.__and__ by its public name (the check bars dunders)
+        return f"torch.{_OPERATORS[n.op]}({', '.join(a)})"
     if n.op.startswith("_") or not n.target.startswith("aten."):
         raise RenderError(f"{n.target} cannot be left to PyTorch from a launcher (no public torch call)")
     return f"torch.ops.aten.{n.op}.{n.overload}({', '.join(a)}{kw})"

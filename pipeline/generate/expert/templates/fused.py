@@ -1,11 +1,13 @@
 """An elementwise region computed inside another region's kernel: on its loads (a prologue, `pre`) or on
 its stores (an epilogue, `post`). Its other operands are one-element tensors, tensors of the same shape
-(read at the same flat index) or vectors along its trailing dims (read at the flat index modulo their
-size: the vector of a matrix-vector product), so the host kernel's indexing needs no change.
+(read at the same flat index) or vectors along a run of its dims (read at the flat index, divided by the
+size of the dims after the run, modulo their size: the vector of a matrix-vector product wraps, a
+vector-matrix product's steps once a row), so the host kernel's indexing needs no change.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pipeline.generate.expert import ops
@@ -47,10 +49,11 @@ def prepare_lines(operands: list[tuple[str, Bcast]], shape: str) -> list[str]:
 class Fused:
     region: Region
     main: str  # the operand bound to the lambda's `v`
-    extra: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL, SCALAR or trailing COL) of the others
+    extra: tuple[tuple[str, str, Bcast], ...]  # (value, dtype, FULL, SCALAR or COL) of the others
     prefix: str  # "f" for a prologue, "e" for an epilogue (names of its kernel parameters)
     out_dtype: str
     main_dtype: str
+    inner: tuple[int, ...] = ()  # per extra operand: the elements a COL one's value holds for (1: trailing)
 
     def params(self) -> list[Param]:
         """The host kernel's parameters for the extra operands (the launcher's names for them alike)."""
@@ -84,7 +87,9 @@ class Fused:
                 k = extra[i]
                 cls = self.extra[k][2]
                 operand = f"{self.prefix}{k}"
-                at = {Bcast.FULL: "i", Bcast.COL: f"kp_wrap(i, {operand}n)"}.get(cls, "0")
+                step = self.inner[k] if self.inner else 1  # a constant: the division is a multiply
+                flat = "i" if step == 1 else f"(i / {step}LL)"
+                at = {Bcast.FULL: "i", Bcast.COL: f"kp_wrap({flat}, {operand}n)"}.get(cls, "0")
                 args.append(f"ld({operand}[{at}])")
         return (
             f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n"
@@ -100,31 +105,32 @@ def identity(name: str) -> str:
     )
 
 
-def trailing(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
-    """Whether `shape` broadcasts to `out` along its leading dims only (it varies with the last ones)."""
-    dims = (1,) * (len(out) - len(shape)) + tuple(shape)
-    live = [i for i, d in enumerate(dims) if d != 1]
-    return bool(live) and live[-1] == len(out) - 1 and dims[live[0] :] == tuple(out[live[0] :])
-
-
 def fusable(region: Region, main: str, low: Lowered, prefix: str) -> Fused | None:
     """A Fused view of an ew region around `main`, or None when its operands don't allow it."""
     if region.kind is not RegionKind.EW or len(region.outputs) != 1 or main not in region.inputs:
         return None
     if ops.positional(region.nodes):  # the host's lambdas know a flat index only, not a row and column
         return None
-    extra = []
+    extra, inner = [], []
     for i in region.inputs:
         if i == main:
             continue
         node = low.by_name[i]
         cls = operand_class(node.shape or (), region.shape, 0)
-        if cls is Bcast.COL and not trailing(node.shape or (), region.shape):
-            return None
         if cls not in (Bcast.FULL, Bcast.SCALAR, Bcast.COL):
             return None
         extra.append((i, node.dtype or "float32", cls))
+        inner.append(_after(node.shape or (), region.shape) if cls is Bcast.COL else 1)
     if tuple(low.by_name[main].shape or ()) != tuple(region.shape or ()):
         return None  # the host's shape is main's: the region's own, on its loads or its stores
     out_dt = next(n.dtype for n in region.nodes if n.name == region.outputs[0]) or "float32"
-    return Fused(region, main, tuple(extra), prefix, out_dt, low.by_name[main].dtype or "float32")
+    return Fused(
+        region, main, tuple(extra), prefix, out_dt, low.by_name[main].dtype or "float32", tuple(inner)
+    )
+
+
+def _after(shape: tuple[int, ...], out: tuple[int, ...]) -> int:
+    """The elements of `out` after the last dim along which `shape` (broadcasting to it) varies."""
+    dims = (1,) * (len(out) - len(shape)) + tuple(shape)
+    last = max(i for i, d in enumerate(dims) if d != 1)
+    return math.prod(out[last + 1 :])
