@@ -375,6 +375,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "interpolate": (  # nearest and bilinear upsampling (families/resample.py), an epilogue after it
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return F.interpolate(x, scale_factor=2, mode="bilinear") * 2, F.interpolate(x, size=(5, 3))
+        """,
+        "[torch.randn(2, 3, 6, 7)]",
+        "[]",
+        1e-6,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -437,6 +447,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "interpolate": {"torch", "ew"},
 }
 
 

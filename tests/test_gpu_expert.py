@@ -636,11 +636,32 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # interpolation (families/resample.py): nearest at integer and fractional scales, bilinear both ways
+    "resample": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (F.interpolate(x, scale_factor=2, mode="bilinear"), F.interpolate(x, scale_factor=1.7),
+                        F.interpolate(x, size=(9, 31), mode="bilinear", align_corners=True),
+                        F.interpolate(x, scale_factor=(0.5, 3), mode="nearest-exact"))
+        """,
+        "[]",
+    ),
+    # vector-matrix products: column-wise dot products, v * m on the loads
+    "gevm_f32": (
+        """
+        class Model(nn.Module):
+            def forward(self, v, m):
+                return torch.relu(torch.matmul(v, m))
+        """,
+        "[]",
+    ),
 }
 # Rows held in registers (4096 columns fit), weight and bias read as vectors: the same model, another width.
 FAMILIES["layer_rms_4k"] = (FAMILIES["layer_rms"][0], "[4096]")
 FAMILIES["linear_f32_skinny"] = (FAMILIES["linear_f32_split"][0].replace("4100", "1030"), "[]")
 FAMILIES["movement_bf16"] = FAMILIES["movement"]  # 8 elements a 16-byte piece
+FAMILIES["resample_bf16"] = FAMILIES["resample"]
 SHAPES = {
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
@@ -696,6 +717,9 @@ SHAPES = {
     "pool_rows": ["(2, 3, 3, 3001)", "(1, 2, 4, 700)"],
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
+    "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
+    "resample_bf16": ["(2, 64, 56, 56)"],
+    "gevm_f32": ["(4096,); (4096, 8192)", "(1, 1027); (1027, 33)", "(37,); (3, 37, 40)"],
     "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],
     "relu_attention": ["(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 24)"],
@@ -742,6 +766,7 @@ SHAPES = {
 }
 BF16 = {
     "movement_bf16",
+    "resample_bf16",
     "bf16",
     "gemv_bf16",
     "linear_epilogue",

@@ -175,3 +175,20 @@ def test_the_movement_suite_is_written_as_our_copies_alone():
     for path in paths:
         ok, why = supports(path)
         assert ok and "move" in why and "left to PyTorch" not in why, (path.name, why)
+
+
+@needs_gxx
+def test_mT_swapaxes_and_movedim_are_views_not_pytorch_calls(tmp_path):
+    """They reached the launcher as aten calls left to PyTorch; they are transposes and permutes."""
+    body = (
+        "class Model(nn.Module):\n    def forward(self, x):\n"
+        "        return x.mT * 2, x.swapaxes(0, 2) + 1, torch.movedim(x, (0, 2), (2, 1)).relu(), x.movedim(-1, 0)"
+    )
+    path = task_file(tmp_path, "views", body, "[torch.randn(3, 5, 7)]")
+    ok, why = supports(path)
+    assert ok and "left to PyTorch" not in why, why
+    task = probe(path)
+    cands = [
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    ]
+    _emulate(path, cands, 1e-6)

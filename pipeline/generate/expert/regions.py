@@ -164,6 +164,36 @@ def _gemv(n: Node, x: object, v: object, by_name: dict[str, Node], bias: object 
     return [vec, prod, dot, _mk(n.name, "add", (Ref(dot.name), bias), n.shape, dt, "Tensor")]
 
 
+def _as_permute(n: Node, by_name: dict[str, Node]) -> Node | None:
+    """x.mT, x.swapaxes(a, b), x.movedim(s, d) (and x.mH, x.adjoint() of real tensors) as the transpose or
+    permute views they are: left as they were, they went to PyTorch as calls."""
+    src = by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    if (
+        src is None
+        or src.shape is None
+        or n.shape is None
+        or n.dtype not in (*ops.FLOAT_DTYPES, "bool", "int64")
+    ):
+        return None
+    nd = len(src.shape)
+    if n.op in ("mT", "mH", "adjoint") and nd >= 2:
+        return _mk(n.name, "transpose", (n.args[0], -2, -1), n.shape, n.dtype, "int")
+    if n.op in ("swapaxes", "swapdims") and len(n.args) == 3:
+        return _mk(n.name, "transpose", n.args, n.shape, n.dtype, "int")
+    if n.op == "movedim" and len(n.args) == 3 and nd:
+        moved = [n.args[1]] if isinstance(n.args[1], int) else list(n.args[1])
+        to = [n.args[2]] if isinstance(n.args[2], int) else list(n.args[2])
+        if len(moved) != len(to) or not all(isinstance(d, int) for d in (*moved, *to)):
+            return None
+        order: list[int | None] = [None] * nd
+        for d_from, d_to in zip(moved, to, strict=True):
+            order[d_to % nd] = d_from % nd
+        rest = iter(d for d in range(nd) if d not in {d % nd for d in moved})
+        perm = tuple(d if d is not None else next(rest) for d in order)
+        return _mk(n.name, "permute", (n.args[0], perm), n.shape, n.dtype)
+    return None
+
+
 def _gevm(n: Node, v: object, m: object, by_name: dict[str, Node]) -> list[Node] | None:
     """A vector-matrix product (`matmul` of a (K,) or (1, K) vector by a (..., K, N) matrix, `mm` of a (1, K)
     one) as a column-wise dot product: v[:, None] * m summed over m's K dim, the product computed on the
@@ -503,6 +533,8 @@ def _normalize_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
 
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
+    if (view := _as_permute(n, by_name)) is not None:
+        return [view]
     if n.op in ("mul", "div") and (rms := _rms_norm_by_hand(n, by_name) or _normalize_by_hand(n, by_name)):
         return rms
     if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):

@@ -1,0 +1,103 @@
+"""Interpolation (F.interpolate, nn.Upsample): nearest, nearest-exact, linear, bilinear and trilinear, 1-D
+to 3-D, fp32, fp16 and bf16, on the CUDA cores (templates/resample.py), where it was left to PyTorch.
+Bicubic, area and antialiased modes stay PyTorch's. Both plans take our kernel (no library anchor to keep).
+Edits: resize_grid (threads x2 and /2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import resample
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.resample import Resample
+
+# op -> (mode, spatial dims)
+OPS = {
+    **{f"upsample_nearest{d}d": ("nearest", d) for d in (1, 2, 3)},
+    **{f"_upsample_nearest_exact{d}d": ("nearest-exact", d) for d in (1, 2, 3)},
+    "upsample_linear1d": ("linear", 1),
+    "upsample_bilinear2d": ("linear", 2),
+    "upsample_trilinear3d": ("linear", 3),
+}
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ResamplePlan(RegionPlan):
+    TAG: ClassVar[str] = "resample"
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+
+    threads: int = 256
+
+
+def form(n: Node, low: Lowered) -> Resample | str:
+    """The interpolation our kernel computes for this node, else why not."""
+    if n.op not in OPS:
+        return "not an interpolation our kernel computes"
+    mode, dims = OPS[n.op]
+    a = n.args
+    x = low.by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    if x is None or not x.shape or not n.shape or len(x.shape) != len(n.shape) or len(x.shape) < dims + 1:
+        return "the input's shape is unknown or not (N, C, spatial...)"
+    if n.dtype not in DTYPES or x.dtype != n.dtype:
+        return f"a {n.dtype} interpolation"
+    linear = mode == "linear"
+    align = bool(a[2]) if linear and len(a) > 2 else False
+    given = a[3 if linear else 2] if len(a) > (3 if linear else 2) else None
+    if n.overload == "vec":
+        scales = tuple(given) if isinstance(given, tuple | list) else (None,) * dims
+    else:  # .default: the per-dim scales follow the output size (and align_corners)
+        scales = tuple(
+            a[(3 if linear else 2) + d] if len(a) > (3 if linear else 2) + d else None for d in range(dims)
+        )
+    if len(scales) != dims or not all(s is None or isinstance(s, int | float) for s in scales):
+        return "the scale factors are not constants"
+    size, out = tuple(x.shape[-dims:]), tuple(n.shape[-dims:])
+    if x.shape[:-dims] != n.shape[:-dims] or min(size) < 1 or min(out) < 1:
+        return "an empty interpolation, or one that changes the leading dims"
+    return Resample(mode, align, size, out, tuple(None if s is None else float(s) for s in scales))
+
+
+def why_not(r: Region, low: Lowered) -> str:
+    if r.kind is not RegionKind.TORCH:
+        return "not a region PyTorch would compute"
+    f = form(r.node, low)
+    return f if isinstance(f, str) else ""
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return not why_not(r, low)
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> ResamplePlan:
+    return ResamplePlan(r.rid)
+
+
+def _resize(plan: Plan, rp: ResamplePlan, r: Region, low: Lowered) -> Moves:
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from change("resize_grid", plan, rp, threads=threads)
+
+
+def render(r: Region, rp: ResamplePlan, low: Lowered, hunter: Any) -> Code:
+    f = form(r.node, low)
+    if isinstance(f, str):
+        raise RenderError(f"region {r.rid} cannot be our interpolation: {f}")
+    return resample.render(r, f, r.node.dtype or "float32", rp.threads)
+
+
+FAMILY = Family(
+    knobs=ResamplePlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={"resize_grid": _resize},
+    order=15,
+)

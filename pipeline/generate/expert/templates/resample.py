@@ -1,0 +1,147 @@
+"""Resampling by interpolation (families/resample.py): F.interpolate / nn.Upsample in nearest, nearest-exact,
+linear, bilinear and trilinear modes, 1-D to 3-D, on the CUDA cores.
+
+One thread an output element, consecutive threads along the output's last dim, so each warp stores one
+run and its loads fall on one or two input rows. The source coordinate is eager's: the scale is the
+input over the output size, or one over the given scale factor (rounded to fp32 as eager rounds it), or for
+align_corners (in - 1) / (out - 1); nearest takes floor(o * scale) (nearest-exact floor((o + 0.5) * scale),
+the sum in double as eager computes it), linear the two inputs around scale * (o + 0.5) - 0.5 (at least 0)
+weighted by the distance, dim by dim. The sizes and the scales are constants of the kernel; values are
+read and blended in fp32 and stored in the output's dtype.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
+from pipeline.generate.expert.templates.signature import Signature, i64, ptr
+
+MODES = ("nearest", "nearest-exact", "linear")
+
+
+@dataclass(frozen=True)
+class Resample:
+    mode: str  # one of MODES
+    align_corners: bool  # linear only
+    size: tuple[int, ...]  # the input's spatial sizes (1 to 3 dims)
+    out: tuple[int, ...]  # the output's
+    scales: tuple[float | None, ...]  # the given scale factor per dim, None where the sizes set the scale
+
+    def scale(self, d: int) -> float:
+        """Eager's fp32 scale from output coordinates to input ones along spatial dim d."""
+        i, o, s = self.size[d], self.out[d], self.scales[d]
+        if self.mode == "linear" and self.align_corners:
+            return _f32((i - 1) / (o - 1)) if o > 1 else 0.0
+        if s is not None and s > 0:
+            return _f32(1.0 / s)
+        return _f32(_f32(i) / _f32(o))  # fp32 division of two exactly held sizes: one rounding
+
+
+def _f32(v: float) -> float:
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def _lit(v: float) -> str:
+    """An fp32 value as an exact C literal."""
+    return f"{v.hex()}f" if v else "0.0f"
+
+
+_NEAREST = """        const int s{d} = min((int)floorf({coord}), I{d} - 1);"""
+_LINEAR = """        float r{d} = {coord};
+        r{d} = r{d} < 0.f ? 0.f : r{d};
+        const int s{d} = (int)r{d}, n{d} = s{d} < I{d} - 1 ? s{d} + 1 : s{d};
+        const float w{d}1 = r{d} - (float)s{d}, w{d}0 = 1.f - w{d}1;"""
+
+
+def _coord(f: Resample, d: int) -> str:
+    scale = _lit(f.scale(d))
+    if f.mode == "nearest":
+        return f"(float)o{d} * {scale}"
+    if f.mode == "nearest-exact":
+        return f"(float)(((double)o{d} + 0.5) * (double){scale})"
+    if f.align_corners:
+        return f"{scale} * (float)o{d}"
+    return f"{scale} * ((float)o{d} + 0.5f) - 0.5f"
+
+
+def _blend(f: Resample, t: str) -> str:
+    """The output value: one load (nearest), or the 2^dims inputs blended dim by dim, the last dim first."""
+    nd = len(f.size)
+    at = [f"(long long)s{d}" for d in range(nd)]
+
+    def index(picks: list[str]) -> str:
+        expr = picks[0]
+        for d in range(1, nd):
+            expr = f"({expr}) * I{d} + {picks[d]}"
+        return expr
+
+    if f.mode != "linear":
+        return f"        const float v = ld(xp[{index(at)}]);"
+
+    def mix(d: int, picks: list[str]) -> str:
+        if d == nd:
+            return f"ld(xp[{index(picks)}])"
+        lo = mix(d + 1, [*picks, f"(long long)s{d}"])
+        hi = mix(d + 1, [*picks, f"(long long)n{d}"])
+        return f"(w{d}0 * {lo} + w{d}1 * {hi})"
+
+    return f"        const float v = {mix(0, [])};"
+
+
+def render(r: Region, f: Resample, dtype: str, threads: int) -> Code:
+    rid = r.rid
+    t = ctype(dtype)
+    nd = len(f.size)
+    sig = Signature((ptr("x", t), ptr("y", t, const=False), i64("total")))
+    sizes = ", ".join(
+        [*(f"I{d} = {v}" for d, v in enumerate(f.size)), *(f"O{d} = {v}" for d, v in enumerate(f.out))]
+    )
+    split = []
+    for d in reversed(range(nd)):
+        split.append(f"        const int o{d} = (int)(rest % O{d});")
+        split.append(f"        rest /= O{d};")
+    per_dim = (_NEAREST if f.mode != "linear" else _LINEAR).strip("\n")
+    coords = "\n".join(per_dim.format(d=d, coord=_coord(f, d)) for d in range(nd))
+    plane_in = " * ".join(f"(long long)I{d}" for d in range(nd))
+    cuda = f"""namespace kp_{rid} {{
+constexpr int {sizes};
+}}  // namespace kp_{rid}
+extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.decls()}) {{
+    using namespace kp_{rid};
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {{
+        long long rest = i;
+{chr(10).join(split)}
+        const {t}* xp = x + rest * ({plane_in});  // rest: the (n, c) plane
+{coords}
+{_blend(f, t)}
+        y[i] = cv<{t}>(v);
+    }}
+}}
+"""
+    n = r.node
+    x = n.args[0]
+    sp_in = ", ".join(str(v) for v in f.size) + ("," if nd == 1 else "")
+    sp_out = ", ".join(str(v) for v in f.out)
+    what = f"{f.mode}{' (align_corners)' if f.align_corners else ''}"
+    launcher = "\n".join([
+        f"def _resample_{rid}(sms, x):",
+        f'    """{what} interpolation ({nd}-D) on the CUDA cores, an output a thread, {threads} threads a block."""',
+        f"    if tuple(x.shape[-{nd}:]) != ({sp_in}):",
+        f"        raise ValueError(f'kernelpro expert: the resampling was compiled for inputs (..., {sp_in.rstrip(',')}), "
+        "not {tuple(x.shape)}')",
+        "    x = _contig(x)",
+        f"    y = torch.empty((*x.shape[:-{nd}], {sp_out}), dtype={torch_dtype(dtype)}, device=x.device)",
+        "    total = y.numel()",
+        "    if total:",
+        f"        grid = max(1, min(-(-total // {threads}), sms * {2048 // threads} * 4))",
+        f"        kernels.kp_{rid}_resample((grid,), ({threads},), ({sig.args()}))  # noqa: F821",
+        "    return y",
+    ])  # fmt: skip
+    return Code(cuda, launcher, f"_resample_{rid}", (f"kp_{rid}_resample",), (x.name,), r.outputs)
+
+
+__all__ = ["MODES", "Resample", "render"]

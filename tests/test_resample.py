@@ -1,0 +1,115 @@
+"""Interpolation (F.interpolate, nn.Upsample) as our own kernel (families/resample.py): written where it was
+left to PyTorch; in the CPU emulator nearest and nearest-exact pick eager's very elements (fractional and
+integer scales, given sizes) and linear, bilinear and trilinear blend within fp32 rounding of eager, with and
+without align_corners, in fp32 and bf16; compiled for sm_90a."""
+
+from __future__ import annotations
+
+import pytest
+from test_expert import needs_nvcc, task_file
+from test_expert_decompose import needs_gxx
+
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, supports
+from pipeline.tasks import probe
+from pipeline.types import Status
+
+torch = pytest.importorskip("torch")
+
+# name -> (forward's body, inputs, whether every output is an exact pick of input elements)
+CASES = {
+    "nearest": (
+        "return (F.interpolate(x, scale_factor=2), F.interpolate(x, scale_factor=1.7), F.interpolate(x, size=(5, 21)),"
+        " F.interpolate(x, scale_factor=(3, 0.5), mode='nearest-exact'), nn.Upsample(size=(9, 9))(x.mT))",
+        "[torch.randn(2, 3, 7, 10)]",
+        True,
+    ),
+    "nearest_1d_3d": (
+        "return F.interpolate(x, scale_factor=2.5), F.interpolate(x.view(2, 3, 2, 5, 2), size=(3, 7, 5))",
+        "[torch.randn(2, 3, 20)]",
+        True,
+    ),
+    "bilinear": (
+        "return (F.interpolate(x, scale_factor=2, mode='bilinear'), F.interpolate(x, scale_factor=1.3,"
+        " mode='bilinear', align_corners=True), F.interpolate(x, size=(4, 25), mode='bilinear'),"
+        " F.interpolate(x, size=(1, 1), mode='bilinear', align_corners=True) * 2)",
+        "[torch.randn(2, 3, 7, 10)]",
+        False,
+    ),
+    "linear_trilinear": (
+        "return (F.interpolate(x, scale_factor=3, mode='linear'), F.interpolate(x.view(2, 3, 4, 5, 1),"
+        " size=(6, 3, 4), mode='trilinear', align_corners=True), F.interpolate(x, size=11, mode='linear'))",
+        "[torch.randn(2, 3, 20)]",
+        False,
+    ),
+    "bilinear_bf16": (
+        "return F.interpolate(x, scale_factor=2, mode='bilinear'), F.interpolate(x, scale_factor=0.6)",
+        "[torch.randn(2, 4, 9, 8, dtype=torch.bfloat16)]",
+        False,
+    ),
+}
+
+
+def _path(tmp_path, name: str):
+    body, inputs, _ = CASES[name]
+    return task_file(
+        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, x):\n        {body}", inputs
+    )
+
+
+def _candidates(path):
+    task = probe(path)
+    return [
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    ]
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_emulated_interpolation_matches_eager(tmp_path, name):
+    from cuda_emulator import build, load_model
+    from fuzz_expert import as_tuple, reference
+
+    path = _path(tmp_path, name)
+    ok, why = supports(path)
+    assert ok and "resample" in why and "left to PyTorch" not in why, why
+    exact = CASES[name][2]
+    r = reference(path, None)
+    for cand in _candidates(path):
+        kernels = build(cand.source)
+        model = load_model(cand.launcher, kernels, sms=8)(*r.module.get_init_inputs())
+        with torch.no_grad():
+            out = as_tuple(model(*r.inputs))
+        assert any(k.endswith("_resample") for k, *_ in kernels.launches)
+        for i, (o, n) in enumerate(zip(out, r.native, strict=True)):
+            assert o.shape == n.shape and o.dtype == n.dtype, (cand.edit, i, o.shape, n.shape)
+            if exact:  # the same elements eager picks
+                assert torch.equal(o, n), (cand.edit, i)
+            else:  # blends differ from eager's by the order of their roundings (bf16: one bf16 rounding)
+                tol = 1e-2 if o.dtype == torch.bfloat16 else 1e-5
+                assert torch.allclose(o.float(), n.float(), rtol=tol, atol=tol), (cand.edit, i)
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "F.interpolate(x, scale_factor=2, mode='bicubic')",  # no template: stays PyTorch's
+        "F.interpolate(x, size=(3, 3), mode='area')",  # an adaptive average pool, not ours here
+    ],
+)
+def test_other_modes_stay_with_pytorch(tmp_path, expr):
+    body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr} * 2"
+    ok, why = supports(task_file(tmp_path, "kept", body, "[torch.randn(2, 3, 8, 8)]"))
+    assert ok and "left to PyTorch" in why and "resample" not in why, why
+
+
+@needs_nvcc
+def test_interpolation_kernels_compile_for_sm90a_without_spills(tmp_path):
+    cands = [c for name in ("nearest", "bilinear", "linear_trilinear", "bilinear_bf16")
+             for c in _candidates(_path(tmp_path, name))]  # fmt: skip
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK and not b.log, (c.edit, b.log)
+        assert all(r.spill_stores == 0 for r in b.resources), (c.edit, b.resources)
