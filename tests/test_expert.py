@@ -385,6 +385,20 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-6,
     ),
+    "batch_stats": (  # batch norm on the batch's statistics (no running ones): reductions, then the affine norm
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bn = nn.BatchNorm2d(6, track_running_stats=False)
+                self.w = nn.Parameter(torch.rand(5) + 0.5)
+            def forward(self, x, v):
+                return self.bn(x) * 2, F.batch_norm(v, None, None, self.w, None, training=True, eps=1e-3)
+        """,
+        "[torch.randn(3, 6, 5, 7) * 3 + 1, torch.randn(4, 5, 33)]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -447,6 +461,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "batch_stats": {"reduce", "ew", "view"},
     "interpolate": {"torch", "ew"},
 }
 

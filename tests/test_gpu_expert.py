@@ -647,6 +647,19 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # batch norm on the batch's own statistics: per-channel mean and variance as reductions, the squares on
+    # the variance's loads, then the affine norm
+    "batch_stats": (
+        """
+        class Model(nn.Module):
+            def __init__(self, c):
+                super().__init__()
+                self.bn = nn.BatchNorm2d(c, track_running_stats=False)
+            def forward(self, x):
+                return torch.relu(self.bn(x))
+        """,
+        "[64]",
+    ),
     # vector-matrix products: column-wise dot products, v * m on the loads
     "gevm_f32": (
         """
@@ -719,6 +732,7 @@ SHAPES = {
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
+    "batch_stats": ["(16, 64, 56, 57)", "(1, 64, 1, 3)"],
     "gevm_f32": ["(4096,); (4096, 8192)", "(1, 1027); (1027, 33)", "(37,); (3, 37, 40)"],
     "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],

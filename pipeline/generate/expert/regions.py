@@ -629,6 +629,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
             return [_mk(n.name, "alias", (a[0],), src.shape, src.dtype)]
     if n.op == "batch_norm" and len(a) > 5 and a[5] is False and n.shape is not None:
         return _affine_norm(n, a[0], a[1], a[2], a[3], a[4], float(a[7]))
+    if n.op == "batch_norm" and len(a) > 7 and a[5] is True and a[3] is None and a[4] is None:
+        return _batch_stats_norm(n, by_name) or [n]
     if n.op == "instance_norm" and len(a) > 5 and a[5] is False and n.shape is not None:
         return _affine_norm(n, a[0], a[1], a[2], a[3], a[4], float(a[7]))
     if n.op in ("adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d") and n.shape is not None:
@@ -702,6 +704,45 @@ def _split_reduction(n: Node, by_name: dict[str, Node]) -> list[Node]:
 
 
 _OVERLOAD = {"sum": "dim_IntList", "mean": "dim"}
+
+
+def _batch_stats_norm(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """A batch norm on the batch's own statistics with no running ones to update (F.batch_norm(x, None,
+    None, training=True), a norm layer with track_running_stats=False): the per-channel mean over the batch
+    and every spatial position, the biased variance as the mean of the centred squares (two passes, as
+    exact as eager's Welford), then the affine norm. fp32 only: 16-bit statistics would be rounded."""
+    a = n.args
+    x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+    if x is None or x.shape is None or len(x.shape) < 2 or n.dtype != "float32" or x.dtype != "float32":
+        return None
+    shape, c, name = x.shape, x.shape[1], n.name
+    dims = (0, *range(2, len(shape)))
+    stat = (1, c, *(1,) * (len(shape) - 2))
+    scope = dict(by_name)
+    out: list[Node] = []
+
+    def add(m: Node, split: bool = False) -> Ref:
+        parts = (_split_reduction(m, scope) or [m]) if split else [m]
+        for p in parts:
+            scope[p.name] = p
+        out.extend(parts)
+        return Ref(m.name)
+
+    mean = add(_mk(f"{name}_mean", "mean", (a[0], dims, True), stat, "float32", "dim"), split=True)
+    # x - mean twice, not stored once and read back: the squares are computed on the variance's loads
+    d = add(_mk(f"{name}_dev", "sub", (a[0], mean), shape, "float32", "Tensor"))
+    sq = add(_mk(f"{name}_sq", "mul", (d, d), shape, "float32", "Tensor"))
+    d = add(_mk(f"{name}_centered", "sub", (a[0], mean), shape, "float32", "Tensor"))
+    var = add(_mk(f"{name}_var", "mean", (sq, dims, True), stat, "float32", "dim"), split=True)
+    rstd = add(_mk(f"{name}_rstd", "rsqrt", (add(_mk(f"{name}_vareps", "add", (var, float(a[7])), stat, "float32",
+                                                        "Tensor")),), stat, "float32"))  # fmt: skip
+    y = add(_mk(f"{name}_norm", "mul", (d, rstd), shape, "float32", "Tensor"))
+    for tag, op, v in (("w", "mul", a[1]), ("b", "add", a[2])):
+        if v is not None:
+            view = add(_bias_view(f"{name}_{tag}", v, c, len(shape) - 2, "float32"))
+            y = add(_mk(f"{name}_{op}", op, (y, view), shape, "float32", "Tensor"))
+    out.append(_mk(name, "alias", (y,), shape, "float32"))
+    return out
 
 
 def _affine_norm(n: Node, x, w, b, mean, var, eps: float) -> list[Node]:
