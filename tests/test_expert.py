@@ -399,6 +399,28 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "diagonal": (  # diagonals as views (they went to PyTorch as calls), trace as the diagonal's sum
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                return torch.trace(x), torch.diagonal(y, 1, -2, -1) * 2, x.diagonal(-3).sum() + 1
+        """,
+        "[torch.randn(9, 12), torch.randn(3, 10, 10)]",
+        "[]",
+        1e-6,
+    ),
+    "any_all": (  # any / all as max / min of the truth on a reduction's loads; a pairwise distance's norm
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                n = torch.where(x.abs() > 2.5, float("nan"), x)  # NaN is true
+                return ((n > 0).any(dim=1), (n > -2).all(dim=(0, 2)), torch.any(n > 2), n.all(-1, keepdim=True),
+                        F.pairwise_distance(x[0], y), F.pairwise_distance(y, x[1], p=1, keepdim=True))
+        """,
+        "[torch.randn(6, 9, 5), torch.randn(9, 5)]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -461,6 +483,8 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "any_all": {"ew", "reduce", "view"},
+    "diagonal": {"view", "reduce", "ew"},
     "batch_stats": {"reduce", "ew", "view"},
     "interpolate": {"torch", "ew"},
 }

@@ -308,6 +308,54 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
 
 
+def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """any / all (over every dim, a dim or dims) as the max / min of the values' truth as 0.0 or 1.0, an
+    fp32 reduction with the test on its loads, then != 0: NaN counts as true, as in eager."""
+    a = n.args
+    x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    if x is None or x.shape is None or n.shape is None or n.dtype != "bool":
+        return None
+    if x.dtype not in (*ops.FLOAT_DTYPES, "bool"):
+        return None
+    dims = None if n.overload == "default" else ops._dims(ops._arg(n, 1, "dim", None))
+    if n.overload != "default" and not dims:
+        return None
+    keep = bool(ops._arg(n, 2, "keepdim", False))
+    name, shape = n.name, x.shape
+    out: list[Node] = []
+    src: Ref = a[0]
+    if x.dtype != "bool":
+        out.append(_mk(f"{name}_true", "ne", (src, 0.0), shape, "bool", "Scalar"))
+        src = Ref(out[-1].name)
+    cast = _mk(f"{name}_f", "_to_copy", (src,), shape, "float32")
+    out.append(dataclasses.replace(cast, kwargs=(("dtype", ("dtype", "float32")),)))
+    kind = "amax" if n.op == "any" else "amin"
+    args = (Ref(out[-1].name),) if dims is None else (Ref(out[-1].name), dims, keep)
+    red = _mk(f"{name}_red", kind, args, n.shape, "float32")
+    parts = _split_reduction(red, {**by_name, **{m.name: m for m in out}}) or [red]  # reads the cast's shape
+    return [*out, *parts, _mk(name, "ne", (Ref(red.name), 0.0), n.shape, "bool", "Scalar")]
+
+
+def _pairwise(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """pairwise_distance(x1, x2, p, eps, keepdim) of same-shaped operands, p = 1, 2 or inf: the norm of
+    x1 - x2 + eps over the last dim, a row reduction with the difference on its loads."""
+    a = n.args
+    x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+    y = by_name.get(a[1].name) if len(a) > 1 and isinstance(a[1], Ref) else None
+    p, eps, keep = [*a[2:], *(None,) * 3][:3]
+    p = 2.0 if p is None else float(p)
+    eps = 1e-6 if eps is None else float(eps)
+    if x is None or y is None or not x.shape or x.shape != y.shape or n.dtype not in ops.FLOAT_DTYPES:
+        return None
+    if p not in (1.0, 2.0, math.inf) or x.dtype != n.dtype or y.dtype != n.dtype:
+        return None
+    shape, dt, name = x.shape, n.dtype, n.name
+    diff = _mk(f"{name}_diff", "sub", (a[0], a[1]), shape, dt, "Tensor")
+    de = _mk(f"{name}_eps", "add", (Ref(diff.name), eps), shape, dt, "Tensor")
+    norm = _mk(name, "linalg_vector_norm", (Ref(de.name), p, (-1,), bool(keep)), n.shape, dt)
+    return [diff, de, dataclasses.replace(norm, target=n.target)]
+
+
 def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cosine_similarity(x1, x2, dim, eps) of two same-shaped tensors: the dot product over the norms, each
     norm at least eps (ATen divides each operand by its clamped norm before the sum: the same value up to
@@ -535,6 +583,14 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
     if (view := _as_permute(n, by_name)) is not None:
         return [view]
+    if n.op == "trace" and n.shape == () and isinstance(a[0], Ref):  # the diagonal's sum
+        src = by_name.get(a[0].name)
+        if src is not None and src.shape is not None and len(src.shape) == 2:
+            diag = _mk(f"{n.name}_diag", "diagonal", (a[0], 0, 0, 1), (min(src.shape),), n.dtype)
+            return [
+                diag,
+                dataclasses.replace(_mk(n.name, "sum", (Ref(diag.name),), (), n.dtype), target=n.target),
+            ]
     if n.op in ("mul", "div") and (rms := _rms_norm_by_hand(n, by_name) or _normalize_by_hand(n, by_name)):
         return rms
     if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):
@@ -566,6 +622,10 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     ):
         return lowered
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
+        return lowered
+    if n.op in ("any", "all") and (lowered := _any_all(n, by_name)):
+        return lowered
+    if n.op == "pairwise_distance" and n.shape is not None and (lowered := _pairwise(n, by_name)):
         return lowered
     if n.op == "triplet_margin_loss" and n.shape is not None and (lowered := _triplet(n, by_name)):
         return lowered

@@ -256,7 +256,7 @@ def _view(n: Node, a: list[str], low: Lowered) -> str | None:
             return f"{x}.expand({dims})"
         return f"_reshape({x}, ({dims}))"
     if n.op in ("flatten", "unflatten", "permute", "transpose", "unsqueeze", "select", "narrow", "split",
-                "split_with_sizes", "chunk", "unbind"):  # fmt: skip
+                "split_with_sizes", "chunk", "unbind", "diagonal"):  # fmt: skip
         method = "split" if n.op == "split_with_sizes" else n.op
         return f"{x}.{method}({', '.join(a[1:])})"
     if n.op == "t":
