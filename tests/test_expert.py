@@ -421,6 +421,18 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "norms_p": (  # vector norms of other orders: |x|^p summed (the power on the loads), then the root
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (torch.norm(x, p=3, dim=1), torch.linalg.vector_norm(x, ord=0.5, dim=(0, 2), keepdim=True),
+                        torch.linalg.vector_norm(x.relu(), ord=0), torch.linalg.vector_norm(x, ord=float("-inf"), dim=-1),
+                        torch.norm(x, p=4))
+        """,
+        "[torch.randn(6, 9, 5)]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -483,6 +495,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
     "diagonal": {"view", "reduce", "ew"},
     "batch_stats": {"reduce", "ew", "view"},

@@ -308,6 +308,50 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(hinge.name), reduction, dt)]
 
 
+def _norm_p(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """A vector norm of an order our reductions have no kind for (p = 3, 0.5, 0, -inf...): sum(|x|^p)^(1/p)
+    with the power on the sum's loads and the root on its store; p = 0 counts the nonzeros, -inf is min |x|."""
+    a = n.args
+    x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    order = ops._arg(n, 1, "ord", 2)
+    if (
+        x is None
+        or x.shape is None
+        or n.shape is None
+        or n.dtype not in ops.FLOAT_DTYPES
+        or x.dtype != n.dtype
+    ):
+        return None
+    if not isinstance(order, int | float) or isinstance(order, bool) or n.kw("dtype") is not None:
+        return None
+    p = float(order)
+    if p in (1.0, 2.0, math.inf):
+        return None  # reductions of their own (norm1, norm2, norminf)
+    dims = ops._dims(ops._arg(n, 2, "dim", None))
+    keep = bool(ops._arg(n, 3, "keepdim", False))
+    name, shape, dt = n.name, x.shape, n.dtype
+    ax = _mk(f"{name}_abs", "abs", (a[0],), shape, dt)
+    if p == -math.inf:
+        term, kind = ax, "amin"
+    elif p == 0:
+        ne = _mk(f"{name}_nz", "ne", (a[0], 0.0), shape, "bool", "Scalar")
+        term = dataclasses.replace(_mk(f"{name}_cnt", "_to_copy", (Ref(ne.name),), shape, dt),
+                                   kwargs=(("dtype", ("dtype", dt)),))  # fmt: skip
+        ax, kind = ne, "sum"
+    else:
+        term, kind = _mk(f"{name}_pow", "pow", (Ref(ax.name), p), shape, dt, "Tensor_Scalar"), "sum"
+    out = [ax] if term is ax else [ax, term]
+    total = f"{name}_total" if kind == "sum" and p != 0 else name
+    if dims is None:
+        red = _mk(total, kind, (Ref(term.name),), n.shape, dt)
+    else:
+        red = _mk(total, kind, (Ref(term.name), dims, keep), n.shape, dt, _OVERLOAD.get(kind, "default"))
+    out += _split_reduction(red, {**by_name, **{m.name: m for m in out}}) or [red]
+    if total != name:
+        out.append(_mk(name, "pow", (Ref(total), 1.0 / p), n.shape, dt, "Tensor_Scalar"))
+    return out
+
+
 def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """any / all (over every dim, a dim or dims) as the max / min of the values' truth as 0.0 or 1.0, an
     fp32 reduction with the test on its loads, then != 0: NaN counts as true, as in eager."""
@@ -622,6 +666,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     ):
         return lowered
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
+        return lowered
+    if n.op == "linalg_vector_norm" and (lowered := _norm_p(n, by_name)):
         return lowered
     if n.op in ("any", "all") and (lowered := _any_all(n, by_name)):
         return lowered
