@@ -1,12 +1,13 @@
-"""Interpolation (F.interpolate, nn.Upsample) as our own kernel (families/resample.py): written where it was
-left to PyTorch; in the CPU emulator nearest and nearest-exact pick eager's very elements (fractional and
+"""Interpolation (F.interpolate, nn.Upsample) and adaptive average pooling whose windows do not tile the
+input, as our own kernel (families/resample.py): written where they were left to PyTorch; in the CPU emulator nearest and nearest-exact pick eager's very elements (fractional and
 integer scales, given sizes) and linear, bilinear and trilinear blend within fp32 rounding of eager, with and
-without align_corners, in fp32 and bf16; compiled for sm_90a."""
+without align_corners, in fp32 and bf16, and adaptive windows average within rounding; compiled for
+sm_90a."""
 
 from __future__ import annotations
 
 import pytest
-from test_expert import needs_nvcc, task_file
+from test_expert import _emulate, needs_nvcc, task_file
 from test_expert_decompose import needs_gxx
 
 from pipeline.compile import compile_candidates
@@ -42,6 +43,12 @@ CASES = {
         "return (F.interpolate(x, scale_factor=3, mode='linear'), F.interpolate(x.view(2, 3, 4, 5, 1),"
         " size=(6, 3, 4), mode='trilinear', align_corners=True), F.interpolate(x, size=11, mode='linear'))",
         "[torch.randn(2, 3, 20)]",
+        False,
+    ),
+    "adaptive_avg": (  # windows that do not tile the input (area interpolation is this pool)
+        "return (F.adaptive_avg_pool2d(x, (3, 5)), F.adaptive_avg_pool1d(x[:, :, 0], 7),"
+        " F.adaptive_avg_pool3d(x.unsqueeze(1), (2, 3, 4)), F.interpolate(x, size=(4, 6), mode='area'))",
+        "[torch.randn(2, 3, 7, 11)]",
         False,
     ),
     "bilinear_bf16": (
@@ -96,7 +103,7 @@ def test_emulated_interpolation_matches_eager(tmp_path, name):
     "expr",
     [
         "F.interpolate(x, scale_factor=2, mode='bicubic')",  # no template: stays PyTorch's
-        "F.interpolate(x, size=(3, 3), mode='area')",  # an adaptive average pool, not ours here
+        "F.interpolate(x, scale_factor=2, mode='bilinear', antialias=True)",
     ],
 )
 def test_other_modes_stay_with_pytorch(tmp_path, expr):
@@ -105,9 +112,21 @@ def test_other_modes_stay_with_pytorch(tmp_path, expr):
     assert ok and "left to PyTorch" in why and "resample" not in why, why
 
 
+@needs_gxx
+def test_antialiased_interpolation_is_left_to_pytorch_by_its_public_call(tmp_path):
+    """aten._upsample_bilinear2d_aa is private (the launcher's check bars it): the launcher calls
+    F.interpolate(antialias=True) instead, and the task is written (it was refused)."""
+    body = ("class Model(nn.Module):\n    def forward(self, x):\n"
+            "        return F.interpolate(x, scale_factor=0.5, mode='bilinear', antialias=True) * 2")  # fmt: skip
+    path = task_file(tmp_path, "aa", body, "[torch.randn(2, 3, 9, 12)]")
+    ok, why = supports(path)
+    assert ok and "_upsample_bilinear2d_aa.vec left to PyTorch" in why, why
+    _emulate(path, _candidates(path), 1e-6)
+
+
 @needs_nvcc
 def test_interpolation_kernels_compile_for_sm90a_without_spills(tmp_path):
-    cands = [c for name in ("nearest", "bilinear", "linear_trilinear", "bilinear_bf16")
+    cands = [c for name in ("nearest", "bilinear", "linear_trilinear", "bilinear_bf16", "adaptive_avg")
              for c in _candidates(_path(tmp_path, name))]  # fmt: skip
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for c, b in zip(cands, builds, strict=True):

@@ -238,9 +238,33 @@ def _torch_call(n: Node, low: Lowered, first: str | None) -> str:
     kw = "".join(f", {k}={_lit(v, low, first)}" for k, v in n.kwargs)
     if n.op in _OPERATORS:  # x & y on integers: aten.__and__ by its public name (the check bars dunders)
         return f"torch.{_OPERATORS[n.op]}({', '.join(a)})"
+    if (public := _public_resample(n, a)) is not None:
+        return public
     if n.op.startswith("_") or not n.target.startswith("aten."):
         raise RenderError(f"{n.target} cannot be left to PyTorch from a launcher (no public torch call)")
     return f"torch.ops.aten.{n.op}.{n.overload}({', '.join(a)}{kw})"
+
+
+# Private resampling ops (the launcher's check bars aten._ names) by the public call that reaches them:
+# op -> (F.interpolate's mode, antialias, whether align_corners follows the output size)
+_RESAMPLE = {
+    **{f"_upsample_nearest_exact{d}d": ("nearest-exact", False, False) for d in (1, 2, 3)},
+    "_upsample_bilinear2d_aa": ("bilinear", True, True),
+    "_upsample_bicubic2d_aa": ("bicubic", True, True),
+}
+
+
+def _public_resample(n: Node, a: list[str]) -> str | None:
+    """F.interpolate or F.adaptive_avg_poolNd for a private ATen resampling op (.vec overloads)."""
+    if n.op.startswith("_adaptive_avg_pool") and len(a) == 2:
+        return f"F.{n.op[1:]}({a[0]}, {a[1]})"
+    if n.op not in _RESAMPLE or n.overload != "vec":
+        return None
+    mode, aa, aligned = _RESAMPLE[n.op]
+    size, scales = a[1], a[3 if aligned else 2]
+    align = f", align_corners={a[2]}" if aligned else ""
+    return (f"F.interpolate({a[0]}, size={size}, scale_factor={scales}, mode={mode!r}{align}"
+            f"{', antialias=True' if aa else ''})")  # fmt: skip
 
 
 def _view(n: Node, a: list[str], low: Lowered) -> str | None:

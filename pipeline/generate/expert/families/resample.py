@@ -1,6 +1,7 @@
-"""Interpolation (F.interpolate, nn.Upsample): nearest, nearest-exact, linear, bilinear and trilinear, 1-D
-to 3-D, fp32, fp16 and bf16, on the CUDA cores (templates/resample.py), where it was left to PyTorch.
-Bicubic, area and antialiased modes stay PyTorch's. Both plans take our kernel (no library anchor to keep).
+"""Interpolation (F.interpolate, nn.Upsample): nearest, nearest-exact, linear, bilinear and trilinear, and
+adaptive average pooling to sizes that do not divide the input's (the others are lowered to a mean or an
+average pool), 1-D to 3-D, fp32, fp16 and bf16, on the CUDA cores (templates/resample.py), where they were
+left to PyTorch. Bicubic and antialiased modes stay PyTorch's. Both plans take our kernel (no library anchor to keep).
 Edits: resize_grid (threads x2 and /2).
 """
 
@@ -25,6 +26,8 @@ OPS = {
     "upsample_linear1d": ("linear", 1),
     "upsample_bilinear2d": ("linear", 2),
     "upsample_trilinear3d": ("linear", 3),
+    **{f"adaptive_avg_pool{d}d": ("adaptive_avg", d) for d in (1, 2, 3)},
+    **{f"_adaptive_avg_pool{d}d": ("adaptive_avg", d) for d in (1, 2, 3)},
 }
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -48,6 +51,8 @@ def form(n: Node, low: Lowered) -> Resample | str:
         return "the input's shape is unknown or not (N, C, spatial...)"
     if n.dtype not in DTYPES or x.dtype != n.dtype:
         return f"a {n.dtype} interpolation"
+    if mode == "adaptive_avg":  # the output size is the node's own
+        return _sized(mode, dims, x.shape, n.shape, False, (None,) * dims)
     linear = mode == "linear"
     align = bool(a[2]) if linear and len(a) > 2 else False
     given = a[3 if linear else 2] if len(a) > (3 if linear else 2) else None
@@ -59,10 +64,16 @@ def form(n: Node, low: Lowered) -> Resample | str:
         )
     if len(scales) != dims or not all(s is None or isinstance(s, int | float) for s in scales):
         return "the scale factors are not constants"
-    size, out = tuple(x.shape[-dims:]), tuple(n.shape[-dims:])
-    if x.shape[:-dims] != n.shape[:-dims] or min(size) < 1 or min(out) < 1:
-        return "an empty interpolation, or one that changes the leading dims"
-    return Resample(mode, align, size, out, tuple(None if s is None else float(s) for s in scales))
+    return _sized(mode, dims, x.shape, n.shape, align, tuple(None if s is None else float(s) for s in scales))
+
+
+def _sized(
+    mode: str, dims: int, shape: tuple, out_shape: tuple, align: bool, scales: tuple
+) -> Resample | str:
+    size, out = tuple(shape[-dims:]), tuple(out_shape[-dims:])
+    if shape[:-dims] != out_shape[:-dims] or min(size) < 1 or min(out) < 1:
+        return "an empty resampling, or one that changes the leading dims"
+    return Resample(mode, align, size, out, scales)
 
 
 def why_not(r: Region, low: Lowered) -> str:

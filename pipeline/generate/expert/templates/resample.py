@@ -1,13 +1,16 @@
-"""Resampling by interpolation (families/resample.py): F.interpolate / nn.Upsample in nearest, nearest-exact,
-linear, bilinear and trilinear modes, 1-D to 3-D, on the CUDA cores.
+"""Resampling (families/resample.py): F.interpolate / nn.Upsample in nearest, nearest-exact, linear,
+bilinear and trilinear modes, and adaptive average pooling whose windows do not tile the input evenly,
+1-D to 3-D, on the CUDA cores.
 
 One thread an output element, consecutive threads along the output's last dim, so each warp stores one
 run and its loads fall on one or two input rows. The source coordinate is eager's: the scale is the
 input over the output size, or one over the given scale factor (rounded to fp32 as eager rounds it), or for
 align_corners (in - 1) / (out - 1); nearest takes floor(o * scale) (nearest-exact floor((o + 0.5) * scale),
 the sum in double as eager computes it), linear the two inputs around scale * (o + 0.5) - 0.5 (at least 0)
-weighted by the distance, dim by dim. The sizes and the scales are constants of the kernel; values are
-read and blended in fp32 and stored in the output's dtype.
+weighted by the distance, dim by dim. An adaptive pool's window along a dim runs from floor(o * in / out)
+to ceil((o + 1) * in / out), summed in order and divided by each dim's extent in turn, as eager does. The
+sizes and the scales are constants of the kernel; values are read and blended in fp32 and stored in the
+output's dtype.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
 from pipeline.generate.expert.templates.signature import Signature, i64, ptr
 
-MODES = ("nearest", "nearest-exact", "linear")
+MODES = ("nearest", "nearest-exact", "linear", "adaptive_avg")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ def _lit(v: float) -> str:
 
 
 _NEAREST = """        const int s{d} = min((int)floorf({coord}), I{d} - 1);"""
+_WINDOW = """        const int s{d} = (int)((long long)o{d} * I{d} / O{d});
+        const int n{d} = (int)(((long long)o{d} + 1) * I{d} + O{d} - 1) / O{d};"""
 _LINEAR = """        float r{d} = {coord};
         r{d} = r{d} < 0.f ? 0.f : r{d};
         const int s{d} = (int)r{d}, n{d} = s{d} < I{d} - 1 ? s{d} + 1 : s{d};
@@ -78,6 +83,14 @@ def _blend(f: Resample, t: str) -> str:
             expr = f"({expr}) * I{d} + {picks[d]}"
         return expr
 
+    if f.mode == "adaptive_avg":  # the window's sum, dim by dim in order, then eager's divisions
+        loops = "".join(
+            f"{'    ' * d}        for (int k{d} = s{d}; k{d} < n{d}; ++k{d})\n" for d in range(nd)
+        )
+        picks = [f"(long long)k{d}" for d in range(nd)]
+        div = "".join(f" / (float)(n{d} - s{d})" for d in range(nd))
+        return (f"        float acc = 0.f;\n{loops}{'    ' * nd}            acc += ld(xp[{index(picks)}]);\n"
+                f"        const float v = acc{div};")  # fmt: skip
     if f.mode != "linear":
         return f"        const float v = ld(xp[{index(at)}]);"
 
@@ -103,8 +116,10 @@ def render(r: Region, f: Resample, dtype: str, threads: int) -> Code:
     for d in reversed(range(nd)):
         split.append(f"        const int o{d} = (int)(rest % O{d});")
         split.append(f"        rest /= O{d};")
-    per_dim = (_NEAREST if f.mode != "linear" else _LINEAR).strip("\n")
-    coords = "\n".join(per_dim.format(d=d, coord=_coord(f, d)) for d in range(nd))
+    per_dim = {"linear": _LINEAR, "adaptive_avg": _WINDOW}.get(f.mode, _NEAREST).strip("\n")
+    coords = "\n".join(
+        per_dim.format(d=d, coord=_coord(f, d) if f.mode != "adaptive_avg" else "") for d in range(nd)
+    )
     plane_in = " * ".join(f"(long long)I{d}" for d in range(nd))
     cuda = f"""namespace kp_{rid} {{
 constexpr int {sizes};
@@ -126,10 +141,10 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
     x = n.args[0]
     sp_in = ", ".join(str(v) for v in f.size) + ("," if nd == 1 else "")
     sp_out = ", ".join(str(v) for v in f.out)
-    what = f"{f.mode}{' (align_corners)' if f.align_corners else ''}"
+    what = f"{f.mode.replace('_', ' ')}{' (align_corners)' if f.align_corners else ''}"
     launcher = "\n".join([
         f"def _resample_{rid}(sms, x):",
-        f'    """{what} interpolation ({nd}-D) on the CUDA cores, an output a thread, {threads} threads a block."""',
+        f'    """{what} {"pooling" if f.mode == "adaptive_avg" else "interpolation"} ({nd}-D) on the CUDA cores, an output a thread, {threads} threads a block."""',
         f"    if tuple(x.shape[-{nd}:]) != ({sp_in}):",
         f"        raise ValueError(f'kernelpro expert: the resampling was compiled for inputs (..., {sp_in.rstrip(',')}), "
         "not {tuple(x.shape)}')",
