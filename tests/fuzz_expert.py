@@ -90,6 +90,9 @@ UNARY = (
 # From this seed on, the draws take the second set of steps too (views with offsets and strides of zero,
 # tensor bounds, where, roll).
 V2_SEEDS = 10_000
+# ... and from this one the third (interpolation and adaptive pools, any/all, norms of other orders, masks
+# combined with & | ^, batch statistics, vector-matrix products, mT and movedim).
+V3_SEEDS = 20_000
 REDUCE = ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "max", "min", "argmax", "argmin")
 
 
@@ -151,6 +154,14 @@ class Gen:
             opts += ["attention"]
         if self.case.seed >= V2_SEEDS:  # steps added later: earlier seeds keep their draws
             opts += ["narrow", "select", "where", "clamp", "expand", "roll"]
+        if self.case.seed >= V3_SEEDS:
+            opts += ["anyall", "normp", "logic", "swap"]
+            if s:
+                opts += ["vecmat"]
+            if 3 <= len(s) <= 5:
+                opts += ["resample", "resample"]
+            if len(s) >= 2 and s[1] > 1 and self.case.dtype == "float32":
+                opts += ["batch_stats"]
         kind = r.choice(opts)
         getattr(self, f"_{kind}")()
 
@@ -325,6 +336,82 @@ class Gen:
         d = self.dim()
         shift = self.rng.choice((-2, -1, 1, 3))
         self.emit(f"roll({d},{shift})", f"y = torch.roll(y, {shift}, dims={d})")
+
+    def _resample(self) -> None:
+        """F.interpolate (a mode for the dims, a scale factor or a size) or an adaptive average pool."""
+        r, s = self.rng, self.s
+        dims = len(s) - 2
+        mode = r.choice(
+            ("nearest", "nearest-exact", ("linear", "bilinear", "trilinear")[dims - 1], "adaptive")
+        )
+        if mode == "adaptive" or r.random() < 0.4:
+            out = tuple(max(1, min(v * 2, r.choice((1, 2, 3, 5, 7, v + 1, max(1, v // 2))))) for v in s[2:])
+            how = f"size={out}"
+        else:
+            f = r.choice((2, 3, 1.5, 0.5, 0.7))
+            out = tuple(math.floor(v * f) for v in s[2:])
+            how = f"scale_factor={f}"
+        t = (*s[:2], *out)
+        if min(out) < 1 or math.prod(t) > MAX_ELEMS:
+            return self._unary()
+        if mode == "adaptive":
+            self.emit(f"adaptive_avg{out}", f"y = F.adaptive_avg_pool{dims}d(y, {out})")
+        else:
+            align = f", align_corners={r.random() < 0.5}" if "linear" in mode else ""
+            self.emit(f"{mode}({how})", f"y = F.interpolate(y, {how}, mode={mode!r}{align})")
+        self.s = t
+
+    def _anyall(self) -> None:
+        d, op = self.dim(), self.rng.choice(("any", "all"))
+        keep = self.rng.random() < 0.4
+        self.emit(
+            f"{op}({d})",
+            f"y = (y > -0.5).{op}(dim={d}{', keepdim=True' if keep else ''}).to(y.dtype) + y.mean()",
+        )
+        s = list(self.s)
+        if keep:
+            s[d] = 1
+        else:
+            s.pop(d)
+        self.s = tuple(s)
+        if not self.s:
+            self.integer = True
+
+    def _normp(self) -> None:
+        d, p = self.dim(), self.rng.choice((3, 0.5, 0, "float('-inf')", 4))
+        self.emit(f"norm{p}({d})", f"y = torch.linalg.vector_norm(y, ord={p}, dim={d})")
+        self.s = self.s[:d] + self.s[d + 1 :]
+        if not self.s:
+            self.integer = True
+
+    def _logic(self) -> None:
+        p = self.param(self._bshape())
+        op = self.rng.choice(("&", "|", "^"))
+        self.emit(f"mask{op}", f"y = torch.where((y > 0) {op} ~({p} < 0.3), y, -y * 0.5)")
+
+    def _swap(self) -> None:
+        if len(self.s) < 2:
+            return self._unary()
+        a, b = self.rng.sample(range(len(self.s)), 2)
+        t = list(self.s)
+        if self.rng.random() < 0.5:
+            self.emit(f"swapaxes({a},{b})", f"y = y.swapaxes({a}, {b})")
+            t[a], t[b] = t[b], t[a]
+        else:
+            self.emit(f"movedim({a},{b})", f"y = torch.movedim(y, {a}, {b})")
+            t.insert(b, t.pop(a))
+        self.s = tuple(t)
+
+    def _vecmat(self) -> None:
+        """A vector times the last two dims: (K,) @ (..., K, N) reduces dim -2."""
+        if len(self.s) < 2:
+            return self._unary()
+        v = self.add_input((self.s[-2],))
+        self.emit("vecmat", f"y = torch.matmul({v}, y)")
+        self.s = (*self.s[:-2], self.s[-1])
+
+    def _batch_stats(self) -> None:
+        self.emit("batch_stats", "y = F.batch_norm(y, None, None, training=True, eps=1e-3)")
 
     def _pool(self) -> None:
         r, s = self.rng, self.s

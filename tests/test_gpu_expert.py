@@ -233,7 +233,7 @@ FAMILIES = {
         """,
         "[]",
     ),
-    "cross_entropy": (  # logsumexp in our row reduction; x[i, t[i]] a gather left to PyTorch (a hybrid)
+    "cross_entropy": (  # logsumexp in our row reduction, x[i, t[i]] our gather; int64 target logic PyTorch's
         """
         class Model(nn.Module):
             def forward(self, x, u):
@@ -801,7 +801,7 @@ DIRECT = {
     "narrow_conv3d_f32",
 }  # grouped, sparse transposed or narrow: our direct kernel in the tuned plan, cuDNN in the plain
 ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
-GATHERS = {"cross_entropy"}  # the pick of one element a row left to PyTorch: hybrid in every plan
+GATHERS = {"cross_entropy"}  # where / clamp on the int64 targets left to PyTorch: hybrid in every plan
 
 
 def ours(c) -> bool:
@@ -1058,7 +1058,7 @@ def test_the_power_edit_verifies_as_our_kernels(pool, home, task_id):
 
 
 def test_rows_picked_by_an_index_tensor_verify_as_our_copies(pool, home, tmp_path):
-    """embedding, x[:, i] and index_select (families/movement.py): the index an int64 input, bf16 rows."""
+    """embedding, x[:, i], index_select and gather (families/movement.py): the index an int64 input, bf16."""
     path = tmp_path / "takes.py"
     path.write_text(
         HEADER
@@ -1066,7 +1066,8 @@ def test_rows_picked_by_an_index_tensor_verify_as_our_copies(pool, home, tmp_pat
             """
             class Model(nn.Module):
                 def forward(self, i, w):
-                    return F.embedding(i, w), w[:, i[0]], torch.index_select(w, 0, i.flatten()[:5]) * 2
+                    return (F.embedding(i, w), w[:, i[0]], torch.index_select(w, 0, i.flatten()[:5]) * 2,
+                            torch.gather(w, 1, i[:, :3]), torch.gather(w.t(), 0, i))
 
 
             def get_inputs():

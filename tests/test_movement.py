@@ -63,6 +63,12 @@ CASES = {
         " % 5), w[:, x[2, :9].long() % 64], w[x[3, :3].long() % 50 - 50], w.t()[x[:2, :3].long() % 64]",
         "[torch.randint(0, 1000, (4, 16)).float(), torch.randn(50, 64)]",
     ),
+    "gathers": (  # torch.gather along the last dim, the first (of a transposed input), a middle one of 3-D
+        "return torch.gather(w, 1, x[:, :5].long() % 64), torch.gather(w.t(), 0, x[:3, :7].long() % 64) * 2,"
+        " torch.gather(w.view(10, 5, 64), 1, (x[:, None, :6].long() % 5).expand(4, 3, 6)),"
+        " torch.gather(w[0], 0, x[0].long() % 64)",
+        "[torch.randint(0, 1000, (4, 16)).float(), torch.randn(50, 64)]",
+    ),
     "indices": (
         "i = x.argmax(1)\n        return torch.cat([i, i.flip(0)]), torch.stack([x > 0, x < 0])",
         "[torch.randn(9, 10)]",
@@ -72,7 +78,7 @@ CASES = {
 
 def _path(tmp_path, name: str):
     body, inputs = CASES[name]
-    args = "x, w" if name == "takes" else "x"
+    args = "x, w" if name in ("takes", "gathers") else "x"
     return task_file(
         tmp_path, name, f"class Model(nn.Module):\n    def forward(self, {args}):\n        {body}", inputs
     )
@@ -156,7 +162,7 @@ def test_aligned_rows_move_16_bytes_a_thread_and_others_an_element(tmp_path):
 @needs_nvcc
 def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
-    for name in ("flips", "rolls", "cat_f16_empty", "indices", "repeats", "pads", "takes"):
+    for name in ("flips", "rolls", "cat_f16_empty", "indices", "repeats", "pads", "takes", "gathers"):
         task = probe(_path(tmp_path, name))
         cands += [
             p.candidate

@@ -468,7 +468,7 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cross_entropy(x, t) over (N, C) logits and class indices, as ATen defines it without weights or label
     smoothing: logsumexp(x[i]) - x[i, t[i]] for each target that is not ignore_index (0 for those), then
     none / sum / mean, the mean over the targets kept (NaN when none is). One read of x: the row reduction
-    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements left to PyTorch (a hybrid)."""
+    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements (the movement family's)."""
     a = n.args
     x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
     weight = a[2] if len(a) > 2 else n.kw("weight", None)

@@ -1,5 +1,5 @@
-"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold, constant padding and rows picked by
-an int64 index tensor (embedding, index_select, x[:, i]) as our own strided copies (templates/movement.py),
+"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold, constant padding and elements picked
+by an int64 index tensor (embedding, index_select, x[:, i], gather) as our own strided copies (templates/movement.py),
 any dtype of one to eight bytes, any dims, inputs of any strides; the dims, shifts, repeats, windows and
 pads must be constants. Before this family they were left to PyTorch,
 and a task of nothing else (a lone flip or roll) was refused. Both plans
@@ -87,9 +87,14 @@ def why_not(r: Region, low: Lowered) -> str:
 
 
 def _take_why_not(n: Node, low: Lowered, nd: int) -> str:
-    """embedding, index_select, or indexing by one int64 tensor (x[:, i]): the index and the dims fit."""
+    """embedding, index_select, indexing by one int64 tensor (x[:, i]) or gather: the index and dims fit."""
     a = n.args
-    if n.op == "embedding":
+    if n.op == "gather":  # the index has the input's rank; sparse_grad changes nothing forward
+        where = a[2] if len(a) > 2 else None
+        dim_ok = len(a) > 1 and isinstance(a[1], int) and not isinstance(a[1], bool)
+        ref = low.by_name.get(where.name) if isinstance(where, Ref) else None
+        ok = dim_ok and ref is not None and ref.shape is not None and len(ref.shape) == nd
+    elif n.op == "embedding":
         where, ok = (a[1] if len(a) > 1 else None), nd == 2
     elif n.op == "index_select":
         where, ok = (a[2] if len(a) > 2 else None), len(a) > 1 and isinstance(a[1], int) and nd >= 1

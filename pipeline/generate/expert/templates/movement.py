@@ -1,5 +1,5 @@
-"""Data movement by strided copies: flip, roll, cat, stack, repeat (tile), Tensor.unfold and constant padding
-(families/movement.py).
+"""Data movement by strided copies: flip, roll, cat, stack, repeat (tile), Tensor.unfold, constant padding
+and elements picked by an index tensor (families/movement.py).
 
 Each op is a few pieces, each one copy of a strided block of the input into a strided block of the output:
   flip   one piece: the input read from its last element backwards along the flipped dims (the source
@@ -12,7 +12,10 @@ Each op is a few pieces, each one copy of a strided block of the input into a st
   unfold one piece: the windows are a strided view of the input (the dim's stride times the step, then its
          own stride for the window's last dim);
   pad    the output filled with the constant (torch.full), then the input's surviving part copied into it
-         (negative padding crops).
+         (negative padding crops);
+  take   embedding, index_select, x[:, i]: one piece whose coordinate along the indexed dim goes through
+         the index; gather: one piece of the index's shape, the source coordinate along the dim read from
+         the index at the element's own (contiguous) offset.
 The launcher merges the dims a piece's source and destination both keep contiguous among themselves and
 drops the unit ones, so most pieces are a few rows of one long contiguous run; the kernel takes the last
 dim as that run (threads along it, rows over blockIdx.y and threadIdx.y) and works out each row's two
@@ -29,7 +32,7 @@ from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, launch_bounds
 from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
-TAKES = ("embedding", "index_select", "index")  # rows picked by an index tensor
+TAKES = ("embedding", "index_select", "index", "gather")  # elements picked by an index tensor
 OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd", *TAKES)
 UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
@@ -47,13 +50,16 @@ __device__ __forceinline__ long long taken(const long long* __restrict__ idx, lo
 #endif
     return j;
 }}
-// TAKE: the coordinate along dim kd of the piece (kd == {outer}: the run) goes through idx.
-template <typename U, bool TAKE>
+// MODE 1 (take): the coordinate along dim kd of the piece (kd == {outer}: the run) goes through idx, at
+// that coordinate. MODE 2 (gather): it goes through idx at the element's destination offset (idx has the
+// output's contiguous layout), kstr the source's stride along kd.
+template <typename U, int MODE>
 __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ dst, long long rows,
                                      long long inner, long long s0, long long d0, long long si, long long di,
                                      int nd, const long long (&size)[{outer}], const long long (&sstr)[{outer}],
                                      const long long (&dstr)[{outer}], const long long* __restrict__ idx,
-                                     long long limit, int kd) {{
+                                     long long limit, int kd, long long kstr) {{
+    constexpr bool TAKE = MODE == 1, GATHER = MODE == 2;
     for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
          r += (long long)gridDim.y * blockDim.y) {{
         long long rest = r, so = s0, dof = d0;  // the row's first element on each side
@@ -61,14 +67,19 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
         for (int d = {outer} - 1; d >= 0; --d) {{
             if (d < nd) {{
                 const long long q = rest / size[d], i = rest - q * size[d];
-                so += (TAKE && d == kd ? taken(idx, i, limit) : i) * sstr[d];
+                so += (TAKE && d == kd ? taken(idx, i, limit) : GATHER && d == kd ? 0 : i) * sstr[d];
                 dof += i * dstr[d];
                 rest = q;
             }}
         }}
         for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < inner;
              i += (long long)gridDim.x * blockDim.x)
-            dst[dof + i * di] = src[so + (TAKE && kd == {outer} ? taken(idx, i, limit) : i) * si];
+            if (GATHER && kd == {outer})
+                dst[dof + i * di] = src[so + taken(idx, dof + i * di, limit) * si];
+            else if (GATHER)
+                dst[dof + i * di] = src[so + i * si + taken(idx, dof + i * di, limit) * kstr];
+            else
+                dst[dof + i * di] = src[so + (TAKE && kd == {outer} ? taken(idx, i, limit) : i) * si];
     }}
 }}
 }}  // namespace kp_{rid}
@@ -76,7 +87,7 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
 
 
 def _signature(unit: str, take: bool) -> Signature:
-    extra = (ptr("idx", "long long"), i64("limit"), i32("kd", "kin")) if take else ()
+    extra = (ptr("idx", "long long"), i64("limit"), i32("kd", "kin"), i64("kstr")) if take else ()
     return Signature(
         (
             ptr("src", unit),
@@ -96,16 +107,16 @@ def _signature(unit: str, take: bool) -> Signature:
     )
 
 
-def _kernel(rid: str, name: str, unit: str, threads: int, take: bool) -> str:
-    sig = _signature(unit, take)
+def _kernel(rid: str, name: str, unit: str, threads: int, mode: int) -> str:
+    sig = _signature(unit, mode > 0)
     arrays = "\n".join(
         f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
         for arr, p in (("size", "z"), ("sstr", "a"), ("dstr", "b"))
     )
     return (
         f'extern "C" __global__ void {launch_bounds(threads, 0)}\n{name}({sig.decls()}) {{\n{arrays}\n'
-        f"    kp_{rid}::move<{unit}, {'true' if take else 'false'}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
-        f"sstr, dstr, {'idx, limit, kd' if take else 'nullptr, 0, -1'});\n}}\n"
+        f"    kp_{rid}::move<{unit}, {mode}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
+        f"sstr, dstr, {'idx, limit, kd, kstr' if mode else 'nullptr, 0, -1, 0'});\n}}\n"
     )
 
 
@@ -151,6 +162,18 @@ def _taken_pieces(r: Region, names: dict[str, str]) -> list[str]:
             "    result = out",
         ]
     x = names[n.args[0].name]
+    if n.op == "gather":  # out[..., j, ...] = x[..., idx[..., j, ...], ...] along dim; out has idx's shape
+        dim, i = n.args[1], names[n.args[2].name]
+        return [
+            f"    d = {dim} % max(1, {x}.dim())",
+            f"    idx = _contig({i})",
+            f"    if idx.dim() != {x}.dim() or any(a > b for e, (a, b) in enumerate(zip(idx.shape, {x}.shape)) if e != d):",
+            f"        raise ValueError(f'kernelpro expert: gather of an index {{tuple(idx.shape)}} from {{tuple({x}.shape)}}')",
+            f"    out = torch.empty(idx.shape, dtype={x}.dtype, device={x}.device)",
+            f"    pieces = [({x}, 0, list(idx.shape), list({x}.stride()), 0, list(out.stride()), idx, d,"
+            f" {x}.shape[d] if {x}.dim() else 1)]",
+            "    result = out",
+        ]
     if n.op == "index_select":
         dim, i = n.args[1], names[n.args[2].name]
         return [
@@ -314,12 +337,14 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
     lanes = 16 // itemsize
     vec = vec and lanes > 1
     take = n.op in TAKES
+    mode = 2 if n.op == "gather" else 1 if take else 0
+    vec = vec and mode != 2  # a gather reads its index at element offsets, not at 16-byte units
     names = {v: f"x{i}" for i, v in enumerate(r.inputs)}
-    verb = "take" if take else "move"
+    verb = "gather" if mode == 2 else "take" if take else "move"
     kernels = [f"kp_{rid}_{verb}"] + ([f"kp_{rid}_{verb}16"] if vec else [])
-    cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads, take)
+    cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads, mode)
     if vec:
-        cuda += _kernel(rid, kernels[1], "float4", threads, take)  # 16 bytes, moved as bits
+        cuda += _kernel(rid, kernels[1], "float4", threads, mode)  # 16 bytes, moved as bits
     sig = _signature(unit, take)
     params = ", ".join(names[v] for v in r.inputs)
     wide = (
@@ -356,6 +381,7 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
                 merged.append((size, a, b))
     (inner, si, di), outer = (merged or [(1, 1, 1)])[-1], merged[:-1]
     kin = {OUTER} if merged and kpos == len(merged) - 1 else kpos  # the indexed dim: the run's, or an outer one
+    kstr = merged[kpos][1] if kpos >= 0 else 0  # the source's stride along it (a gather steps by it)
     rows = math.prod(size for size, _, _ in outer)
     nd = len(outer)
     z = [size for size, _, _ in outer] + [1] * ({OUTER} - nd)
