@@ -433,6 +433,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "outer": (  # products of depth one (K = 1, batch dims broadcast): broadcast products, not GEMMs (fuzz 20129)
+        """
+        class Model(nn.Module):
+            def forward(self, a, b, c):
+                return (torch.matmul(a, b), c @ c.transpose(-1, -2)[..., :1, :],
+                        torch.bmm(a[0], b[None, 0].expand(3, 1, 8)))
+        """,
+        "[torch.randn(7, 3, 12, 1), torch.randn(3, 1, 8), torch.randn(2, 5, 1)]",
+        "[]",
+        1e-6,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -495,6 +506,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "outer": {"ew", "view"},
     "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
     "diagonal": {"view", "reduce", "ew"},

@@ -194,6 +194,19 @@ def _as_permute(n: Node, by_name: dict[str, Node]) -> Node | None:
     return None
 
 
+def _outer(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """A product with K = 1 ((..., M, 1) @ (..., 1, N), batch dims broadcast as matmul broadcasts them) is
+    the broadcast product of its operands: one rounding, as the GEMM's, and no GEMM of depth one."""
+    xs, ys = (by_name.get(r.name) if isinstance(r, Ref) else None for r in n.args[:2])
+    if xs is None or ys is None or not xs.shape or not ys.shape or n.shape is None:
+        return None
+    if len(xs.shape) < 2 or len(ys.shape) < 2 or xs.shape[-1] != 1 or ys.shape[-2] != 1:
+        return None
+    if not (n.dtype == xs.dtype == ys.dtype and n.dtype in ops.FLOAT_DTYPES):
+        return None
+    return [dataclasses.replace(_mk(n.name, "mul", n.args[:2], n.shape, n.dtype, "Tensor"), target=n.target)]
+
+
 def _gevm(n: Node, v: object, m: object, by_name: dict[str, Node]) -> list[Node] | None:
     """A vector-matrix product (`matmul` of a (K,) or (1, K) vector by a (..., K, N) matrix, `mm` of a (1, K)
     one) as a column-wise dot product: v[:, None] * m summed over m's K dim, the product computed on the
@@ -687,6 +700,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         gemv := _gemv(n, a[0], a[1], by_name) or _gevm(n, a[0], a[1], by_name)
     ):
         return gemv
+    if n.op in ("mm", "matmul", "bmm") and (outer := _outer(n, by_name)):
+        return outer
     if n.op == "linear":
         mm = dataclasses.replace(
             _mk(f"{n.name}_mm", "gemm_linear", (a[0], a[1]), n.shape, n.dtype), target=n.target
