@@ -7,7 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from fuzz_expert import V2_SEEDS, generate, run_case
+from fuzz_expert import V2_SEEDS, V3_SEEDS, generate, run_case
 
 from pipeline.tasks import load_module
 
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 def test_draws_are_reproducible_and_run_in_pytorch(tmp_path):
     invalid = []
-    for seed in [*range(200), *range(V2_SEEDS, V2_SEEDS + 100)]:  # both sets of steps
+    for seed in [*range(200), *range(V2_SEEDS, V2_SEEDS + 100), *range(V3_SEEDS, V3_SEEDS + 100)]:  # each set
         case = generate(seed)
         assert case.source() == generate(seed).source()
         path = tmp_path / f"fuzz_{seed}.py"
@@ -27,13 +27,14 @@ def test_draws_are_reproducible_and_run_in_pytorch(tmp_path):
                 module.Model(*module.get_init_inputs())(*module.get_inputs())
             except Exception as e:  # the generator's own mistakes: rare (batch norm of one value a channel)
                 invalid.append((seed, case.steps, str(e)[:80]))
-    assert len(invalid) <= 9, invalid
+    assert len(invalid) <= 12, invalid
 
 
 # drawn cases the hunt passed: a direct convolution and a loss; a norm after a softmax over dim 0; a pool and
-# KL divergence; attention written by hand, twice
+# KL divergence; attention written by hand, twice; (third set) a vector-matrix product and a norm of order
+# -inf, an adaptive pool after a matmul, bilinear upsampling, batch statistics
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ for the CPU emulator")
-@pytest.mark.parametrize("seed", [1063, 1081, 1024, 1101])
+@pytest.mark.parametrize("seed", [1063, 1081, 1024, 1101, 20032, 20050, 20053, 20070])
 def test_drawn_cases_through_the_expert_and_the_emulator(tmp_path, seed):
     result = run_case(seed, tmp_path, edits=1)
     assert result["outcome"] == "ok", result
