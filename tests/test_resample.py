@@ -6,6 +6,8 @@ sm_90a."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from test_expert import _emulate, needs_nvcc, task_file
 from test_expert_decompose import needs_gxx
@@ -18,6 +20,7 @@ from pipeline.tasks import probe
 from pipeline.types import Status
 
 torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
 
 # name -> (forward's body, inputs, whether every output is an exact pick of input elements)
 CASES = {
@@ -132,3 +135,12 @@ def test_interpolation_kernels_compile_for_sm90a_without_spills(tmp_path):
     for c, b in zip(cands, builds, strict=True):
         assert b.status == Status.OK and not b.log, (c.edit, b.log)
         assert all(r.spill_stores == 0 for r in b.resources), (c.edit, b.resources)
+
+
+def test_the_resample_suite_is_written_by_our_kernel_alone():
+    """tasks/resample (the suite a GPU bench times against eager and torch.compile): every task ours."""
+    paths = sorted((ROOT / "tasks" / "resample").glob("*.py"))
+    assert len(paths) == 3
+    for path in paths:
+        ok, why = supports(path)
+        assert ok and "resample" in why and "left to PyTorch" not in why, (path.name, why)
