@@ -444,6 +444,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-6,
     ),
+    "broadcast_matmul": (  # batch dims that broadcast: expanded and flattened into one bmm (they had no template)
+        """
+        class Model(nn.Module):
+            def forward(self, a, w, q, h):
+                return torch.matmul(a, w) * 2, torch.matmul(q, h), torch.matmul(q, h[:1])
+        """,
+        "[torch.randn(6, 8), torch.randn(5, 8, 12), torch.randn(2, 3, 4, 8), torch.randn(3, 8, 5)]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -506,6 +516,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "broadcast_matmul": {"view", "library", "ew"},
     "outer": {"ew", "view"},
     "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
@@ -976,7 +987,15 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
             Kind.HYBRID
             if name
             in HYBRID
-            | {"bmm_epilogue", "conv_batchnorm", "grouped_conv", "attention", "triangular", "cross_entropy"}
+            | {
+                "bmm_epilogue",
+                "conv_batchnorm",
+                "grouped_conv",
+                "attention",
+                "triangular",
+                "cross_entropy",
+                "broadcast_matmul",
+            }
             and not ours
             else Kind.CUSTOM
         )

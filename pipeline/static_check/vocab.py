@@ -21,7 +21,7 @@ MODULE_BASES = frozenset({("torch", "nn", "Module"), ("torch", "nn", "modules", 
 TORCH_PLUMBING = words(
     "empty empty_like empty_strided zeros zeros_like ones ones_like full full_like tensor as_tensor "
     "reshape flatten unflatten permute transpose t squeeze unsqueeze narrow select split chunk unbind "
-    "movedim as_strided view_as_real view_as_complex Size finfo iinfo device dtype is_tensor "
+    "movedim diagonal as_strided view_as_real view_as_complex Size finfo iinfo device dtype is_tensor "
     "is_floating_point is_complex numel get_default_dtype no_grad inference_mode enable_grad "
     "is_grad_enabled is_inference_mode_enabled broadcast_shapes result_type promote_types can_cast"
 )
@@ -42,7 +42,7 @@ NN_TENSOR_CTORS = frozenset({"Parameter", "Buffer", "UninitializedParameter", "U
 # tensor methods that allocate, reshape or describe rather than compute
 TENSOR_PLUMBING = words(
     "view view_as reshape reshape_as flatten unflatten unsqueeze squeeze permute transpose t expand "
-    "expand_as contiguous as_strided narrow select split chunk unbind movedim new_empty new_zeros "
+    "expand_as contiguous as_strided narrow select split chunk unbind movedim diagonal new_empty new_zeros "
     "new_ones new_full new_empty_strided new_tensor zero_ fill_ detach requires_grad_"
 )
 # tensor methods whose result is a Python value

@@ -207,6 +207,40 @@ def _outer(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [dataclasses.replace(_mk(n.name, "mul", n.args[:2], n.shape, n.dtype, "Tensor"), target=n.target)]
 
 
+def _broadcast_matmul(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """A matmul whose batch dims broadcast ((M, K) @ (E, K, N), (B, H, M, K) @ (H, K, N)): a right operand
+    with no real batch is viewed as one matrix (the batch stays the left's rows); otherwise both operands
+    expanded to the common batch and flattened into one bmm (the expanded one copied by torch's reshape,
+    once), the result viewed back. Left as it was, no GEMM template took it."""
+    xs, ys = (by_name.get(r.name) if isinstance(r, Ref) else None for r in n.args[:2])
+    if xs is None or ys is None or not xs.shape or not ys.shape or n.shape is None:
+        return None
+    if len(xs.shape) < 2 or len(ys.shape) < 3 or xs.shape[:-2] == ys.shape[:-2]:
+        return None  # a 2-D right operand, or equal batches: the GEMM templates take them as they are
+    if not (n.dtype == xs.dtype == ys.dtype and n.dtype in ops.FLOAT_DTYPES):
+        return None
+    (m, k), (k2, cols) = xs.shape[-2:], ys.shape[-2:]
+    batch = tuple(n.shape[:-2])
+    if k != k2 or n.shape[-2:] != (m, cols):
+        return None
+    dt, name, out = n.dtype, n.name, []
+    if math.prod(ys.shape[:-2]) == 1:  # (..., M, K) @ (1, K, N): one matrix on the right
+        out.append(_mk(f"{name}_w", "reshape", (n.args[1], (k, cols)), (k, cols), dt))
+        mm = _mk(name, "gemm_matmul", (n.args[0], Ref(out[-1].name)), n.shape, dt)
+        return [*out, dataclasses.replace(mm, target=n.target)]
+    flat = []
+    for tag, ref, rows, inner in (("a", n.args[0], m, k), ("b", n.args[1], k, cols)):
+        full = (*batch, rows, inner)
+        out.append(_mk(f"{name}_{tag}_bc", "expand", (ref, full), full, dt))
+        out.append(_mk(f"{name}_{tag}_3d", "reshape", (Ref(out[-1].name), (math.prod(batch), rows, inner)),
+                       (math.prod(batch), rows, inner), dt))  # fmt: skip
+        flat.append(Ref(out[-1].name))
+    bmm = _mk(f"{name}_bmm", "gemm_bmm", tuple(flat), (math.prod(batch), m, cols), dt)
+    out.append(dataclasses.replace(bmm, target=n.target))
+    out.append(_mk(name, "reshape", (Ref(bmm.name), n.shape), n.shape, dt))
+    return out
+
+
 def _gevm(n: Node, v: object, m: object, by_name: dict[str, Node]) -> list[Node] | None:
     """A vector-matrix product (`matmul` of a (K,) or (1, K) vector by a (..., K, N) matrix, `mm` of a (1, K)
     one) as a column-wise dot product: v[:, None] * m summed over m's K dim, the product computed on the
@@ -702,6 +736,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return gemv
     if n.op in ("mm", "matmul", "bmm") and (outer := _outer(n, by_name)):
         return outer
+    if n.op == "matmul" and (batched := _broadcast_matmul(n, by_name)):
+        return batched
     if n.op == "linear":
         mm = dataclasses.replace(
             _mk(f"{n.name}_mm", "gemm_linear", (a[0], a[1]), n.shape, n.dtype), target=n.target
