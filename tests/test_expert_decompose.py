@@ -96,6 +96,17 @@ def test_emulated_constants_of_an_operands_shape_are_element_wise(tmp_path):
     assert result["outcome"] == "ok" and "left to PyTorch" not in result["why"], result
 
 
+@needs_gxx
+def test_a_float64_operand_leaves_its_op_to_pytorch_instead_of_raising(tmp_path):
+    """float_power computes in float64: the cast back to fp32 read a float64 operand, which our kernels
+    cannot, and supports() raised KeyError('float64') (probe of uncommon ops). The cast stays PyTorch's."""
+    path = _task(tmp_path, "f64", "torch.float_power(x.abs(), 2).float() * 2 + x", X)
+    ok, why = supports(path)
+    assert ok and "dtype float64" in why, why
+    result = check_task(path, 1e-6, edits=1)
+    assert result["outcome"] == "ok", result
+
+
 @needs_nvcc
 def test_decomposed_kernels_compile_for_sm_90a(tmp_path):
     """The element-wise vocabulary the decompositions brought (isposinf, isneginf, hypot, copysign), and a

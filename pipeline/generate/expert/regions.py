@@ -946,7 +946,9 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[RegionKind, str]:
     """(region kind, note) of a node after lowering."""
     if n.op.startswith("gemm_") or n.op in ops.CONVS:
         return RegionKind.LIBRARY, ""
-    if ops.is_elementwise(n):
+    # an operand of a type our kernels cannot read (float64, complex: float_power's result) keeps it PyTorch's
+    readable = all(by_name[r].dtype in ops.C_TYPES for r in n.refs() if r in by_name)
+    if ops.is_elementwise(n) and readable:
         return RegionKind.EW, ""
     if n.op in ops.VIEWS:
         return RegionKind.VIEW, ""
