@@ -454,6 +454,21 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "conv_same": (  # padding="same" / "valid" as numbers; an even kernel's odd total padded on the far side first
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Conv2d(3, 4, 3, padding="same")
+                self.b = nn.Conv2d(4, 4, (4, 3), padding="same", dilation=(1, 2))
+                self.c = nn.Conv1d(3, 5, 5, padding="valid", stride=2)
+            def forward(self, x, v):
+                return self.b(torch.relu(self.a(x))), self.c(v)
+        """,
+        "[torch.randn(2, 3, 7, 9), torch.randn(2, 3, 17)]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -516,6 +531,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "conv_same": {"library", "view", "ew", "torch"},
     "broadcast_matmul": {"view", "library", "ew"},
     "outer": {"ew", "view"},
     "norms_p": {"ew", "reduce"},

@@ -241,6 +241,35 @@ def _broadcast_matmul(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return out
 
 
+def _conv_padding(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """conv(padding="same" / "valid") as the conv with numbers: "valid" pads nothing; "same" pads
+    dilation * (k - 1) // 2 on both sides, and where that total is odd the input first gets its extra
+    element on the far side, as ATen does (a constant pad). Left as it was, no template took it."""
+    a = [*n.args, *(None,) * 7][:7]
+    x, w = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    mode, stride, dilation = a[4], a[3] or 1, a[5] or 1
+    if x is None or w is None or not x.shape or not w.shape or mode not in ("same", "valid"):
+        return None
+    dims = len(w.shape) - 2
+    dil = tuple(dilation) if isinstance(dilation, tuple | list) else (dilation,) * dims
+    strides = tuple(stride) if isinstance(stride, tuple | list) else (stride,) * dims
+    if len(dil) != dims or len(strides) != dims or not all(isinstance(v, int) for v in (*dil, *strides)):
+        return None
+    totals = [0] * dims if mode == "valid" else [d * (k - 1) for d, k in zip(dil, w.shape[2:], strict=True)]
+    if mode == "same" and any(s != 1 for s in strides):
+        return None
+    out, src = [], a[0]
+    if any(t % 2 for t in totals):  # the odd element on the far side of each such dim, last dim first
+        pad = tuple(v for t in reversed(totals) for v in (0, t % 2))
+        shape = (*x.shape[:-dims], *(s + t % 2 for s, t in zip(x.shape[-dims:], totals, strict=True)))
+        out.append(_mk(f"{n.name}_pad", "constant_pad_nd", (src, pad, 0.0), shape, x.dtype))
+        src = Ref(out[-1].name)
+    groups = a[6] if a[6] is not None else 1
+    args = (src, a[1], a[2], strides, tuple(t // 2 for t in totals), dil, groups)
+    out.append(dataclasses.replace(n, args=args, kwargs=(), overload="default"))
+    return out
+
+
 def _gevm(n: Node, v: object, m: object, by_name: dict[str, Node]) -> list[Node] | None:
     """A vector-matrix product (`matmul` of a (K,) or (1, K) vector by a (..., K, N) matrix, `mm` of a (1, K)
     one) as a column-wise dot product: v[:, None] * m summed over m's K dim, the product computed on the
@@ -764,6 +793,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return [
             dataclasses.replace(_mk(n.name, f"gemm_{n.op}", (a[0], a[1]), n.shape, n.dtype), target=n.target)
         ]
+    if n.op in ops.CONVS and n.overload == "padding" and (explicit := _conv_padding(n, by_name)):
+        return [*explicit[:-1], *_lower_node(explicit[-1], {**by_name, **{m.name: m for m in explicit}})]
     if n.op in ops.CONVS and n.shape is not None:
         conv = dataclasses.replace(
             _mk(f"{n.name}_conv", n.op, (a[0], a[1], None, *a[3:]), n.shape, n.dtype, n.overload),
