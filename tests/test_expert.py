@@ -469,6 +469,36 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "cells": (  # one step of nn.LSTMCell and nn.GRUCell: the gate GEMMs, then their math in our kernels
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lstm = nn.LSTMCell(12, 20)
+                self.gru = nn.GRUCell(12, 20, bias=False)
+            def forward(self, x, h, c):
+                h2, c2 = self.lstm(x, (h, c))
+                return h2, c2 * 2, self.gru(x, h)
+        """,
+        "[torch.randn(5, 12), torch.randn(5, 20), torch.randn(5, 20)]",
+        "[]",
+        1e-5,
+    ),
+    "more_lowered": (  # nanmean, addr, nn.Bilinear and heaviside (each was left to PyTorch)
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bl = nn.Bilinear(6, 5, 7)
+            def forward(self, x, v, u):
+                n = torch.where(x > 1.0, float("nan"), x)
+                return (torch.nanmean(n, dim=1), torch.nanmean(n), torch.addr(x[:, :5], v, u, beta=0.5, alpha=2),
+                        self.bl(x[:, :6], x[:, 2:7]), torch.heaviside(x, u[0].expand(9, 8).contiguous()[:, :8]))
+        """,
+        "[torch.randn(9, 8), torch.randn(9), torch.randn(5)]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -531,6 +561,8 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "cells": {"library", "ew", "view"},
+    "more_lowered": {"ew", "reduce", "view", "library"},
     "conv_same": {"library", "view", "ew", "torch"},
     "broadcast_matmul": {"view", "library", "ew"},
     "outer": {"ew", "view"},

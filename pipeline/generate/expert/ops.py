@@ -119,6 +119,7 @@ _BINARY_CALL = {
     "logical_and": "((({0}) != 0.0f && ({1}) != 0.0f) ? 1.0f : 0.0f)",
     "logical_or": "((({0}) != 0.0f || ({1}) != 0.0f) ? 1.0f : 0.0f)",
     "logical_xor": "((({0}) != 0.0f) != (({1}) != 0.0f) ? 1.0f : 0.0f)",
+    "heaviside": "(({0}) == 0.0f ? ({1}) : (({0}) > 0.0f ? 1.0f : 0.0f))",  # NaN: 0, as eager's x > 0
 }
 # Bitwise ops are the logical ones on bool (masks combined with & | ^ ~); on integers they stay PyTorch's.
 _BITWISE = {"and": "logical_and", "or": "logical_or", "xor": "logical_xor"}
@@ -177,7 +178,7 @@ ELEMENTWISE = frozenset(
 # side (bf16 `linear(x) > 0.5` with the bias added in fp32: found by the fuzz hunt, seed 10222).
 STEPS = frozenset(
     {*_COMPARE, "floor", "ceil", "round", "trunc", "frac", "sign", "remainder", "fmod", "threshold", "hardshrink",
-     "softshrink"}
+     "softshrink", "heaviside"}
 )  # fmt: skip
 ROUNDED = {"bfloat16": "kp_round_bf16({0})", "float16": "kp_round_f16({0})"}  # a value as 16 bits store it
 # Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two

@@ -270,6 +270,158 @@ def _conv_padding(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return out
 
 
+def _linear_parts(name: str, x: Ref, w: Ref, b: object, shape: tuple, dt: str) -> list[Node]:
+    """x @ w.T (+ b): the GEMM and its bias add, as linear layers are lowered."""
+    mm = _mk(f"{name}_mm" if b is not None else name, "gemm_linear", (x, w), shape, dt)
+    mm = dataclasses.replace(mm, target="aten.linear.default")
+    return [mm] if b is None else [mm, _mk(name, "add", (Ref(mm.name), b), shape, dt, "Tensor")]
+
+
+def _rnn_cell(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """nn.LSTMCell / nn.GRUCell, one step: the two gate GEMMs (input and hidden) with their biases, then the
+    gates' element-wise math, which the GEMMs' epilogues and one ew region take. PyTorch's cell kernels are
+    the same GEMMs and a fused point-wise kernel. Outputs (h, c) of an LSTM cell are named `<cell>__out0/1`
+    for the getitems that take them apart."""
+    a = [*n.args, *(None,) * 6][:6]
+    lstm = n.op == "lstm_cell"
+    x = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
+    state = a[1] if lstm else (a[1],)
+    wih, whh, bih, bhh = a[2:6]
+    if x is None or not x.shape or len(x.shape) != 2 or not isinstance(state, tuple):
+        return None
+    if not all(isinstance(r, Ref) and r.name in by_name for r in (*state, wih, whh)):
+        return None
+    h = by_name[state[0].name]
+    dt = x.dtype or ""
+    if dt not in ops.FLOAT_DTYPES or not h.shape or len(h.shape) != 2 or h.dtype != dt:
+        return None
+    rows, hid = h.shape
+    g = 4 if lstm else 3
+    name, out = n.name, []
+    out += _linear_parts(f"{name}_gi", a[0], wih, bih, (rows, g * hid), dt)
+    out += _linear_parts(f"{name}_gh", state[0], whh, bhh, (rows, g * hid), dt)
+    gi, gh = Ref(f"{name}_gi"), Ref(f"{name}_gh")
+    s = (rows, hid)
+
+    def part(src: Ref, k: int, tag: str) -> Ref:
+        out.append(_mk(f"{name}_{tag}", "slice", (src, 1, k * hid, (k + 1) * hid, 1), s, dt, "Tensor"))
+        return Ref(out[-1].name)
+
+    def op(tag: str, o: str, *args: object, ov: str = "default") -> Ref:
+        out.append(_mk(f"{name}_{tag}", o, args, s, dt, ov))
+        return Ref(out[-1].name)
+
+    if lstm:  # i, f, g, o: c' = f * c + i * g, h' = o * tanh(c')
+        gates = op("gates", "add", gi, gh, ov="Tensor")
+        i, f, gg, o = (part(gates, k, t) for k, t in enumerate(("i", "f", "g", "o")))
+        c2 = op("c2", "add", op("fc", "mul", op("sf", "sigmoid", f), state[1], ov="Tensor"),
+                op("ig", "mul", op("si", "sigmoid", i), op("tg", "tanh", gg), ov="Tensor"), ov="Tensor")  # fmt: skip
+        h2 = op("h2", "mul", op("so", "sigmoid", o), op("tc", "tanh", c2), ov="Tensor")
+        out.append(_mk(f"{name}__out0", "alias", (h2,), s, dt))
+        out.append(_mk(f"{name}__out1", "alias", (c2,), s, dt))
+        return out
+    # r, z, n: n = tanh(i_n + r * h_n), h' = n + z * (h - n) (ATen's form)
+    r = op("r", "sigmoid", op("ar", "add", part(gi, 0, "ir"), part(gh, 0, "hr"), ov="Tensor"))
+    z = op("z", "sigmoid", op("az", "add", part(gi, 1, "iz"), part(gh, 1, "hz"), ov="Tensor"))
+    new = op("n", "tanh", op("an", "add", part(gi, 2, "in"), op("rn", "mul", r, part(gh, 2, "hn"), ov="Tensor"),
+                               ov="Tensor"))  # fmt: skip
+    step = op("zd", "mul", z, op("d", "sub", state[0], new, ov="Tensor"), ov="Tensor")
+    out.append(_mk(name, "add", (new, step), s, dt, "Tensor"))
+    return out
+
+
+def _nanmean(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """nanmean: the sum of the values that are not NaN over their count (NaN where there are none)."""
+    a = n.args
+    x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    if (
+        x is None
+        or x.shape is None
+        or n.shape is None
+        or n.dtype not in ops.FLOAT_DTYPES
+        or x.dtype != n.dtype
+    ):
+        return None
+    if n.kw("dtype") is not None:
+        return None
+    dims = ops._dims(ops._arg(n, 1, "dim", None))
+    keep = bool(ops._arg(n, 2, "keepdim", False))
+    name, shape, dt = n.name, x.shape, n.dtype
+    nan = _mk(f"{name}_isnan", "isnan", (a[0],), shape, "bool")
+    kept = _mk(f"{name}_kept", "where", (Ref(nan.name), 0.0, a[0]), shape, dt, "ScalarSelf")
+    real = _mk(f"{name}_real", "logical_not", (Ref(nan.name),), shape, "bool")
+    cast = dataclasses.replace(_mk(f"{name}_one", "_to_copy", (Ref(real.name),), shape, dt),
+                               kwargs=(("dtype", ("dtype", dt)),))  # fmt: skip
+    out = [nan, kept, real, cast]
+    sums = []
+    for tag, src in (("sum", kept), ("count", cast)):
+        if dims is None:
+            red = _mk(f"{name}_{tag}", "sum", (Ref(src.name),), n.shape, dt)
+        else:
+            red = _mk(f"{name}_{tag}", "sum", (Ref(src.name), dims, keep), n.shape, dt, _OVERLOAD["sum"])
+        out += _split_reduction(red, {**by_name, **{m.name: m for m in out}}) or [red]
+        sums.append(Ref(red.name))
+    return [*out, _mk(name, "div", tuple(sums), n.shape, dt, "Tensor")]
+
+
+def _addr(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """addr(z, x, y, beta, alpha): beta * z + alpha * (x outer y), a broadcast product and an add."""
+    a = n.args
+    refs = [by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:3]]
+    if any(r is None or r.shape is None for r in refs) or n.shape is None or n.dtype not in ops.FLOAT_DTYPES:
+        return None
+    z, x, y = refs
+    if len(x.shape) != 1 or len(y.shape) != 1 or n.shape != (x.shape[0], y.shape[0]):
+        return None
+    beta, alpha = n.kw("beta", 1), n.kw("alpha", 1)
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (beta, alpha)):
+        return None
+    name, dt, shape = n.name, n.dtype, n.shape
+    col = _mk(f"{name}_col", "reshape", (a[1], (x.shape[0], 1)), (x.shape[0], 1), dt)
+    row = _mk(f"{name}_row", "reshape", (a[2], (1, y.shape[0])), (1, y.shape[0]), dt)
+    out = [col, row, _mk(f"{name}_outer", "mul", (Ref(col.name), Ref(row.name)), shape, dt, "Tensor")]
+    if alpha != 1:
+        out.append(_mk(f"{name}_alpha", "mul", (Ref(out[-1].name), alpha), shape, dt, "Tensor"))
+    base: object = a[0]
+    if beta == 0:  # eager ignores z (NaN in it too) when beta is 0
+        return [*out[:-1], dataclasses.replace(out[-1], name=name)]
+    if beta != 1:
+        out.append(_mk(f"{name}_beta", "mul", (a[0], beta), z.shape, dt, "Tensor"))
+        base = Ref(out[-1].name)
+    return [*out, _mk(name, "add", (base, Ref(out[-2 if beta != 1 else -1].name)), shape, dt, "Tensor")]
+
+
+def _bilinear(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """nn.Bilinear, y[b, o] = x1[b] . W[o] . x2[b] + bias[o], for (B, I) and (B, J) inputs: x1 times W seen
+    as (I, O * J) in one GEMM (W's permuted copy made once by torch), then x2 times it summed over J (the
+    product on the row reduction's loads), then the bias."""
+    a = n.args
+    refs = [by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:3]]
+    if any(r is None or not r.shape for r in refs) or n.shape is None or n.dtype not in ops.FLOAT_DTYPES:
+        return None
+    x1, x2, w = refs
+    if len(x1.shape) != 2 or len(x2.shape) != 2 or len(w.shape) != 3 or x1.shape[0] != x2.shape[0]:
+        return None
+    (rows, i), j, o = x1.shape, x2.shape[1], w.shape[0]
+    if w.shape != (o, i, j) or {x1.dtype, x2.dtype, w.dtype} != {n.dtype}:
+        return None
+    name, dt = n.name, n.dtype
+    wt = _mk(f"{name}_wt", "permute", (a[2], (1, 0, 2)), (i, o, j), dt)
+    w2 = _mk(f"{name}_w2", "reshape", (Ref(wt.name), (i, o * j)), (i, o * j), dt)
+    mm = dataclasses.replace(_mk(f"{name}_t", "gemm_mm", (a[0], Ref(w2.name)), (rows, o * j), dt),
+                             target="aten.mm.default")  # fmt: skip
+    t3 = _mk(f"{name}_t3", "reshape", (Ref(mm.name), (rows, o, j)), (rows, o, j), dt)
+    v = _mk(f"{name}_x2", "reshape", (a[1], (rows, 1, j)), (rows, 1, j), dt)
+    prod = _mk(f"{name}_prod", "mul", (Ref(t3.name), Ref(v.name)), (rows, o, j), dt, "Tensor")
+    bias = a[3] if len(a) > 3 else None
+    red = _mk(f"{name}_dot" if bias is not None else name, "sum", (Ref(prod.name), (-1,), False), (rows, o), dt,
+              _OVERLOAD["sum"])  # fmt: skip
+    out = [wt, w2, mm, t3, v, prod, red]
+    if bias is not None:
+        out.append(_mk(name, "add", (Ref(red.name), bias), (rows, o), dt, "Tensor"))
+    return out
+
+
 def _gevm(n: Node, v: object, m: object, by_name: dict[str, Node]) -> list[Node] | None:
     """A vector-matrix product (`matmul` of a (K,) or (1, K) vector by a (..., K, N) matrix, `mm` of a (1, K)
     one) as a column-wise dot product: v[:, None] * m summed over m's K dim, the product computed on the
@@ -723,6 +875,16 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return []  # a tuple its getitems take apart: each becomes an expand of its own operand
     if n.op in ("var_mean", "std_mean") and n.overload in ("dim", "correction"):
         return []  # a pair its getitems take apart: each becomes a reduction of its own
+    if n.op == "getitem" and isinstance(a[0], Ref) and f"{a[0].name}__out{a[1]}" in by_name:  # a lowered cell
+        return [_mk(n.name, "alias", (Ref(f"{a[0].name}__out{a[1]}"),), n.shape, n.dtype)]
+    if n.op in ("lstm_cell", "gru_cell") and (cell := _rnn_cell(n, by_name)):
+        return cell
+    if n.op == "nanmean" and (lowered := _nanmean(n, by_name)):
+        return lowered
+    if n.op == "addr" and (lowered := _addr(n, by_name)):
+        return lowered
+    if n.op == "bilinear" and (lowered := _bilinear(n, by_name)):
+        return lowered
     if n.op == "getitem" and isinstance(a[0], Ref) and n.shape is not None:
         src = by_name.get(a[0].name)
         if src is not None and src.op == "broadcast_tensors":
