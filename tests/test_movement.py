@@ -1,4 +1,5 @@
-"""flip, roll, cat, stack, repeat, Tensor.unfold and constant padding as our own strided copies
+"""flip, roll, cat, stack, repeat, Tensor.unfold, padding (constant, reflect, replicate, circular), takes
+and gathers as our own strided copies
 (families/movement.py): written where they were left to PyTorch (a lone flip or roll was refused: fuzz
 seeds 10349 and 10350), exact in the CPU emulator on strided, transposed, empty and 16-bit inputs, 16 bytes
 at a time where the rows align, and compiled for sm_90a."""
@@ -58,6 +59,12 @@ CASES = {
         " F.pad(x, (0, 0, 0, 0, -1, -1)), F.pad(x, (2, 2), value=float('-inf')))",
         "[torch.randn(4, 6, 32)]",
     ),
+    "edge_pads": (  # reflect, replicate and circular: each padded dim three ranges, the edges copied in place
+        "return (F.pad(x, (2, 3), mode='reflect'), F.pad(x, (1, 0, 2, 2), mode='replicate') * 2,"
+        " F.pad(x.mT, (3, 1, 0, 4), mode='circular'), F.pad(x[None], (1, 1, 2, 0, 1, 2), mode='reflect'),"
+        " F.pad(x[None], (0, 2, 1, 1, 3, 0), mode='circular'))",
+        "[torch.randn(4, 6, 9)]",
+    ),
     "takes": (  # rows picked by an index tensor: an embedding, index_select along a middle dim, x[:, i]
         "return F.embedding(x[0].long() % 50, w) * 2, torch.index_select(w.view(10, 5, 64), 1, x[1, :7].long()"
         " % 5), w[:, x[2, :9].long() % 64], w[x[3, :3].long() % 50 - 50], w.t()[x[:2, :3].long() % 64]",
@@ -94,6 +101,9 @@ def _path(tmp_path, name: str):
         "x.repeat(2, 2)",
         "x.unfold(1, 3, 2)",
         "F.pad(x, (1, 1))",
+        "F.pad(x, (2, 1), mode='reflect')",
+        "F.pad(x, (0, 3), mode='replicate')",
+        "F.pad(x, (4, 4), mode='circular')",
     ],
 )
 def test_a_lone_data_movement_op_is_written_as_our_copies(tmp_path, expr):
@@ -110,10 +120,9 @@ def test_a_lone_data_movement_op_is_written_as_our_copies(tmp_path, expr):
             "torch.cat([x, x.half()], 0) * 2",
             "aten.cat.default",
         ),  # promotes: bytes cannot be copied as they are
-        ("F.pad(x, (1, 1), mode='reflect') * 2", "aten.pad.default"),  # not a constant fill
     ],
 )
-def test_promoting_concatenations_and_reflecting_pads_stay_with_pytorch(tmp_path, expr, left):
+def test_promoting_concatenations_stay_with_pytorch(tmp_path, expr, left):
     body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
     ok, why = supports(task_file(tmp_path, "kept", body, "[torch.randn(4, 8)]"))
     assert ok and f"{left} left to PyTorch" in why, why
@@ -162,7 +171,17 @@ def test_aligned_rows_move_16_bytes_a_thread_and_others_an_element(tmp_path):
 @needs_nvcc
 def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
-    for name in ("flips", "rolls", "cat_f16_empty", "indices", "repeats", "pads", "takes", "gathers"):
+    for name in (
+        "flips",
+        "rolls",
+        "cat_f16_empty",
+        "indices",
+        "repeats",
+        "pads",
+        "edge_pads",
+        "takes",
+        "gathers",
+    ):
         task = probe(_path(tmp_path, name))
         cands += [
             p.candidate

@@ -73,8 +73,13 @@ def why_not(r: Region, low: Lowered) -> str:
         return "the window's dim, size and step are not constants"
     if n.op in ("pad", "constant_pad_nd"):
         value = movement.pad_value(n)
-        if movement.pad_mode(n) != "constant" or not _ints(a[1] if len(a) > 1 else None) or len(a[1]) % 2:
-            return "not a constant padding by constant amounts"
+        mode = movement.pad_mode(n)
+        if mode not in ("constant", "reflect", "replicate", "circular"):
+            return f"a {mode} padding"
+        if not _ints(a[1] if len(a) > 1 else None) or len(a[1]) % 2:
+            return "not a padding by constant amounts"
+        if mode != "constant" and (min(a[1], default=0) < 0 or len(a[1]) // 2 > 3 or len(a[1]) // 2 >= nd):
+            return f"a {mode} padding that crops, or of more than 3 dims or every dim"
         if len(a[1]) > 2 * nd or not isinstance(value, int | float):
             return "more padded dims than the input has, or a fill that is not a number"
         if (

@@ -12,7 +12,8 @@ Each op is a few pieces, each one copy of a strided block of the input into a st
   unfold one piece: the windows are a strided view of the input (the dim's stride times the step, then its
          own stride for the window's last dim);
   pad    the output filled with the constant (torch.full), then the input's surviving part copied into it
-         (negative padding crops);
+         (negative padding crops); reflect, replicate and circular: 3 ranges a padded dim (the edges read
+         backwards, at stride 0 or from the other end), a piece a choice of one range a dim;
   take   embedding, index_select, x[:, i]: one piece whose coordinate along the indexed dim goes through
          the index; gather: one piece of the index's shape, the source coordinate along the dim read from
          the index at the element's own (contiguous) offset.
@@ -196,6 +197,41 @@ def _taken_pieces(r: Region, names: dict[str, str]) -> list[str]:
     ]
 
 
+def _edge_pieces(x: str, pad: tuple[int, ...], mode: str) -> list[str]:
+    """reflect, replicate and circular padding: along each padded dim the output is three ranges, the middle
+    the input itself and each side a block of it read backwards from one element in (reflect), one edge
+    element at stride 0 (replicate) or the other end (circular); a piece for each choice of a range a dim."""
+    side = {
+        "reflect": "[(lo, -1, 0, lo), (0, 1, lo, n), (n - 2, -1, lo + n, hi)]",
+        "replicate": "[(0, 0, 0, lo), (0, 1, lo, n), (n - 1, 0, lo + n, hi)]",
+        "circular": "[(n - lo, 1, 0, lo), (0, 1, lo, n), (0, 1, lo + n, hi)]",
+    }[mode]
+    limit = {"reflect": "n - 1", "replicate": "n if n else 0", "circular": "n"}[mode]
+    return [
+        f"    pad, nd = {pad!r}, {x}.dim()",
+        "    lo, hi = [0] * nd, [0] * nd",
+        "    for i in range(len(pad) // 2):  # (left, right) pairs from the last dim back",
+        "        lo[nd - 1 - i], hi[nd - 1 - i] = pad[2 * i], pad[2 * i + 1]",
+        f"    for n, a, b in zip({x}.shape, lo, hi):",
+        f"        if a < 0 or b < 0 or ((a or b) and max(a, b) > {limit}) or ((a or b) and n == 0):",
+        f"            raise ValueError(f'kernelpro expert: {mode} padding {{pad}} of a tensor {{tuple({x}.shape)}}')",
+        f"    out = torch.empty([s + a + b for s, a, b in zip({x}.shape, lo, hi)], dtype={x}.dtype, device={x}.device)",
+        "    # per dim: (source start, source step, destination start, length) of each range",
+        f"    ranges = [{side} for n, lo, hi in zip({x}.shape, lo, hi)]",
+        "    pieces, combos = [], [[]]",
+        "    for rs in ranges:",
+        "        combos = [c + [q] for c in combos for q in rs]",
+        f"    st, ost = list({x}.stride()), list(out.stride())",
+        "    for parts in combos:",
+        "        if all(m for *_, m in parts):",
+        "            s0 = sum(a * t for (a, _, _, _), t in zip(parts, st))",
+        "            d0 = sum(c * t for (_, _, c, _), t in zip(parts, ost))",
+        f"            pieces.append(({x}, s0, [m for *_, m in parts], [b * t for (_, b, _, _), t in zip(parts, st)],"
+        " d0, ost))",
+        "    result = out",
+    ]
+
+
 def _pieces(r: Region, names: dict[str, str]) -> list[str]:
     """The launcher lines that set `out`, `pieces` ((source, its base, sizes, source strides, the
     destination's base, its strides), in elements) and `result` (out, or a view of it)."""
@@ -272,6 +308,8 @@ def _pieces(r: Region, names: dict[str, str]) -> list[str]:
             f"    pieces = [({x}, 0, [*sizes, {size}], [*sstr, st[d]], 0, list(out.stride()))]",
             "    result = out",
         ]
+    if op == "pad" and pad_mode(n) != "constant":
+        return _edge_pieces(names[n.args[0].name], tuple(n.args[1]), pad_mode(n))
     if op in ("pad", "constant_pad_nd"):
         x, pad = names[n.args[0].name], tuple(n.args[1])
         value = pad_value(n)
