@@ -499,6 +499,20 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "losses_more": (  # binary cross-entropy, NLL (an ignored target), hinge and cosine embedding losses
+        """
+        class Model(nn.Module):
+            def forward(self, x, y, t, s):
+                p = torch.sigmoid(x)
+                return (F.binary_cross_entropy(p, torch.sigmoid(y)), F.binary_cross_entropy(p, y.gt(0).to(y.dtype),
+                        weight=y.abs(), reduction="sum"), F.nll_loss(F.log_softmax(x, 1), t, ignore_index=2),
+                        F.hinge_embedding_loss(x, s, margin=0.5), F.cosine_embedding_loss(x, y, s[:, 0].long(), 0.1),
+                        F.cosine_embedding_loss(x, y, s[:, 1], reduction="none"))
+        """,
+        "[torch.randn(6, 9), torch.randn(6, 9), torch.randint(0, 9, (6,)), torch.randint(0, 2, (6, 9)).float() * 2 - 1]",
+        "[]",
+        1e-5,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -531,7 +545,7 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         1e-5,
     ),
 }
-LEFT_TO_TORCH = {"cross_entropy": {"where", "clamp"}}  # on the int64 targets
+LEFT_TO_TORCH = {"cross_entropy": {"where", "clamp"}, "losses_more": {"where", "to"}}  # on the int64 targets
 FAMILIES = {
     "activations": {"ew"},
     "broadcast": {"ew"},
@@ -561,6 +575,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "losses_more": {"ew", "reduce", "softmax", "torch", "view"},
     "cells": {"library", "ew", "view"},
     "more_lowered": {"ew", "reduce", "view", "library"},
     "conv_same": {"library", "view", "ew", "torch"},

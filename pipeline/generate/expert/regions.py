@@ -696,13 +696,15 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cross_entropy(x, t) over (N, C) logits and class indices, as ATen defines it without weights or label
     smoothing: logsumexp(x[i]) - x[i, t[i]] for each target that is not ignore_index (0 for those), then
     none / sum / mean, the mean over the targets kept (NaN when none is). One read of x: the row reduction
-    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements (the movement family's)."""
+    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements (the movement family's).
+    nll_loss is the same without the logsumexp: -x[i, t[i]] of log-probabilities."""
     a = n.args
+    nll = n.op in ("nll_loss", "nll_loss_nd")
     x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
     weight = a[2] if len(a) > 2 else n.kw("weight", None)
     reduction = a[3] if len(a) > 3 else n.kw("reduction", 1)
     ignore = a[4] if len(a) > 4 else n.kw("ignore_index", -100)
-    smoothing = a[5] if len(a) > 5 else n.kw("label_smoothing", 0.0)
+    smoothing = 0.0 if nll else a[5] if len(a) > 5 else n.kw("label_smoothing", 0.0)
     if x is None or t is None or x.shape is None or t.shape is None or len(x.shape) != 2:
         return None
     rows, dt, name = (x.shape[0],), x.dtype, n.name
@@ -724,10 +726,13 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         target="aten.gather.default",
     )
     picked = _mk(f"{name}_picked", "reshape", (Ref(pick.name), rows), rows, dt)
-    diff = _mk(f"{name}_diff", "sub", (Ref(lse.name), Ref(picked.name)), rows, dt, "Tensor")
+    if nll:
+        diff = _mk(f"{name}_diff", "neg", (Ref(picked.name),), rows, dt)
+    else:
+        diff = _mk(f"{name}_diff", "sub", (Ref(lse.name), Ref(picked.name)), rows, dt, "Tensor")
     loss = _mk(f"{name}_l" if reduction else name, "where", (Ref(keep.name), Ref(diff.name), 0.0), rows, dt,
                "ScalarOther")  # fmt: skip
-    out = [lse, keep, safe, index, pick, picked, diff, loss]
+    out = [*([] if nll else [lse]), keep, safe, index, pick, picked, diff, loss]
     if reduction == 0:
         return [*out[:-1], dataclasses.replace(loss, target=n.target)]
     total = _mk(f"{name}_total" if reduction == 1 else name, "sum", (Ref(loss.name),), (), dt)
@@ -737,6 +742,96 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     count = _mk(f"{name}_count", "sum", (Ref(kept.name),), (), dt)
     mean = _mk(name, "div", (Ref(total.name), Ref(count.name)), (), dt, "Tensor")
     return [*out, total, kept, count, dataclasses.replace(mean, target=n.target)]
+
+
+class _Chain:
+    """Element-wise nodes of one shape and dtype, named after the node they lower (a loss's steps)."""
+
+    def __init__(self, name: str, shape: tuple, dt: str):
+        self.name, self.shape, self.dt, self.nodes = name, shape, dt, []
+
+    def __call__(
+        self, tag: str, op: str, *args: object, overload: str = "default", shape=None, dt=None
+    ) -> Ref:
+        self.nodes.append(_mk(f"{self.name}_{tag}", op, args, shape or self.shape, dt or self.dt, overload))
+        return Ref(self.nodes[-1].name)
+
+
+def _bce(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """binary_cross_entropy(p, t, weight, reduction) as ATen computes it: (t - 1) * max(log1p(-p), -100)
+    - t * max(log(p), -100), times the weight, then the reduction."""
+    a = [*n.args, None, None][:4]
+    p, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    reduction = a[3] if a[3] is not None else n.kw("reduction", 1)
+    weight = a[2] if a[2] is not None else n.kw("weight", None)
+    if p is None or t is None or not p.shape or p.shape != t.shape or reduction not in (0, 1, 2):
+        return None
+    if n.dtype not in ops.FLOAT_DTYPES or p.dtype != n.dtype or t.dtype != n.dtype:
+        return None
+    c = _Chain(n.name, p.shape, n.dtype)
+    lo = c("lo", "clamp_min", c("log1m", "log1p", c("negp", "neg", a[0])), -100.0)
+    lp = c("lp", "clamp_min", c("log", "log", a[0]), -100.0)
+    loss = c("l", "sub", c("a", "mul", c("tm1", "sub", a[1], 1.0, overload="Tensor"), lo, overload="Tensor"),
+             c("b", "mul", a[1], lp, overload="Tensor"), overload="Tensor")  # fmt: skip
+    if isinstance(weight, Ref):
+        loss = c("w", "mul", loss, weight, overload="Tensor")
+    return [*c.nodes, _reduced(n, loss, reduction, n.dtype)]
+
+
+def _embedding_losses(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """hinge_embedding_loss(x, t, margin) and cosine_embedding_loss(x1, x2, t, margin) as ATen writes them:
+    the hinge is x where t != -1 plus max(margin - x, 0) where t != 1; the cosine one 1 - cos where t == 1
+    and max(cos - margin, 0) where t == -1, cos = x1.x2 / sqrt((|x1|^2 + 1e-12)(|x2|^2 + 1e-12)) over the
+    last dim. Targets of either sign convention compare as numbers (int64 ones read exactly)."""
+    cosine = n.op == "cosine_embedding_loss"
+    k = 3 if cosine else 2
+    a = [*n.args, None, None][: k + 2]
+    ins = [by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:k]]
+    margin = a[k] if a[k] is not None else n.kw("margin", 0.0 if cosine else 1.0)
+    reduction = a[k + 1] if a[k + 1] is not None else n.kw("reduction", 1)
+    if any(x is None or x.shape is None for x in ins) or reduction not in (0, 1, 2):
+        return None
+    x, t = ins[0], ins[-1]
+    if n.dtype not in ops.FLOAT_DTYPES or x.dtype != n.dtype or not isinstance(margin, int | float):
+        return None
+    if t.dtype not in (*ops.FLOAT_DTYPES, "int64", "int32"):
+        return None
+    dt = n.dtype
+    if not cosine:
+        if x.shape != t.shape:
+            return None
+        c = _Chain(n.name, x.shape, dt)
+        clamp = c("clamp", "clamp_min", c("m", "rsub", a[0], float(margin), overload="Scalar"), 0.0)
+        not1 = c("not1", "ne", a[1], 1.0, overload="Scalar", dt="bool")
+        notm1 = c("notm1", "ne", a[1], -1.0, overload="Scalar", dt="bool")
+        loss = c("l", "add", c("om", "where", not1, clamp, 0.0, overload="ScalarOther"),
+                 c("os", "where", notm1, a[0], 0.0, overload="ScalarOther"), overload="Tensor")  # fmt: skip
+        return [*c.nodes, _reduced(n, loss, reduction, dt)]
+    y = ins[1]
+    if y.dtype != dt or x.shape != y.shape or not x.shape or t.shape != x.shape[:-1]:
+        return None
+    rows = x.shape[:-1]
+    c = _Chain(n.name, x.shape, dt)
+
+    def dot(tag: str, u: object, v: object) -> Ref:
+        prod = c(f"{tag}_p", "mul", u, v, overload="Tensor")
+        return c(tag, "sum", prod, (-1,), False, overload=_OVERLOAD["sum"], shape=rows)
+
+    ps = dot("dot", a[0], a[1])
+    m1 = c("m1", "add", dot("s1", a[0], a[0]), 1e-12, overload="Tensor", shape=rows)
+    m2 = c("m2", "add", dot("s2", a[1], a[1]), 1e-12, overload="Tensor", shape=rows)
+    cos = c("cos", "div", ps, c("den", "sqrt", c("mm", "mul", m1, m2, overload="Tensor", shape=rows), shape=rows),
+            overload="Tensor", shape=rows)  # fmt: skip
+    pos = c("pos", "rsub", cos, 1.0, overload="Scalar", shape=rows)
+    neg = c(
+        "neg", "clamp_min", c("cm", "sub", cos, float(margin), overload="Tensor", shape=rows), 0.0, shape=rows
+    )
+    is1 = c("is1", "eq", a[2], 1.0, overload="Scalar", shape=rows, dt="bool")
+    ism1 = c("ism1", "eq", a[2], -1.0, overload="Scalar", shape=rows, dt="bool")
+    loss = c("l", "add", c("op", "where", is1, pos, 0.0, overload="ScalarOther", shape=rows),
+             c("on", "where", ism1, neg, 0.0, overload="ScalarOther", shape=rows), overload="Tensor",
+             shape=rows)  # fmt: skip
+    return [*c.nodes, _reduced(n, loss, reduction, dt)]
 
 
 def _einsum(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
@@ -915,7 +1010,17 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return lowered
     if n.op == "kl_div" and n.shape is not None and (lowered := _kl_div(n, by_name)):
         return lowered
-    if n.op == "cross_entropy_loss" and n.shape is not None and (lowered := _cross_entropy(n, by_name)):
+    if n.op == "binary_cross_entropy" and (lowered := _bce(n, by_name)):
+        return lowered
+    if n.op in ("hinge_embedding_loss", "cosine_embedding_loss") and (
+        lowered := _embedding_losses(n, by_name)
+    ):
+        return lowered
+    if (
+        n.op in ("cross_entropy_loss", "nll_loss", "nll_loss_nd")
+        and n.shape is not None
+        and (lowered := _cross_entropy(n, by_name))
+    ):
         return lowered
     if n.op == "cosine_similarity" and n.shape is not None and (lowered := _cosine(n, by_name)):
         return lowered
