@@ -513,6 +513,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "router_topk": (  # a MoE router's top-k (families/select.py), the weights renormalised
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                w, e = torch.softmax(x, dim=-1).topk(4, dim=-1)
+                return w / w.sum(dim=-1, keepdim=True), e
+        """,
+        "[torch.randn(6, 37)]",
+        "[]",
+        1e-6,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -575,6 +586,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "router_topk": {"softmax", "torch", "view", "reduce", "ew"},
     "losses_more": {"ew", "reduce", "softmax", "torch", "view"},
     "cells": {"library", "ew", "view"},
     "more_lowered": {"ew", "reduce", "view", "library"},

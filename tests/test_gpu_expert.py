@@ -660,6 +660,17 @@ FAMILIES = {
         """,
         "[64]",
     ),
+    # a router's top-k and a stable sort of rows (families/select.py): bitonic sorts in shared memory
+    "select": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                w, e = torch.softmax(x, dim=-1).topk(8, dim=-1)
+                s = torch.sort(x, dim=-1, descending=True, stable=True)
+                return w / w.sum(dim=-1, keepdim=True), e, s.values, s.indices
+        """,
+        "[]",
+    ),
     # vector-matrix products: column-wise dot products, v * m on the loads
     "gevm_f32": (
         """
@@ -733,6 +744,7 @@ SHAPES = {
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
     "batch_stats": ["(16, 64, 56, 57)", "(1, 64, 1, 3)"],
+    "select": ["(8192, 128)", "(9, 37)", "(3, 4096)"],
     "gevm_f32": ["(4096,); (4096, 8192)", "(1, 1027); (1027, 33)", "(37,); (3, 37, 40)"],
     "sdpa_mask": ["(2, 2, 70, 32); (2, 2, 90, 32); (2, 2, 90, 32); (70, 90)"],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],

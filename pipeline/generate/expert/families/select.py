@@ -1,0 +1,102 @@
+"""Sorting and selection (templates/select.py): torch.sort, argsort (stable or not: ours is the stable
+order) and topk along one dim of rows of at most 4096 elements, fp32, fp16 and bf16, where they were left
+to PyTorch (the top-k of a MoE router, a sort of scores). Longer rows stay PyTorch's (a multi-block sort).
+Both plans take our kernel (no library anchor to keep). Edits: resize_grid (threads x2 and /2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import select
+from pipeline.generate.expert.templates.code import Code
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class SelectPlan(RegionPlan):
+    TAG: ClassVar[str] = "select"
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+
+    threads: int = 512
+
+
+@dataclass(frozen=True)
+class Form:
+    op: str  # topk, sort, argsort
+    length: int  # the row along dim
+    k: int  # elements written a row
+    dim: int
+    desc: bool
+
+
+def _arg(n: Node, i: int, key: str, default: Any) -> Any:
+    return n.args[i] if len(n.args) > i else n.kw(key, default)
+
+
+def form(n: Node, low: Lowered) -> Form | str:
+    """What our kernel computes for this node, else why not."""
+    if n.op not in ("topk", "sort", "argsort"):
+        return "not a sort or top-k"
+    x = low.by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    if x is None or not x.shape or x.dtype not in DTYPES:
+        return f"a sort of a {x.dtype if x else 'unknown'} tensor of shape {x.shape if x else None}"
+    stable = n.overload == "stable"  # dim and descending are keywords there
+    dim = n.kw("dim", -1) if stable else _arg(n, 2 if n.op == "topk" else 1, "dim", -1)
+    if n.op == "topk":
+        k, desc = _arg(n, 1, "k", None), _arg(n, 3, "largest", True)
+    else:
+        k, desc = None, (n.kw("descending", False) if stable else _arg(n, 2, "descending", False))
+    if not isinstance(dim, int) or not isinstance(desc, bool) or not -len(x.shape) <= dim < len(x.shape):
+        return "the dim or the direction is not a constant"
+    length = x.shape[dim]
+    k = length if k is None else k
+    if not isinstance(k, int) or not 0 <= k <= length or not 1 <= length <= select.MAX_ROW:
+        return f"rows of {length} (our kernel sorts rows of 1 to {select.MAX_ROW} in shared memory)"
+    return Form(n.op, length, k, dim, desc)
+
+
+def why_not(r: Region, low: Lowered) -> str:
+    if r.kind is not RegionKind.TORCH:
+        return "not a region PyTorch would compute"
+    f = form(r.node, low)
+    return f if isinstance(f, str) else ""
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return not why_not(r, low)
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> SelectPlan:
+    return SelectPlan(r.rid)
+
+
+def _resize(plan: Plan, rp: SelectPlan, r: Region, low: Lowered) -> Moves:
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from change("resize_grid", plan, rp, threads=threads)
+
+
+def render(r: Region, rp: SelectPlan, low: Lowered, hunter: Any) -> Code:
+    f = form(r.node, low)
+    if isinstance(f, str):
+        raise RenderError(f"region {r.rid} cannot be our sort: {f}")
+    dtype = low.by_name[r.node.args[0].name].dtype or "float32"
+    return select.render(r, f.op, dtype, f.length, f.k, f.dim, f.desc, rp.threads)
+
+
+FAMILY = Family(
+    knobs=SelectPlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={"resize_grid": _resize},
+    order=16,
+)
