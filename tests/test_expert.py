@@ -282,7 +282,7 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
-    "cross_entropy": (  # logsumexp in our row reduction; x[i, t[i]] our gather; the int64 target logic PyTorch's
+    "cross_entropy": (  # logsumexp in our row reduction; x[i, t[i]] our masked gather (ignored targets 0)
         """
         class Model(nn.Module):
             def forward(self, x, t):
@@ -556,7 +556,7 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         1e-5,
     ),
 }
-LEFT_TO_TORCH = {"cross_entropy": {"where", "clamp"}, "losses_more": {"where", "to"}}  # on the int64 targets
+LEFT_TO_TORCH = {"cross_entropy": {"clamp"}, "losses_more": {"to"}}  # the cases' own int64 ops
 FAMILIES = {
     "activations": {"ew"},
     "broadcast": {"ew"},
@@ -677,7 +677,7 @@ def test_capture_covers_family_cases(cases):
         kinds = {r.kind for r in low.regions}
         assert kinds == FAMILIES[name], (name, kinds, low.notes)
         # nothing left to PyTorch: a torch-kind region (a pool, an SDPA call) only where a family claims it,
-        # but for what a case leaves there on purpose (cross-entropy's int64 targets and its pick of N logits)
+        # but for what a case leaves there on purpose (int64 ops the cases' own code does on their targets)
         left = {
             n.op
             for r in low.regions

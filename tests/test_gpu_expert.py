@@ -233,7 +233,7 @@ FAMILIES = {
         """,
         "[]",
     ),
-    "cross_entropy": (  # logsumexp in our row reduction, x[i, t[i]] our gather; int64 target logic PyTorch's
+    "cross_entropy": (  # logsumexp in our row reduction, x[i, t[i]] our masked gather; the model's where PyTorch's
         """
         class Model(nn.Module):
             def forward(self, x, u):
@@ -813,7 +813,7 @@ DIRECT = {
     "narrow_conv3d_f32",
 }  # grouped, sparse transposed or narrow: our direct kernel in the tuned plan, cuDNN in the plain
 ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
-GATHERS = {"cross_entropy"}  # where / clamp on the int64 targets left to PyTorch: hybrid in every plan
+GATHERS = {"cross_entropy"}  # the model's own where on its int64 targets is PyTorch's: hybrid in every plan
 
 
 def ours(c) -> bool:

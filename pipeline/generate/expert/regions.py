@@ -696,7 +696,8 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cross_entropy(x, t) over (N, C) logits and class indices, as ATen defines it without weights or label
     smoothing: logsumexp(x[i]) - x[i, t[i]] for each target that is not ignore_index (0 for those), then
     none / sum / mean, the mean over the targets kept (NaN when none is). One read of x: the row reduction
-    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements (the movement family's).
+    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements that writes 0 for an ignored
+    target (the movement family's gather_masked), so no int64 op is left to PyTorch.
     nll_loss is the same without the logsumexp: -x[i, t[i]] of log-probabilities."""
     a = n.args
     nll = n.op in ("nll_loss", "nll_loss_nd")
@@ -716,15 +717,9 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         return None
     lse = _mk(f"{name}_lse", "logsumexp", (a[0], (1,), False), rows, dt)
     keep = _mk(f"{name}_keep", "ne", (a[1], ignore), rows, "bool", "Scalar")
-    safe = dataclasses.replace(  # int64 out: PyTorch's (our elementwise kernels compute in fp32)
-        _mk(f"{name}_safe", "where", (Ref(keep.name), a[1], 0), rows, "int64", "ScalarOther"),
-        target="aten.where.ScalarOther",
-    )
-    index = _mk(f"{name}_index", "reshape", (Ref(safe.name), (rows[0], 1)), (rows[0], 1), "int64")
-    pick = dataclasses.replace(
-        _mk(f"{name}_pick", "gather", (a[0], 1, Ref(index.name)), (rows[0], 1), dt),
-        target="aten.gather.default",
-    )
+    index = _mk(f"{name}_index", "reshape", (a[1], (rows[0], 1)), (rows[0], 1), "int64")
+    # the movement family's gather that writes 0 for an ignored target and reads nothing there
+    pick = _mk(f"{name}_pick", "gather_masked", (a[0], 1, Ref(index.name), ignore), (rows[0], 1), dt)
     picked = _mk(f"{name}_picked", "reshape", (Ref(pick.name), rows), rows, dt)
     if nll:
         diff = _mk(f"{name}_diff", "neg", (Ref(picked.name),), rows, dt)
@@ -732,7 +727,7 @@ def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         diff = _mk(f"{name}_diff", "sub", (Ref(lse.name), Ref(picked.name)), rows, dt, "Tensor")
     loss = _mk(f"{name}_l" if reduction else name, "where", (Ref(keep.name), Ref(diff.name), 0.0), rows, dt,
                "ScalarOther")  # fmt: skip
-    out = [*([] if nll else [lse]), keep, safe, index, pick, picked, diff, loss]
+    out = [*([] if nll else [lse]), keep, index, pick, picked, diff, loss]
     if reduction == 0:
         return [*out[:-1], dataclasses.replace(loss, target=n.target)]
     total = _mk(f"{name}_total" if reduction == 1 else name, "sum", (Ref(loss.name),), (), dt)
