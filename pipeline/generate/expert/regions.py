@@ -692,53 +692,6 @@ def _kl_div(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _reduced(n, Ref(out[-1].name), reduction, dt)]
 
 
-def _cross_entropy(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
-    """cross_entropy(x, t) over (N, C) logits and class indices, as ATen defines it without weights or label
-    smoothing: logsumexp(x[i]) - x[i, t[i]] for each target that is not ignore_index (0 for those), then
-    none / sum / mean, the mean over the targets kept (NaN when none is). One read of x: the row reduction
-    computes the logsumexp; the pick of x[i, t[i]] is a gather of N elements that writes 0 for an ignored
-    target (the movement family's gather_masked), so no int64 op is left to PyTorch.
-    nll_loss is the same without the logsumexp: -x[i, t[i]] of log-probabilities."""
-    a = n.args
-    nll = n.op in ("nll_loss", "nll_loss_nd")
-    x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
-    weight = a[2] if len(a) > 2 else n.kw("weight", None)
-    reduction = a[3] if len(a) > 3 else n.kw("reduction", 1)
-    ignore = a[4] if len(a) > 4 else n.kw("ignore_index", -100)
-    smoothing = 0.0 if nll else a[5] if len(a) > 5 else n.kw("label_smoothing", 0.0)
-    if x is None or t is None or x.shape is None or t.shape is None or len(x.shape) != 2:
-        return None
-    rows, dt, name = (x.shape[0],), x.dtype, n.name
-    if weight is not None or smoothing or reduction not in (0, 1, 2) or not isinstance(ignore, int):
-        return None
-    # fp32 logits only: in 16 bits ATen rounds x - lse once, where the lowering would round lse first.
-    # Targets travel through fp32 in the elementwise kernels: exact below 2^24.
-    if dt != "float32" or t.dtype != "int64" or t.shape != rows or abs(ignore) >= 2**24:
-        return None
-    lse = _mk(f"{name}_lse", "logsumexp", (a[0], (1,), False), rows, dt)
-    keep = _mk(f"{name}_keep", "ne", (a[1], ignore), rows, "bool", "Scalar")
-    index = _mk(f"{name}_index", "reshape", (a[1], (rows[0], 1)), (rows[0], 1), "int64")
-    # the movement family's gather that writes 0 for an ignored target and reads nothing there
-    pick = _mk(f"{name}_pick", "gather_masked", (a[0], 1, Ref(index.name), ignore), (rows[0], 1), dt)
-    picked = _mk(f"{name}_picked", "reshape", (Ref(pick.name), rows), rows, dt)
-    if nll:
-        diff = _mk(f"{name}_diff", "neg", (Ref(picked.name),), rows, dt)
-    else:
-        diff = _mk(f"{name}_diff", "sub", (Ref(lse.name), Ref(picked.name)), rows, dt, "Tensor")
-    loss = _mk(f"{name}_l" if reduction else name, "where", (Ref(keep.name), Ref(diff.name), 0.0), rows, dt,
-               "ScalarOther")  # fmt: skip
-    out = [*([] if nll else [lse]), keep, index, pick, picked, diff, loss]
-    if reduction == 0:
-        return [*out[:-1], dataclasses.replace(loss, target=n.target)]
-    total = _mk(f"{name}_total" if reduction == 1 else name, "sum", (Ref(loss.name),), (), dt)
-    if reduction == 2:
-        return [*out, dataclasses.replace(total, target=n.target)]
-    kept = _mk(f"{name}_kept", "where", (Ref(keep.name), 1.0, 0.0), rows, dt, "Scalar")
-    count = _mk(f"{name}_count", "sum", (Ref(kept.name),), (), dt)
-    mean = _mk(name, "div", (Ref(total.name), Ref(count.name)), (), dt, "Tensor")
-    return [*out, total, kept, count, dataclasses.replace(mean, target=n.target)]
-
-
 class _Chain:
     """Element-wise nodes of one shape and dtype, named after the node they lower (a loss's steps)."""
 
@@ -1009,12 +962,6 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return lowered
     if n.op in ("hinge_embedding_loss", "cosine_embedding_loss") and (
         lowered := _embedding_losses(n, by_name)
-    ):
-        return lowered
-    if (
-        n.op in ("cross_entropy_loss", "nll_loss", "nll_loss_nd")
-        and n.shape is not None
-        and (lowered := _cross_entropy(n, by_name))
     ):
         return lowered
     if n.op == "cosine_similarity" and n.shape is not None and (lowered := _cosine(n, by_name)):

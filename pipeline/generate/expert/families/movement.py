@@ -94,9 +94,7 @@ def why_not(r: Region, low: Lowered) -> str:
 def _take_why_not(n: Node, low: Lowered, nd: int) -> str:
     """embedding, index_select, indexing by one int64 tensor (x[:, i]) or gather: the index and dims fit."""
     a = n.args
-    if n.op == "gather_masked" and not (len(a) > 3 and isinstance(a[3], int) and not isinstance(a[3], bool)):
-        return "the ignored index is not a constant"
-    if n.op in ("gather", "gather_masked"):  # the index has the input's rank; sparse_grad changes nothing
+    if n.op == "gather":  # the index has the input's rank; sparse_grad changes nothing forward
         where = a[2] if len(a) > 2 else None
         dim_ok = len(a) > 1 and isinstance(a[1], int) and not isinstance(a[1], bool)
         ref = low.by_name.get(where.name) if isinstance(where, Ref) else None

@@ -33,9 +33,7 @@ from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, launch_bounds
 from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
-# elements picked by an index tensor; gather_masked (the expert's own, for a loss's pick of x[i, t[i]]):
-# a gather that writes 0 where the index equals its ignore value (a target to ignore), reading nothing there
-TAKES = ("embedding", "index_select", "index", "gather", "gather_masked")
+TAKES = ("embedding", "index_select", "index", "gather")  # elements picked by an index tensor
 OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd", *TAKES)
 UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
@@ -55,15 +53,14 @@ __device__ __forceinline__ long long taken(const long long* __restrict__ idx, lo
 }}
 // MODE 1 (take): the coordinate along dim kd of the piece (kd == {outer}: the run) goes through idx, at
 // that coordinate. MODE 2 (gather): it goes through idx at the element's destination offset (idx has the
-// output's contiguous layout), kstr the source's stride along kd. MODE 3: a gather that writes zero bits
-// where the index equals ign (an ignored target), reading nothing there.
+// output's contiguous layout), kstr the source's stride along kd.
 template <typename U, int MODE>
 __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ dst, long long rows,
                                      long long inner, long long s0, long long d0, long long si, long long di,
                                      int nd, const long long (&size)[{outer}], const long long (&sstr)[{outer}],
                                      const long long (&dstr)[{outer}], const long long* __restrict__ idx,
-                                     long long limit, int kd, long long kstr, long long ign) {{
-    constexpr bool TAKE = MODE == 1, GATHER = MODE >= 2, MASKED = MODE == 3;
+                                     long long limit, int kd, long long kstr) {{
+    constexpr bool TAKE = MODE == 1, GATHER = MODE == 2;
     for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
          r += (long long)gridDim.y * blockDim.y) {{
         long long rest = r, so = s0, dof = d0;  // the row's first element on each side
@@ -78,9 +75,7 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
         }}
         for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < inner;
              i += (long long)gridDim.x * blockDim.x)
-            if (MASKED && idx[dof + i * di] == ign)
-                dst[dof + i * di] = U(0);
-            else if (GATHER && kd == {outer})
+            if (GATHER && kd == {outer})
                 dst[dof + i * di] = src[so + taken(idx, dof + i * di, limit) * si];
             else if (GATHER)
                 dst[dof + i * di] = src[so + i * si + taken(idx, dof + i * di, limit) * kstr];
@@ -93,7 +88,7 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
 
 
 def _signature(unit: str, take: bool) -> Signature:
-    extra = (ptr("idx", "long long"), i64("limit"), i32("kd", "kin"), i64("kstr"), i64("ign")) if take else ()
+    extra = (ptr("idx", "long long"), i64("limit"), i32("kd", "kin"), i64("kstr")) if take else ()
     return Signature(
         (
             ptr("src", unit),
@@ -122,7 +117,7 @@ def _kernel(rid: str, name: str, unit: str, threads: int, mode: int) -> str:
     return (
         f'extern "C" __global__ void {launch_bounds(threads, 0)}\n{name}({sig.decls()}) {{\n{arrays}\n'
         f"    kp_{rid}::move<{unit}, {mode}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
-        f"sstr, dstr, {'idx, limit, kd, kstr, ign' if mode else 'nullptr, 0, -1, 0, 0'});\n}}\n"
+        f"sstr, dstr, {'idx, limit, kd, kstr' if mode else 'nullptr, 0, -1, 0'});\n}}\n"
     )
 
 
@@ -168,8 +163,7 @@ def _taken_pieces(r: Region, names: dict[str, str]) -> list[str]:
             "    result = out",
         ]
     x = names[n.args[0].name]
-    if n.op in ("gather", "gather_masked"):  # out[..., j, ...] = x[..., idx[..., j, ...], ...] along dim
-        ign = f", {int(n.args[3])}" if n.op == "gather_masked" else ""
+    if n.op == "gather":  # out[..., j, ...] = x[..., idx[..., j, ...], ...] along dim; out has idx's shape
         dim, i = n.args[1], names[n.args[2].name]
         return [
             f"    d = {dim} % max(1, {x}.dim())",
@@ -178,7 +172,7 @@ def _taken_pieces(r: Region, names: dict[str, str]) -> list[str]:
             f"        raise ValueError(f'kernelpro expert: gather of an index {{tuple(idx.shape)}} from {{tuple({x}.shape)}}')",
             f"    out = torch.empty(idx.shape, dtype={x}.dtype, device={x}.device)",
             f"    pieces = [({x}, 0, list(idx.shape), list({x}.stride()), 0, list(out.stride()), idx, d,"
-            f" {x}.shape[d] if {x}.dim() else 1{ign})]",
+            f" {x}.shape[d] if {x}.dim() else 1)]",
             "    result = out",
         ]
     if n.op == "index_select":
@@ -381,10 +375,10 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
     lanes = 16 // itemsize
     vec = vec and lanes > 1
     take = n.op in TAKES
-    mode = {"gather": 2, "gather_masked": 3}.get(n.op, 1 if take else 0)
-    vec = vec and mode < 2  # a gather reads its index at element offsets, not at 16-byte units
+    mode = 2 if n.op == "gather" else 1 if take else 0
+    vec = vec and mode != 2  # a gather reads its index at element offsets, not at 16-byte units
     names = {v: f"x{i}" for i, v in enumerate(r.inputs)}
-    verb = "gather" if mode >= 2 else "take" if take else "move"
+    verb = "gather" if mode == 2 else "take" if take else "move"
     kernels = [f"kp_{rid}_{verb}"] + ([f"kp_{rid}_{verb}16"] if vec else [])
     cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads, mode)
     if vec:
@@ -407,7 +401,7 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
             f"if wide:\n        kernels.{kernels[1]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
             f"    else:\n        {launch}"
         )
-    launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0, ign=0):
+    launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
     """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets);
     with `idx`, coordinate i along dim kd reads the source at idx[i] of `limit`."""
     if not all(sizes):

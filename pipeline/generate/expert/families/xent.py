@@ -1,0 +1,102 @@
+"""Cross-entropy and NLL losses over (N, C) fp32 logits (log-probabilities for NLL) and int64 class targets,
+without class weights or label smoothing, any ignore_index and reduction, in one pass over the logits
+(templates/xent.py): the fused log-softmax, pick and mean that issue 15 asks of a loss. Eager runs a
+log-softmax (written and read back), then the NLL. Both plans take our kernel (no library anchor). Edits:
+vectorize_loads (float4 rows, the tuned plan's), resize_grid (threads x2 and /2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pipeline.generate.expert.families.base import Family, RenderError, change
+from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.templates import xent
+from pipeline.generate.expert.templates.code import Code
+
+OPS = ("cross_entropy_loss", "nll_loss", "nll_loss_nd")
+
+
+@dataclass(frozen=True)
+class XentPlan(RegionPlan):
+    TAG: ClassVar[str] = "xent"
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+
+    threads: int = 256
+    vec: bool = False  # float4 loads of the rows where C % 4 == 0
+
+
+@dataclass(frozen=True)
+class Form:
+    classes: int
+    ignore: int
+    nll: bool
+    reduction: int
+
+
+def form(n: Node, low: Lowered) -> Form | str:
+    """The loss our kernel computes for this node, else why not."""
+    if n.op not in OPS:
+        return "not a cross-entropy or NLL loss"
+    a = n.args
+    x, t = (low.by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    weight = a[2] if len(a) > 2 else n.kw("weight", None)
+    reduction = a[3] if len(a) > 3 else n.kw("reduction", 1)
+    ignore = a[4] if len(a) > 4 else n.kw("ignore_index", -100)
+    smoothing = a[5] if len(a) > 5 and n.op == "cross_entropy_loss" else n.kw("label_smoothing", 0.0)
+    if x is None or t is None or x.shape is None or t.shape is None or len(x.shape) != 2:
+        return "not (N, C) scores and (N,) targets"
+    if x.dtype != "float32" or t.dtype != "int64" or t.shape != x.shape[:1]:
+        return f"{x.dtype} scores or {t.dtype} targets (fp32 and int64 only)"
+    if weight is not None or smoothing or reduction not in (0, 1, 2) or not isinstance(ignore, int):
+        return "class weights, label smoothing or an unknown reduction"
+    if not 1 <= x.shape[1] < 2**31 or abs(ignore) >= 2**62:
+        return "an empty class dim"
+    return Form(x.shape[1], ignore, n.op != "cross_entropy_loss", int(reduction))
+
+
+def why_not(r: Region, low: Lowered) -> str:
+    if r.kind is not RegionKind.TORCH:
+        return "not a region PyTorch would compute"
+    f = form(r.node, low)
+    return f if isinstance(f, str) else ""
+
+
+def claims(r: Region, low: Lowered) -> bool:
+    return not why_not(r, low)
+
+
+def first(r: Region, low: Lowered, tuned: bool) -> XentPlan:
+    return XentPlan(r.rid, vec=tuned)
+
+
+def _vectorize(plan: Plan, rp: XentPlan, r: Region, low: Lowered) -> Moves:
+    if not rp.vec:
+        yield from change("vectorize_loads", plan, rp, vec=True)
+
+
+def _resize(plan: Plan, rp: XentPlan, r: Region, low: Lowered) -> Moves:
+    for threads in (rp.threads * 2, rp.threads // 2):
+        if 64 <= threads <= 1024:
+            yield from change("resize_grid", plan, rp, threads=threads)
+
+
+def render(r: Region, rp: XentPlan, low: Lowered, hunter: Any) -> Code:
+    f = form(r.node, low)
+    if isinstance(f, str):
+        raise RenderError(f"region {r.rid} cannot be our loss kernel: {f}")
+    return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, rp.threads, rp.vec)
+
+
+FAMILY = Family(
+    knobs=XentPlan,
+    claims=claims,
+    first=first,
+    render=render,
+    edits={"vectorize_loads": _vectorize, "resize_grid": _resize},
+    order=11,
+)

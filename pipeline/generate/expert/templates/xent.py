@@ -1,0 +1,150 @@
+"""Cross-entropy and NLL over (N, C) fp32 rows and int64 targets in one pass (families/xent.py).
+
+A warp a row: its lanes walk the row's C values (16 bytes at a time where the row allows) with online
+softmax statistics (a running max and the sum of exp(x - max)), merge them across the warp, and the loss
+is logsumexp - x[t] (cross-entropy) or -x[t] (NLL: log-probabilities given), 0 for a target equal to
+ignore_index; a target outside [0, C) faults the kernel, as eager's device assert does. Without a
+reduction each row's loss is stored. With one, each block adds its rows' losses and kept targets (in a
+fixed order) into one partial, and a second one-block kernel adds the partials in order: the sum, or
+the sum over the kept count (NaN when every target is ignored, as eager). The logits are read once, where
+eager writes the log-softmax and reads it again.
+"""
+
+from __future__ import annotations
+
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates.code import Code, launch_bounds
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
+
+_BODY = r"""namespace kp_{rid} {{
+constexpr int C = {classes}, WARPS = {warps};
+constexpr long long IGN = {ignore}LL;
+constexpr bool NLL = {nll}, REDUCE = {reduce}, VEC = {vec};
+}}  // namespace kp_{rid}
+extern "C" __global__ void {bounds} kp_{rid}_rows({decls}) {{
+    using namespace kp_{rid};
+    __shared__ float bsum[WARPS], bcnt[WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float wsum = 0.0f, wcnt = 0.0f;  // this warp's rows, in order (lane 0's)
+    for (long long row = (long long)blockIdx.x * WARPS + warp; row < rows; row += (long long)gridDim.x * WARPS) {{
+        const float* xr = x + row * C;
+        Acc s{{-CUDART_INF_F, 0.0f, 0}};
+        if (!NLL) {{
+            if (VEC) {{  // C % 4 == 0 and 16-byte rows: float4 loads
+                const float4* xv = reinterpret_cast<const float4*>(xr);
+#pragma unroll 4
+                for (int c = lane; c < C / 4; c += 32) {{
+                    const float4 v = xv[c];
+                    lse_push(s, v.x); lse_push(s, v.y); lse_push(s, v.z); lse_push(s, v.w);
+                }}
+            }} else {{
+#pragma unroll 4
+                for (int c = lane; c < C; c += 32) lse_push(s, xr[c]);
+            }}
+            s = warp_allreduce(s, LseOp());
+        }}
+        const long long t = tgt[row];
+        if (lane == 0) {{
+            float loss = 0.0f, kept = 0.0f;
+            if (t != IGN) {{
+#ifdef KP_EMULATED
+                const long long tc = t < 0 ? 0 : t >= C ? C - 1 : t;
+#else
+                if (t < 0 || t >= C) __trap();
+                const long long tc = t;
+#endif
+                const float lse = s.a == -CUDART_INF_F ? -CUDART_INF_F : s.a + logf(s.b);
+                loss = (NLL ? 0.0f : lse) - xr[tc];
+                kept = 1.0f;
+            }}
+            if (REDUCE) {{
+                wsum += loss;
+                wcnt += kept;
+            }} else {{
+                out[row] = loss;
+            }}
+        }}
+    }}
+    if (!REDUCE) return;
+    if (lane == 0) {{
+        bsum[warp] = wsum;
+        bcnt[warp] = wcnt;
+    }}
+    __syncthreads();
+    if (threadIdx.x == 0) {{
+        float a = 0.0f, b = 0.0f;
+        for (int w = 0; w < WARPS; ++w) {{
+            a += bsum[w];
+            b += bcnt[w];
+        }}
+        part[2 * blockIdx.x] = a;
+        part[2 * blockIdx.x + 1] = b;
+    }}
+}}
+// The partials in a fixed order (a tree over 1024 threads): the result does not depend on timing.
+extern "C" __global__ void __launch_bounds__(1024) kp_{rid}_total(const float* __restrict__ part,
+                                                                  float* __restrict__ total, int blocks) {{
+    __shared__ float a[1024], b[1024];
+    float sa = 0.0f, sb = 0.0f;
+    for (int i = threadIdx.x; i < blocks; i += 1024) {{
+        sa += part[2 * i];
+        sb += part[2 * i + 1];
+    }}
+    a[threadIdx.x] = sa;
+    b[threadIdx.x] = sb;
+    __syncthreads();
+    for (int w = 512; w > 0; w >>= 1) {{
+        if ((int)threadIdx.x < w) {{
+            a[threadIdx.x] += a[threadIdx.x + w];
+            b[threadIdx.x] += b[threadIdx.x + w];
+        }}
+        __syncthreads();
+    }}
+    if (threadIdx.x == 0) total[0] = {mean} ? a[0] / b[0] : a[0];
+}}
+"""
+
+
+def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, threads: int, vec: bool) -> Code:
+    """reduction: 0 none, 1 mean, 2 sum (ATen's numbering)."""
+    rid = r.rid
+    warps = threads // 32
+    vec = vec and classes % 4 == 0
+    sig = Signature((ptr("x", "float"), ptr("tgt", "long long", "t"), ptr("out", "float", "loss", const=False),
+                     ptr("part", "float", const=False), i64("rows")))  # fmt: skip
+    cuda = _BODY.format(
+        rid=rid, classes=classes, warps=warps, ignore=ignore, nll="true" if nll else "false",
+        reduce="true" if reduction else "false", vec="true" if vec else "false",
+        bounds=launch_bounds(threads, 0), decls=sig.decls(), mean="true" if reduction == 1 else "false",
+    )  # fmt: skip
+    total = Signature((ptr("part", "float"), ptr("total", "float", "loss", const=False), i32("blocks")))
+    x, t = r.node.args[:2]
+    what = "NLL" if nll else "cross-entropy"
+    aligned = "x.data_ptr() % 16 == 0" if vec else "True"
+    launcher = "\n".join([
+        f"def _xent_{rid}(sms, x, t):",
+        f'    """{what} over rows of {classes} in one pass, a warp a row ({threads} threads a block)."""',
+        f"    if x.dim() != 2 or x.shape[1] != {classes} or t.shape != x.shape[:1]:",
+        f"        raise ValueError(f'kernelpro expert: (N, {classes}) logits and (N,) targets expected, not "
+        "{tuple(x.shape)} and {tuple(t.shape)}')",
+        "    x, t = _contig(x), _contig(t)",
+        f"    if not ({aligned}):",
+        "        x = x.clone()  # a fresh tensor is 16-byte aligned for the float4 loads",
+        "    rows = x.shape[0]",
+        f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
+        *(["    loss = torch.empty((rows,), dtype=torch.float32, device=x.device)",
+           "    part = loss",
+           "    if rows:",
+           f"        kernels.kp_{rid}_rows((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"]
+          if reduction == 0 else
+          ["    loss = torch.empty((), dtype=torch.float32, device=x.device)",
+           "    part = torch.empty((blocks, 2), dtype=torch.float32, device=x.device)",
+           f"    kernels.kp_{rid}_rows((blocks,), ({threads},), ({sig.args()}))  # noqa: F821",
+           f"    kernels.kp_{rid}_total((1,), (1024,), ({total.args()}))  # noqa: F821"]),
+        "    return loss",
+    ])  # fmt: skip
+    kernels = (f"kp_{rid}_rows",) if reduction == 0 else (f"kp_{rid}_rows", f"kp_{rid}_total")
+    return Code(cuda, launcher, f"_xent_{rid}", kernels, (x.name, t.name), r.outputs)
+
+
+__all__ = ["render"]

@@ -1,0 +1,79 @@
+"""Cross-entropy and NLL in one pass over the logits (families/xent.py): in the CPU emulator against float64
+eager for each reduction, ignored targets (all of them: NaN, as eager), rows of a multiple of 4 (float4
+loads) and not, more rows than a block's warps; compiled for sm_90a."""
+
+from __future__ import annotations
+
+import pytest
+from test_expert import _emulate, needs_nvcc, task_file
+from test_expert_decompose import needs_gxx
+
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, supports
+from pipeline.tasks import probe
+from pipeline.types import Status
+
+torch = pytest.importorskip("torch")
+
+BODY = """class Model(nn.Module):
+    def forward(self, x, t):
+        return (F.cross_entropy(x, t), F.cross_entropy(x, t.clamp(min=0), reduction="sum", ignore_index=1),
+                F.cross_entropy(x, t, reduction="none"), F.nll_loss(F.log_softmax(x, 1), t))"""
+
+
+def _path(tmp_path, rows: int, classes: int):
+    inputs = (f"[torch.randn({rows}, {classes}) * 3, torch.where(torch.rand({rows}) < 0.2, -100, "
+              f"torch.randint(0, {classes}, ({rows},)))]")  # fmt: skip
+    return task_file(tmp_path, f"xent_{rows}_{classes}", BODY, inputs)
+
+
+def _candidates(path):
+    task = probe(path)
+    return [
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    ]
+
+
+@needs_gxx
+@pytest.mark.parametrize(("rows", "classes"), [(37, 301), (70, 64), (3, 5)])
+def test_emulated_fused_losses_match_eager(tmp_path, rows, classes):
+    path = _path(tmp_path, rows, classes)
+    ok, why = supports(path)
+    assert ok and "xent" in why, why
+    launched = _emulate(path, _candidates(path), 1e-5)
+    assert any(k.endswith("_rows") for k in launched) and any(k.endswith("_total") for k in launched), (
+        launched
+    )
+
+
+@needs_gxx
+def test_every_target_ignored_gives_nan_as_eager(tmp_path):
+    from cuda_emulator import build, load_model
+
+    body = "class Model(nn.Module):\n    def forward(self, x, t):\n        return F.cross_entropy(x, t)"
+    path = task_file(tmp_path, "ignored", body, "[torch.randn(9, 12), torch.full((9,), -100)]")
+    for cand in _candidates(path):
+        model = load_model(cand.launcher, build(cand.source), sms=4)()
+        assert torch.isnan(model(torch.randn(9, 12), torch.full((9,), -100))), cand.edit
+
+
+def test_weighted_or_smoothed_losses_stay_with_pytorch(tmp_path):
+    body = ("class Model(nn.Module):\n    def forward(self, x, t):\n"
+            "        return F.cross_entropy(x, t, label_smoothing=0.1) * 2")  # fmt: skip
+    path = task_file(tmp_path, "smooth", body, "[torch.randn(8, 10), torch.randint(0, 10, (8,))]")
+    ok, why = supports(path)
+    assert ok and "aten.cross_entropy_loss.default left to PyTorch" in why, why
+
+
+@needs_nvcc
+def test_loss_kernels_compile_for_sm90a_without_spills(tmp_path):
+    cands = _candidates(_path(tmp_path, 4096, 32000)) + _candidates(_path(tmp_path, 5, 10))
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK and not b.log, (c.edit, b.log)
+        ours = [
+            r for r in b.resources if r.name.endswith(("_rows", "_total"))
+        ]  # the log-softmax is not ours here
+        assert ours and all(r.spill_stores == 0 for r in ours), (c.edit, ours)
