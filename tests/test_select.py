@@ -81,7 +81,7 @@ def test_rows_longer_than_a_block_sorts_stay_with_pytorch(tmp_path):
         "class Model(nn.Module):\n    def forward(self, x):\n        return torch.sort(x, dim=-1).values * 2"
     )
     ok, why = supports(task_file(tmp_path, "long", body, "[torch.randn(4, 5000)]"))
-    assert ok and "aten.sort.default left to PyTorch" in why, why
+    assert ok and "aten.sort.default left to PyTorch (select: rows of 5000" in why, why  # the family says why
 
 
 @needs_nvcc

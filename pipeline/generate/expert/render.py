@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from pipeline.generate.expert import ops, scans
-from pipeline.generate.expert.families import family_of, owner
+from pipeline.generate.expert.families import FAMILIES, family_of, owner
 from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Graph, Node, Ref
 from pipeline.generate.expert.plan import Plan, header
@@ -40,6 +40,9 @@ def prepare(graph: Graph) -> Lowered:
             r = dataclasses.replace(r, kind=RegionKind.TORCH, note=note)
             unfit.append(note)
         elif not claimed and r.kind is RegionKind.TORCH:
+            why = next(((f.tag, w) for f in FAMILIES if (w := f.declines(r, low))), None)
+            if why is not None:  # one of our families' ops, declined: its reason, not "no template"
+                r = dataclasses.replace(r, note=f"{r.node.target} left to PyTorch ({why[0]}: {why[1]})")
             torch_notes.append(r.note)
         regions.append(r)
     return dataclasses.replace(low, regions=tuple(regions), notes=(*low.notes, *torch_notes, *unfit))

@@ -57,6 +57,8 @@ class Family:
               neighbours (order 10) win a neighbour a GEMM (order 20) would also take
     plainest  its entry in a repair: the family's defaults, or None to hand the region to the library
     note      a line for the proposals' notes about the regions it claims, or ""
+    declines  why it does not claim a region of one of its ops (rows too long, a mode it lacks), or "" for
+              a region that is not its op at all: the note of a region left to PyTorch says it
     cute      its source includes CuTe (nvcc then needs CUTE_FLAGS)
     runs_on   whether its kernels run on an arch ("sm_90a"); a plan for another arch drops its entries
     optional  a region it claims may have no entry: the library (cuBLAS, cuDNN) computes it then
@@ -71,6 +73,7 @@ class Family:
     settle: Callable[[Plan, Region, Lowered, bool], Plan] = _unchanged
     plainest: Callable[[Any], RegionPlan | None] = _defaults
     note: Callable[[list[Region], Lowered], str] = _no_note
+    declines: Callable[[Region, Lowered], str] = lambda r, low: ""
     cute: bool = False
     runs_on: Callable[[str], bool] = _any_arch
     optional: bool = False

@@ -140,11 +140,17 @@ def render(r: Region, rp: MovePlan, low: Lowered, hunter: Any) -> Code:
     return movement.render(r, r.node.dtype or "float32", rp.threads, rp.vec)
 
 
+def declines(r: Region, low: Lowered) -> str:
+    """Why a copy-like op stays PyTorch's ("" for any other op)."""
+    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in movement.OPS else ""
+
+
 FAMILY = Family(
     knobs=MovePlan,
     claims=claims,
     first=first,
     render=render,
+    declines=declines,
     edits={"vectorize_loads": _vectorize, "resize_grid": _resize},
     order=14,
 )

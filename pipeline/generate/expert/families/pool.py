@@ -132,11 +132,20 @@ def render(r: Region, rp: PoolPlan, low: Lowered, hunter: Any) -> Code:
     return pool.render(r, f, rp, r.node.dtype or "float32")
 
 
+def declines(r: Region, low: Lowered) -> str:
+    """Why a pool stays PyTorch's ("" for any other op)."""
+    if r.kind is not RegionKind.TORCH or r.node.op not in OPS:
+        return ""
+    f = form(r, low)
+    return f if isinstance(f, str) else ""
+
+
 FAMILY = Family(
     knobs=PoolPlan,
     claims=claims,
     first=first,
     render=render,
+    declines=declines,
     edits={
         **OUTPUT_EDITS,
         "coarsen_threads": _coarsen,

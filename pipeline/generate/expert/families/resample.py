@@ -104,11 +104,17 @@ def render(r: Region, rp: ResamplePlan, low: Lowered, hunter: Any) -> Code:
     return resample.render(r, f, r.node.dtype or "float32", rp.threads)
 
 
+def declines(r: Region, low: Lowered) -> str:
+    """Why an interpolation or adaptive pool stays PyTorch's ("" for any other op)."""
+    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in OPS else ""
+
+
 FAMILY = Family(
     knobs=ResamplePlan,
     claims=claims,
     first=first,
     render=render,
+    declines=declines,
     edits={"resize_grid": _resize},
     order=15,
 )

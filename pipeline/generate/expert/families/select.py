@@ -47,7 +47,9 @@ def form(n: Node, low: Lowered) -> Form | str:
         return "not a sort or top-k"
     x = low.by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
     if x is None or not x.shape or x.dtype not in DTYPES:
-        return f"a sort of a {x.dtype if x else 'unknown'} tensor of shape {x.shape if x else None}"
+        return (
+            f"{x.dtype if x else 'unknown'} values of shape {x.shape if x else None} (ours: fp32, fp16, bf16)"
+        )
     stable = n.overload == "stable"  # dim and descending are keywords there
     dim = n.kw("dim", -1) if stable else _arg(n, 2 if n.op == "topk" else 1, "dim", -1)
     if n.op == "topk":
@@ -92,11 +94,17 @@ def render(r: Region, rp: SelectPlan, low: Lowered, hunter: Any) -> Code:
     return select.render(r, f.op, dtype, f.length, f.k, f.dim, f.desc, rp.threads)
 
 
+def declines(r: Region, low: Lowered) -> str:
+    """Why a sort or top-k stays PyTorch's ("" for any other op)."""
+    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in ("topk", "sort", "argsort") else ""
+
+
 FAMILY = Family(
     knobs=SelectPlan,
     claims=claims,
     first=first,
     render=render,
+    declines=declines,
     edits={"resize_grid": _resize},
     order=16,
 )

@@ -92,11 +92,17 @@ def render(r: Region, rp: XentPlan, low: Lowered, hunter: Any) -> Code:
     return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, rp.threads, rp.vec)
 
 
+def declines(r: Region, low: Lowered) -> str:
+    """Why a cross-entropy or NLL loss stays PyTorch's ("" for any other op)."""
+    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in OPS else ""
+
+
 FAMILY = Family(
     knobs=XentPlan,
     claims=claims,
     first=first,
     render=render,
+    declines=declines,
     edits={"vectorize_loads": _vectorize, "resize_grid": _resize},
     order=11,
 )
