@@ -107,7 +107,6 @@ def test_the_geometry_of_1d_2d_and_3d_convolutions(tmp_path, kw, want):
     [
         (dict(g=5, cout=25), "groups = 5"),
         (dict(dt="bfloat16"), "fp32 operands"),
-        (dict(p="'same'"), "padding given as"),
     ],
 )
 def test_what_the_implicit_gemm_does_not_take_says_why(tmp_path, kw, why):
@@ -115,6 +114,16 @@ def test_what_the_implicit_gemm_does_not_take_says_why(tmp_path, kw, why):
     got = conv_tf32.form(r, low)
     assert isinstance(got, str) and why in got, got
     assert not conv_tf32.FAMILY.claims(r, low)
+
+
+@pytest.mark.parametrize(
+    ("p", "k", "pad"), [("'same'", 3, (0, 1, 1)), ("'valid'", 3, (0, 0, 0)), ("'same'", 5, (0, 2, 2))]
+)
+def test_padding_given_as_a_word_is_taken_as_its_numbers(tmp_path, p, k, pad):
+    """conv(padding="same" / "valid") is lowered to the numbers (regions._conv_padding): it was left to cuDNN."""
+    r, low = conv_region(conv_task(tmp_path, "c", p=p, k=k))
+    f = conv_tf32.form(r, low)
+    assert isinstance(f, template.ConvForm) and f.pad == pad, f
 
 
 def test_the_channel_tile_covers_the_channels_in_multiples_of_8():

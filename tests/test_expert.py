@@ -1057,7 +1057,7 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
         plan = plan_of(
             cand.source
         )  # our WGMMA GEMM, direct convolution or attention leaves nothing to the library
-        ours = uses_cute(plan) or any(rp.TAG == "direct_conv" for rp in plan.regions)
+        ours = uses_cute(plan) or any(rp.TAG in ("direct_conv", "skinny_gemm") for rp in plan.regions)
         want = (
             Kind.HYBRID
             if name
@@ -1070,6 +1070,10 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
                 "triangular",
                 "cross_entropy",
                 "broadcast_matmul",
+                "conv_same",
+                "cells",
+                "more_lowered",
+                "losses_more",
             }
             and not ours
             else Kind.CUSTOM

@@ -247,7 +247,10 @@ def _conv_padding(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     element on the far side, as ATen does (a constant pad). Left as it was, no template took it."""
     a = [*n.args, *(None,) * 7][:7]
     x, w = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
-    mode, stride, dilation = a[4], a[3] or 1, a[5] or 1
+    # the export leaves out arguments at their defaults (padding "valid", stride and dilation 1, groups 1)
+    mode, stride, dilation = (ops._arg(n, i, k, d) for i, k, d in ((4, "padding", "valid"), (3, "stride", 1),
+                                                                  (5, "dilation", 1)))  # fmt: skip
+    a[2], a[6] = ops._arg(n, 2, "bias", None), ops._arg(n, 6, "groups", 1)
     if x is None or w is None or not x.shape or not w.shape or mode not in ("same", "valid"):
         return None
     dims = len(w.shape) - 2
