@@ -62,7 +62,7 @@ CASES = {
     "edge_pads": (  # reflect, replicate and circular: each padded dim three ranges, the edges copied in place
         "return (F.pad(x, (2, 3), mode='reflect'), F.pad(x, (1, 0, 2, 2), mode='replicate') * 2,"
         " F.pad(x.mT, (3, 1, 0, 4), mode='circular'), F.pad(x[None], (1, 1, 2, 0, 1, 2), mode='reflect'),"
-        " F.pad(x[None], (0, 2, 1, 1, 3, 0), mode='circular'))",
+        " F.pad(x[None], (0, 2, 1, 1, 3, 0), mode='circular'), F.pad(x[:, :, :2], (5, 6), mode='replicate'))",
         "[torch.randn(4, 6, 9)]",
     ),
     "takes": (  # rows picked by an index tensor: an embedding, index_select along a middle dim, x[:, i]

@@ -206,7 +206,7 @@ def _edge_pieces(x: str, pad: tuple[int, ...], mode: str) -> list[str]:
         "replicate": "[(0, 0, 0, lo), (0, 1, lo, n), (n - 1, 0, lo + n, hi)]",
         "circular": "[(n - lo, 1, 0, lo), (0, 1, lo, n), (0, 1, lo + n, hi)]",
     }[mode]
-    limit = {"reflect": "n - 1", "replicate": "n if n else 0", "circular": "n"}[mode]
+    limit = {"reflect": "n - 1", "replicate": "math.inf", "circular": "n"}[mode]  # a pad's largest, per dim
     return [
         f"    pad, nd = {pad!r}, {x}.dim()",
         "    lo, hi = [0] * nd, [0] * nd",

@@ -54,7 +54,7 @@ def _lit(v: float) -> str:
 
 _NEAREST = """        const int s{d} = min((int)floorf({coord}), I{d} - 1);"""
 _WINDOW = """        const int s{d} = (int)((long long)o{d} * I{d} / O{d});
-        const int n{d} = (int)(((long long)o{d} + 1) * I{d} + O{d} - 1) / O{d};"""
+        const int n{d} = (int)((((long long)o{d} + 1) * I{d} + O{d} - 1) / O{d});"""
 _LINEAR = """        float r{d} = {coord};
         r{d} = r{d} < 0.f ? 0.f : r{d};
         const int s{d} = (int)r{d}, n{d} = s{d} < I{d} - 1 ? s{d} + 1 : s{d};
