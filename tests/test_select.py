@@ -93,3 +93,39 @@ def test_sort_kernels_compile_for_sm90a_without_spills(tmp_path):
     for c, b in zip(cands, builds, strict=True):
         assert b.status == Status.OK and not b.log, (c.edit, b.log)
         assert all(r.spill_stores == 0 for r in b.resources), (c.edit, b.resources)
+
+
+MEDIANS = """class Model(nn.Module):
+    def forward(self, x):
+        x = torch.where(x > 2.0, float("nan"), x)  # a few rows hold NaN: their median is NaN, as eager's
+        a = torch.median(x, dim=1)
+        b = torch.kthvalue(x, 3, dim=0, keepdim=True)
+        c = x.median(-1, keepdim=True)
+        return a.values, a.indices, b.values, b.indices, c.values, torch.median(x[:3, :5])"""
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_emulated_medians_and_kth_values_match_eager(tmp_path, dtype):
+    from cuda_emulator import build, load_model
+    from fuzz_expert import as_tuple, reference
+
+    path = task_file(tmp_path, f"medians_{dtype}", MEDIANS, f"[torch.randn(11, 40, dtype=torch.{dtype})]")
+    ok, why = supports(path)
+    assert ok and "select" in why and "left to PyTorch" not in why, why
+    r = reference(path, None)
+    x = r.inputs[0]
+    x = torch.where(x > 2.0, float("nan"), x)
+    for cand in _candidates(path):
+        model = load_model(cand.launcher, build(cand.source), sms=4)()
+        with torch.no_grad():
+            out = as_tuple(model(*r.inputs))
+        for i, (o, n) in enumerate(zip(out, r.native, strict=True)):
+            assert o.shape == n.shape and o.dtype == n.dtype, (cand.edit, i, o.shape, n.shape)
+            if o.dtype != torch.int64:
+                assert torch.equal(o.nan_to_num(9.0), n.nan_to_num(9.0)), (cand.edit, i, o, n)
+        for vi, ii, d in ((0, 1, 1), (2, 3, 0)):  # the indices point at the values (ties may differ)
+            picked = torch.gather(x, d, out[ii] if out[ii].dim() == x.dim() else out[ii].unsqueeze(d))
+            assert torch.equal(picked.reshape(out[vi].shape).nan_to_num(9.0), out[vi].nan_to_num(9.0)), (
+                cand.edit
+            )

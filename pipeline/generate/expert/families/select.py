@@ -1,11 +1,13 @@
 """Sorting and selection (templates/select.py): torch.sort, argsort (stable or not: ours is the stable
-order) and topk along one dim of rows of at most 4096 elements, fp32, fp16 and bf16, where they were left
-to PyTorch (the top-k of a MoE router, a sort of scores). Longer rows stay PyTorch's (a multi-block sort).
+order), topk, median (of a dim or of the whole tensor) and kthvalue along one dim of rows of at most 4096
+elements, fp32, fp16 and bf16, where they were left to PyTorch (the top-k of a MoE router, a sort of
+scores). Longer rows stay PyTorch's (a multi-block sort).
 Both plans take our kernel (no library anchor to keep). Edits: resize_grid (threads x2 and /2).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -18,6 +20,7 @@ from pipeline.generate.expert.templates import select
 from pipeline.generate.expert.templates.code import Code
 
 DTYPES = ("float32", "float16", "bfloat16")
+OPS = ("topk", "sort", "argsort", "median", "kthvalue")
 
 
 @dataclass(frozen=True)
@@ -30,11 +33,13 @@ class SelectPlan(RegionPlan):
 
 @dataclass(frozen=True)
 class Form:
-    op: str  # topk, sort, argsort
+    op: str  # topk, sort, argsort, median, kthvalue, median_all
     length: int  # the row along dim
     k: int  # elements written a row
     dim: int
     desc: bool
+    start: int = 0  # the sorted position of the first one written
+    keep: bool = True  # the dim stays in the output (of k elements), else it is dropped
 
 
 def _arg(n: Node, i: int, key: str, default: Any) -> Any:
@@ -43,13 +48,28 @@ def _arg(n: Node, i: int, key: str, default: Any) -> Any:
 
 def form(n: Node, low: Lowered) -> Form | str:
     """What our kernel computes for this node, else why not."""
-    if n.op not in ("topk", "sort", "argsort"):
+    if n.op not in OPS:
         return "not a sort or top-k"
     x = low.by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
     if x is None or not x.shape or x.dtype not in DTYPES:
         return (
             f"{x.dtype if x else 'unknown'} values of shape {x.shape if x else None} (ours: fp32, fp16, bf16)"
         )
+    if n.op == "median" and n.overload == "default":  # of every element
+        if not 1 <= math.prod(x.shape) <= select.MAX_ROW:
+            return f"{math.prod(x.shape)} elements (our kernel sorts rows of 1 to {select.MAX_ROW})"
+        return Form("median_all", math.prod(x.shape), 1, 0, False, (math.prod(x.shape) - 1) // 2)
+    if n.op in ("median", "kthvalue"):
+        rank = _arg(n, 1, "k", None) if n.op == "kthvalue" else None
+        dim = _arg(n, 2 if n.op == "kthvalue" else 1, "dim", -1)
+        keep = _arg(n, 3 if n.op == "kthvalue" else 2, "keepdim", False)
+        if not isinstance(dim, int) or not -len(x.shape) <= dim < len(x.shape) or not isinstance(keep, bool):
+            return "the dim is not a constant"
+        length = x.shape[dim]
+        start = (length - 1) // 2 if rank is None else rank - 1
+        if not isinstance(start, int) or not 0 <= start < length <= select.MAX_ROW:
+            return f"rows of {length} (our kernel sorts rows of 1 to {select.MAX_ROW} in shared memory)"
+        return Form(n.op, length, 1, dim, False, start, keep)
     stable = n.overload == "stable"  # dim and descending are keywords there
     dim = n.kw("dim", -1) if stable else _arg(n, 2 if n.op == "topk" else 1, "dim", -1)
     if n.op == "topk":
@@ -91,12 +111,12 @@ def render(r: Region, rp: SelectPlan, low: Lowered, hunter: Any) -> Code:
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our sort: {f}")
     dtype = low.by_name[r.node.args[0].name].dtype or "float32"
-    return select.render(r, f.op, dtype, f.length, f.k, f.dim, f.desc, rp.threads)
+    return select.render(r, f.op, dtype, f.length, f.k, f.dim, f.desc, rp.threads, f.start, f.keep)
 
 
 def declines(r: Region, low: Lowered) -> str:
     """Why a sort or top-k stays PyTorch's ("" for any other op)."""
-    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in ("topk", "sort", "argsort") else ""
+    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in OPS else ""
 
 
 FAMILY = Family(

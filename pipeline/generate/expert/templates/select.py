@@ -1,14 +1,16 @@
-"""Sorting and selection along one dim of rows up to 4096 long (families/select.py): sort, argsort and
-topk (a router's top-k of its experts), fp32, fp16 and bf16.
+"""Sorting and selection along one dim of rows up to 4096 long (families/select.py): sort, argsort, topk (a
+router's top-k of its experts), median and kthvalue, fp32, fp16 and bf16.
 
 A block sorts a row at a time in shared memory: each element becomes a 32-bit key whose unsigned order is
 the float order (the sign bit flipped for positives, every bit for negatives; -0.0 taken as +0.0, every
 NaN above +inf, as eager orders them; all bits inverted for a descending order) beside its index, the
 row padded to a power of two with keys and indices above every real one, then a bitonic network of
 compare-exchanges on (key, index) pairs, a barrier between its steps. Ties fall to the lower index, so the
-order is the stable one. The first k are written: the values re-read from the row at their index (their
-exact bits, NaN payloads and signed zeros kept) and the indices as int64. A dim other than the last is
-moved there by the launcher (a copy) and the results viewed back.
+order is the stable one. k of them are written from a start position (0, or the k-th value's, or the
+median's (L - 1) / 2, or for a median of a row holding NaN its first NaN, as eager returns): the values
+re-read from the row at their index (their exact bits, NaN payloads and signed zeros kept) and the
+indices as int64. A dim other than the last is moved there by the launcher (a copy) and the results
+viewed back.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from pipeline.generate.expert.templates.signature import Signature, i64, ptr
 MAX_ROW = 4096
 
 _BODY = r"""namespace kp_{rid} {{
-constexpr int L = {length}, P = {padded}, K = {k};
-constexpr bool DESC = {desc};
+constexpr int L = {length}, P = {padded}, K = {k}, START = {start};
+constexpr bool DESC = {desc}, MEDIAN = {median};
 // The unsigned order of the key is the float order; NaN above +inf; -0.0 equal to +0.0.
 __device__ __forceinline__ unsigned int sort_key(float v) {{
     if (v != v) return DESC ? 0u : 0xffffffffu;
@@ -58,8 +60,15 @@ extern "C" __global__ void {bounds} kp_{rid}_select({decls}) {{
                 __syncthreads();
             }}
         }}
+        __shared__ int from;
+        if (threadIdx.x == 0) from = START;
+        __syncthreads();
+        if (MEDIAN)  // a NaN in the row: the median is its first NaN (NaN keys sort last, before the padding)
+            for (int j = threadIdx.x; j < L; j += blockDim.x)
+                if (keys[j] == 0xffffffffu && ids[j] < L && (j == 0 || keys[j - 1] != 0xffffffffu)) from = j;
+        __syncthreads();
         for (int j = threadIdx.x; j < K; j += blockDim.x) {{
-            const int src = ids[j];
+            const int src = ids[from + j];
 {store}            idx[row * K + j] = src;
         }}
         __syncthreads();  // the next row overwrites keys and ids
@@ -68,8 +77,10 @@ extern "C" __global__ void {bounds} kp_{rid}_select({decls}) {{
 """
 
 
-def render(r: Region, op: str, dtype: str, length: int, k: int, dim: int, desc: bool, threads: int) -> Code:
-    """op: "topk" or "sort" (values and indices) or "argsort" (indices)."""
+def render(r: Region, op: str, dtype: str, length: int, k: int, dim: int, desc: bool, threads: int, start: int = 0,
+           keep: bool = True) -> Code:  # fmt: skip
+    """op: "topk", "sort", "median" or "kthvalue" (values and indices), "argsort" (indices), "median_all"
+    (the value of the flattened tensor's median). keep: the dim stays (its k elements), else it is dropped."""
     rid = r.rid
     t = ctype(dtype)
     padded = 1 << max(1, (length - 1).bit_length())
@@ -81,18 +92,26 @@ def render(r: Region, op: str, dtype: str, length: int, k: int, dim: int, desc: 
     threads = max(32, min(threads, padded // 2))
     store = "            vals[row * K + j] = xr[src];\n" if values else ""
     cuda = _BODY.format(rid=rid, length=length, padded=padded, k=k, desc="true" if desc else "false", t=t,
-                        bounds=launch_bounds(threads, 0), decls=sig.decls(), store=store)  # fmt: skip
+                        bounds=launch_bounds(threads, 0), decls=sig.decls(), store=store, start=start,
+                        median="true" if op.startswith("median") else "false")  # fmt: skip
     x = r.node.args[0]
-    ret = "vals.movedim(-1, d), idx.movedim(-1, d)" if values else "idx.movedim(-1, d)"
-    what = {"topk": f"the top {k}", "sort": "a sort", "argsort": "an argsort"}[op]
+    flat = op == "median_all"  # the whole tensor is the row
+    if op == "median_all":
+        ret = "vals.reshape(())"
+    elif keep:
+        ret = "vals.movedim(-1, d), idx.movedim(-1, d)" if values else "idx.movedim(-1, d)"
+    else:
+        ret = "vals.squeeze(-1), idx.squeeze(-1)"
+    what = {"topk": f"the top {k}", "sort": "a sort", "argsort": "an argsort", "median": "the median",
+            "median_all": "the median", "kthvalue": f"the value of rank {start + 1}"}[op]  # fmt: skip
     launcher = "\n".join([
         f"def _select_{rid}(sms, x):",
         f'    """{what} of rows of {length} ({"descending" if desc else "ascending"}) by a bitonic sort in '
         'shared memory, a block a row."""',
         f"    d = {dim} % max(1, x.dim())",
-        f"    if x.dim() == 0 or x.shape[d] != {length}:",
+        f"    if {'x.numel()' if flat else '(x.shape[d] if x.dim() else 0)'} != {length}:",
         f"        raise ValueError(f'kernelpro expert: rows of {length} expected along dim {dim}, not {{tuple(x.shape)}}')",
-        "    xr = _contig(x.movedim(d, -1))",
+        f"    xr = _contig({'x.reshape(1, -1)' if flat else 'x.movedim(d, -1)'})",
         "    rows = xr.numel() // max(1, xr.shape[-1])",
         *([f"    vals = torch.empty((*xr.shape[:-1], {k}), dtype={torch_dtype(dtype)}, device=x.device)"]
           if values else []),
