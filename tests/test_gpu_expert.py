@@ -643,7 +643,8 @@ FAMILIES = {
             def forward(self, x):
                 return (F.interpolate(x, scale_factor=2, mode="bilinear"), F.interpolate(x, scale_factor=1.7),
                         F.interpolate(x, size=(9, 31), mode="bilinear", align_corners=True),
-                        F.interpolate(x, scale_factor=(0.5, 3), mode="nearest-exact"))
+                        F.interpolate(x, scale_factor=(0.5, 3), mode="nearest-exact"),
+                        F.adaptive_avg_pool2d(x, (2, 3)), F.adaptive_max_pool2d(x, (1, 2), return_indices=True)[1])
         """,
         "[]",
     ),

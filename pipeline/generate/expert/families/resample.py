@@ -1,6 +1,6 @@
 """Interpolation (F.interpolate, nn.Upsample): nearest, nearest-exact, linear, bilinear and trilinear, and
 adaptive average pooling to sizes that do not divide the input's (the others are lowered to a mean or an
-average pool), 1-D to 3-D, fp32, fp16 and bf16, on the CUDA cores (templates/resample.py), where they were
+average pool) and adaptive max pooling (values and indices), 1-D to 3-D, fp32, fp16 and bf16, on the CUDA cores (templates/resample.py), where they were
 left to PyTorch. Bicubic and antialiased modes stay PyTorch's. Both plans take our kernel (no library anchor to keep).
 Edits: resize_grid (threads x2 and /2).
 """
@@ -28,6 +28,7 @@ OPS = {
     "upsample_trilinear3d": ("linear", 3),
     **{f"adaptive_avg_pool{d}d": ("adaptive_avg", d) for d in (1, 2, 3)},
     **{f"_adaptive_avg_pool{d}d": ("adaptive_avg", d) for d in (1, 2, 3)},
+    **{f"adaptive_max_pool{d}d": ("adaptive_max", d) for d in (1, 2, 3)},
 }
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -47,12 +48,17 @@ def form(n: Node, low: Lowered) -> Resample | str:
     mode, dims = OPS[n.op]
     a = n.args
     x = low.by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
-    if x is None or not x.shape or not n.shape or len(x.shape) != len(n.shape) or len(x.shape) < dims + 1:
+    if x is None or not x.shape or len(x.shape) < dims + 1:
         return "the input's shape is unknown or not (N, C, spatial...)"
-    if n.dtype not in DTYPES or x.dtype != n.dtype:
-        return f"a {n.dtype} interpolation"
-    if mode == "adaptive_avg":  # the output size is the node's own
-        return _sized(mode, dims, x.shape, n.shape, False, (None,) * dims)
+    if x.dtype not in DTYPES or (n.dtype or x.dtype) != x.dtype:  # a max pool's (values, indices): no dtype
+        return f"a {x.dtype} interpolation"
+    if mode in resample.POOLS:  # the output size is the node's own (a max pool's: its values')
+        shape = n.shape
+        if mode == "adaptive_max":
+            shape = next((low.by_name[u].shape for u in low.users.get(n.name, ())), None)  # a getitem's
+            if shape is None:
+                return "the pooled values are not used"
+        return _sized(mode, dims, x.shape, shape, False, (None,) * dims)
     linear = mode == "linear"
     align = bool(a[2]) if linear and len(a) > 2 else False
     given = a[3 if linear else 2] if len(a) > (3 if linear else 2) else None
@@ -101,7 +107,7 @@ def render(r: Region, rp: ResamplePlan, low: Lowered, hunter: Any) -> Code:
     f = form(r.node, low)
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our interpolation: {f}")
-    return resample.render(r, f, r.node.dtype or "float32", rp.threads)
+    return resample.render(r, f, low.by_name[r.node.args[0].name].dtype or "float32", rp.threads)
 
 
 def declines(r: Region, low: Lowered) -> str:

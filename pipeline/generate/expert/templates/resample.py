@@ -8,7 +8,9 @@ input over the output size, or one over the given scale factor (rounded to fp32 
 align_corners (in - 1) / (out - 1); nearest takes floor(o * scale) (nearest-exact floor((o + 0.5) * scale),
 the sum in double as eager computes it), linear the two inputs around scale * (o + 0.5) - 0.5 (at least 0)
 weighted by the distance, dim by dim. An adaptive pool's window along a dim runs from floor(o * in / out)
-to ceil((o + 1) * in / out), summed in order and divided by each dim's extent in turn, as eager does. The
+to ceil((o + 1) * in / out), summed in order and divided by each dim's extent in turn, as eager does; an
+adaptive max pool keeps the window's first largest value and its index in the plane (a NaN wins, the
+last one, as eager's `> or isnan`). The
 sizes and the scales are constants of the kernel; values are read and blended in fp32 and stored in the
 output's dtype.
 """
@@ -22,7 +24,8 @@ from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
 from pipeline.generate.expert.templates.signature import Signature, i64, ptr
 
-MODES = ("nearest", "nearest-exact", "linear", "adaptive_avg")
+MODES = ("nearest", "nearest-exact", "linear", "adaptive_avg", "adaptive_max")
+POOLS = ("adaptive_avg", "adaptive_max")
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,15 @@ def _blend(f: Resample, t: str) -> str:
             expr = f"({expr}) * I{d} + {picks[d]}"
         return expr
 
+    loops = "".join(f"{'    ' * d}        for (int k{d} = s{d}; k{d} < n{d}; ++k{d})\n" for d in range(nd))
+    picks = [f"(long long)k{d}" for d in range(nd)]
+    if f.mode == "adaptive_max":  # the first largest, or the last NaN; its flat index in the plane
+        inner = "    " * nd
+        return (f"        float v = -CUDART_INF_F;\n        long long arg = {index(at)};\n{loops}"
+                f"{inner}        {{\n{inner}            const long long q = {index(picks)};\n"
+                f"{inner}            const float u = ld(xp[q]);\n"
+                f"{inner}            if (u > v || u != u) {{ v = u; arg = q; }}\n{inner}        }}")  # fmt: skip
     if f.mode == "adaptive_avg":  # the window's sum, dim by dim in order, then eager's divisions
-        loops = "".join(
-            f"{'    ' * d}        for (int k{d} = s{d}; k{d} < n{d}; ++k{d})\n" for d in range(nd)
-        )
-        picks = [f"(long long)k{d}" for d in range(nd)]
         div = "".join(f" / (float)(n{d} - s{d})" for d in range(nd))
         return (f"        float acc = 0.f;\n{loops}{'    ' * nd}            acc += ld(xp[{index(picks)}]);\n"
                 f"        const float v = acc{div};")  # fmt: skip
@@ -108,7 +115,9 @@ def render(r: Region, f: Resample, dtype: str, threads: int) -> Code:
     rid = r.rid
     t = ctype(dtype)
     nd = len(f.size)
-    sig = Signature((ptr("x", t), ptr("y", t, const=False), i64("total")))
+    arg = f.mode == "adaptive_max"
+    sig = Signature((ptr("x", t), ptr("y", t, const=False), *([ptr("yi", "long long", const=False)] if arg else []),
+                     i64("total")))  # fmt: skip
     sizes = ", ".join(
         [*(f"I{d} = {v}" for d, v in enumerate(f.size)), *(f"O{d} = {v}" for d, v in enumerate(f.out))]
     )
@@ -116,9 +125,9 @@ def render(r: Region, f: Resample, dtype: str, threads: int) -> Code:
     for d in reversed(range(nd)):
         split.append(f"        const int o{d} = (int)(rest % O{d});")
         split.append(f"        rest /= O{d};")
-    per_dim = {"linear": _LINEAR, "adaptive_avg": _WINDOW}.get(f.mode, _NEAREST).strip("\n")
+    per_dim = _LINEAR if f.mode == "linear" else _WINDOW if f.mode in POOLS else _NEAREST
     coords = "\n".join(
-        per_dim.format(d=d, coord=_coord(f, d) if f.mode != "adaptive_avg" else "") for d in range(nd)
+        per_dim.strip("\n").format(d=d, coord=_coord(f, d) if f.mode not in POOLS else "") for d in range(nd)
     )
     plane_in = " * ".join(f"(long long)I{d}" for d in range(nd))
     cuda = f"""namespace kp_{rid} {{
@@ -133,7 +142,7 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
         const {t}* xp = x + rest * ({plane_in});  // rest: the (n, c) plane
 {coords}
 {_blend(f, t)}
-        y[i] = cv<{t}>(v);
+        y[i] = cv<{t}>(v);{chr(10) + "        yi[i] = arg;" if arg else ""}
     }}
 }}
 """
@@ -144,19 +153,20 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
     what = f"{f.mode.replace('_', ' ')}{' (align_corners)' if f.align_corners else ''}"
     launcher = "\n".join([
         f"def _resample_{rid}(sms, x):",
-        f'    """{what} {"pooling" if f.mode == "adaptive_avg" else "interpolation"} ({nd}-D) on the CUDA cores, an output a thread, {threads} threads a block."""',
+        f'    """{what} {"pooling" if f.mode in POOLS else "interpolation"} ({nd}-D) on the CUDA cores, an output a thread, {threads} threads a block."""',
         f"    if tuple(x.shape[-{nd}:]) != ({sp_in}):",
         f"        raise ValueError(f'kernelpro expert: the resampling was compiled for inputs (..., {sp_in.rstrip(',')}), "
         "not {tuple(x.shape)}')",
         "    x = _contig(x)",
         f"    y = torch.empty((*x.shape[:-{nd}], {sp_out}), dtype={torch_dtype(dtype)}, device=x.device)",
+        *(["    yi = torch.empty(y.shape, dtype=torch.int64, device=x.device)"] if arg else []),
         "    total = y.numel()",
         "    if total:",
         f"        grid = max(1, min(-(-total // {threads}), sms * {2048 // threads} * 4))",
         f"        kernels.kp_{rid}_resample((grid,), ({threads},), ({sig.args()}))  # noqa: F821",
-        "    return y",
+        f"    return {'y, yi' if arg else 'y'}",
     ])  # fmt: skip
     return Code(cuda, launcher, f"_resample_{rid}", (f"kp_{rid}_resample",), (x.name,), r.outputs)
 
 
-__all__ = ["MODES", "Resample", "render"]
+__all__ = ["MODES", "POOLS", "Resample", "render"]
