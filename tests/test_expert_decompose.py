@@ -55,9 +55,9 @@ def test_ops_without_a_template_are_written_through_pytorchs_decomposition(tmp_p
 
 
 def test_a_decomposition_into_ops_we_lack_is_not_taken(tmp_path):
-    # im2col (F.unfold) decomposes into indexing by computed positions: more regions left to PyTorch
-    ok, why = supports(_task(tmp_path, "im2col", "F.unfold(x[None, None], 3)", X))
-    assert not ok and "aten.im2col.default left to PyTorch" in why and "aten.index" not in why, why
+    # linalg_cross decomposes into indexing by computed positions (integer ops): more regions left to PyTorch
+    ok, why = supports(_task(tmp_path, "cross", "torch.linalg.cross(x[:, :3], x[:, 3:6], dim=1)", X))
+    assert not ok and "aten.linalg_cross.default left to PyTorch" in why and "aten.index" not in why, why
 
 
 @needs_gxx

@@ -65,6 +65,11 @@ CASES = {
         " F.pad(x[None], (0, 2, 1, 1, 3, 0), mode='circular'), F.pad(x[:, :, :2], (5, 6), mode='replicate'))",
         "[torch.randn(4, 6, 9)]",
     ),
+    "im2col": (  # F.unfold: a piece a kernel tap, the padding the zero-filled rest; 3-D input too
+        "return (F.unfold(x, 3, padding=1), F.unfold(x, (2, 3), dilation=(1, 2), stride=2), F.unfold(x[0], 2, stride=2),"
+        " F.unfold(x.mT, (3, 2), padding=(2, 1), stride=(2, 3)))",
+        "[torch.randn(2, 3, 7, 9)]",
+    ),
     "takes": (  # rows picked by an index tensor: an embedding, index_select along a middle dim, x[:, i]
         "return F.embedding(x[0].long() % 50, w) * 2, torch.index_select(w.view(10, 5, 64), 1, x[1, :7].long()"
         " % 5), w[:, x[2, :9].long() % 64], w[x[3, :3].long() % 50 - 50], w.t()[x[:2, :3].long() % 64]",
@@ -179,6 +184,7 @@ def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
         "repeats",
         "pads",
         "edge_pads",
+        "im2col",
         "takes",
         "gathers",
     ):

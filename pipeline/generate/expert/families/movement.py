@@ -1,4 +1,4 @@
-"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold, constant padding and elements picked
+"""Data movement: flip, roll, cat, stack, repeat (tile), Tensor.unfold, F.unfold (im2col), padding and elements picked
 by an int64 index tensor (embedding, index_select, x[:, i], gather) as our own strided copies (templates/movement.py),
 any dtype of one to eight bytes, any dims, inputs of any strides; the dims, shifts, repeats, windows and
 pads must be constants. Before this family they were left to PyTorch,
@@ -71,6 +71,12 @@ def why_not(r: Region, low: Lowered) -> str:
         return "the repeats are not constants, or span more than 4 dims"
     if n.op == "unfold" and not (len(a) == 4 and _ints(tuple(a[1:])) and a[2] > 0 and a[3] > 0 and nd < 8):
         return "the window's dim, size and step are not constants"
+    if n.op == "im2col" and not (len(a) == 5 and all(_ints(v) and len(v) == 2 for v in a[1:])):
+        return "the kernel, dilation, padding and stride are not pairs of constants"
+    if n.op == "im2col" and (
+        min(a[1]) < 1 or min(a[2]) < 1 or min(a[4]) < 1 or min(a[3]) < 0 or nd not in (3, 4)
+    ):
+        return "a window of no size or step, a negative padding, or an input that is not (N, C, H, W) / (C, H, W)"
     if n.op in ("pad", "constant_pad_nd"):
         value = movement.pad_value(n)
         mode = movement.pad_mode(n)

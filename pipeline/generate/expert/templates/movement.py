@@ -14,6 +14,8 @@ Each op is a few pieces, each one copy of a strided block of the input into a st
   pad    the output filled with the constant (torch.full), then the input's surviving part copied into it
          (negative padding crops); reflect, replicate and circular: 3 ranges a padded dim (the edges read
          backwards, at stride 0 or from the other end), a piece a choice of one range a dim;
+  im2col F.unfold: a piece a kernel tap (i, j), the block of output positions whose tap reads inside the
+         input (a rectangle), the rest of the zero-filled output its padding;
   take   embedding, index_select, x[:, i]: one piece whose coordinate along the indexed dim goes through
          the index; gather: one piece of the index's shape, the source coordinate along the dim read from
          the index at the element's own (contiguous) offset.
@@ -34,7 +36,7 @@ from pipeline.generate.expert.templates.code import Code, launch_bounds
 from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
 TAKES = ("embedding", "index_select", "index", "gather")  # elements picked by an index tensor
-OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd", *TAKES)
+OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd", "im2col", *TAKES)
 UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
 
@@ -197,6 +199,37 @@ def _taken_pieces(r: Region, names: dict[str, str]) -> list[str]:
     ]
 
 
+def _im2col_pieces(x: str, kernel: tuple, dilation: tuple, padding: tuple, stride: tuple) -> list[str]:
+    """F.unfold: out[n, (c * KH + i) * KW + j, oh * OW + ow] = x[n, c, oh * sh + i * dh - ph, ow * sw + j * dw - pw]
+    (0 outside x). A tap's outputs that read inside x are a rectangle of (oh, ow): one strided piece each."""
+    return [
+        f"    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = {kernel!r}, {dilation!r}, {padding!r}, {stride!r}",
+        f"    xs = {x} if {x}.dim() == 4 else {x}.unsqueeze(0)",
+        "    if xs.dim() != 4:",
+        f"        raise ValueError(f'kernelpro expert: im2col of a tensor {{tuple({x}.shape)}}')",
+        "    bn, c, h, w = xs.shape",
+        "    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1",
+        "    if oh < 1 or ow < 1:",
+        f"        raise ValueError(f'kernelpro expert: no window of {{(kh, kw)}} fits {{tuple({x}.shape)}}')",
+        "    taps, npos = kh * kw, oh * ow",
+        "    out = (torch.zeros if ph or pw else torch.empty)((bn, c * taps, npos), dtype=xs.dtype, device=xs.device)",
+        "    st = list(xs.stride())",
+        "    pieces = []",
+        "    for i in range(kh):",
+        "        for j in range(kw):",
+        "            # the output rows and columns whose tap (i, j) reads inside x",
+        "            r0, r1 = max(0, -(-(ph - i * dh) // sh)), min(oh, (h - 1 + ph - i * dh) // sh + 1)",
+        "            c0, c1 = max(0, -(-(pw - j * dw) // sw)), min(ow, (w - 1 + pw - j * dw) // sw + 1)",
+        "            if r1 <= r0 or c1 <= c0:",
+        "                continue",
+        "            s0 = (r0 * sh + i * dh - ph) * st[2] + (c0 * sw + j * dw - pw) * st[3]",
+        "            d0 = (i * kw + j) * npos + r0 * ow + c0",
+        "            pieces.append((xs, s0, [bn, c, r1 - r0, c1 - c0], [st[0], st[1], sh * st[2], sw * st[3]], d0,"
+        " [c * taps * npos, taps * npos, ow, 1]))",
+        f"    result = out if {x}.dim() == 4 else out.squeeze(0)",
+    ]
+
+
 def _edge_pieces(x: str, pad: tuple[int, ...], mode: str) -> list[str]:
     """reflect, replicate and circular padding: along each padded dim the output is three ranges, the middle
     the input itself and each side a block of it read backwards from one element in (reflect), one edge
@@ -308,6 +341,8 @@ def _pieces(r: Region, names: dict[str, str]) -> list[str]:
             f"    pieces = [({x}, 0, [*sizes, {size}], [*sstr, st[d]], 0, list(out.stride()))]",
             "    result = out",
         ]
+    if op == "im2col":
+        return _im2col_pieces(names[n.args[0].name], *(tuple(v) for v in n.args[1:5]))
     if op == "pad" and pad_mode(n) != "constant":
         return _edge_pieces(names[n.args[0].name], tuple(n.args[1]), pad_mode(n))
     if op in ("pad", "constant_pad_nd"):
