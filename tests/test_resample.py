@@ -1,6 +1,6 @@
 """Interpolation (F.interpolate, nn.Upsample) and adaptive average pooling whose windows do not tile the
 input, as our own kernel (families/resample.py): written where they were left to PyTorch; in the CPU emulator nearest and nearest-exact pick eager's very elements (fractional and
-integer scales, given sizes) and linear, bilinear and trilinear blend within fp32 rounding of eager, with and
+integer scales, given sizes) and linear, bilinear, trilinear and bicubic blend within fp32 rounding of eager, with and
 without align_corners, in fp32 and bf16, and adaptive windows average within rounding; compiled for
 sm_90a."""
 
@@ -60,6 +60,12 @@ CASES = {
         "[torch.randn(2, 3, 7, 11)]",
         True,
     ),
+    "bicubic": (  # Keys' cubic convolution over 4 x 4 taps clamped into the input, both corner conventions
+        "return (F.interpolate(x, scale_factor=2, mode='bicubic'), F.interpolate(x, size=(5, 13), mode='bicubic',"
+        " align_corners=True), F.interpolate(x, scale_factor=0.6, mode='bicubic'))",
+        "[torch.randn(2, 3, 7, 9)]",
+        False,
+    ),
     "bilinear_bf16": (
         "return F.interpolate(x, scale_factor=2, mode='bilinear'), F.interpolate(x, scale_factor=0.6)",
         "[torch.randn(2, 4, 9, 8, dtype=torch.bfloat16)]",
@@ -111,7 +117,6 @@ def test_emulated_interpolation_matches_eager(tmp_path, name):
 @pytest.mark.parametrize(
     "expr",
     [
-        "F.interpolate(x, scale_factor=2, mode='bicubic')",  # no template: stays PyTorch's
         "F.interpolate(x, scale_factor=2, mode='bilinear', antialias=True)",
     ],
 )
@@ -135,8 +140,16 @@ def test_antialiased_interpolation_is_left_to_pytorch_by_its_public_call(tmp_pat
 
 @needs_nvcc
 def test_interpolation_kernels_compile_for_sm90a_without_spills(tmp_path):
-    cands = [c for name in ("nearest", "bilinear", "linear_trilinear", "bilinear_bf16", "adaptive_avg", "adaptive_max")
-             for c in _candidates(_path(tmp_path, name))]  # fmt: skip
+    names = (
+        "nearest",
+        "bilinear",
+        "bicubic",
+        "linear_trilinear",
+        "bilinear_bf16",
+        "adaptive_avg",
+        "adaptive_max",
+    )
+    cands = [c for name in names for c in _candidates(_path(tmp_path, name))]
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for c, b in zip(cands, builds, strict=True):
         assert b.status == Status.OK and not b.log, (c.edit, b.log)

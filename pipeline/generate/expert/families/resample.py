@@ -1,8 +1,8 @@
-"""Interpolation (F.interpolate, nn.Upsample): nearest, nearest-exact, linear, bilinear and trilinear, and
-adaptive average pooling to sizes that do not divide the input's (the others are lowered to a mean or an
-average pool) and adaptive max pooling (values and indices), 1-D to 3-D, fp32, fp16 and bf16, on the CUDA cores (templates/resample.py), where they were
-left to PyTorch. Bicubic and antialiased modes stay PyTorch's. Both plans take our kernel (no library anchor to keep).
-Edits: resize_grid (threads x2 and /2).
+"""Resampling (templates/resample.py), where it was left to PyTorch: F.interpolate and nn.Upsample in nearest,
+nearest-exact, linear, bilinear, trilinear and bicubic modes, adaptive average pooling to sizes that do not
+divide the input's (the others are lowered to a mean or an average pool) and adaptive max pooling (values
+and indices), 1-D to 3-D, fp32, fp16 and bf16, on the CUDA cores. Antialiased modes stay PyTorch's. Both
+plans take our kernel (no library anchor to keep). Edits: resize_grid (threads x2 and /2).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ OPS = {
     "upsample_linear1d": ("linear", 1),
     "upsample_bilinear2d": ("linear", 2),
     "upsample_trilinear3d": ("linear", 3),
+    "upsample_bicubic2d": ("cubic", 2),
     **{f"adaptive_avg_pool{d}d": ("adaptive_avg", d) for d in (1, 2, 3)},
     **{f"_adaptive_avg_pool{d}d": ("adaptive_avg", d) for d in (1, 2, 3)},
     **{f"adaptive_max_pool{d}d": ("adaptive_max", d) for d in (1, 2, 3)},
@@ -59,7 +60,7 @@ def form(n: Node, low: Lowered) -> Resample | str:
             if shape is None:
                 return "the pooled values are not used"
         return _sized(mode, dims, x.shape, shape, False, (None,) * dims)
-    linear = mode == "linear"
+    linear = mode in ("linear", "cubic")  # both take align_corners
     align = bool(a[2]) if linear and len(a) > 2 else False
     given = a[3 if linear else 2] if len(a) > (3 if linear else 2) else None
     if n.overload == "vec":

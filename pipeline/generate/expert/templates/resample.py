@@ -1,5 +1,5 @@
 """Resampling (families/resample.py): F.interpolate / nn.Upsample in nearest, nearest-exact, linear,
-bilinear and trilinear modes, and adaptive average pooling whose windows do not tile the input evenly,
+bilinear, trilinear and bicubic modes, and adaptive average pooling whose windows do not tile the input evenly,
 1-D to 3-D, on the CUDA cores.
 
 One thread an output element, consecutive threads along the output's last dim, so each warp stores one
@@ -7,7 +7,9 @@ run and its loads fall on one or two input rows. The source coordinate is eager'
 input over the output size, or one over the given scale factor (rounded to fp32 as eager rounds it), or for
 align_corners (in - 1) / (out - 1); nearest takes floor(o * scale) (nearest-exact floor((o + 0.5) * scale),
 the sum in double as eager computes it), linear the two inputs around scale * (o + 0.5) - 0.5 (at least 0)
-weighted by the distance, dim by dim. An adaptive pool's window along a dim runs from floor(o * in / out)
+weighted by the distance, dim by dim; bicubic the 4 x 4 inputs around floor(scale * (o + 0.5) - 0.5) (not
+clamped), indices clamped into the input, weighted by Keys' cubic convolution (A = -0.75), rows first then
+the column, as eager computes it. An adaptive pool's window along a dim runs from floor(o * in / out)
 to ceil((o + 1) * in / out), summed in order and divided by each dim's extent in turn, as eager does; an
 adaptive max pool keeps the window's first largest value and its index in the plane (a NaN wins, the
 last one, as eager's `> or isnan`). The
@@ -24,7 +26,7 @@ from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
 from pipeline.generate.expert.templates.signature import Signature, i64, ptr
 
-MODES = ("nearest", "nearest-exact", "linear", "adaptive_avg", "adaptive_max")
+MODES = ("nearest", "nearest-exact", "linear", "cubic", "adaptive_avg", "adaptive_max")
 POOLS = ("adaptive_avg", "adaptive_max")
 
 
@@ -39,7 +41,7 @@ class Resample:
     def scale(self, d: int) -> float:
         """Eager's fp32 scale from output coordinates to input ones along spatial dim d."""
         i, o, s = self.size[d], self.out[d], self.scales[d]
-        if self.mode == "linear" and self.align_corners:
+        if self.mode in ("linear", "cubic") and self.align_corners:
             return _f32((i - 1) / (o - 1)) if o > 1 else 0.0
         if s is not None and s > 0:
             return _f32(1.0 / s)
@@ -58,6 +60,23 @@ def _lit(v: float) -> str:
 _NEAREST = """        const int s{d} = min((int)floorf({coord}), I{d} - 1);"""
 _WINDOW = """        const int s{d} = (int)((long long)o{d} * I{d} / O{d});
         const int n{d} = (int)((((long long)o{d} + 1) * I{d} + O{d} - 1) / O{d});"""
+_CUBIC = """        const float r{d} = {coord};
+        const int s{d} = (int)floorf(r{d});
+        float c{d}[4];
+        kp_cubic_weights(c{d}, r{d} - (float)s{d});"""
+# Keys' cubic convolution weights of the 4 taps at distance t past the second one (ATen's A = -0.75).
+CUBIC_WEIGHTS = r"""#ifndef KP_CUBIC_DEFINED
+#define KP_CUBIC_DEFINED
+__device__ __forceinline__ void kp_cubic_weights(float (&c)[4], float t) {
+    const float A = -0.75f;
+    const float x1 = t + 1.0f, x2 = 1.0f - t, x3 = x2 + 1.0f;
+    c[0] = ((A * x1 - 5.0f * A) * x1 + 8.0f * A) * x1 - 4.0f * A;
+    c[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
+    c[2] = ((A + 2.0f) * x2 - (A + 3.0f)) * x2 * x2 + 1.0f;
+    c[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
+}
+#endif
+"""
 _LINEAR = """        float r{d} = {coord};
         r{d} = r{d} < 0.f ? 0.f : r{d};
         const int s{d} = (int)r{d}, n{d} = s{d} < I{d} - 1 ? s{d} + 1 : s{d};
@@ -72,7 +91,7 @@ def _coord(f: Resample, d: int) -> str:
         return f"(float)(((double)o{d} + 0.5) * (double){scale})"
     if f.align_corners:
         return f"{scale} * (float)o{d}"
-    return f"{scale} * ((float)o{d} + 0.5f) - 0.5f"
+    return f"{scale} * ((float)o{d} + 0.5f) - 0.5f"  # not clamped at 0 for cubic
 
 
 def _blend(f: Resample, t: str) -> str:
@@ -98,6 +117,18 @@ def _blend(f: Resample, t: str) -> str:
         div = "".join(f" / (float)(n{d} - s{d})" for d in range(nd))
         return (f"        float acc = 0.f;\n{loops}{'    ' * nd}            acc += ld(xp[{index(picks)}]);\n"
                 f"        const float v = acc{div};")  # fmt: skip
+    if f.mode == "cubic":  # each of the 4 rows blended along the last dim, then the rows (eager's order)
+
+        def tap(d: int, k: int) -> str:
+            return f"(long long)min(max(s{d} - 1 + {k}, 0), I{d} - 1)"
+
+        rows = [" + ".join(f"ld(xp[{index([tap(0, kr), tap(1, kc)])}]) * c1[{kc}]" for kc in range(4))
+                for kr in range(4)]  # fmt: skip
+        return (
+            "        const float v = "
+            + " + ".join(f"({row}) * c0[{kr}]" for kr, row in enumerate(rows))
+            + ";"
+        )
     if f.mode != "linear":
         return f"        const float v = ld(xp[{index(at)}]);"
 
@@ -125,12 +156,14 @@ def render(r: Region, f: Resample, dtype: str, threads: int) -> Code:
     for d in reversed(range(nd)):
         split.append(f"        const int o{d} = (int)(rest % O{d});")
         split.append(f"        rest /= O{d};")
-    per_dim = _LINEAR if f.mode == "linear" else _WINDOW if f.mode in POOLS else _NEAREST
+    per_dim = {"linear": _LINEAR, "cubic": _CUBIC}.get(f.mode, _WINDOW if f.mode in POOLS else _NEAREST)
     coords = "\n".join(
         per_dim.strip("\n").format(d=d, coord=_coord(f, d) if f.mode not in POOLS else "") for d in range(nd)
     )
     plane_in = " * ".join(f"(long long)I{d}" for d in range(nd))
-    cuda = f"""namespace kp_{rid} {{
+    cuda = (
+        (CUBIC_WEIGHTS if f.mode == "cubic" else "")
+        + f"""namespace kp_{rid} {{
 constexpr int {sizes};
 }}  // namespace kp_{rid}
 extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.decls()}) {{
@@ -146,6 +179,7 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
     }}
 }}
 """
+    )
     n = r.node
     x = n.args[0]
     sp_in = ", ".join(str(v) for v in f.size) + ("," if nd == 1 else "")
