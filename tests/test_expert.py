@@ -524,6 +524,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-6,
     ),
+    "bits": (  # signbit (-0.0 too: a -0.0 literal kept its sign), nextafter, xlogy (0 where x is 0)
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                z = torch.where(x.abs() < 0.3, 0.0, x)  # NaN cases: test_expert_decompose (the fuzz comparison)
+                s = torch.signbit(torch.where(x.abs() < 0.3, -0.0, x)).float()  # no NaN: its sign is the CPU's
+                return (s + torch.nextafter(x, y), torch.xlogy(z, y.abs()),
+                        torch.special.xlogy(x.abs(), z.abs() + 0.5))
+        """,
+        "[torch.randn(9, 33), torch.randn(9, 33)]",
+        "[]",
+        1e-6,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -586,6 +599,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "bits": {"ew"},
     "router_topk": {"softmax", "torch", "view", "reduce", "ew"},
     "losses_more": {"ew", "reduce", "softmax", "torch", "view"},
     "cells": {"library", "ew", "view"},

@@ -107,6 +107,19 @@ def test_a_float64_operand_leaves_its_op_to_pytorch_instead_of_raising(tmp_path)
     assert result["outcome"] == "ok", result
 
 
+@needs_gxx
+def test_signed_zeros_and_nan_operands_keep_eagers_values(tmp_path):
+    """A -0.0 constant was written as 0.0f (1 / x gave +inf where eager gives -inf); xlogy is NaN where y is
+    NaN even where x is 0, and 0 where x is 0 otherwise."""
+    expr = (
+        "1.0 / torch.where(x > 0, x, -0.0), torch.xlogy(torch.where(x.abs() < 0.5, 0.0, x),"
+        " torch.where(x > 1.5, float('nan'), x.abs()))"
+    )
+    path = _task(tmp_path, "zeros", expr, X)
+    result = check_task(path, 1e-6, edits=1)
+    assert result["outcome"] == "ok" and "left to PyTorch" not in result["why"], result
+
+
 @needs_nvcc
 def test_decomposed_kernels_compile_for_sm_90a(tmp_path):
     """The element-wise vocabulary the decompositions brought (isposinf, isneginf, hypot, copysign), and a

@@ -44,6 +44,8 @@ def lit(v: Any) -> str:
         return "CUDART_NAN_F"
     if math.isinf(v):
         return "CUDART_INF_F" if v > 0 else "(-CUDART_INF_F)"
+    if v == 0 and math.copysign(1.0, v) < 0:
+        return "(-0.0f)"  # its sign matters (1 / x, signbit, atan2): int(-0.0) would drop it
     if v == int(v) and abs(v) < 2**24:
         return f"{int(v)}.0f"
     return f"((float){v!r})"  # the double literal cast to float: torch's own double -> float rounding
@@ -94,6 +96,7 @@ _UNARY_CALL = {
     "log_sigmoid": "kp_log_sigmoid({0})",
     "logical_not": "(({0}) == 0.0f ? 1.0f : 0.0f)",
     "bitwise_not": "(({0}) == 0.0f ? 1.0f : 0.0f)",  # on bool only (BOOL_ONLY)
+    "signbit": "(signbit({0}) ? 1.0f : 0.0f)",  # -0.0 and -NaN too
     "isnan": "(isnan({0}) ? 1.0f : 0.0f)",
     "isinf": "(isinf({0}) ? 1.0f : 0.0f)",
     "isposinf": "((isinf({0}) && ({0}) > 0.0f) ? 1.0f : 0.0f)",
@@ -120,6 +123,10 @@ _BINARY_CALL = {
     "logical_or": "((({0}) != 0.0f || ({1}) != 0.0f) ? 1.0f : 0.0f)",
     "logical_xor": "((({0}) != 0.0f) != (({1}) != 0.0f) ? 1.0f : 0.0f)",
     "heaviside": "(({0}) == 0.0f ? ({1}) : (({0}) > 0.0f ? 1.0f : 0.0f))",  # NaN: 0, as eager's x > 0
+    "nextafter": "nextafterf({0}, {1})",
+    # ATen's: NaN where y is NaN, 0 where x is 0, else x log(y)
+    "xlogy": "(isnan({1}) ? CUDART_NAN_F : (({0}) == 0.0f ? 0.0f : ({0}) * logf({1})))",
+    "special_xlogy": "(isnan({1}) ? CUDART_NAN_F : (({0}) == 0.0f ? 0.0f : ({0}) * logf({1})))",
 }
 # Bitwise ops are the logical ones on bool (masks combined with & | ^ ~); on integers they stay PyTorch's.
 _BITWISE = {"and": "logical_and", "or": "logical_or", "xor": "logical_xor"}
@@ -178,7 +185,7 @@ ELEMENTWISE = frozenset(
 # side (bf16 `linear(x) > 0.5` with the bias added in fp32: found by the fuzz hunt, seed 10222).
 STEPS = frozenset(
     {*_COMPARE, "floor", "ceil", "round", "trunc", "frac", "sign", "remainder", "fmod", "threshold", "hardshrink",
-     "softshrink", "heaviside"}
+     "softshrink", "heaviside", "signbit", "nextafter"}
 )  # fmt: skip
 ROUNDED = {"bfloat16": "kp_round_bf16({0})", "float16": "kp_round_f16({0})"}  # a value as 16 bits store it
 # Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two
