@@ -537,6 +537,21 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-6,
     ),
+    "prelu_split": (  # PReLU (one weight a channel, or one), split by sizes then concatenated (both PyTorch's)
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.PReLU(4)
+                self.b = nn.PReLU()
+            def forward(self, x, v):
+                p, q = torch.split(x, [1, 3], dim=1)
+                return self.a(x), self.b(x) * 2, self.b(v), torch.cat([q, p], 1)
+        """,
+        "[torch.randn(2, 4, 5, 6), torch.randn(7)]",
+        "[]",
+        1e-6,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -599,6 +614,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "prelu_split": {"ew", "view", "torch"},
     "bits": {"ew"},
     "router_topk": {"softmax", "torch", "view", "reduce", "ew"},
     "losses_more": {"ew", "reduce", "softmax", "torch", "view"},

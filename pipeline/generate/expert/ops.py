@@ -429,5 +429,6 @@ CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_trans
 # Views and layout changes, done in the launcher with torch's own (plumbing) tensor methods.
 VIEWS = frozenset(
     {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "t", "numpy_T", "unsqueeze",
-     "squeeze", "expand", "select", "slice", "narrow", "getitem", "split", "chunk", "unbind", "diagonal"}
+     "squeeze", "expand", "select", "slice", "narrow", "getitem", "split", "split_with_sizes", "chunk", "unbind",
+     "diagonal"}
 )  # fmt: skip

@@ -333,6 +333,28 @@ def _rnn_cell(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return out
 
 
+def _prelu(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """prelu(x, w) as ATen computes it: x where x > 0, else w * x, w one value or one a channel (dim 1, or
+    dim 0 of a 1-D input), seen as (C, 1, ...) against x."""
+    a = n.args
+    x, w = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    if x is None or w is None or not x.shape or w.shape is None or n.dtype not in ops.FLOAT_DTYPES:
+        return None
+    if x.dtype != n.dtype or w.dtype != n.dtype or len(w.shape) > 1:
+        return None
+    c = math.prod(w.shape)
+    channel = 1 if len(x.shape) > 1 else 0
+    if c not in (1, x.shape[channel]):
+        return None
+    name, shape, dt = n.name, x.shape, n.dtype
+    view = (c, *(1,) * (len(shape) - channel - 1))
+    out = [_mk(f"{name}_w", "reshape", (a[1], view), view, dt)]
+    out.append(_mk(f"{name}_neg", "mul", (a[0], Ref(out[-1].name)), shape, dt, "Tensor"))
+    out.append(_mk(f"{name}_pos", "gt", (a[0], 0.0), shape, "bool", "Scalar"))
+    out.append(_mk(name, "where", (Ref(out[-1].name), a[0], Ref(out[-2].name)), shape, dt, "self"))
+    return out
+
+
 def _nanmean(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """nanmean: the sum of the values that are not NaN over their count (NaN where there are none)."""
     a = n.args
@@ -925,6 +947,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return [_mk(n.name, "alias", (Ref(f"{a[0].name}__out{a[1]}"),), n.shape, n.dtype)]
     if n.op in ("lstm_cell", "gru_cell") and (cell := _rnn_cell(n, by_name)):
         return cell
+    if n.op == "prelu" and (lowered := _prelu(n, by_name)):
+        return lowered
     if n.op == "nanmean" and (lowered := _nanmean(n, by_name)):
         return lowered
     if n.op == "addr" and (lowered := _addr(n, by_name)):
