@@ -5,13 +5,13 @@ epilogue on their stores). Knobs are read by name: a family uses the helpers who
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from typing import Any
 
 from pipeline.generate.expert import fusion
 from pipeline.generate.expert.families.base import Edit, RenderError, change, changed, label
 from pipeline.generate.expert.plan import Plan
-from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.fused import Fused
 
@@ -40,7 +40,7 @@ def resized(edit: str, plan: Plan, rp: Any, threads: int, regs: int | None = Non
     changes: dict[str, object] = {"threads": threads}
     if regs is not None:
         changes["regs"] = regs
-    if rp.min_blocks:
+    if getattr(rp, "min_blocks", 0):  # plans without the knob (the copy and resample kernels) skip it
         changes["min_blocks"] = blocks_per_sm(threads)
     yield from change(edit, plan, rp, **changes)
 
@@ -49,6 +49,29 @@ def resize_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
     for threads in (rp.threads * 2, rp.threads // 2):
         if 64 <= threads <= 1024:
             yield from resized("resize_grid", plan, rp, threads)
+
+
+def torch_region_rules(
+    form: Callable[[Any, Lowered], Any], ops: Container[str]
+) -> tuple[
+    Callable[[Region, Lowered], str], Callable[[Region, Lowered], bool], Callable[[Region, Lowered], str]
+]:
+    """why_not, claims and declines of a family that computes regions PyTorch would (torch-kind ones) from
+    a `form` of the node: its geometry, or a string saying why not. declines speaks for `ops` only."""
+
+    def why_not(r: Region, low: Lowered) -> str:
+        if r.kind is not RegionKind.TORCH:
+            return "not a region PyTorch would compute"
+        f = form(r.node, low)
+        return f if isinstance(f, str) else ""
+
+    def claims(r: Region, low: Lowered) -> bool:
+        return not why_not(r, low)
+
+    def declines(r: Region, low: Lowered) -> str:
+        return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in ops else ""
+
+    return why_not, claims, declines
 
 
 def persistent_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pipeline.generate.expert.families import common
 from pipeline.generate.expert.families.base import Family, RenderError, change
 from pipeline.generate.expert.families.common import Moves
 from pipeline.generate.expert.graph import Node, Ref
@@ -133,12 +134,6 @@ def _vectorize(plan: Plan, rp: MovePlan, r: Region, low: Lowered) -> Moves:
         yield from change("vectorize_loads", plan, rp, vec=True)
 
 
-def _resize(plan: Plan, rp: MovePlan, r: Region, low: Lowered) -> Moves:
-    for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024:
-            yield from change("resize_grid", plan, rp, threads=threads)
-
-
 def render(r: Region, rp: MovePlan, low: Lowered, hunter: Any) -> Code:
     why = why_not(r, low)
     if why:
@@ -157,6 +152,6 @@ FAMILY = Family(
     first=first,
     render=render,
     declines=declines,
-    edits={"vectorize_loads": _vectorize, "resize_grid": _resize},
+    edits={"vectorize_loads": _vectorize, "resize_grid": common.resize_grid},
     order=14,
 )

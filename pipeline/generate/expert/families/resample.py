@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families.base import Family, RenderError, change
-from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.families import common
+from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import Plan, RegionPlan
-from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import resample
 from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.resample import Resample
@@ -74,6 +74,9 @@ def form(n: Node, low: Lowered) -> Resample | str:
     return _sized(mode, dims, x.shape, n.shape, align, tuple(None if s is None else float(s) for s in scales))
 
 
+why_not, claims, declines = common.torch_region_rules(form, OPS)
+
+
 def _sized(
     mode: str, dims: int, shape: tuple, out_shape: tuple, align: bool, scales: tuple
 ) -> Resample | str:
@@ -83,25 +86,8 @@ def _sized(
     return Resample(mode, align, size, out, scales)
 
 
-def why_not(r: Region, low: Lowered) -> str:
-    if r.kind is not RegionKind.TORCH:
-        return "not a region PyTorch would compute"
-    f = form(r.node, low)
-    return f if isinstance(f, str) else ""
-
-
-def claims(r: Region, low: Lowered) -> bool:
-    return not why_not(r, low)
-
-
 def first(r: Region, low: Lowered, tuned: bool) -> ResamplePlan:
     return ResamplePlan(r.rid)
-
-
-def _resize(plan: Plan, rp: ResamplePlan, r: Region, low: Lowered) -> Moves:
-    for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024:
-            yield from change("resize_grid", plan, rp, threads=threads)
 
 
 def render(r: Region, rp: ResamplePlan, low: Lowered, hunter: Any) -> Code:
@@ -111,17 +97,12 @@ def render(r: Region, rp: ResamplePlan, low: Lowered, hunter: Any) -> Code:
     return resample.render(r, f, low.by_name[r.node.args[0].name].dtype or "float32", rp.threads)
 
 
-def declines(r: Region, low: Lowered) -> str:
-    """Why an interpolation or adaptive pool stays PyTorch's ("" for any other op)."""
-    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in OPS else ""
-
-
 FAMILY = Family(
     knobs=ResamplePlan,
     claims=claims,
     first=first,
     render=render,
     declines=declines,
-    edits={"resize_grid": _resize},
+    edits={"resize_grid": common.resize_grid},
     order=15,
 )

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families.base import Family, RenderError, change
-from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.families import common
+from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import Plan, RegionPlan
-from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import select
 from pipeline.generate.expert.templates.code import Code
 
@@ -85,25 +85,11 @@ def form(n: Node, low: Lowered) -> Form | str:
     return Form(n.op, length, k, dim, desc)
 
 
-def why_not(r: Region, low: Lowered) -> str:
-    if r.kind is not RegionKind.TORCH:
-        return "not a region PyTorch would compute"
-    f = form(r.node, low)
-    return f if isinstance(f, str) else ""
-
-
-def claims(r: Region, low: Lowered) -> bool:
-    return not why_not(r, low)
+why_not, claims, declines = common.torch_region_rules(form, OPS)
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> SelectPlan:
     return SelectPlan(r.rid)
-
-
-def _resize(plan: Plan, rp: SelectPlan, r: Region, low: Lowered) -> Moves:
-    for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024:
-            yield from change("resize_grid", plan, rp, threads=threads)
 
 
 def render(r: Region, rp: SelectPlan, low: Lowered, hunter: Any) -> Code:
@@ -114,17 +100,12 @@ def render(r: Region, rp: SelectPlan, low: Lowered, hunter: Any) -> Code:
     return select.render(r, f.op, dtype, f.length, f.k, f.dim, f.desc, rp.threads, f.start, f.keep)
 
 
-def declines(r: Region, low: Lowered) -> str:
-    """Why a sort or top-k stays PyTorch's ("" for any other op)."""
-    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in OPS else ""
-
-
 FAMILY = Family(
     knobs=SelectPlan,
     claims=claims,
     first=first,
     render=render,
     declines=declines,
-    edits={"resize_grid": _resize},
+    edits={"resize_grid": common.resize_grid},
     order=16,
 )

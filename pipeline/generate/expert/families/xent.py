@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pipeline.generate.expert.families import common
 from pipeline.generate.expert.families.base import Family, RenderError, change
 from pipeline.generate.expert.families.common import Moves
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import Plan, RegionPlan
-from pipeline.generate.expert.regions import Lowered, Region, RegionKind
+from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import xent
 from pipeline.generate.expert.templates.code import Code
 
@@ -59,15 +60,7 @@ def form(n: Node, low: Lowered) -> Form | str:
     return Form(x.shape[1], ignore, n.op != "cross_entropy_loss", int(reduction))
 
 
-def why_not(r: Region, low: Lowered) -> str:
-    if r.kind is not RegionKind.TORCH:
-        return "not a region PyTorch would compute"
-    f = form(r.node, low)
-    return f if isinstance(f, str) else ""
-
-
-def claims(r: Region, low: Lowered) -> bool:
-    return not why_not(r, low)
+why_not, claims, declines = common.torch_region_rules(form, OPS)
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> XentPlan:
@@ -79,22 +72,11 @@ def _vectorize(plan: Plan, rp: XentPlan, r: Region, low: Lowered) -> Moves:
         yield from change("vectorize_loads", plan, rp, vec=True)
 
 
-def _resize(plan: Plan, rp: XentPlan, r: Region, low: Lowered) -> Moves:
-    for threads in (rp.threads * 2, rp.threads // 2):
-        if 64 <= threads <= 1024:
-            yield from change("resize_grid", plan, rp, threads=threads)
-
-
 def render(r: Region, rp: XentPlan, low: Lowered, hunter: Any) -> Code:
     f = form(r.node, low)
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our loss kernel: {f}")
     return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, rp.threads, rp.vec)
-
-
-def declines(r: Region, low: Lowered) -> str:
-    """Why a cross-entropy or NLL loss stays PyTorch's ("" for any other op)."""
-    return why_not(r, low) if r.kind is RegionKind.TORCH and r.node.op in OPS else ""
 
 
 FAMILY = Family(
@@ -103,6 +85,6 @@ FAMILY = Family(
     first=first,
     render=render,
     declines=declines,
-    edits={"vectorize_loads": _vectorize, "resize_grid": _resize},
+    edits={"vectorize_loads": _vectorize, "resize_grid": common.resize_grid},
     order=11,
 )
