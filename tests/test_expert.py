@@ -552,6 +552,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-6,
     ),
+    "one_hot": (  # one_hot as a positional compare (its int64 result a cast of a mask), then as floats
+        """
+        class Model(nn.Module):
+            def forward(self, x, t):
+                return (F.one_hot(t, 10).to(x.dtype) * x).sum(1), F.one_hot(t[:5], 7), (t > 4).long()
+        """,
+        "[torch.randn(64, 10), torch.randint(0, 10, (64,))]",
+        "[]",
+        1e-6,
+    ),
     "bool_masks": (  # masks combined with & | ^ ~ (bool bitwise ops are the logical ones), rrelu in eval
         """
         class Model(nn.Module):
@@ -614,6 +624,7 @@ FAMILIES = {
     "transposed": {"view", "ew", "reduce"},
     "gevm": {"view", "ew", "reduce"},  # the vector seen as (K, 1), v * m, summed over K
     "bool_masks": {"ew"},
+    "one_hot": {"view", "ew", "reduce"},
     "prelu_split": {"ew", "view", "torch"},
     "bits": {"ew"},
     "router_topk": {"softmax", "torch", "view", "reduce", "ew"},

@@ -178,6 +178,7 @@ ELEMENTWISE = frozenset(
         "zeros_like",
         "ones_like",
         "full_like",
+        "one_hot_eq",  # the expert's own: one_hot's class index == its column (regions._one_hot)
     }
 )
 # Ops whose result jumps where an operand crosses a value. Eager rounds every 16-bit op's result as it
@@ -190,7 +191,7 @@ STEPS = frozenset(
 ROUNDED = {"bfloat16": "kp_round_bf16({0})", "float16": "kp_round_f16({0})"}  # a value as 16 bits store it
 # Ops whose value depends on the element's position: they read its row `pr` and column `pc` within the last two
 # dims, which a chain function that holds one takes as its first two parameters.
-POSITIONAL = frozenset({"triu", "tril"})
+POSITIONAL = frozenset({"triu", "tril", "one_hot_eq"})
 
 
 def positional(nodes: Iterable[Node]) -> bool:
@@ -243,6 +244,8 @@ def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
         return f"kp_tanh_mufu({val(a[0])})"
     if mufu and op == "gelu" and _arg(n, 1, "approximate", "none") == "tanh":
         return f"kp_gelu_tanh_mufu({val(a[0])})"
+    if op == "one_hot_eq":  # the class index (exact in fp32: below the class count) against the column
+        return f"((float)pc == ({val(a[0])}) ? 1.0f : 0.0f)"
     if op in POSITIONAL:  # triu keeps the diagonal and above (column - row >= k), tril the rest
         k = int(_arg(n, 1, "diagonal", 0))
         return f"((pc - pr) {'>=' if op == 'triu' else '<='} {k}LL ? ({val(a[0])}) : 0.0f)"

@@ -333,6 +333,24 @@ def _rnn_cell(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return out
 
 
+def _one_hot(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """one_hot(t, C): each class index against the column of its row (a positional element-wise op, bool),
+    then as int64: one element-wise region, fused with a cast to float after it. An index outside [0, C)
+    gives a row of zeros where eager raises; C must be given (-1 reads the data)."""
+    a = n.args
+    t = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    classes = a[1] if len(a) > 1 else n.kw("num_classes", -1)
+    if t is None or t.shape is None or t.dtype != "int64" or not isinstance(classes, int) or classes < 1:
+        return None
+    if classes >= 2**24 or len(t.shape) < 1 or n.shape != (*t.shape, classes):
+        return None
+    col = (*t.shape, 1)
+    view = _mk(f"{n.name}_t", "reshape", (a[0], col), col, "int64")
+    eq = _mk(f"{n.name}_eq", "one_hot_eq", (Ref(view.name),), n.shape, "bool")
+    cast = _mk(n.name, "_to_copy", (Ref(eq.name),), n.shape, "int64")
+    return [view, eq, dataclasses.replace(cast, kwargs=(("dtype", ("dtype", "int64")),))]
+
+
 def _prelu(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """prelu(x, w) as ATen computes it: x where x > 0, else w * x, w one value or one a channel (dim 1, or
     dim 0 of a 1-D input), seen as (C, 1, ...) against x."""
@@ -947,6 +965,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return [_mk(n.name, "alias", (Ref(f"{a[0].name}__out{a[1]}"),), n.shape, n.dtype)]
     if n.op in ("lstm_cell", "gru_cell") and (cell := _rnn_cell(n, by_name)):
         return cell
+    if n.op == "one_hot" and (lowered := _one_hot(n, by_name)):
+        return lowered
     if n.op == "prelu" and (lowered := _prelu(n, by_name)):
         return lowered
     if n.op == "nanmean" and (lowered := _nanmean(n, by_name)):
@@ -1217,6 +1237,14 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[RegionKind, str]:
     readable = all(by_name[r].dtype in ops.C_TYPES for r in n.refs() if r in by_name)
     if ops.is_elementwise(n) and readable:
         return RegionKind.EW, ""
+    src0 = by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None
+    if (
+        n.op in ("_to_copy", "to")
+        and n.dtype in ("int64", "int32")
+        and src0 is not None
+        and src0.dtype == "bool"
+    ):
+        return RegionKind.EW, ""  # a mask as integers: 0 and 1, exact through our fp32 chains
     if n.op in ops.VIEWS:
         return RegionKind.VIEW, ""
     src = by_name.get(n.args[0].name) if n.args and isinstance(n.args[0], Ref) else None

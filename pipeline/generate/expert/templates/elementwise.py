@@ -168,7 +168,9 @@ def _launcher(region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variant
     inplace = dict(region.inplace)
     a = [f"a{i}" for i in range(len(ops_))]
     lines = [f"def _r_{rid}(sms, {', '.join(a)}):"]
-    lines.append(f"    shape = torch.broadcast_shapes({', '.join(f'{x}.shape' for x in a)})")
+    # one_hot's compare widens its (..., 1) index to the class count: the one dim no operand has
+    widened = [f"({n.shape[-1]},)" for n in region.nodes if n.op == "one_hot_eq" and n.shape][:1]
+    lines.append(f"    shape = torch.broadcast_shapes({', '.join([*(f'{x}.shape' for x in a), *widened])})")
     lines += [
         "    nd = len(shape)",
         "    split = 0" if lay.k == lay.ndim else f"    split = max(0, nd - {lay.k})",
