@@ -12,8 +12,9 @@ from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, supports
+from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
-from pipeline.types import Status
+from pipeline.types import Kind, Status
 
 torch = pytest.importorskip("torch")
 
@@ -42,10 +43,15 @@ def test_emulated_fused_losses_match_eager(tmp_path, rows, classes):
     path = _path(tmp_path, rows, classes)
     ok, why = supports(path)
     assert ok and "xent" in why, why
-    launched = _emulate(path, _candidates(path), 1e-5)
-    assert any(k.endswith("_rows") for k in launched) and any(k.endswith("_total") for k in launched), (
-        launched
+    cands = _candidates(path)
+    launched = _emulate(path, cands, 1e-5)
+    assert any(k.endswith(("_rows", "_rows4")) for k in launched) and any(
+        k.endswith("_total") for k in launched
     )
+    assert ("_rows4" in " ".join(launched)) == (classes % 4 == 0), launched  # the tuned plan's float4 kernel
+    for c in cands:  # nothing but the model's own clamp of its targets is PyTorch's (a clone of misaligned
+        report = check_launcher(c.launcher)  # logits was, once)
+        assert report.ok and set(report.library_ops) == {"torch.ops.aten.clamp.default"}, (c.edit, report)
 
 
 @needs_gxx
@@ -55,6 +61,7 @@ def test_every_target_ignored_gives_nan_as_eager(tmp_path):
     body = "class Model(nn.Module):\n    def forward(self, x, t):\n        return F.cross_entropy(x, t)"
     path = task_file(tmp_path, "ignored", body, "[torch.randn(9, 12), torch.full((9,), -100)]")
     for cand in _candidates(path):
+        assert check_launcher(cand.launcher).kind is Kind.CUSTOM, cand.edit  # a plain loss: all ours
         model = load_model(cand.launcher, build(cand.source), sms=4)()
         assert torch.isnan(model(torch.randn(9, 12), torch.full((9,), -100))), cand.edit
 

@@ -1,6 +1,7 @@
 """Cross-entropy and NLL over (N, C) fp32 rows and int64 targets in one pass (families/xent.py).
 
-A warp a row: its lanes walk the row's C values (16 bytes at a time where the row allows) with online
+A warp a row: its lanes walk the row's C values (16 bytes at a time where the plan asks, C % 4 == 0 and x is
+16-byte aligned; the scalar kernel otherwise) with online
 softmax statistics (a running max and the sum of exp(x - max)), merge them across the warp, and the loss
 is logsumexp - x[t] (cross-entropy) or -x[t] (NLL: log-probabilities given), 0 for a target equal to
 ignore_index; a target outside [0, C) faults the kernel, as eager's device assert does. Without a
@@ -19,9 +20,10 @@ from pipeline.generate.expert.templates.signature import Signature, i32, i64, pt
 _BODY = r"""namespace kp_{rid} {{
 constexpr int C = {classes}, WARPS = {warps};
 constexpr long long IGN = {ignore}LL;
-constexpr bool NLL = {nll}, REDUCE = {reduce}, VEC = {vec};
+constexpr bool NLL = {nll}, REDUCE = {reduce};
 }}  // namespace kp_{rid}
-extern "C" __global__ void {bounds} kp_{rid}_rows({decls}) {{
+template <bool VEC>
+__device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
     using namespace kp_{rid};
     __shared__ float bsum[WARPS], bcnt[WARPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -81,6 +83,7 @@ extern "C" __global__ void {bounds} kp_{rid}_rows({decls}) {{
         part[2 * blockIdx.x + 1] = b;
     }}
 }}
+{wrappers}
 // The partials in a fixed order (a tree over 1024 threads): the result does not depend on timing.
 extern "C" __global__ void __launch_bounds__(1024) kp_{rid}_total(const float* __restrict__ part,
                                                                   float* __restrict__ total, int blocks) {{
@@ -112,15 +115,30 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
     vec = vec and classes % 4 == 0
     sig = Signature((ptr("x", "float"), ptr("tgt", "long long", "t"), ptr("out", "float", "loss", const=False),
                      ptr("part", "float", const=False), i64("rows")))  # fmt: skip
+    # the float4 kernel where the plan asks for it and C allows it; the scalar one always (a misaligned x)
+    kernels = [(f"kp_{rid}_rows", "false"), *([(f"kp_{rid}_rows4", "true")] if vec else [])]
+    wrappers = "\n".join(
+        f'extern "C" __global__ void {launch_bounds(threads, 0)} {name}({sig.decls()}) {{\n'
+        f"    kp_{rid}_rows_body<{v}>({sig.names()});\n}}"
+        for name, v in kernels
+    )
     cuda = _BODY.format(
         rid=rid, classes=classes, warps=warps, ignore=ignore, nll="true" if nll else "false",
-        reduce="true" if reduction else "false", vec="true" if vec else "false",
-        bounds=launch_bounds(threads, 0), decls=sig.decls(), mean="true" if reduction == 1 else "false",
+        reduce="true" if reduction else "false", decls=sig.decls(), wrappers=wrappers,
+        mean="true" if reduction == 1 else "false",
     )  # fmt: skip
     total = Signature((ptr("part", "float"), ptr("total", "float", "loss", const=False), i32("blocks")))
     x, t = r.node.args[:2]
     what = "NLL" if nll else "cross-entropy"
-    aligned = "x.data_ptr() % 16 == 0" if vec else "True"
+
+    def launch(pad: str) -> list[str]:
+        """The rows kernel's launch: the float4 one where x is 16-byte aligned (vec), else the scalar one."""
+        call = f"((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"
+        if not vec:
+            return [f"{pad}kernels.kp_{rid}_rows{call}"]
+        return [f"{pad}if x.data_ptr() % 16 == 0:", f"{pad}    kernels.kp_{rid}_rows4{call}", f"{pad}else:",
+                f"{pad}    kernels.kp_{rid}_rows{call}"]  # fmt: skip
+
     launcher = "\n".join([
         f"def _xent_{rid}(sms, x, t):",
         f'    """{what} over rows of {classes} in one pass, a warp a row ({threads} threads a block)."""',
@@ -128,23 +146,21 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
         f"        raise ValueError(f'kernelpro expert: (N, {classes}) logits and (N,) targets expected, not "
         "{tuple(x.shape)} and {tuple(t.shape)}')",
         "    x, t = _contig(x), _contig(t)",
-        f"    if not ({aligned}):",
-        "        x = x.clone()  # a fresh tensor is 16-byte aligned for the float4 loads",
         "    rows = x.shape[0]",
         f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
         *(["    loss = torch.empty((rows,), dtype=torch.float32, device=x.device)",
            "    part = loss",
            "    if rows:",
-           f"        kernels.kp_{rid}_rows((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"]
+           *launch("        ")]
           if reduction == 0 else
           ["    loss = torch.empty((), dtype=torch.float32, device=x.device)",
            "    part = torch.empty((blocks, 2), dtype=torch.float32, device=x.device)",
-           f"    kernels.kp_{rid}_rows((blocks,), ({threads},), ({sig.args()}))  # noqa: F821",
+           *launch("    "),
            f"    kernels.kp_{rid}_total((1,), (1024,), ({total.args()}))  # noqa: F821"]),
         "    return loss",
     ])  # fmt: skip
-    kernels = (f"kp_{rid}_rows",) if reduction == 0 else (f"kp_{rid}_rows", f"kp_{rid}_total")
-    return Code(cuda, launcher, f"_xent_{rid}", kernels, (x.name, t.name), r.outputs)
+    names = tuple(name for name, _ in kernels) + (() if reduction == 0 else (f"kp_{rid}_total",))
+    return Code(cuda, launcher, f"_xent_{rid}", names, (x.name, t.name), r.outputs)
 
 
 __all__ = ["render"]
