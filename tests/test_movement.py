@@ -17,6 +17,7 @@ from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, supports
+from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
 from pipeline.types import Status
 
@@ -223,3 +224,16 @@ def test_mT_swapaxes_and_movedim_are_views_not_pytorch_calls(tmp_path):
         p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
     ]
     _emulate(path, cands, 1e-6)
+
+
+@pytest.mark.parametrize("name", ["im2col", "edge_pads", "gathers"])
+def test_copy_launchers_leave_nothing_to_pytorch(tmp_path, name):
+    """Every call in the launcher is plumbing or our kernel (an im2col's `(torch.zeros if p else torch.empty)(...)`
+    was an unresolved call to the check, so the candidate counted as hybrid)."""
+    task = probe(_path(tmp_path, name))
+    for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2):
+        report = check_launcher(p.candidate.launcher)
+        assert report.ok and not [o for o in report.library_ops if "aten" not in o], (
+            p.candidate.edit,
+            report,
+        )
