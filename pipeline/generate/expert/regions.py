@@ -333,6 +333,22 @@ def _rnn_cell(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return out
 
 
+def _cast(name: str, src: Ref, shape: tuple, dt: str) -> Node:
+    """src as dtype dt (aten._to_copy with its dtype keyword, as the export writes a cast)."""
+    return dataclasses.replace(_mk(name, "_to_copy", (src,), shape, dt), kwargs=(("dtype", ("dtype", dt)),))
+
+
+def _reduced_over(name: str, kind: str, src: Ref, dims: tuple[int, ...] | None, keep: bool, shape: tuple, dt: str,
+                  scope: dict[str, Node]) -> list[Node]:  # fmt: skip
+    """A reduction of src over dims (None: every element), split into one a run of adjacent dims; its last
+    node is `name`. scope names the nodes whose shapes the split reads."""
+    if dims is None:
+        red = _mk(name, kind, (src,), shape, dt)
+    else:
+        red = _mk(name, kind, (src, dims, keep), shape, dt, _OVERLOAD.get(kind, "default"))
+    return _split_reduction(red, scope) or [red]
+
+
 def _one_hot(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """one_hot(t, C): each class index against the column of its row (a positional element-wise op, bool),
     then as int64: one element-wise region, fused with a cast to float after it. An index outside [0, C)
@@ -347,8 +363,7 @@ def _one_hot(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     col = (*t.shape, 1)
     view = _mk(f"{n.name}_t", "reshape", (a[0], col), col, "int64")
     eq = _mk(f"{n.name}_eq", "one_hot_eq", (Ref(view.name),), n.shape, "bool")
-    cast = _mk(n.name, "_to_copy", (Ref(eq.name),), n.shape, "int64")
-    return [view, eq, dataclasses.replace(cast, kwargs=(("dtype", ("dtype", "int64")),))]
+    return [view, eq, _cast(n.name, Ref(eq.name), n.shape, "int64")]
 
 
 def _prelu(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
@@ -393,18 +408,12 @@ def _nanmean(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     nan = _mk(f"{name}_isnan", "isnan", (a[0],), shape, "bool")
     kept = _mk(f"{name}_kept", "where", (Ref(nan.name), 0.0, a[0]), shape, dt, "ScalarSelf")
     real = _mk(f"{name}_real", "logical_not", (Ref(nan.name),), shape, "bool")
-    cast = dataclasses.replace(_mk(f"{name}_one", "_to_copy", (Ref(real.name),), shape, dt),
-                               kwargs=(("dtype", ("dtype", dt)),))  # fmt: skip
+    cast = _cast(f"{name}_one", Ref(real.name), shape, dt)
     out = [nan, kept, real, cast]
-    sums = []
     for tag, src in (("sum", kept), ("count", cast)):
-        if dims is None:
-            red = _mk(f"{name}_{tag}", "sum", (Ref(src.name),), n.shape, dt)
-        else:
-            red = _mk(f"{name}_{tag}", "sum", (Ref(src.name), dims, keep), n.shape, dt, _OVERLOAD["sum"])
-        out += _split_reduction(red, {**by_name, **{m.name: m for m in out}}) or [red]
-        sums.append(Ref(red.name))
-    return [*out, _mk(name, "div", tuple(sums), n.shape, dt, "Tensor")]
+        out += _reduced_over(f"{name}_{tag}", "sum", Ref(src.name), dims, keep, n.shape, dt,
+                             {**by_name, **{m.name: m for m in out}})  # fmt: skip
+    return [*out, _mk(name, "div", (Ref(f"{name}_sum"), Ref(f"{name}_count")), n.shape, dt, "Tensor")]
 
 
 def _addr(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
@@ -606,18 +615,15 @@ def _norm_p(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         term, kind = ax, "amin"
     elif p == 0:
         ne = _mk(f"{name}_nz", "ne", (a[0], 0.0), shape, "bool", "Scalar")
-        term = dataclasses.replace(_mk(f"{name}_cnt", "_to_copy", (Ref(ne.name),), shape, dt),
-                                   kwargs=(("dtype", ("dtype", dt)),))  # fmt: skip
+        term = _cast(f"{name}_cnt", Ref(ne.name), shape, dt)
         ax, kind = ne, "sum"
     else:
         term, kind = _mk(f"{name}_pow", "pow", (Ref(ax.name), p), shape, dt, "Tensor_Scalar"), "sum"
     out = [ax] if term is ax else [ax, term]
     total = f"{name}_total" if kind == "sum" and p != 0 else name
-    if dims is None:
-        red = _mk(total, kind, (Ref(term.name),), n.shape, dt)
-    else:
-        red = _mk(total, kind, (Ref(term.name), dims, keep), n.shape, dt, _OVERLOAD.get(kind, "default"))
-    out += _split_reduction(red, {**by_name, **{m.name: m for m in out}}) or [red]
+    out += _reduced_over(
+        total, kind, Ref(term.name), dims, keep, n.shape, dt, {**by_name, **{m.name: m for m in out}}
+    )
     if total != name:
         out.append(_mk(name, "pow", (Ref(total), 1.0 / p), n.shape, dt, "Tensor_Scalar"))
     return out
@@ -642,13 +648,11 @@ def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     if x.dtype != "bool":
         out.append(_mk(f"{name}_true", "ne", (src, 0.0), shape, "bool", "Scalar"))
         src = Ref(out[-1].name)
-    cast = _mk(f"{name}_f", "_to_copy", (src,), shape, "float32")
-    out.append(dataclasses.replace(cast, kwargs=(("dtype", ("dtype", "float32")),)))
+    out.append(_cast(f"{name}_f", src, shape, "float32"))
     kind = "amax" if n.op == "any" else "amin"
-    args = (Ref(out[-1].name),) if dims is None else (Ref(out[-1].name), dims, keep)
-    red = _mk(f"{name}_red", kind, args, n.shape, "float32")
-    parts = _split_reduction(red, {**by_name, **{m.name: m for m in out}}) or [red]  # reads the cast's shape
-    return [*out, *parts, _mk(name, "ne", (Ref(red.name), 0.0), n.shape, "bool", "Scalar")]
+    out += _reduced_over(f"{name}_red", kind, Ref(out[-1].name), dims, keep, n.shape, "float32",
+                         {**by_name, **{m.name: m for m in out}})  # fmt: skip
+    return [*out, _mk(name, "ne", (Ref(f"{name}_red"), 0.0), n.shape, "bool", "Scalar")]
 
 
 def _pairwise(n: Node, by_name: dict[str, Node]) -> list[Node] | None:

@@ -51,6 +51,12 @@ def resize_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
             yield from resized("resize_grid", plan, rp, threads)
 
 
+def vectorize_flag(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    """vectorize_loads for a plan whose 16-byte path is one switch (`vec`): turn it on."""
+    if not rp.vec:
+        yield from change("vectorize_loads", plan, rp, vec=True)
+
+
 def torch_region_rules(
     form: Callable[[Any, Lowered], Any], ops: Container[str]
 ) -> tuple[

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError, change
-from pipeline.generate.expert.families.common import Moves
+from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import Plan, RegionPlan
+from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import xent
 from pipeline.generate.expert.templates.code import Code
@@ -67,11 +66,6 @@ def first(r: Region, low: Lowered, tuned: bool) -> XentPlan:
     return XentPlan(r.rid, vec=tuned)
 
 
-def _vectorize(plan: Plan, rp: XentPlan, r: Region, low: Lowered) -> Moves:
-    if not rp.vec:
-        yield from change("vectorize_loads", plan, rp, vec=True)
-
-
 def render(r: Region, rp: XentPlan, low: Lowered, hunter: Any) -> Code:
     f = form(r.node, low)
     if isinstance(f, str):
@@ -85,6 +79,6 @@ FAMILY = Family(
     first=first,
     render=render,
     declines=declines,
-    edits={"vectorize_loads": _vectorize, "resize_grid": common.resize_grid},
+    edits={"vectorize_loads": common.vectorize_flag, "resize_grid": common.resize_grid},
     order=11,
 )
