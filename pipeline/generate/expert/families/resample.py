@@ -2,18 +2,21 @@
 nearest-exact, linear, bilinear, trilinear and bicubic modes, adaptive average pooling to sizes that do not
 divide the input's (the others are lowered to a mean or an average pool) and adaptive max pooling (values
 and indices), 1-D to 3-D, fp32, fp16 and bf16, on the CUDA cores. Antialiased modes stay PyTorch's. Both
-plans take our kernel (no library anchor to keep). Edits: resize_grid (threads x2 and /2).
+plans take our kernel (no library anchor to keep); the tuned one computes the most consecutive outputs a
+thread that one 16-byte store holds and the last dim splits into (`vec`). Edits: resize_grid (threads x2
+and /2), vectorize_loads (the plain plan's one output a thread to the tuned plan's group).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
+from pipeline.generate.expert.families.base import Family, RenderError, change
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import resample
 from pipeline.generate.expert.templates.code import Code
@@ -37,9 +40,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 @dataclass(frozen=True)
 class ResamplePlan(RegionPlan):
     TAG: ClassVar[str] = "resample"
-    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads", "vec")
 
     threads: int = 256
+    vec: int = 1  # consecutive outputs along the last dim a thread computes and stores as one access
 
 
 def form(n: Node, low: Lowered) -> Resample | str:
@@ -86,15 +90,33 @@ def _sized(
     return Resample(mode, align, size, out, scales)
 
 
+def _widest(r: Region, low: Lowered) -> int:
+    """The most outputs one 16-byte store holds that the region's last output dim splits into."""
+    f = form(r.node, low)
+    if isinstance(f, str):
+        return 1
+    dtype = low.by_name[r.node.args[0].name].dtype or "float32"
+    vec = common.vec_max(2 if dtype in ("float16", "bfloat16") else 4)
+    while vec > 1 and not resample.vec_ok(f, vec):
+        vec //= 2
+    return vec
+
+
 def first(r: Region, low: Lowered, tuned: bool) -> ResamplePlan:
-    return ResamplePlan(r.rid)
+    return ResamplePlan(r.rid, vec=_widest(r, low) if tuned else 1)
+
+
+def vectorize(plan: Plan, rp: ResamplePlan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
+    vec = _widest(r, low)
+    if rp.vec < vec:
+        yield from change("vectorize_loads", plan, rp, vec=vec)
 
 
 def render(r: Region, rp: ResamplePlan, low: Lowered, hunter: Any) -> Code:
     f = form(r.node, low)
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our interpolation: {f}")
-    return resample.render(r, f, low.by_name[r.node.args[0].name].dtype or "float32", rp.threads)
+    return resample.render(r, f, low.by_name[r.node.args[0].name].dtype or "float32", rp.threads, rp.vec)
 
 
 FAMILY = Family(
@@ -103,6 +125,6 @@ FAMILY = Family(
     first=first,
     render=render,
     declines=declines,
-    edits={"resize_grid": common.resize_grid},
+    edits={"resize_grid": common.resize_grid, "vectorize_loads": vectorize},
     order=15,
 )

@@ -14,12 +14,16 @@ to ceil((o + 1) * in / out), summed in order and divided by each dim's extent in
 adaptive max pool keeps the window's first largest value and its index in the plane (a NaN wins, the
 last one, as eager's `> or isnan`). The
 sizes and the scales are constants of the kernel; values are read and blended in fp32 and stored in the
-output's dtype.
+output's dtype. With `vec` > 1 (not the max pool) a thread computes `vec` consecutive outputs along the last
+dim and stores them as one access (16 bytes at most): the stores are the traffic an upsampling is made of,
+and the index split of the other dims is paid once per `vec` outputs. The index arithmetic is unsigned,
+so the divisions by the constant sizes compile to multiplies.
 """
 
 from __future__ import annotations
 
 import struct
+import textwrap
 from dataclasses import dataclass
 
 from pipeline.generate.expert.regions import Region
@@ -46,6 +50,17 @@ class Resample:
         if s is not None and s > 0:
             return _f32(1.0 / s)
         return _f32(_f32(i) / _f32(o))  # fp32 division of two exactly held sizes: one rounding
+
+
+# `vec` outputs stored as one access: the struct's alignment makes nvcc emit a vector store.
+PACK = r"""#ifndef KP_PACK_DEFINED
+#define KP_PACK_DEFINED
+template <typename T, int N>
+struct alignas(sizeof(T) * N) kp_pack {
+    T v[N];
+};
+#endif
+"""
 
 
 def _f32(v: float) -> float:
@@ -142,40 +157,65 @@ def _blend(f: Resample, t: str) -> str:
     return f"        const float v = {mix(0, [])};"
 
 
-def render(r: Region, f: Resample, dtype: str, threads: int) -> Code:
+def vec_ok(f: Resample, vec: int) -> bool:
+    """Whether a thread may compute `vec` consecutive outputs (one store): the last dim splits into whole
+    groups, and the max pool (two outputs a point) keeps one a thread."""
+    return vec == 1 or (f.mode != "adaptive_max" and f.out[-1] % vec == 0)
+
+
+def render(r: Region, f: Resample, dtype: str, threads: int, vec: int = 1) -> Code:
     rid = r.rid
     t = ctype(dtype)
     nd = len(f.size)
     arg = f.mode == "adaptive_max"
+    if not vec_ok(f, vec):
+        raise ValueError(f"{vec} outputs a thread do not split the last dim of {f.out}")
     sig = Signature((ptr("x", t), ptr("y", t, const=False), *([ptr("yi", "long long", const=False)] if arg else []),
                      i64("total")))  # fmt: skip
     sizes = ", ".join(
         [*(f"I{d} = {v}" for d, v in enumerate(f.size)), *(f"O{d} = {v}" for d, v in enumerate(f.out))]
     )
-    split = []
-    for d in reversed(range(nd)):
+    last = nd - 1
+    split = [f"        const int q{last} = (int)(rest % Q{last});", f"        rest /= Q{last};"]
+    for d in reversed(range(last)):
         split.append(f"        const int o{d} = (int)(rest % O{d});")
         split.append(f"        rest /= O{d};")
     per_dim = {"linear": _LINEAR, "cubic": _CUBIC}.get(f.mode, _WINDOW if f.mode in POOLS else _NEAREST)
-    coords = "\n".join(
+    coords = [
         per_dim.strip("\n").format(d=d, coord=_coord(f, d) if f.mode not in POOLS else "") for d in range(nd)
-    )
-    plane_in = " * ".join(f"(long long)I{d}" for d in range(nd))
+    ]
+    plane_in = " * ".join(f"(unsigned long long)I{d}" for d in range(nd))
+    pad = "    " if vec > 1 else ""
+    inner = textwrap.indent(f"{coords[last]}\n{_blend(f, t)}", pad)
+    if vec > 1:  # the group's outputs in registers, then one store
+        body = f"""        kp_pack<{t}, {vec}> pk;
+#pragma unroll
+        for (int j = 0; j < {vec}; ++j) {{
+            const int o{last} = q{last} * {vec} + j;
+{inner}
+            pk.v[j] = cv<{t}>(v);
+        }}
+        reinterpret_cast<kp_pack<{t}, {vec}>*>(y)[i] = pk;"""
+    else:
+        body = f"""        const int o{last} = q{last};
+{inner}
+        y[i] = cv<{t}>(v);{chr(10) + "        yi[i] = arg;" if arg else ""}"""
     cuda = (
         (CUBIC_WEIGHTS if f.mode == "cubic" else "")
+        + (PACK if vec > 1 else "")
         + f"""namespace kp_{rid} {{
-constexpr int {sizes};
+constexpr int {sizes}, Q{last} = O{last} / {vec};
 }}  // namespace kp_{rid}
 extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.decls()}) {{
     using namespace kp_{rid};
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {{
-        long long rest = i;
+    const unsigned long long groups = (unsigned long long)total / {vec};
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < groups;
+         i += (unsigned long long)gridDim.x * blockDim.x) {{
+        unsigned long long rest = i;
 {chr(10).join(split)}
         const {t}* xp = x + rest * ({plane_in});  // rest: the (n, c) plane
-{coords}
-{_blend(f, t)}
-        y[i] = cv<{t}>(v);{chr(10) + "        yi[i] = arg;" if arg else ""}
+{chr(10).join(coords[:last])}
+{body}
     }}
 }}
 """
@@ -187,7 +227,7 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
     what = f"{f.mode.replace('_', ' ')}{' (align_corners)' if f.align_corners else ''}"
     launcher = "\n".join([
         f"def _resample_{rid}(sms, x):",
-        f'    """{what} {"pooling" if f.mode in POOLS else "interpolation"} ({nd}-D) on the CUDA cores, an output a thread, {threads} threads a block."""',
+        f'    """{what} {"pooling" if f.mode in POOLS else "interpolation"} ({nd}-D) on the CUDA cores, {vec} output(s) a thread, {threads} threads a block."""',
         f"    if tuple(x.shape[-{nd}:]) != ({sp_in}):",
         f"        raise ValueError(f'kernelpro expert: the resampling was compiled for inputs (..., {sp_in.rstrip(',')}), "
         "not {tuple(x.shape)}')",
@@ -196,11 +236,11 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
         *(["    yi = torch.empty(y.shape, dtype=torch.int64, device=x.device)"] if arg else []),
         "    total = y.numel()",
         "    if total:",
-        f"        grid = max(1, min(-(-total // {threads}), sms * {2048 // threads} * 4))",
+        f"        grid = max(1, min(-(-total // {threads * vec}), sms * {2048 // threads} * 4))",
         f"        kernels.kp_{rid}_resample((grid,), ({threads},), ({sig.args()}))  # noqa: F821",
         f"    return {'y, yi' if arg else 'y'}",
     ])  # fmt: skip
     return Code(cuda, launcher, f"_resample_{rid}", (f"kp_{rid}_resample",), (x.name,), r.outputs)
 
 
-__all__ = ["MODES", "POOLS", "Resample", "render"]
+__all__ = ["MODES", "POOLS", "Resample", "render", "vec_ok"]
