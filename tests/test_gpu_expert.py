@@ -636,6 +636,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # elementwise producers sunk into a cat's and a stack's output (the tuned plan): each writes its slice
+    # with the output's row stride, 16-byte stores where the rows align; x copied
+    "cat_sink": (
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                c = torch.cat([torch.relu(x), y * 0.5 - 1.0, x], dim=1)
+                return c, torch.stack([torch.sigmoid(x), x], 0)
+        """,
+        "[]",
+    ),
     # interpolation (families/resample.py): nearest at integer and fractional scales, bilinear both ways
     "resample": (
         """
@@ -742,6 +753,7 @@ SHAPES = {
     "pool_rows": ["(2, 3, 3, 3001)", "(1, 2, 4, 700)"],
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
+    "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
     "batch_stats": ["(16, 64, 56, 57)", "(1, 64, 1, 3)"],

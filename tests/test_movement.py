@@ -237,3 +237,105 @@ def test_copy_launchers_leave_nothing_to_pytorch(tmp_path, name):
             p.candidate.edit,
             report,
         )
+
+
+# Elementwise producers of a cat or stack, sunk (the tuned plan, and fuse_kernels on the plain one): each
+# writes into its slice of the output. name -> (forward's body over x and y, inputs, the values sunk).
+SUNK = {
+    "channels": (  # an Inception-style join along dim 1, rows 16-byte aligned: the vector path
+        "return torch.cat([torch.relu(x), y * 0.5 + 1.0, x], dim=1)",
+        "[torch.randn(3, 8, 4, 6), torch.randn(3, 4, 4, 6)]",
+        2,
+    ),
+    "odd_last_dim": (  # along the last dim, odd widths: scalar rows of 5 at a stride of 12
+        "return torch.cat([x, torch.tanh(y), torch.exp(-x)], -1)",
+        "[torch.randn(2, 7, 5), torch.randn(2, 7, 2)]",
+        2,
+    ),
+    "dim0_bf16": (  # along dim 0: each slot one contiguous block; bf16 stores
+        "return torch.cat([x * 2, y.relu()], 0)",
+        "[torch.randn(3, 40, dtype=torch.bfloat16), torch.randn(5, 40, dtype=torch.bfloat16)]",
+        2,
+    ),
+    "stack_and_repeat": (  # a stack's select slot; a value read twice by the cat is copied, not sunk
+        "a = torch.relu(y[:, 1:])\n        return torch.stack([x * 3, y[:, :8], x], 1), torch.cat([a, a], 1)",
+        "[torch.randn(6, 8), torch.randn(6, 9)]",
+        1,
+    ),
+    "broadcast": (  # an operand broadcast to the whole (expanded first) and a one-element one: sunk; a
+        # column operand (a bias along the last dims) fixes the kernel's rows: its producer is copied
+        "return torch.cat([x, x + y[0, :1], x * z], 2), torch.cat([x + y, x], 1)",
+        "[torch.randn(2, 3, 4), torch.randn(3, 1), torch.randn(2, 1, 4)]",
+        2,
+    ),
+}
+
+
+def _sunk_path(tmp_path, name: str):
+    body, inputs, _ = SUNK[name]
+    args = "x, y, z" if inputs.count("randn") == 3 else "x, y"
+    return task_file(
+        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, {args}):\n        {body}", inputs
+    )
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", sorted(SUNK))
+def test_elementwise_producers_write_into_their_slice_of_a_cat(tmp_path, name):
+    """The tuned plan sinks: the producer's launcher is called with out= its slice (a _Slot stands in for its
+    result until the cat has allocated), and only the other inputs are copied; exact against eager."""
+    path = _sunk_path(tmp_path, name)
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    assert "_Slot(" not in plain.launcher
+    assert tuned.launcher.count("= _Slot(") == SUNK[name][2], tuned.launcher
+    assert tuned.launcher.count(", out=s_") == SUNK[name][2]
+    report = check_launcher(tuned.launcher)
+    assert report.ok and not report.library_ops, report
+    _emulate(path, [plain, tuned], 1e-6)  # fp32 functions against float64 (bf16: against eager)
+    result = check_task(path, 1e-6, edits=3)  # the plain plan's fuse_kernels(sink) among the edits
+    assert result["outcome"] == "ok", result
+
+
+@needs_gxx
+def test_a_sunk_producer_copies_nothing_of_its_own(tmp_path):
+    """channels: three inputs, two sunk: the cat launches one copy (x's), the relu and the affine map
+    writing their own slices, where the plain plan copies all three."""
+    from cuda_emulator import build, load_model
+    from fuzz_expert import reference
+
+    path = _sunk_path(tmp_path, "channels")
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    r = reference(path, None)
+    copies = []
+    for cand in (plain, tuned):
+        kernels = build(cand.source)
+        model = load_model(cand.launcher, kernels, sms=8)()
+        with torch.no_grad():
+            model(*r.inputs)
+        copies.append(sum(k.startswith("kp_cat_move") for k, *_ in kernels.launches))
+        launched = [k for k, *_ in kernels.launches]
+    assert copies == [3, 1], copies
+    assert "kp_relu_v4" in launched, launched  # rows of 192 floats at a stride of 384: 16-byte stores
+
+
+@needs_gxx
+def test_a_slot_that_is_not_rows_of_runs_is_refused_not_miswritten():
+    """_out_rows on a view whose rows are not evenly spaced contiguous runs raises (the call fails loudly)."""
+    from pipeline.generate.expert.templates.code import SINK_HELPERS
+
+    scope = {"torch": torch}
+    exec(SINK_HELPERS, scope)
+    out = torch.empty(4, 6, 5)
+    assert scope["_out_rows"](out.narrow(1, 2, 3), (4, 3, 5), torch.float32) == (1, 30)
+    assert scope["_out_rows"](out.narrow(0, 1, 2), (2, 6, 5), torch.float32) == (0, 60)
+    assert scope["_out_rows"](out.narrow(2, 1, 2), (4, 6, 2), torch.float32) == (2, 5)
+    with pytest.raises(ValueError, match="not rows of contiguous runs"):
+        scope["_out_rows"](out.transpose(0, 1), (6, 4, 5), torch.float32)
+    with pytest.raises(ValueError, match="not"):
+        scope["_out_rows"](out.narrow(1, 0, 3), (4, 3, 5), torch.float16)

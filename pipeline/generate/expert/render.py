@@ -18,6 +18,7 @@ from pipeline.generate.expert.templates.code import (
     GATHER_HALF,
     LAUNCHER_HELPERS,
     RESHAPE_HELPERS,
+    SINK_HELPERS,
     Code,
     gathered,
 )
@@ -108,6 +109,8 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> s
     model = _model(low, plan, codes)
     if any("_reshape(" in ln for ln in model):
         lines.append(RESHAPE_HELPERS)
+    if any(c.into or c.sinks for c in codes.values()):
+        lines.append(SINK_HELPERS)
     for c in codes.values():
         lines += ["", c.launcher, ""]
     lines += ["", *model]
@@ -153,11 +156,23 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
             lines.append(f"        v_{p.name} = self.{getter}({p.args[0]!r})")
     calls = {c.at or rid: c for rid, c in codes.items()}
     needed = _needed(low, fused, codes)
+    sunk = _sunk(low, codes)
     for r in low.regions:
         if r.rid in calls:
             c = calls[r.rid]
             outs = ", ".join(py(o, low) for o in c.outputs)
-            lines.append(f"        {outs} = {c.fn}(self.sms, {', '.join(py(a, low) for a in c.args)})")
+            args = ", ".join(py(a, low) for a in c.args)
+            if c.outputs[0] in sunk:  # computed later, into its slice of the cat's output
+                lines.append(f"        {outs} = _Slot(torch.{c.into}, {args})")
+            elif c.sinks:
+                lines.append(f"        {outs}, s_{r.rid} = {c.fn}(self.sms, {args})")
+                for k, v in enumerate(a for a in c.sinks if a in sunk):
+                    p = sunk[v]
+                    lines.append(
+                        f"        {p.fn}(self.sms, {', '.join(py(a, low) for a in p.args)}, out=s_{r.rid}[{k}])"
+                    )
+            else:
+                lines.append(f"        {outs} = {c.fn}(self.sms, {args})")
         if r.rid in fused or r.rid in codes:
             continue
         for n in r.nodes:
@@ -169,6 +184,22 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
     else:
         lines.append(f"        return ({', '.join(outs)},)")
     return lines
+
+
+def _sunk(low: Lowered, codes: dict[str, Code]) -> dict[str, Code]:
+    """The outputs a cat or stack launcher takes as _Slot stand-ins, each with the elementwise code that
+    computes it: that code runs after the consumer has allocated its output and writes into its slice (the
+    copy of a concatenated activation disappears). Its call moves from its own place to the consumer's,
+    so none of its operands may be overwritten in place in between (none is, anywhere)."""
+    by_out = {c.outputs[0]: c for c in codes.values() if c.into and len(c.outputs) == 1}
+    overwritten = {i for r in low.regions for _, i in r.inplace}
+    sunk: dict[str, Code] = {}
+    for c in codes.values():
+        for v in c.sinks:
+            p = by_out.get(v)
+            if p is not None and c.sinks.count(v) == 1 and not set(p.args) & overwritten:
+                sunk[v] = p
+    return sunk
 
 
 def _needed(low: Lowered, fused: set[str], codes: dict[str, Code]) -> set[str]:

@@ -4,18 +4,21 @@ any dtype of one to eight bytes, any dims, inputs of any strides; the dims, shif
 pads must be constants. Before this family they were left to PyTorch,
 and a task of nothing else (a lone flip or roll) was refused. Both plans
 take our kernel (a copy has no library anchor worth keeping); the tuned one moves 16 bytes a thread where a
-piece's rows align. Edits: vectorize_loads (16-byte units), resize_grid (threads x2 and /2).
+piece's rows align, and a cat or stack sinks its inputs' elementwise producers (`sink`: each writes its
+result straight into its slice of the output, whose copy then disappears; render.py). Edits:
+vectorize_loads (16-byte units), resize_grid (threads x2 and /2), fuse_kernels (sink).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
+from pipeline.generate.expert.families.base import Family, RenderError, change
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import RegionPlan
+from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import movement
 from pipeline.generate.expert.templates.code import Code
@@ -26,10 +29,11 @@ DTYPES = ("float32", "float16", "bfloat16", "bool", "int64", "int32", "uint8", "
 @dataclass(frozen=True)
 class MovePlan(RegionPlan):
     TAG: ClassVar[str] = "move"
-    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads", "sink")
 
     threads: int = 256
     vec: bool = False  # 16 bytes a thread where a piece's rows start on 16-byte boundaries
+    sink: bool = False  # cat / stack: an input's elementwise producer writes into the output itself
 
 
 def _ints(v: Any) -> bool:
@@ -125,14 +129,20 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> MovePlan:
-    return MovePlan(r.rid, vec=tuned)
+    return MovePlan(r.rid, vec=tuned, sink=tuned and r.node.op in movement.SINKS)
+
+
+def _sink(plan: Plan, rp: MovePlan, r: Region, low: Lowered) -> Iterator[tuple[str, Plan]]:
+    """fuse_kernels for a cat or stack: its inputs' elementwise producers write into its output."""
+    if not rp.sink and r.node.op in movement.SINKS:
+        yield from change("fuse_kernels", plan, rp, sink=True)
 
 
 def render(r: Region, rp: MovePlan, low: Lowered, hunter: Any) -> Code:
     why = why_not(r, low)
     if why:
         raise RenderError(f"region {r.rid} cannot be our copy: {why}")
-    return movement.render(r, r.node.dtype or "float32", rp.threads, rp.vec)
+    return movement.render(r, r.node.dtype or "float32", rp.threads, rp.vec, rp.sink)
 
 
 def declines(r: Region, low: Lowered) -> str:
@@ -146,6 +156,10 @@ FAMILY = Family(
     first=first,
     render=render,
     declines=declines,
-    edits={"vectorize_loads": common.vectorize_flag, "resize_grid": common.resize_grid},
+    edits={
+        "vectorize_loads": common.vectorize_flag,
+        "resize_grid": common.resize_grid,
+        "fuse_kernels": _sink,
+    },
     order=14,
 )

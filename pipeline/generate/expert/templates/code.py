@@ -21,6 +21,12 @@ class Code:
     args: tuple[str, ...]  # the values forward passes to fn, in order
     outputs: tuple[str, ...]  # the values fn returns, in order
     at: str = ""  # the region whose place in forward the call takes (its last fused one); "": its own
+    # An elementwise launcher that can write its one output into a given tensor (`out=`): that output's
+    # dtype, else "". A cat or stack launcher that takes such outputs as _Slot stand-ins (render.py's
+    # sinking) names its inputs in the op's order (repeats kept), and returns (result, the stand-ins' slices
+    # in that order).
+    into: str = ""
+    sinks: tuple[str, ...] = ()
 
 
 def ctype(dtype: str) -> str:
@@ -182,6 +188,56 @@ def _viewable(t, shape):
 def _reshape(t, shape):
     """t at `shape`: a view when one exists, else gathered by our own kernel (not torch) and reshaped."""
     return t.view(shape) if _viewable(t, shape) else _contig(t).reshape(shape)
+'''
+
+
+# Only in launchers whose elementwise output feeds a cat or stack (render.py's sinking).
+SINK_HELPERS = '''
+
+class _Slot:
+    """Stands for an elementwise region's output (its shape and dtype) until the cat or stack that reads it
+    has allocated its own output: the region then writes straight into its slice of it, never copied."""
+
+    def __init__(self, dtype, *operands):
+        self.shape = torch.broadcast_shapes(*(t.shape for t in operands))
+        self.dtype, self.device = dtype, operands[0].device
+
+    def dim(self):
+        return len(self.shape)
+
+
+def _row_stride(t, split):
+    """The stride between the rows of t seen as (prod(shape[:split]), prod(shape[split:])) when every row
+    is one contiguous run and the rows are evenly spaced, else None."""
+    size, stride = list(t.shape), list(t.stride())
+    run = 1
+    for d in range(len(size) - 1, split - 1, -1):
+        if size[d] != 1 and stride[d] != run:
+            return None
+        run *= size[d]
+    ldq = step = None
+    for d in range(split - 1, -1, -1):
+        if size[d] == 1:
+            continue
+        if ldq is None:
+            ldq, step = stride[d], stride[d] * size[d]
+        elif stride[d] != step:
+            return None
+        else:
+            step *= size[d]
+    return run if ldq is None else ldq
+
+
+def _out_rows(out, shape, dtype):
+    """(split, row stride) at which a flat elementwise kernel writes into `out`: the first split whose rows
+    `out` holds as evenly spaced contiguous runs (a slice of a cat along dim d: d)."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"kernelpro expert: out= of {tuple(out.shape)} {out.dtype}, not {tuple(shape)} {dtype}")
+    for s in range(len(shape) + 1):
+        ldq = _row_stride(out, s)
+        if ldq is not None:
+            return s, ldq
+    raise ValueError(f"kernelpro expert: out= with strides {out.stride()} is not rows of contiguous runs")
 '''
 
 

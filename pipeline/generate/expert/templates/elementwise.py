@@ -5,6 +5,10 @@ One kernel per region: the output is seen as rows x cols; blocks run along a row
 element and a scalar tail, so any size takes the vector path for nearly all of it; the launcher falls
 back to the V = 1 kernel only when a base pointer is not aligned. Row operands (a per-channel bias) are
 read once per row, col operands (a per-feature bias) by the column index, full operands as vectors.
+
+Fresh outputs are written at r * ldq + c: ldq is cols for an output of its own, and the row stride of
+`out` when the launcher is handed one (a slice of a cat's or stack's output, render.py's sinking): the
+region then writes its result where the consumer wants it, and the consumer's copy of it disappears.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ _VECTOR = (Bcast.FULL, Bcast.DENSE)  # operands read as whole vectors
 _INDEXED = (Bcast.ROW, Bcast.COL)  # operands indexed through (inner, mid) sizes
 
 
-def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
+def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) -> Code:
+    """sinkable: the region's one output feeds a cat or stack, which may hand the launcher a slice to write
+    into (out=); only then do the kernel and launcher take the output's row stride."""
     rid = region.rid
+    into = _into(region, lay) if sinkable else ""
     inplace = dict(region.inplace)  # output -> input it overwrites
     target_of = {i: o for o, i in inplace.items()}
     ops_ = lay.operands
@@ -49,7 +56,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
         else:
             params.append(ptr(f"q{j}", ctype(dt), const=False))
             store_ptr.append(f"q{j}")
-    params += [i64("rows"), i64("cols")]
+    params += [i64("rows"), i64("cols"), *([i64("ldq")] if into else [])]
     where = ops.positional(region.nodes)  # rows x N (layout.ew_layout): pr = r % M, pc = c
     if where:
         params.append(i64("pm", "shape[-2]"))
@@ -76,6 +83,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
         return [f"float {outs_decl};", f"kp_{rid}_f({args});"]
 
     full = [i for i, o in enumerate(ops_) if o.cls in _VECTOR]
+    row_of = ["rq" if into and p.startswith("q") else "rs" for p in store_ptr]
     body = [
         "template <int V>",
         f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
@@ -85,6 +93,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
     body += [
         "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
+        *(["        const long long rq = r * ldq;  // a fresh output's row start"] if into else []),
         *(["        const long long pr = r % pm;  // the row in its matrix"] if where else []),
     ]
     body += [
@@ -101,7 +110,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
         "            if (threadIdx.x < V ? c < head : c < cols) {",
         *[f"                {s}" for s in call(False)],
         *[
-            f"                {store_ptr[j]}[rs + c] = cv<{ctype(dt)}>(o{j});"
+            f"                {store_ptr[j]}[{row_of[j]} + c] = cv<{ctype(dt)}>(o{j});"
             for j, (_, dt) in enumerate(outs)
         ],
         "            }",
@@ -132,7 +141,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
         *[f"                        y{j}.v[e] = cv<{ctype(dt)}>(o{j});" for j, (_, dt) in enumerate(outs)],
         "                    }",
         *[
-            f"                    vstore<{ctype(dt)}, V>({store_ptr[j]} + rs + head + j * V, y{j});"
+            f"                    vstore<{ctype(dt)}, V>({store_ptr[j]} + {row_of[j]} + head + j * V, y{j});"
             for j, (_, dt) in enumerate(outs)
         ],
         "                }",
@@ -158,24 +167,42 @@ def render(region: Region, lay: EwLayout, rp: EwPlan) -> Code:
             "\n\n".join(wrappers),
         ]
     )
-    return Code(cuda, _launcher(region, lay, rp, sig, variants), f"_r_{rid}", tuple(k.name for k in variants),
-                tuple(o.name for o in ops_), tuple(o for o, _ in outs))  # fmt: skip
+    return Code(cuda, _launcher(region, lay, rp, sig, variants, into), f"_r_{rid}", tuple(k.name for k in variants),
+                tuple(o.name for o in ops_), tuple(o for o, _ in outs), into=into)  # fmt: skip
 
 
-def _launcher(region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variants: list[Variant]) -> str:
+def _into(region: Region, lay: EwLayout) -> str:
+    """The dtype of the one fresh output when the launcher may write it into a given tensor (out=), else "":
+    an output of the operands' broadcast shape (one_hot's widened compare is not), none written in place,
+    and every operand whole or one element, so the rows may split anywhere: a slice of a cat along dim d is
+    rows split at d, which the fixed split of row or column operands (a bias) could not write."""
+    flat = lay.k == lay.ndim and all(o.cls in _VECTOR or o.cls is Bcast.SCALAR for o in lay.operands)
+    if not flat or len(lay.outputs) != 1 or region.inplace or any(n.op == "one_hot_eq" for n in region.nodes):
+        return ""
+    return lay.outputs[0][1]
+
+
+def _launcher(
+    region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variants: list[Variant], into: str
+) -> str:
     rid = region.rid
     ops_ = lay.operands
     inplace = dict(region.inplace)
     a = [f"a{i}" for i in range(len(ops_))]
-    lines = [f"def _r_{rid}(sms, {', '.join(a)}):"]
+    lines = [f"def _r_{rid}(sms, {', '.join(a)}{', out=None' if into else ''}):"]
     # one_hot's compare widens its (..., 1) index to the class count: the one dim no operand has
     widened = [f"({n.shape[-1]},)" for n in region.nodes if n.op == "one_hot_eq" and n.shape][:1]
     lines.append(f"    shape = torch.broadcast_shapes({', '.join([*(f'{x}.shape' for x in a), *widened])})")
     lines += [
         "    nd = len(shape)",
         "    split = 0" if lay.k == lay.ndim else f"    split = max(0, nd - {lay.k})",
-        "    rows, cols = math.prod(shape[:split]), math.prod(shape[split:])",
     ]
+    if into:  # written into `out` (a flat chain): rows split where `out` holds them as contiguous runs
+        lines += ["    ldq = None", "    if out is not None:",
+                  f"        split, ldq = _out_rows(out, shape, torch.{into})"]  # fmt: skip
+    lines.append("    rows, cols = math.prod(shape[:split]), math.prod(shape[split:])")
+    if into:
+        lines.append("    ldq = cols if ldq is None else ldq")
     for i, o in enumerate(ops_):
         if o.cls in _VECTOR:
             lines.append(f"    a{i} = _full(a{i}, shape)")
@@ -188,7 +215,8 @@ def _launcher(region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variant
         if out in inplace:
             outs.append(f"a{[o.name for o in ops_].index(inplace[out])}")
         else:
-            lines.append(f"    q{j} = torch.empty(shape, dtype={torch_dtype(dt)}, device=a0.device)")
+            fresh = f"torch.empty(shape, dtype={torch_dtype(dt)}, device=a0.device)"
+            lines.append(f"    q{j} = {fresh if not into else f'out if out is not None else {fresh}'}")
             outs.append(f"q{j}")
     ret = ", ".join(outs)
     lines.append(f"    if rows * cols == 0:\n        return {ret}")
@@ -202,7 +230,10 @@ def _launcher(region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variant
     call = "kernels.{}(grid, (" + str(rp.threads) + ",), args)  # noqa: F821"
     scalar, vector = variants[0], variants[-1]
     if vector.vec > 1:  # the vector kernel when every vector-read tensor is aligned, else the scalar one
-        lines.append(f"    if _aligned(({', '.join(vec_tensors)},), {vector.vec}):")
+        rows_align = (
+            f" and (out is None or (cols % {vector.vec} == 0 and ldq % {vector.vec} == 0))" if into else ""
+        )
+        lines.append(f"    if _aligned(({', '.join(vec_tensors)},), {vector.vec}){rows_align}:")
         lines.append("        " + call.format(vector.name))
         lines.append("    else:")
         lines.append("        " + call.format(scalar.name))

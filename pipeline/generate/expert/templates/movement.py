@@ -36,6 +36,7 @@ from pipeline.generate.expert.templates.code import Code, launch_bounds
 from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
 
 TAKES = ("embedding", "index_select", "index", "gather")  # elements picked by an index tensor
+SINKS = ("cat", "stack")  # ops whose inputs' producers may write straight into the output (`sink`)
 OPS = ("flip", "roll", "cat", "stack", "repeat", "tile", "unfold", "pad", "constant_pad_nd", "im2col", *TAKES)
 UNITS = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 OUTER = 7  # dims of a piece besides its run (a tensor has at most 8)
@@ -268,7 +269,7 @@ def _edge_pieces(x: str, pad: tuple[int, ...], mode: str) -> list[str]:
     ]
 
 
-def _pieces(r: Region, names: dict[str, str]) -> list[str]:
+def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
     """The launcher lines that set `out`, `pieces` ((source, its base, sizes, source strides, the
     destination's base, its strides), in elements) and `result` (out, or a view of it)."""
     n = r.node
@@ -383,12 +384,23 @@ def _pieces(r: Region, names: dict[str, str]) -> list[str]:
             "    if xs:",
             "        shape[d] = sum(t.shape[d] for t in xs)",
             "    out = torch.empty(shape, dtype=first.dtype, device=first.device)",
-            "    pieces, at = [], 0",
-            "    for t in xs:",
-            "        pieces.append((t, 0, list(t.shape), list(t.stride()), at * out.stride(d), list(out.stride())))",
+            *(["    pieces, at, slots = [], 0, []",
+               f"    for t in {xs}:  # in the cat's order, a stand-in's slot in it too",
+               "        if t.dim() == 1 and t.shape[0] == 0:  # skipped as torch does; a stand-in gets an empty slot",
+               "            if isinstance(t, _Slot):",
+               "                slots.append(torch.empty(t.shape, dtype=t.dtype, device=out.device))",
+               "            continue",
+               "        if isinstance(t, _Slot):  # its producer writes there itself",
+               "            slots.append(out.narrow(d, at, t.shape[d]))",
+               "        else:",
+               "            pieces.append((t, 0, list(t.shape), list(t.stride()), at * out.stride(d), list(out.stride())))"]
+              if sink else
+              ["    pieces, at = [], 0",
+               "    for t in xs:",
+               "        pieces.append((t, 0, list(t.shape), list(t.stride()), at * out.stride(d), list(out.stride())))"]),
             "        at += t.shape[d]",
             "    result = out",
-        ]
+        ]  # fmt: skip
     # stack
     return [
         f"    xs = {xs}",
@@ -400,13 +412,17 @@ def _pieces(r: Region, names: dict[str, str]) -> list[str]:
         "    out = torch.empty([*shape[:d], len(xs), *shape[d:]], dtype=xs[0].dtype, device=xs[0].device)",
         "    ost = list(out.stride())",
         "    pieces = [(t, 0, list(t.shape), list(t.stride()), i * ost[d], ost[:d] + ost[d + 1:])",
-        "              for i, t in enumerate(xs)]",
+        f"              for i, t in enumerate(xs){' if not isinstance(t, _Slot)' if sink else ''}]",
+        *(["    slots = [out.select(d, i) for i, t in enumerate(xs) if isinstance(t, _Slot)]"] if sink else []),
         "    result = out",
-    ]
+    ]  # fmt: skip
 
 
-def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
+def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -> Code:
+    """sink (cat and stack): inputs may be _Slot stand-ins of elementwise outputs, which are given their
+    slices of the output to write into (render.py's sinking); the launcher then returns (result, slots)."""
     rid, n = r.rid, r.node
+    sink = sink and n.op in SINKS
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int64": 8, "int32": 4, "uint8": 1,
                 "int8": 1}[dtype]  # fmt: skip
     unit = UNITS[itemsize]
@@ -439,6 +455,12 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
             f"if wide:\n        kernels.{kernels[1]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
             f"    else:\n        {launch}"
         )
+    sunk_doc = (
+        "; the slices of _Slot inputs, in the op's order, returned for their producers to fill"
+        if sink
+        else ""
+    )
+    ret = "return result, slots" if sink else "return result"
     launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
     """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets);
     with `idx`, coordinate i along dim kd reads the source at idx[i] of `limit`."""
@@ -470,11 +492,11 @@ def render(r: Region, dtype: str, threads: int, vec: bool) -> Code:
 
 
 def _move_{rid}(sms, {params}):
-    """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""})."""
-{chr(10).join(_pieces(r, names))}
+    """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""}){sunk_doc}."""
+{chr(10).join(_pieces(r, names, sink))}
     for src, s0, sizes, sstr, d0, dstr, *taken in pieces:
         _copy_{rid}(src, s0, sizes, sstr, out, d0, dstr, *taken)
-    return result
+    {ret}
 '''
     return Code(
         cuda=cuda,
@@ -483,6 +505,7 @@ def _move_{rid}(sms, {params}):
         kernels=tuple(kernels),
         args=tuple(r.inputs),
         outputs=(n.name,),
+        sinks=tuple(a.name for a in n.args[0]) if sink else (),  # the cat's order, repeats kept
     )
 
 
