@@ -647,6 +647,24 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # direct convolutions (bias and ReLU fused) written into their channel slices of a cat: a SqueezeNet fire
+    # module and a depthwise branch, nothing copied
+    "fire_sink": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.squeeze = nn.Conv2d(16, 8, 1)
+                self.expand1 = nn.Conv2d(8, 16, 1)
+                self.expand3 = nn.Conv2d(8, 16, 3, padding=1)
+                self.dw = nn.Conv2d(16, 16, 3, padding=1, groups=16)
+
+            def forward(self, x):
+                s = torch.relu(self.squeeze(x))
+                return torch.cat([torch.relu(self.expand1(s)), torch.relu(self.expand3(s)), self.dw(x)], 1)
+        """,
+        "[]",
+    ),
     # interpolation (families/resample.py): nearest at integer and fractional scales, bilinear both ways
     "resample": (
         """
@@ -754,6 +772,7 @@ SHAPES = {
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
+    "fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
     "batch_stats": ["(16, 64, 56, 57)", "(1, 64, 1, 3)"],

@@ -339,3 +339,43 @@ def test_a_slot_that_is_not_rows_of_runs_is_refused_not_miswritten():
         scope["_out_rows"](out.transpose(0, 1), (6, 4, 5), torch.float32)
     with pytest.raises(ValueError, match="not"):
         scope["_out_rows"](out.narrow(1, 0, 3), (4, 3, 5), torch.float16)
+
+
+FIRE = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.squeeze = nn.Conv2d(6, 4, 1)
+        self.expand1 = nn.Conv2d(4, 5, 1)
+        self.expand3 = nn.Conv2d(4, 3, 3, padding=1)
+        self.dw = nn.Conv2d(6, 6, 3, padding=1, groups=6)
+
+    def forward(self, x):
+        s = torch.relu(self.squeeze(x))
+        return torch.cat([torch.relu(self.expand1(s)), torch.relu(self.expand3(s)), self.dw(x)], 1)
+"""
+
+
+@needs_gxx
+def test_convolutions_write_into_their_slice_of_a_channel_cat(tmp_path):
+    """A SqueezeNet fire module (and a depthwise branch): our direct convolutions, their bias and ReLU fused,
+    write their outputs straight into the cat's channel slices at its batch stride; nothing is copied."""
+    from cuda_emulator import build, load_model
+    from fuzz_expert import reference
+
+    path = task_file(tmp_path, "fire", FIRE, "[torch.randn(2, 6, 9, 7)]")
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    assert tuned.launcher.count("= _Slot(") == 3 and tuned.launcher.count(", out=s_cat[") == 3, tuned.launcher
+    assert check_launcher(tuned.launcher).ok
+    _emulate(path, [plain, tuned], 1e-6)
+    r = reference(path, None)
+    kernels = build(tuned.source)
+    model = load_model(tuned.launcher, kernels, sms=8)()
+    model.load_state_dict(r.state, strict=False)
+    with torch.no_grad():
+        model(*r.inputs)
+    launched = [k for k, *_ in kernels.launches]
+    assert not [k for k in launched if "_move" in k] and sum(k.endswith("_dconv") for k in launched) == 4, launched

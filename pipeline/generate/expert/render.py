@@ -163,7 +163,10 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
             outs = ", ".join(py(o, low) for o in c.outputs)
             args = ", ".join(py(a, low) for a in c.args)
             if c.outputs[0] in sunk:  # computed later, into its slice of the cat's output
-                lines.append(f"        {outs} = _Slot(torch.{c.into}, {args})")
+                names = [py(a, low) for a in c.args]
+                lines.append(
+                    f"        {outs} = _Slot(torch.{c.into}, {c.slot.format(*names)}, {names[0]}.device)"
+                )
             elif c.sinks:
                 lines.append(f"        {outs}, s_{r.rid} = {c.fn}(self.sms, {args})")
                 for k, v in enumerate(a for a in c.sinks if a in sunk):

@@ -57,6 +57,14 @@ def vectorize_flag(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
         yield from change("vectorize_loads", plan, rp, vec=True)
 
 
+def feeds_copy(value: str, low: Lowered) -> bool:
+    """Whether a value is read by nothing but one cat or stack, which may sink its producer (render.py)."""
+    if value in low.graph.output_names():
+        return False
+    users = [low.by_name[u] for u in low.users.get(value, ())]
+    return len(users) == 1 and users[0].op in ("cat", "stack")
+
+
 def torch_region_rules(
     form: Callable[[Any, Lowered], Any], ops: Container[str]
 ) -> tuple[

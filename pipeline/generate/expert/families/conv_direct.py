@@ -86,7 +86,10 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
     f = form(r, low)
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our direct convolution: {f}")
-    return conv_direct.render(r, f, rp, r.node.dtype, gemm_kit.planned_epilogue(rp, r, low, epilogue))
+    epi = gemm_kit.planned_epilogue(rp, r, low, epilogue)
+    out = epi.out if epi else r.outputs[0] if len(r.outputs) == 1 else ""  # the launcher's one output
+    sinkable = bool(out) and common.feeds_copy(out, low)
+    return conv_direct.render(r, f, rp, r.node.dtype, epi, sinkable=sinkable)
 
 
 _fuse = gemm_kit.fuse_edit(epilogue)

@@ -47,15 +47,8 @@ def first(r: Region, low: Lowered, tuned: bool) -> EwPlan:
 
 
 def render(r: Region, rp: EwPlan, low: Lowered, hunter: object) -> Code:
-    return elementwise.render(r, ew_layout(r, low), rp, sinkable=feeds_copy(r, low))
-
-
-def feeds_copy(r: Region, low: Lowered) -> bool:
-    """Whether the region's one output is read by nothing but one cat or stack (which may sink it)."""
-    if len(r.outputs) != 1 or r.outputs[0] in low.graph.output_names():
-        return False
-    users = [low.by_name[u] for u in low.users.get(r.outputs[0], ())]
-    return len(users) == 1 and users[0].op in ("cat", "stack")
+    sinkable = len(r.outputs) == 1 and common.feeds_copy(r.outputs[0], low)
+    return elementwise.render(r, ew_layout(r, low), rp, sinkable=sinkable)
 
 
 def _vectorize(plan: Plan, rp: EwPlan, r: Region, low: Lowered) -> common.Moves:

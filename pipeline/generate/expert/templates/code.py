@@ -21,11 +21,12 @@ class Code:
     args: tuple[str, ...]  # the values forward passes to fn, in order
     outputs: tuple[str, ...]  # the values fn returns, in order
     at: str = ""  # the region whose place in forward the call takes (its last fused one); "": its own
-    # An elementwise launcher that can write its one output into a given tensor (`out=`): that output's
-    # dtype, else "". A cat or stack launcher that takes such outputs as _Slot stand-ins (render.py's
-    # sinking) names its inputs in the op's order (repeats kept), and returns (result, the stand-ins' slices
-    # in that order).
+    # A launcher that can write its one output into a given tensor (`out=`): that output's dtype, else "",
+    # and its shape as a Python expression over the args ({0}, {1}...). A cat or stack launcher that takes
+    # such outputs as _Slot stand-ins (render.py's sinking) names its inputs in the op's order (repeats
+    # kept), and returns (result, the stand-ins' slices in that order).
     into: str = ""
+    slot: str = ""
     sinks: tuple[str, ...] = ()
 
 
@@ -195,12 +196,11 @@ def _reshape(t, shape):
 SINK_HELPERS = '''
 
 class _Slot:
-    """Stands for an elementwise region's output (its shape and dtype) until the cat or stack that reads it
-    has allocated its own output: the region then writes straight into its slice of it, never copied."""
+    """Stands for a region's output (its shape, dtype and device) until the cat or stack that reads it has
+    allocated its own output: the region then writes straight into its slice of it, never copied."""
 
-    def __init__(self, dtype, *operands):
-        self.shape = torch.broadcast_shapes(*(t.shape for t in operands))
-        self.dtype, self.device = dtype, operands[0].device
+    def __init__(self, dtype, shape, device):
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
 
     def dim(self):
         return len(self.shape)
@@ -238,6 +238,17 @@ def _out_rows(out, shape, dtype):
         if ldq is not None:
             return s, ldq
     raise ValueError(f"kernelpro expert: out= with strides {out.stride()} is not rows of contiguous runs")
+
+
+def _batch_stride(out, shape, dtype):
+    """The stride between the images of `out` (a slice of a concatenation along the channels), each of
+    which a convolution writes as one contiguous block."""
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"kernelpro expert: out= of {tuple(out.shape)} {out.dtype}, not {tuple(shape)} {dtype}")
+    ldo = _row_stride(out, 1)
+    if ldo is None:
+        raise ValueError(f"kernelpro expert: out= with strides {out.stride()} is not one block an image")
+    return ldo
 '''
 
 

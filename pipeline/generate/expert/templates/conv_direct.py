@@ -214,12 +214,16 @@ kp_{rid}_dw(const {t}* __restrict__ w, {t}* __restrict__ wt) {{
 """
 
 
-def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None) -> Code:
+def render(
+    r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None, sinkable: bool = False
+) -> Code:
     """The kernel and its launcher for a grouped convolution region, with the chain after it fused on its
-    stores when the plan says so (epi)."""
+    stores when the plan says so (epi). sinkable: its one output feeds a cat or stack, which may hand the
+    launcher a slice to write into (out=, one contiguous block an image at a batch stride `ldo`)."""
     rid = r.rid
     t = ctype(dtype)
     out_dt = epi.out_dtype if epi else dtype
+    into = out_dt if sinkable else ""
     ot = ctype(out_dt)
     ops_ = epi.operands if epi else ()
     (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
@@ -228,6 +232,7 @@ def render(r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue
     sig = Signature((
         ptr("x", t), ptr("w", t), ptr("out", ot, const=False),
         *(ptr(f"e{j}", ctype(d)) for j, (_, _, d, _) in enumerate(ops_)), i64("rows"),
+        *([i64("ldo")] if into else []),
     ))  # fmt: skip
     chain = "\n".join(gemm.epilogue_function(epi, out_dt))
     ch = rp.chans
@@ -298,7 +303,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
         for (int u = 0; u < OUTS; ++u) {{
             const int ox = ox_of(u);
             if (ox >= OW) continue;
-            const long long o = (((n * COUT + co) * OD + oz) * OH + oy) * OW + ox;
+            const long long o = {"n * ldo + ((co * OD" if into else "(((n * COUT + co) * OD"} + oz) * OH + oy) * OW + ox;
             float v;
             {chain_value(epi, "acc[c][u]")};
             out[o] = cv<{ot}>(v);
@@ -318,7 +323,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
     x, w = r.node.args[:2]
     inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
     launcher = "\n".join([
-        f"def _dconv_{rid}(sms, {', '.join(n for n, _ in inputs)}):",
+        f"def _dconv_{rid}(sms, {', '.join(n for n, _ in inputs)}{', out=None' if into else ''}):",
         f'    """The {"depthwise" if cin_g == 1 else "grouped"}{" transposed" if f.transposed else ""} convolution ({f.groups} groups) on the CUDA '
         f'cores: {rp.outs} outputs of {ch} channels a thread, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
@@ -337,7 +342,17 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
             if vw
             else []
         ),
-        f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(out_dt)}, device=x.device)",
+        *(
+            [
+                "    if out is None:",
+                f"        out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(out_dt)}, device=x.device)",
+                f"    ldo = _batch_stride(out, (x.shape[0], {f.cout}, {out_sp}), {torch_dtype(out_dt)})",
+            ]
+            if into
+            else [
+                f"    out = torch.empty((x.shape[0], {f.cout}, {out_sp}), dtype={torch_dtype(out_dt)}, device=x.device)"
+            ]
+        ),
         *prepare_operands(epi),
         f"    rows = x.shape[0] * {f.cout // ch * od * oh}",
         "    if rows:",
@@ -347,4 +362,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
     ])  # fmt: skip
     outs = (epi.out,) if epi else r.outputs
     names = (f"kp_{rid}_dconv", f"kp_{rid}_dw") if vw else (f"kp_{rid}_dconv",)
-    return Code(cuda, launcher, f"_dconv_{rid}", names, tuple(v for _, v in inputs), outs)
+    slot = f"({{0}}.shape[0], {f.cout}, {out_sp})" if into else ""
+    return Code(
+        cuda, launcher, f"_dconv_{rid}", names, tuple(v for _, v in inputs), outs, into=into, slot=slot
+    )

@@ -168,7 +168,8 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
         ]
     )
     return Code(cuda, _launcher(region, lay, rp, sig, variants, into), f"_r_{rid}", tuple(k.name for k in variants),
-                tuple(o.name for o in ops_), tuple(o for o, _ in outs), into=into)  # fmt: skip
+                tuple(o.name for o in ops_), tuple(o for o, _ in outs), into=into,
+                slot=f"torch.broadcast_shapes({', '.join(f'{{{i}}}.shape' for i in range(len(ops_)))})")  # fmt: skip
 
 
 def _into(region: Region, lay: EwLayout) -> str:
