@@ -378,4 +378,6 @@ def test_convolutions_write_into_their_slice_of_a_channel_cat(tmp_path):
     with torch.no_grad():
         model(*r.inputs)
     launched = [k for k, *_ in kernels.launches]
-    assert not [k for k in launched if "_move" in k] and sum(k.endswith("_dconv") for k in launched) == 4, launched
+    assert not [k for k in launched if "_move" in k] and sum(k.endswith("_dconv") for k in launched) == 4, (
+        launched
+    )
