@@ -665,6 +665,21 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # implicit-GEMM convolutions (3xTF32 WGMMA, bias and ReLU fused) written into their channel slices of a
+    # cat at its batch stride, an Inception join; x copied
+    "conv_cat_sink": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Conv2d(64, 64, 1)
+                self.b = nn.Conv2d(64, 32, 3, padding=1)
+
+            def forward(self, x):
+                return torch.cat([self.a(x), torch.relu(self.b(x)), x], 1)
+        """,
+        "[]",
+    ),
     # interpolation (families/resample.py): nearest at integer and fractional scales, bilinear both ways
     "resample": (
         """
@@ -773,6 +788,7 @@ SHAPES = {
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
     "fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
+    "conv_cat_sink": ["(3, 64, 28, 28)", "(2, 64, 5, 7)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
     "batch_stats": ["(16, 64, 56, 57)", "(1, 64, 1, 3)"],

@@ -381,3 +381,32 @@ def test_convolutions_write_into_their_slice_of_a_channel_cat(tmp_path):
     assert not [k for k in launched if "_move" in k] and sum(k.endswith("_dconv") for k in launched) == 4, (
         launched
     )
+
+
+INCEPTION = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(64, 64, 1)
+        self.b = nn.Conv2d(64, 32, 3, padding=1)
+
+    def forward(self, x):
+        return torch.cat([self.a(x), torch.relu(self.b(x)), x], 1)
+"""
+
+
+@needs_nvcc
+def test_implicit_gemm_convolutions_take_their_slice_and_compile(tmp_path):
+    """The tuned plan's WGMMA convolutions (not emulated: the GPU test `conv_cat_sink` runs them) are handed
+    their channel slices of the cat (out=, the image stride as `ldo`); the plain plan's cuDNN calls and
+    their bias-and-ReLU chains (a per-channel operand fixes the chain's rows) are copied. Both compile."""
+    path = task_file(tmp_path, "inception", INCEPTION, "[torch.randn(2, 64, 12, 12)]")
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    assert "_Slot(" not in plain.launcher
+    assert tuned.launcher.count(", out=s_cat[") == 2 and "ldo = _batch_stride(out" in tuned.launcher
+    assert "long long ldo" in tuned.source and check_launcher(tuned.launcher).ok
+    builds = compile_candidates([plain, tuned], Config(home=tmp_path / "home", arch="sm_90a"))
+    assert all(b.status == Status.OK for b in builds), [b.log[:500] for b in builds]

@@ -186,6 +186,7 @@ SPEC = gemm_kit.Spec(
     epilogue_of=epilogue,
     library="cuDNN",
     grid_tiles=lambda r, f, bn: conv_tf32.grid_tiles(r.node.shape[0], f, bn),
+    sinks=True,
 )
 FAMILY = gemm_kit.family(SPEC)
 

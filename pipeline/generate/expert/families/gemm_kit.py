@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert import atoms, ops
+from pipeline.generate.expert.families import common
 from pipeline.generate.expert.families.base import Edit, Family, RenderError, change, changed, label
 from pipeline.generate.expert.layout import Bcast, operand_class
 from pipeline.generate.expert.plan import Plan, RegionPlan
@@ -69,6 +70,9 @@ class Spec:
     # The plain plan of a task whose regions are all ours takes the narrowest tile, or the widest where the
     # narrow ones are only for grids of few tiles (3xTF32: 128 x 32 beside the measured 128 x 128).
     plain_widest: bool = False
+    # The template writes its one output into a cat's slice when handed one (render(..., sinkable=True):
+    # out= at a batch stride, render.py's sinking).
+    sinks: bool = False
 
 
 # Tiles from which a narrower tile buys no parallelism: four waves on a 132-SM H200, whose last wave's tail
@@ -236,6 +240,9 @@ def family(spec: Spec) -> Family:
         if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= spec.max_stages(rp.bn, f):
             raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
         try:
+            if spec.sinks:
+                out = epi.out if epi else r.outputs[0] if len(r.outputs) == 1 else ""
+                return spec.render(r, f, rp, epi, hunter, sinkable=bool(out) and common.feeds_copy(out, low))
             return spec.render(r, f, rp, epi, hunter)
         except atoms.AtomNotFound as e:
             raise RenderError(str(e)) from None

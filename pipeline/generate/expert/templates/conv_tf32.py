@@ -58,7 +58,7 @@ from pipeline.generate.expert.templates import gemm, gemm_tf32
 from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
 from pipeline.generate.expert.templates.fused import prepare_lines
 from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT
-from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
+from pipeline.generate.expert.templates.signature import Param, Signature, i32, i64, ptr
 
 if TYPE_CHECKING:
     from pipeline.generate.expert.families.gemm_kit import GemmPlan
@@ -259,13 +259,18 @@ def smem_bytes(bn: int, stages: int) -> int:
     return stage_bytes(bn) * stages + 1024 + 1024
 
 
-def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunter: Any = None) -> Code:
-    """The kernel and its launcher for an fp32 convolution region; raises atoms.AtomNotFound."""
+def render(
+    r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunter: Any = None, sinkable: bool = False
+) -> Code:
+    """The kernel and its launcher for an fp32 convolution region; raises atoms.AtomNotFound. sinkable: its
+    one output feeds a cat or stack, which may hand the launcher a slice to write into (out=, each image one
+    block at a batch stride `ldo`), unless a fused operand is read at the output's own offsets."""
     rid = r.rid
     bn, stages = rp.bn, rp.stages
     b = gemm_tf32.blocks(rp, hunter)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else "float32"
+    into = out_dt if sinkable and not sinks_blocked(epi) else ""
     lines = [
         *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the gatherers move the raw fp32 bits",
@@ -278,32 +283,44 @@ def render(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, hunte
         *gemm.epilogue_function(epi, out_dt),
         weight_kernel(rid, f),
     ]
-    sig = signature(epi, out_dt)
+    sig = signature(epi, out_dt, bool(into))
     text = body(f).replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    at = "out_at_phase(Q, p, co, N)" if phased(f) else "out_at(p, co, N)"
+    if into:  # the image's block moved from n * N * P to n * ldo
+        at += f" + p / {'Q.pix' if phased(f) else 'P'} * (ldo - (long long)N * P)"
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_conv({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         text,
-        *store(epi, out_dt, "out_at_phase(Q, p, co, N)" if phased(f) else "out_at(p, co, N)"),
+        *store(epi, out_dt, at),
         "}",
     ]
     ops_ = epi.operands if epi else ()
     x, w = r.node.args[:2]
     inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
-    src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig)
+    src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig, bool(into))
     outs = (epi.out,) if epi else r.outputs
     kernels = (f"kp_{rid}_conv", f"kp_{rid}_w")
-    return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs)
+    slot = f"({{0}}.shape[0], {f.cout}, {', '.join(str(o) for o in f.out[3 - f.dims :])})" if into else ""
+    return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs,
+                into=into, slot=slot)  # fmt: skip
 
 
-def signature(epi: ConvEpilogue | None, out_dt: str) -> Signature:
+def sinks_blocked(epi: ConvEpilogue | None) -> bool:
+    """A fused operand read at the output element's own offset (a residual): written at a batch stride, the
+    output's offsets are no longer the operand's."""
+    return epi is not None and any(cls is Bcast.FULL for *_, cls in epi.operands)
+
+
+def signature(epi: ConvEpilogue | None, out_dt: str, into: bool = False) -> Signature:
     ops_ = epi.operands if epi else ()
     return Signature((
         Param("tma_w", "const __grid_constant__ CUtensorMap", "tw"), ptr("x", "float"),
         ptr("out", ctype(out_dt), const=False),
         *(ptr(f"e{j}", ctype(d)) for j, (_, _, d, _) in enumerate(ops_)), i32("M", "m"), i32("N", "n"), i32("K", "k"),
+        *([i64("ldo")] if into else []),
     ))  # fmt: skip
 
 
@@ -695,7 +712,7 @@ def store(epi: ConvEpilogue | None, out_dt: str, at: str) -> list[str]:
 
 
 def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
-             names: list[str], sig: Signature) -> str:  # fmt: skip
+             names: list[str], sig: Signature, into: bool = False) -> str:  # fmt: skip
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
     w_shape = (
@@ -704,7 +721,7 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
     k = gemm_k(f)
     k4 = -(-k // 4) * 4
     lines = [
-        f"def _conv_{rid}(sms, {', '.join(names)}):",
+        f"def _conv_{rid}(sms, {', '.join(names)}{', out=None' if into else ''}):",
         f'    """The convolution as an implicit GEMM: our 3xTF32 WGMMA kernel (128 pixels x {rp.bn} channels, '
         f'{rp.stages} stages){" and the fused epilogue" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
@@ -724,7 +741,12 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
         "  # noqa: F821",
     ]
     out_shape = f"(nb, n, {', '.join(str(o) for o in f.out[3 - dims :])})"
-    lines.append(f"    out = torch.empty({out_shape}, dtype={torch_dtype(out_dt)}, device=x.device)")
+    fresh = f"torch.empty({out_shape}, dtype={torch_dtype(out_dt)}, device=x.device)"
+    if into:  # a slice of a cat's output, each image one block at its batch stride
+        lines += ["    if out is None:", f"        out = {fresh}",
+                  f"    ldo = _batch_stride(out, {out_shape}, {torch_dtype(out_dt)})"]  # fmt: skip
+    else:
+        lines.append(f"    out = {fresh}")
     lines += prepare_operands(epi)
     lines += [
         "    if m:",
