@@ -649,7 +649,7 @@ FAMILIES = {
     ),
     # direct convolutions (bias and ReLU fused) written into their channel slices of a cat: a SqueezeNet fire
     # module and a depthwise branch, nothing copied
-    "fire_sink": (
+    "conv_fire_sink": (
         """
         class Model(nn.Module):
             def __init__(self):
@@ -787,7 +787,7 @@ SHAPES = {
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
-    "fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
+    "conv_fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
     "conv_cat_sink": ["(3, 64, 28, 28)", "(2, 64, 5, 7)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
