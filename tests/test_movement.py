@@ -410,3 +410,25 @@ def test_implicit_gemm_convolutions_take_their_slice_and_compile(tmp_path):
     assert "long long ldo" in tuned.source and check_launcher(tuned.launcher).ok
     builds = compile_candidates([plain, tuned], Config(home=tmp_path / "home", arch="sm_90a"))
     assert all(b.status == Status.OK for b in builds), [b.log[:500] for b in builds]
+
+
+@needs_gxx
+@pytest.mark.parametrize(
+    ("dtype", "width"), [("float32", 16), ("bfloat16", 24), ("int8", 32), ("int64", 6), ("bool", 48)]
+)
+def test_a_flip_of_the_last_dim_reads_backwards_16_bytes_at_a_time(tmp_path, dtype, width):
+    """Rows whose width is a whole number of 16-byte units move a unit a thread read backwards, its lanes
+    reversed (4 floats, 8 halves, 16 bytes, 2 int64), also flipped along an outer dim; exact."""
+    make = (
+        f"torch.randn(3, 5, {width}).to(torch.{dtype})"
+        if dtype != "int8"
+        else f"torch.randint(-100, 100, (3, 5, {width}), dtype=torch.int8)"
+    )
+    if dtype == "bool":
+        make = f"torch.randn(3, 5, {width}) > 0"
+    body = "class Model(nn.Module):\n    def forward(self, x):\n        return torch.flip(x, dims=(-1,)), x.flip(0, 2)"
+    path = task_file(tmp_path, f"flip_{dtype}", body, f"[{make}]")
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    launched = _emulate(path, [tuned], 1e-12)
+    assert sum(k.endswith("_move16r") for k in launched) == 2, launched

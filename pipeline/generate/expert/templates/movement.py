@@ -54,26 +54,60 @@ __device__ __forceinline__ long long taken(const long long* __restrict__ idx, lo
 #endif
     return j;
 }}
+// A unit's lanes of element type E in reverse order: a 16-byte unit read backwards along a flip (bytes
+// permuted within each word, the words reversed); any other unit is one lane, unchanged.
+template <typename E, typename U>
+__device__ __forceinline__ U reversed(U v) {{
+    return v;
+}}
+template <typename E>
+__device__ __forceinline__ float4 reversed(float4 v) {{
+    if (sizeof(E) == 8) return make_float4(v.z, v.w, v.x, v.y);
+    constexpr unsigned SEL = sizeof(E) == 4 ? 0x3210u : sizeof(E) == 2 ? 0x1032u : 0x0123u;
+    const auto flip = [](float f) {{ return __uint_as_float(__byte_perm(__float_as_uint(f), 0u, SEL)); }};
+    return make_float4(flip(v.w), flip(v.z), flip(v.y), flip(v.x));
+}}
 // MODE 1 (take): the coordinate along dim kd of the piece (kd == {outer}: the run) goes through idx, at
 // that coordinate. MODE 2 (gather): it goes through idx at the element's destination offset (idx has the
-// output's contiguous layout), kstr the source's stride along kd.
-template <typename U, int MODE>
+// output's contiguous layout), kstr the source's stride along kd. REV (plain moves): each unit's lanes of E
+// reversed, a run read backwards 16 bytes at a time.
+// A thread's rows are r, r + step, ...: their coordinates are divided out once, for the first row and for
+// the step, then each next row adds the step's digits with a carry (a division a row was most of a
+// short-rowed copy's instructions).
+template <typename U, int MODE, typename E, bool REV>
 __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ dst, long long rows,
                                      long long inner, long long s0, long long d0, long long si, long long di,
                                      int nd, const long long (&size)[{outer}], const long long (&sstr)[{outer}],
                                      const long long (&dstr)[{outer}], const long long* __restrict__ idx,
                                      long long limit, int kd, long long kstr) {{
     constexpr bool TAKE = MODE == 1, GATHER = MODE == 2;
-    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;
-         r += (long long)gridDim.y * blockDim.y) {{
-        long long rest = r, so = s0, dof = d0;  // the row's first element on each side
+    long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    const long long step = (long long)gridDim.y * blockDim.y;
+    long long at[{outer}];  // the row's coordinates
+    int by[{outer}];  // the step's digits (the step, a grid's rows, is under 2^31)
+    {{
+        long long rest = r, st = step;
 #pragma unroll
         for (int d = {outer} - 1; d >= 0; --d) {{
+            at[d] = 0;
+            by[d] = 0;
             if (d < nd) {{
-                const long long q = rest / size[d], i = rest - q * size[d];
-                so += (TAKE && d == kd ? taken(idx, i, limit) : GATHER && d == kd ? 0 : i) * sstr[d];
-                dof += i * dstr[d];
+                const long long q = rest / size[d], qs = st / size[d];
+                at[d] = rest - q * size[d];
+                by[d] = (int)(st - qs * size[d]);
                 rest = q;
+                st = qs;
+            }}
+        }}
+    }}
+    for (; r < rows; r += step) {{
+        long long so = s0, dof = d0;  // the row's first element on each side
+#pragma unroll
+        for (int d = 0; d < {outer}; ++d) {{
+            if (d < nd) {{
+                so += (TAKE && d == kd ? taken(idx, at[d], limit) : GATHER && d == kd ? 0 : at[d]) * sstr[d];
+                dof += at[d] * dstr[d];
             }}
         }}
         for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < inner;
@@ -82,8 +116,19 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
                 dst[dof + i * di] = src[so + taken(idx, dof + i * di, limit) * si];
             else if (GATHER)
                 dst[dof + i * di] = src[so + i * si + taken(idx, dof + i * di, limit) * kstr];
+            else if (REV)
+                dst[dof + i * di] = reversed<E>(src[so + i * si]);
             else
                 dst[dof + i * di] = src[so + (TAKE && kd == {outer} ? taken(idx, i, limit) : i) * si];
+        long long carry = 0;  // the next row: the step's digits added, last dim first
+#pragma unroll
+        for (int d = {outer} - 1; d >= 0; --d) {{
+            if (d < nd) {{
+                const long long v = at[d] + by[d] + carry;
+                carry = v >= size[d];
+                at[d] = carry ? v - size[d] : v;
+            }}
+        }}
     }}
 }}
 }}  // namespace kp_{rid}
@@ -111,15 +156,20 @@ def _signature(unit: str, take: bool) -> Signature:
     )
 
 
-def _kernel(rid: str, name: str, unit: str, threads: int, mode: int) -> str:
+def _kernel(
+    rid: str, name: str, unit: str, threads: int, mode: int, lane: str = "", rev: bool = False
+) -> str:
+    """A copy kernel moving units of `unit`; rev: each unit's `lane`-typed lanes reversed (a flip's run)."""
     sig = _signature(unit, mode > 0)
     arrays = "\n".join(
         f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
         for arr, p in (("size", "z"), ("sstr", "a"), ("dstr", "b"))
     )
+    # the reversing kernel unbounded: held to 64 registers (what __launch_bounds__(256) gives) it spills
+    bounds = "" if rev else f"{launch_bounds(threads, 0)}\n"
     return (
-        f'extern "C" __global__ void {launch_bounds(threads, 0)}\n{name}({sig.decls()}) {{\n{arrays}\n'
-        f"    kp_{rid}::move<{unit}, {mode}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
+        f'extern "C" __global__ void {bounds}{name}({sig.decls()}) {{\n{arrays}\n'
+        f"    kp_{rid}::move<{unit}, {mode}, {lane or unit}, {'true' if rev else 'false'}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
         f"sstr, dstr, {'idx, limit, kd, kstr' if mode else 'nullptr, 0, -1, 0'});\n}}\n"
     )
 
@@ -360,12 +410,21 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
             f"    shape = [s + a + b for s, a, b in zip({x}.shape, lo, hi)]",
             "    if min(shape, default=0) < 0:",
             f"        raise ValueError(f'kernelpro expert: padding {{pad}} of a tensor {{tuple({x}.shape)}}')",
-            f"    out = torch.full(shape, {_py(value)}, dtype={x}.dtype, device={x}.device)",
+            f"    out = torch.empty(shape, dtype={x}.dtype, device={x}.device)",
+            f"    fill = torch.full((1,), {_py(value)}, dtype={x}.dtype, device={x}.device)",
             "    # the input's part that survives negative padding, copied into the middle",
             f"    keep = [max(0, s - max(0, -a) - max(0, -b)) for s, a, b in zip({x}.shape, lo, hi)]",
             f"    s0 = sum(max(0, -a) * t for a, t in zip(lo, {x}.stride()))",
-            "    d0 = sum(max(0, a) * t for a, t in zip(lo, out.stride()))",
-            f"    pieces = [({x}, s0, keep, list({x}.stride()), d0, list(out.stride()))]",
+            "    mid, ost = [max(0, a) for a in lo], list(out.stride())",
+            "    d0 = sum(m * t for m, t in zip(mid, ost))",
+            f"    pieces = [({x}, s0, keep, list({x}.stride()), d0, ost)]",
+            "    # the rest filled from the one-element `fill` read at stride 0, a band before and after the middle",
+            "    # along each dim, over the middle of the dims before it (each element of the border once)",
+            "    for j in range(nd):",
+            "        for b0, b1 in ((0, mid[j]), (mid[j] + keep[j], shape[j])):",
+            "            if b1 > b0:",
+            "                base = sum(m * t for m, t in zip(mid[:j], ost)) + b0 * ost[j]",
+            "                pieces.append((fill, 0, keep[:j] + [b1 - b0] + shape[j + 1:], [0] * nd, base, ost))",
             "    result = out",
         ]
     if op in TAKES:
@@ -433,19 +492,40 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
     vec = vec and mode != 2  # a gather reads its index at element offsets, not at 16-byte units
     names = {v: f"x{i}" for i, v in enumerate(r.inputs)}
     verb = "gather" if mode == 2 else "take" if take else "move"
-    kernels = [f"kp_{rid}_{verb}"] + ([f"kp_{rid}_{verb}16"] if vec else [])
+    back = vec and mode == 0  # a run read backwards (a flip's last dim) also moves 16 bytes a thread
+    kernels = (
+        [f"kp_{rid}_{verb}"]
+        + ([f"kp_{rid}_{verb}16"] if vec else [])
+        + ([f"kp_{rid}_{verb}16r"] if back else [])
+    )
     cuda = _BODY.format(rid=rid, outer=OUTER) + _kernel(rid, kernels[0], unit, threads, mode)
     if vec:
         cuda += _kernel(rid, kernels[1], "float4", threads, mode)  # 16 bytes, moved as bits
+    if back:
+        cuda += _kernel(rid, kernels[2], "float4", threads, mode, lane=unit, rev=True)
     sig = _signature(unit, take)
     params = ", ".join(names[v] for v in r.inputs)
     wide = (
         f"    wide = ({lanes} > 1 and si == 1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
         f"            and s0 % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
         "            and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)\n"
-        "    if wide:  # 16 bytes a thread: every row of the run starts on a 16-byte boundary\n"
+        + (
+            f"    back = (not wide and si == -1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
+            f"            and (s0 + 1) % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
+            "            and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)\n"
+            if back
+            else ""
+        )
+        + "    if wide:  # 16 bytes a thread: every row of the run starts on a 16-byte boundary\n"
         f"        inner, s0, d0 = inner // {lanes}, s0 // {lanes}, d0 // {lanes}\n"
         f"        a, b = [v // {lanes} for v in a], [v // {lanes} for v in b]\n"
+        + (
+            "    elif back:  # read backwards 16 bytes at a time: unit i of the row is source unit s0 - i, reversed\n"
+            f"        inner, s0, d0 = inner // {lanes}, (s0 + 1) // {lanes} - 1, d0 // {lanes}\n"
+            f"        a, b = [v // {lanes} for v in a], [v // {lanes} for v in b]\n"
+            if back
+            else ""
+        )
         if vec
         else ""
     )
@@ -453,15 +533,17 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
     if vec:
         launch = (
             f"if wide:\n        kernels.{kernels[1]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
-            f"    else:\n        {launch}"
-        )
+            + (f"    elif back:\n        kernels.{kernels[2]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
+               if back else "")
+            + f"    else:\n        {launch}"
+        )  # fmt: skip
     sunk_doc = (
         "; the slices of _Slot inputs, in the op's order, returned for their producers to fill"
         if sink
         else ""
     )
     ret = "return result, slots" if sink else "return result"
-    launcher = f'''def _copy_{rid}(src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
+    launcher = f'''def _copy_{rid}(sms, src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
     """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets);
     with `idx`, coordinate i along dim kd reads the source at idx[i] of `limit`."""
     if not all(sizes):
@@ -487,7 +569,10 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
     b = [v for _, _, v in outer] + [0] * ({OUTER} - nd)
 {wide}    tx = min({threads}, 1 << max(0, (inner - 1).bit_length()))  # threads along the run, the rest over rows
     ty = {threads} // tx
-    grid = (max(1, min(-(-inner // tx), 4096)), max(1, min(-(-rows // ty), MAX_GRID_Y)))
+    # about 8 units a thread along the run, and no more blocks than 4 waves: a thread's rows then pay
+    # their offsets' divisions once (the kernel steps from row to row with carries)
+    gx = max(1, min(-(-inner // (tx * 8)), 4096))
+    grid = (gx, max(1, min(-(-rows // ty), MAX_GRID_Y, sms * {2048 // threads} * 4 // gx)))
     {launch}
 
 
@@ -495,7 +580,7 @@ def _move_{rid}(sms, {params}):
     """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""}){sunk_doc}."""
 {chr(10).join(_pieces(r, names, sink))}
     for src, s0, sizes, sstr, d0, dstr, *taken in pieces:
-        _copy_{rid}(src, s0, sizes, sstr, out, d0, dstr, *taken)
+        _copy_{rid}(sms, src, s0, sizes, sstr, out, d0, dstr, *taken)
     {ret}
 '''
     return Code(
