@@ -432,3 +432,21 @@ def test_a_flip_of_the_last_dim_reads_backwards_16_bytes_at_a_time(tmp_path, dty
     tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
     launched = _emulate(path, [tuned], 1e-12)
     assert sum(k.endswith("_move16r") for k in launched) == 2, launched
+
+
+@needs_gxx
+@pytest.mark.parametrize(("dim", "sunk"), [(0, 2), (2, 0), (-1, 0)])
+def test_a_convolution_sinks_only_into_whole_images(tmp_path, dim, sunk):
+    """A convolution writes each image as one block at a batch stride: it sinks into a join along the
+    batch or the channels, and is copied into one along the height or width (its slice's rows are apart)."""
+    body = FIRE.replace(
+        "return torch.cat([torch.relu(self.expand1(s)), torch.relu(self.expand3(s)), self.dw(x)], 1)",
+        f"return torch.cat([torch.relu(self.expand1(s)), torch.relu(self.expand1(s) * 2)], {dim})",
+    )
+    path = task_file(tmp_path, f"join{dim % 4}", body, "[torch.randn(2, 6, 9, 7)]")
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    assert tuned.launcher.count("= _Slot(") == sunk, tuned.launcher
+    _emulate(path, [plain, tuned], 1e-6)

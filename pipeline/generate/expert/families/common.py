@@ -57,12 +57,21 @@ def vectorize_flag(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
         yield from change("vectorize_loads", plan, rp, vec=True)
 
 
-def feeds_copy(value: str, low: Lowered) -> bool:
-    """Whether a value is read by nothing but one cat or stack, which may sink its producer (render.py)."""
+def feeds_copy(value: str, low: Lowered, max_dim: int | None = None) -> bool:
+    """Whether a value is read by nothing but one cat or stack, which may sink its producer (render.py);
+    with max_dim, only one along a dim of at most that (a convolution writes whole images: its slice must
+    be one block an image, a join along the channels or the batch)."""
     if value in low.graph.output_names():
         return False
     users = [low.by_name[u] for u in low.users.get(value, ())]
-    return len(users) == 1 and users[0].op in ("cat", "stack")
+    if len(users) != 1 or users[0].op not in ("cat", "stack"):
+        return False
+    if max_dim is None:
+        return True
+    n = users[0]
+    dim = n.args[1] if len(n.args) > 1 else n.kw("dim", 0)
+    rank = len(n.shape or ())
+    return isinstance(dim, int) and rank > 0 and dim % rank <= max_dim
 
 
 def torch_region_rules(

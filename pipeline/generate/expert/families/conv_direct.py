@@ -88,7 +88,7 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
         raise RenderError(f"region {r.rid} cannot be our direct convolution: {f}")
     epi = gemm_kit.planned_epilogue(rp, r, low, epilogue)
     out = epi.out if epi else r.outputs[0] if len(r.outputs) == 1 else ""  # the launcher's one output
-    sinkable = bool(out) and not conv_tf32.sinks_blocked(epi) and common.feeds_copy(out, low)
+    sinkable = bool(out) and not conv_tf32.sinks_blocked(epi) and common.feeds_copy(out, low, max_dim=1)
     return conv_direct.render(r, f, rp, r.node.dtype, epi, sinkable=sinkable)
 
 

@@ -242,7 +242,8 @@ def family(spec: Spec) -> Family:
         try:
             if spec.sinks:
                 out = epi.out if epi else r.outputs[0] if len(r.outputs) == 1 else ""
-                return spec.render(r, f, rp, epi, hunter, sinkable=bool(out) and common.feeds_copy(out, low))
+                sinkable = bool(out) and common.feeds_copy(out, low, max_dim=1)  # whole images a slice
+                return spec.render(r, f, rp, epi, hunter, sinkable=sinkable)
             return spec.render(r, f, rp, epi, hunter)
         except atoms.AtomNotFound as e:
             raise RenderError(str(e)) from None
