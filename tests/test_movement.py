@@ -450,3 +450,29 @@ def test_a_convolution_sinks_only_into_whole_images(tmp_path, dim, sunk):
     )
     assert tuned.launcher.count("= _Slot(") == sunk, tuned.launcher
     _emulate(path, [plain, tuned], 1e-6)
+
+
+@needs_gxx
+def test_a_pieces_launch_is_planned_once_a_geometry(tmp_path):
+    """The second call of a cat with the same shapes takes each piece's launch from the plan cache (no dims
+    merged, no grid sized again) and launches the same kernels with the same arguments; a new shape plans
+    anew."""
+    from cuda_emulator import build, load_model
+
+    path = _path(tmp_path, "cats")
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    kernels = build(tuned.source)
+    model = load_model(tuned.launcher, kernels, sms=8)()
+    plans = model.forward.__globals__["_plans_cat"]
+    x = torch.randn(4, 64, 64)
+    with torch.no_grad():
+        first = model(x)
+        n, launched = len(plans), list(kernels.launches)
+        second = model(x)
+        assert len(plans) == n == 2 and [k for k, *_ in kernels.launches[len(launched) :]] == [
+            k for k, *_ in launched
+        ]
+        model(torch.randn(2, 64, 8))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert len(plans) == 4  # x and its flip (the relu writes its own slice), at the new shape too

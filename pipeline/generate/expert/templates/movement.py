@@ -508,11 +508,11 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
     wide = (
         f"    wide = ({lanes} > 1 and si == 1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
         f"            and s0 % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
-        "            and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)\n"
+        "            and src16 and dst16)\n"
         + (
             f"    back = (not wide and si == -1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
             f"            and (s0 + 1) % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
-            "            and src.data_ptr() % 16 == 0 and dst.data_ptr() % 16 == 0)\n"
+            "            and src16 and dst16)\n"
             if back
             else ""
         )
@@ -529,25 +529,36 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
         if vec
         else ""
     )
-    launch = f"kernels.{kernels[0]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821"
+    ints = [p.arg for p in sig.params if p.name not in ("src", "dst", "idx")]
+    cut = len(ints) - (3 if take else 0)  # a take's limit, kd and kstr follow its index tensor
+    tail = "idx, *extra" if take else ""
+    call_args = f"(src, dst, *ints{', ' + tail if tail else ''})"
+
+    def call(k: int) -> str:
+        return f"kernels.{kernels[k]}(grid, block, {call_args})  # noqa: F821"
+
+    launch = call(0)
     if vec:
         launch = (
-            f"if wide:\n        kernels.{kernels[1]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
-            + (f"    elif back:\n        kernels.{kernels[2]}(grid, (tx, ty), ({sig.args()}))  # noqa: F821\n"
-               if back else "")
+            f"if which == 1:\n        {call(1)}\n"
+            + (f"    elif which == 2:\n        {call(2)}\n" if back else "")
             + f"    else:\n        {launch}"
         )  # fmt: skip
+    which = "1 if wide else " + ("2 if back else " if back else "") + "0" if vec else "0"
     sunk_doc = (
         "; the slices of _Slot inputs, in the op's order, returned for their producers to fill"
         if sink
         else ""
     )
     ret = "return result, slots" if sink else "return result"
-    launcher = f'''def _copy_{rid}(sms, src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
-    """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets);
-    with `idx`, coordinate i along dim kd reads the source at idx[i] of `limit`."""
+    launcher = f'''_plans_{rid} = {{}}  # a piece's launch by its geometry: dims merged and grid sized once a shape
+
+
+def _plan_{rid}(sms, s0, sizes, sstr, d0, dstr, kd, limit, src16, dst16):
+    """One piece's launch: (which kernel, grid, block, its integer arguments before and after the index),
+    or None for a piece of no elements. src16, dst16: whether the tensors start on 16-byte boundaries."""
     if not all(sizes):
-        return
+        return None
     # unit dims dropped; a dim merged into the one before where both sides stay contiguous (never the indexed)
     merged, kpos = [], -1
     for d, (size, a, b) in enumerate(zip(sizes, sstr, dstr)):
@@ -573,6 +584,24 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
     # their offsets' divisions once (the kernel steps from row to row with carries)
     gx = max(1, min(-(-inner // (tx * 8)), 4096))
     grid = (gx, max(1, min(-(-rows // ty), MAX_GRID_Y, sms * {2048 // threads} * 4 // gx)))
+    args = ({", ".join(ints)},)
+    return {which}, grid, (tx, ty), args[:{cut}], args[{cut}:]
+
+
+def _copy_{rid}(sms, src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit=0):
+    """One piece: dst[d0 + i . dstr] = src[s0 + i . sstr] over the index space `sizes` (element offsets);
+    with `idx`, coordinate i along dim kd reads the source at idx[i] of `limit`. Its launch is planned once
+    a geometry (a cat's pieces are the same call after call) and kept."""
+    key = (s0, tuple(sizes), tuple(sstr), d0, tuple(dstr), kd, limit, src.data_ptr() % 16 == 0,
+           dst.data_ptr() % 16 == 0, sms)
+    plan = _plans_{rid}.get(key)
+    if plan is None:
+        if len(_plans_{rid}) >= 4096:  # shapes that never repeat: start again rather than grow
+            _plans_{rid}.clear()
+        plan = _plans_{rid}[key] = _plan_{rid}(sms, *key[:9]) or (-1,)
+    if plan[0] < 0:
+        return
+    which, grid, block, ints, extra = plan
     {launch}
 
 
