@@ -301,8 +301,8 @@ def test_elementwise_producers_write_into_their_slice_of_a_cat(tmp_path, name):
 
 @needs_gxx
 def test_a_sunk_producer_copies_nothing_of_its_own(tmp_path):
-    """channels: three inputs, two sunk: the cat launches one copy (x's), the relu and the affine map
-    writing their own slices, where the plain plan copies all three."""
+    """channels: three inputs, two sunk: the cat launches one copy (x's, by the joined copy), the relu and
+    the affine map writing their own slices, where the plain plan copies all three."""
     from cuda_emulator import build, load_model
     from fuzz_expert import reference
 
@@ -318,7 +318,7 @@ def test_a_sunk_producer_copies_nothing_of_its_own(tmp_path):
         model = load_model(cand.launcher, kernels, sms=8)()
         with torch.no_grad():
             model(*r.inputs)
-        copies.append(sum(k.startswith("kp_cat_move") for k, *_ in kernels.launches))
+        copies.append(sum(k.startswith(("kp_cat_move", "kp_cat_join")) for k, *_ in kernels.launches))
         launched = [k for k, *_ in kernels.launches]
     assert copies == [3, 1], copies
     assert "kp_relu_v4" in launched, launched  # rows of 192 floats at a stride of 384: 16-byte stores
@@ -464,7 +464,7 @@ def test_a_pieces_launch_is_planned_once_a_geometry(tmp_path):
     tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
     kernels = build(tuned.source)
     model = load_model(tuned.launcher, kernels, sms=8)()
-    plans = model.forward.__globals__["_plans_cat"]
+    plans = model.forward.__globals__["_plans_cat_1"]  # the cat of two transposed views: a piece each
     x = torch.randn(4, 64, 64)
     with torch.no_grad():
         first = model(x)
@@ -475,4 +475,28 @@ def test_a_pieces_launch_is_planned_once_a_geometry(tmp_path):
         ]
         model(torch.randn(2, 64, 8))
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
-    assert len(plans) == 4  # x and its flip (the relu writes its own slice), at the new shape too
+    assert len(plans) == 4  # the two views' pieces, at the new shape too
+
+
+@needs_gxx
+@pytest.mark.parametrize(
+    ("chans", "height", "width", "dtype"),
+    [(16, 2, 8, "float32"), (5, 1, 7, "float32"), (16, 2, 16, "bfloat16")],
+)
+def test_a_cats_contiguous_inputs_are_copied_by_one_launch_a_sixteen(tmp_path, chans, height, width, dtype):
+    """A DenseNet-style join of 20 inputs: the 18 contiguous ones go by the joined copy, 16 a launch (two
+    launches), 16 bytes a thread where every run and place allows (runs of 35 floats: no); a transposed
+    input still goes by its own piece and a ReLU writes its own slice; exact."""
+    body = (
+        "class Model(nn.Module):\n    def forward(self, x, y):\n"
+        "        return torch.cat([x] * 18 + [y.mT, torch.relu(y.mT)], 1)"
+    )
+    x = f"torch.randn(3, {chans}, {height}, {width}).to(torch.{dtype})"
+    path = task_file(
+        tmp_path, f"join{width}", body, f"[{x}, torch.randn(3, 4, {width}, {height}).to(torch.{dtype})]"
+    )
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    launched = _emulate(path, [tuned], 1e-12)
+    joins = [k for k in launched if "_join" in k]
+    assert len(joins) == 2 and all(k.endswith("join16") == (width != 7) for k in joins), launched

@@ -174,6 +174,74 @@ def _kernel(
     )
 
 
+JOIN = 16  # inputs one launch of a cat's joined copy takes
+
+
+def _join_kernel(rid: str, name: str, unit: str, threads: int) -> str:
+    """A cat's contiguous inputs copied by one launch: blockIdx.y picks the input (JOIN at most), whose rows
+    of w units go to columns [lo, lo + w) of the output's rows of `cols` units; rows over blockIdx.z."""
+    ps = ", ".join(f"const {unit}* __restrict__ p{j}" for j in range(JOIN))
+    los = ", ".join(f"long long l{j}" for j in range(JOIN))
+    ws = ", ".join(f"long long w{j}" for j in range(JOIN))
+    pick = "\n".join(f"    if (j == {j}) {{ s = p{j}; lo = l{j}; w = w{j}; }}" for j in range(1, JOIN))
+    return f"""extern "C" __global__ void {launch_bounds(threads, 0)}
+{name}({unit}* __restrict__ dst, {ps}, {los}, {ws}, long long rows, long long cols) {{
+    const unsigned j = blockIdx.y;  // the same input for the whole block
+    const {unit}* s = p0;
+    long long lo = l0, w = w0;
+{pick}
+    for (long long r = blockIdx.z; r < rows; r += gridDim.z) {{
+        const {unit}* sr = s + r * w;
+        {unit}* dr = dst + r * cols + lo;
+        for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < w; c += (long long)gridDim.x * blockDim.x)
+            dr[c] = sr[c];
+    }}
+}}
+"""
+
+
+def _join_launcher(rid: str, lanes: int, threads: int) -> str:
+    """The launcher of a cat's joined copy: its contiguous inputs, JOIN a launch, 16 bytes a thread where
+    every input's run, its place in the output's rows, and both tensors' starts allow."""
+    k16 = (
+        f"""        wide = ({lanes} > 1 and cols % {lanes} == 0 and out.data_ptr() % 16 == 0
+                and all(v % {lanes} == 0 for v in ws + los) and all(t.data_ptr() % 16 == 0 for t, _ in group))
+        if wide:
+            ws, los, cols = [v // {lanes} for v in ws], [v // {lanes} for v in los], cols // {lanes}
+"""
+        if lanes > 1
+        else "        wide = False\n"
+    )
+    call = (
+        f"((gx, k, gz), ({threads},), (out, *srcs, *(numpy.int64(v) for v in los), "
+        "*(numpy.int64(v) for v in ws), numpy.int64(rows), numpy.int64(cols)))"
+    )
+    return f'''def _join_{rid}(sms, out, d, joined):
+    """Contiguous inputs of the cat (t, its first index along d) into `out`, up to {JOIN} a launch: one
+    launch, not one a piece (a DenseNet's joins have dozens of inputs)."""
+    inner = math.prod(out.shape[d + 1 :])
+    rows = math.prod(out.shape[:d])
+    for g in range(0, len(joined), {JOIN}):
+        group = [(t, at) for t, at in joined[g : g + {JOIN}] if t.numel()]
+        if not group or not rows:
+            continue
+        cols = out.shape[d] * inner
+        ws = [t.shape[d] * inner for t, _ in group]
+        los = [at * inner for _, at in group]
+{k16}        k = len(group)
+        srcs = [t for t, _ in group] + [out] * ({JOIN} - k)  # unused: no block reads past input k - 1
+        los, ws = los + [0] * ({JOIN} - k), ws + [0] * ({JOIN} - k)
+        gx = max(1, min(-(-max(ws) // ({threads} * 8)), 4096))
+        gz = max(1, min(rows, MAX_GRID_Y, sms * {2048 // threads} * 4 // (gx * k)))
+        if wide:
+            kernels.kp_{rid}_join16{call}  # noqa: F821
+        else:
+            kernels.kp_{rid}_join{call}  # noqa: F821
+
+
+'''
+
+
 def pad_value(n: Node) -> float | int | bool:
     """A constant pad's fill: pad(x, p, mode, value) or constant_pad_nd(x, p, value); None is 0."""
     a = n.args
@@ -443,7 +511,7 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
             "    if xs:",
             "        shape[d] = sum(t.shape[d] for t in xs)",
             "    out = torch.empty(shape, dtype=first.dtype, device=first.device)",
-            *(["    pieces, at, slots = [], 0, []",
+            *(["    pieces, at, slots, joined = [], 0, [], []",
                f"    for t in {xs}:  # in the cat's order, a stand-in's slot in it too",
                "        if t.dim() == 1 and t.shape[0] == 0:  # skipped as torch does; a stand-in gets an empty slot",
                "            if isinstance(t, _Slot):",
@@ -451,6 +519,8 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
                "            continue",
                "        if isinstance(t, _Slot):  # its producer writes there itself",
                "            slots.append(out.narrow(d, at, t.shape[d]))",
+               "        elif t.is_contiguous():  # copied with the others by one launch",
+               "            joined.append((t, at))",
                "        else:",
                "            pieces.append((t, 0, list(t.shape), list(t.stride()), at * out.stride(d), list(out.stride())))"]
               if sink else
@@ -503,6 +573,12 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
         cuda += _kernel(rid, kernels[1], "float4", threads, mode)  # 16 bytes, moved as bits
     if back:
         cuda += _kernel(rid, kernels[2], "float4", threads, mode, lane=unit, rev=True)
+    join = sink and n.op == "cat"  # its contiguous inputs copied by one launch a JOIN of them
+    if join:
+        kernels += [f"kp_{rid}_join"] + ([f"kp_{rid}_join16"] if lanes > 1 else [])
+        cuda += _join_kernel(rid, f"kp_{rid}_join", unit, threads)
+        if lanes > 1:
+            cuda += _join_kernel(rid, f"kp_{rid}_join16", "float4", threads)
     sig = _signature(unit, take)
     params = ", ".join(names[v] for v in r.inputs)
     wide = (
@@ -605,12 +681,12 @@ def _copy_{rid}(sms, src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit
     {launch}
 
 
-def _move_{rid}(sms, {params}):
+{_join_launcher(rid, lanes, threads) if join else ""}def _move_{rid}(sms, {params}):
     """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""}){sunk_doc}."""
 {chr(10).join(_pieces(r, names, sink))}
     for src, s0, sizes, sstr, d0, dstr, *taken in pieces:
         _copy_{rid}(sms, src, s0, sizes, sstr, out, d0, dstr, *taken)
-    {ret}
+{"    _join_" + rid + "(sms, out, d, joined)" + chr(10) if join else ""}    {ret}
 '''
     return Code(
         cuda=cuda,
