@@ -1642,3 +1642,23 @@ def test_the_mish_helper_matches_pytorch_over_its_whole_range(tmp_path):
         )
     )
     assert with_mish.count("float kp_mish_exp(") == 1 and "kp_mish_exp(" not in without
+
+
+def test_a_forward_with_star_args_takes_its_inputs_one_by_one():
+    """forward(self, x, *features, scale=2.0, **kw): the launcher's forward names the extra positional inputs
+    features_0, features_1... (it was written with one `features` and refused 13 inputs); keyword-only and
+    ** parameters keep their defaults and are not positional."""
+    import inspect
+
+    from pipeline.generate.expert.graph import _positional_names
+
+    def forward(self, x, *features, scale=2.0, **kw):
+        return x
+
+    assert _positional_names(inspect.signature(forward), 4) == ("x", "features_0", "features_1", "features_2")
+    assert _positional_names(inspect.signature(forward), 1) == ("x",)
+
+    def plain(self, a, b=None):
+        return a
+
+    assert _positional_names(inspect.signature(plain), 1) == ("a", "b")

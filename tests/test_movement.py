@@ -500,3 +500,23 @@ def test_a_cats_contiguous_inputs_are_copied_by_one_launch_a_sixteen(tmp_path, c
     launched = _emulate(path, [tuned], 1e-12)
     joins = [k for k in launched if "_join" in k]
     assert len(joins) == 2 and all(k.endswith("join16") == (width != 7) for k in joins), launched
+
+
+@needs_gxx
+def test_the_joins_suite_sinks_and_joins(tmp_path):
+    """tasks/joins (a GPU bench's suite): the fire module's expands write their slices of the cat (tuned),
+    the dense join copies its 13 inputs by one joined launch; both emulated on their alternative inputs."""
+    from pipeline.tasks import load_module
+
+    fire, dense = ROOT / "tasks" / "joins" / "fire_module.py", ROOT / "tasks" / "joins" / "dense_join.py"
+    for path, slots in ((fire, 2), (dense, 0)):
+        task = probe(path)
+        plain, tuned = (
+            p.candidate
+            for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+        )
+        assert tuned.launcher.count("= _Slot(") == slots, tuned.launcher
+        if path == dense:
+            launched = _emulate(path, [plain, tuned], 1e-12, inputs=load_module(path).get_alt_inputs()[0])
+            joins = [k for k in launched if k.startswith("kp_cat_join")]
+            assert len(joins) == 1 and launched.count("kp_cat_move") == 13, launched  # plain: a piece each

@@ -338,6 +338,21 @@ def _capture_grouped(module: ModuleType, model: Any, task_id: str, why: str) -> 
     return dataclasses.replace(graph, notes=(*graph.notes, note), by_name=graph.by_name)
 
 
+def _positional_names(fwd: inspect.Signature, count: int) -> tuple[str, ...]:
+    """Model.forward's positional parameter names, as many as the inputs it is called with: a `*features`
+    takes the rest, named features_0, features_1... (the launcher's forward then takes them one by one);
+    keyword-only and `**` parameters keep their defaults and are left out."""
+    names: list[str] = []
+    for p in fwd.parameters.values():
+        if p.name == "self" or p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD):
+            continue
+        if p.kind is p.VAR_POSITIONAL:
+            names += [f"{p.name}_{i}" for i in range(max(0, count - len(names)))]
+        else:
+            names.append(p.name)
+    return tuple(names)
+
+
 def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id: str) -> Graph:
     torch = _torch()
     sig = ep.graph_signature
@@ -346,8 +361,7 @@ def _from_export(ep: Any, module: ModuleType, model: Any, inputs: list, task_id:
     state_dict = model.state_dict()
     names = dict(model.named_parameters())
 
-    fwd = inspect.signature(module.Model.forward)
-    forward_args = tuple(p for p in fwd.parameters if p != "self")
+    forward_args = _positional_names(inspect.signature(module.Model.forward), len(inputs))
     user_nodes: list[Node] = []
     params: list[Node] = []
     nodes: list[Node] = []
