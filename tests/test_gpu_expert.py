@@ -665,6 +665,16 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # a join of 20 inputs: 18 contiguous ones by two joined launches (16 a launch), a transposed view by its
+    # own piece, a ReLU writing its own slice; a flip of the last dim read backwards 16 bytes at a time
+    "join_many": (
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                return torch.cat([x] * 18 + [y.mT, torch.relu(y.mT)], 1), torch.flip(x, dims=(-1,))
+        """,
+        "[]",
+    ),
     # implicit-GEMM convolutions (3xTF32 WGMMA, bias and ReLU fused) written into their channel slices of a
     # cat at its batch stride, an Inception join; x copied
     "conv_cat_sink": (
@@ -787,6 +797,7 @@ SHAPES = {
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
+    "join_many": ["(4, 16, 8, 64); (4, 3, 64, 8)", "(2, 5, 3, 7); (2, 3, 7, 3)"],
     "conv_fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
     "conv_cat_sink": ["(3, 64, 28, 28)", "(2, 64, 5, 7)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
