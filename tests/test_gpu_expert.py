@@ -690,6 +690,20 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # a UNet decoder's join: a strided transposed convolution (the WGMMA kernel's phases) written into its
+    # channel slice, the skip connection copied beside it
+    "conv_t_cat_sink": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.up = nn.ConvTranspose2d(64, 64, 3, stride=2, padding=1, output_padding=1)
+
+            def forward(self, x, skip):
+                return torch.cat([self.up(x), skip], 1)
+        """,
+        "[]",
+    ),
     # interpolation (families/resample.py): nearest at integer and fractional scales, bilinear both ways
     "resample": (
         """
@@ -800,6 +814,7 @@ SHAPES = {
     "join_many": ["(4, 16, 8, 64); (4, 3, 64, 8)", "(2, 5, 3, 7); (2, 3, 7, 3)"],
     "conv_fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
     "conv_cat_sink": ["(3, 64, 28, 28)", "(2, 64, 5, 7)"],
+    "conv_t_cat_sink": ["(2, 64, 14, 14); (2, 32, 28, 28)", "(1, 64, 5, 7); (1, 16, 10, 14)"],
     "resample": ["(3, 5, 37, 53)", "(1, 1, 2, 3)"],
     "resample_bf16": ["(2, 64, 56, 56)"],
     "batch_stats": ["(16, 64, 56, 57)", "(1, 64, 1, 3)"],
