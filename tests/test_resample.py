@@ -104,7 +104,7 @@ def test_emulated_interpolation_matches_eager(tmp_path, name):
         model = load_model(cand.launcher, kernels, sms=8)(*r.module.get_init_inputs())
         with torch.no_grad():
             out = as_tuple(model(*r.inputs))
-        assert any(k.endswith("_resample") for k, *_ in kernels.launches)
+        assert any(k.endswith("_resample32") for k, *_ in kernels.launches)  # small: 32-bit indices
         for i, (o, n) in enumerate(zip(out, r.native, strict=True)):
             assert o.shape == n.shape and o.dtype == n.dtype, (cand.edit, i, o.shape, n.shape)
             if exact:  # the same elements eager picks
@@ -163,3 +163,25 @@ def test_the_resample_suite_is_written_by_our_kernel_alone():
     for path in paths:
         ok, why = supports(path)
         assert ok and "resample" in why and "left to PyTorch" not in why, (path.name, why)
+
+
+@needs_gxx
+def test_the_64_bit_index_kernel_computes_the_same_outputs(tmp_path):
+    """Outputs of 2^31 elements or more take the 64-bit index kernel: the same body at another index type,
+    run here directly on a small output, element for element equal to the 32-bit one."""
+    import numpy
+    from cuda_emulator import build
+
+    path = _path(tmp_path, "bilinear_bf16")
+    tuned = _candidates(path)[1]
+    kernels = build(tuned.source)
+    name = "kp_upsample_bilinear2d_resample"  # the case's first output: bilinear x2
+    assert f"{name}32(" in tuned.source
+    x = torch.randn(2, 4, 9, 8, dtype=torch.bfloat16)
+    outs = []
+    for k in (name, name + "32"):
+        y = torch.empty(2, 4, 18, 16, dtype=torch.bfloat16)
+        getattr(kernels, k)((3,), (256,), (x, y, numpy.int64(y.numel())))
+        outs.append(y)
+    ref = torch.nn.functional.interpolate(x.float(), scale_factor=2, mode="bilinear")
+    assert torch.equal(outs[0], outs[1]) and torch.allclose(outs[0].float(), ref, rtol=1e-2, atol=1e-2)

@@ -17,7 +17,8 @@ sizes and the scales are constants of the kernel; values are read and blended in
 output's dtype. With `vec` > 1 (not the max pool) a thread computes `vec` consecutive outputs along the last
 dim and stores them as one access (16 bytes at most): the stores are the traffic an upsampling is made of,
 and the index split of the other dims is paid once per `vec` outputs. The index arithmetic is unsigned,
-so the divisions by the constant sizes compile to multiplies.
+32 bits wide where the output has fewer than 2^31 elements (a second kernel), so the divisions by the
+constant sizes compile to a 32-bit multiply each.
 """
 
 from __future__ import annotations
@@ -206,17 +207,24 @@ def render(r: Region, f: Resample, dtype: str, threads: int, vec: int = 1) -> Co
         + f"""namespace kp_{rid} {{
 constexpr int {sizes}, Q{last} = O{last} / {vec};
 }}  // namespace kp_{rid}
-extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.decls()}) {{
+// I: the index type, 32 bits where the output has fewer than 2^31 elements (cheaper divisions by the sizes)
+template <typename I>
+__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{
     using namespace kp_{rid};
-    const unsigned long long groups = (unsigned long long)total / {vec};
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < groups;
-         i += (unsigned long long)gridDim.x * blockDim.x) {{
-        unsigned long long rest = i;
+    const I groups = (I)((unsigned long long)total / {vec});
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < groups; i += (I)gridDim.x * blockDim.x) {{
+        I rest = i;
 {chr(10).join(split)}
-        const {t}* xp = x + rest * ({plane_in});  // rest: the (n, c) plane
+        const {t}* xp = x + (unsigned long long)rest * ({plane_in});  // rest: the (n, c) plane
 {chr(10).join(coords[:last])}
 {body}
     }}
+}}
+extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.decls()}) {{
+    kp_{rid}_body<unsigned long long>({sig.names()});
+}}
+extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample32({sig.decls()}) {{
+    kp_{rid}_body<unsigned>({sig.names()});
 }}
 """
     )
@@ -237,10 +245,14 @@ extern "C" __global__ void {launch_bounds(threads, 0)} kp_{rid}_resample({sig.de
         "    total = y.numel()",
         "    if total:",
         f"        grid = max(1, min(-(-total // {threads * vec}), sms * {2048 // threads} * 4))",
-        f"        kernels.kp_{rid}_resample((grid,), ({threads},), ({sig.args()}))  # noqa: F821",
+        "        if total < 2**31:",
+        f"            kernels.kp_{rid}_resample32((grid,), ({threads},), ({sig.args()}))  # noqa: F821",
+        "        else:",
+        f"            kernels.kp_{rid}_resample((grid,), ({threads},), ({sig.args()}))  # noqa: F821",
         f"    return {'y, yi' if arg else 'y'}",
     ])  # fmt: skip
-    return Code(cuda, launcher, f"_resample_{rid}", (f"kp_{rid}_resample",), (x.name,), r.outputs)
+    kernels = (f"kp_{rid}_resample", f"kp_{rid}_resample32")
+    return Code(cuda, launcher, f"_resample_{rid}", kernels, (x.name,), r.outputs)
 
 
 __all__ = ["MODES", "POOLS", "Resample", "render", "vec_ok"]
