@@ -296,12 +296,16 @@ def translate(source: str, shim: str = SHIM) -> tuple[str, list[str]]:
     return shim + src + "\n" + "\n".join(wrappers) + "\n", names
 
 
-_FLAGS = ["g++", "-std=c++20", "-O0", "-fPIC", "-pthread", "-w"]
+# -fno-gnu-unique: a static inside a template or inline function (__shared__ is `static` here) would be a
+# GNU unique symbol, bound process-wide to the first library that defines it: a later candidate's
+# `__shared__ float part[16]` then wrote into an earlier one's `part[8]` (a 512-thread kernel after a
+# 256-thread one, fuzz seed 21487). Each library keeps its own with this flag.
+_FLAGS = ["g++", "-std=c++20", "-O0", "-fPIC", "-pthread", "-w", "-fno-gnu-unique"]
 
 
 def _shim_header(folder: Path) -> str:
     """The shim as a precompiled header (parsing <barrier>, <thread>... is most of a build's time)."""
-    digest = hashlib.sha256(SHIM.encode()).hexdigest()[:12]
+    digest = hashlib.sha256((SHIM + " ".join(_FLAGS)).encode()).hexdigest()[:12]
     header = folder / f"kp_emu_shim_{digest}.h"
     if not Path(str(header) + ".gch").is_file():
         tmp = folder / f".{header.name}.{uuid.uuid4().hex}"
@@ -319,7 +323,7 @@ def build(source: str, workdir: str | Path | None = None) -> EmuKernels:
     folder = Path(workdir or tempfile.gettempdir()) / "kernelpro-emu"
     folder.mkdir(parents=True, exist_ok=True)
     text, names = translate(source, _shim_header(folder))
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256((text + " ".join(_FLAGS)).encode()).hexdigest()[:16]
     lib = folder / f"{digest}.so"
     if not lib.is_file():
         cpp = folder / f"{digest}.cpp"

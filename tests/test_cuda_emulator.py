@@ -92,3 +92,43 @@ def test_each_block_of_a_cluster_reads_its_neighbours_shared_memory(kernels):
     block = torch.arange(8).repeat_interleave(64)
     neighbour = block // 4 * 4 + (block % 4 + 1) % 4
     assert torch.equal(out, (neighbour * 1000 + torch.arange(64).repeat(8)).float())
+
+
+STATIC = r"""
+namespace kp_sizes {
+constexpr int N = WIDTH;  // the array's size: the function's name and template arguments do not change
+}
+template <bool V>
+__device__ __forceinline__ void fill_and_sum(float* __restrict__ out) {
+    using namespace kp_sizes;
+    __shared__ float buf[N], other[N];
+    buf[threadIdx.x] = (float)(threadIdx.x + 1);
+    __syncthreads();
+    other[threadIdx.x] = 1000.f;  // beside buf: a buf too small for N runs into it
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int i = 0; i < N; ++i) s += buf[i];
+        out[0] = s;
+    }
+}
+extern "C" __global__ void __launch_bounds__(WIDTH) kp_static_sum(float* __restrict__ out) {
+    fill_and_sum<false>(out);
+}
+"""
+
+
+def test_two_libraries_keep_their_own_shared_arrays_of_one_name(tmp_path):
+    """A __shared__ array in a template function is a static here: two candidates' libraries (a 256-thread
+    and a 512-thread version of one kernel) each keep their own, as two modules on the GPU do. As GNU unique
+    symbols they were one (the first library's), and the second kernel's writes ran past it."""
+    from cuda_emulator import build
+
+    small = build(STATIC.replace("WIDTH", "8"), tmp_path)
+    wide = build(STATIC.replace("WIDTH", "16"), tmp_path)
+    outs = []
+    for k, threads in ((small, 8), (wide, 16), (small, 8)):
+        out = torch.zeros(1)
+        k.kp_static_sum((1,), (threads,), (out,))
+        outs.append(out.item())
+    assert outs == [36.0, 136.0, 36.0]
