@@ -53,17 +53,6 @@ class Resample:
         return _f32(_f32(i) / _f32(o))  # fp32 division of two exactly held sizes: one rounding
 
 
-# `vec` outputs stored as one access: the struct's alignment makes nvcc emit a vector store.
-PACK = r"""#ifndef KP_PACK_DEFINED
-#define KP_PACK_DEFINED
-template <typename T, int N>
-struct alignas(sizeof(T) * N) kp_pack {
-    T v[N];
-};
-#endif
-"""
-
-
 def _f32(v: float) -> float:
     return struct.unpack("f", struct.pack("f", v))[0]
 
@@ -189,21 +178,20 @@ def render(r: Region, f: Resample, dtype: str, threads: int, vec: int = 1) -> Co
     pad = "    " if vec > 1 else ""
     inner = textwrap.indent(f"{coords[last]}\n{_blend(f, t)}", pad)
     if vec > 1:  # the group's outputs in registers, then one store
-        body = f"""        kp_pack<{t}, {vec}> pk;
+        body = f"""        Vec<{t}, {vec}> pk;
 #pragma unroll
         for (int j = 0; j < {vec}; ++j) {{
             const int o{last} = q{last} * {vec} + j;
 {inner}
             pk.v[j] = cv<{t}>(v);
         }}
-        reinterpret_cast<kp_pack<{t}, {vec}>*>(y)[i] = pk;"""
+        vstore<{t}, {vec}>(y + (unsigned long long)i * {vec}, pk);"""
     else:
         body = f"""        const int o{last} = q{last};
 {inner}
         y[i] = cv<{t}>(v);{chr(10) + "        yi[i] = arg;" if arg else ""}"""
     cuda = (
         (CUBIC_WEIGHTS if f.mode == "cubic" else "")
-        + (PACK if vec > 1 else "")
         + f"""namespace kp_{rid} {{
 constexpr int {sizes}, Q{last} = O{last} / {vec};
 }}  // namespace kp_{rid}
