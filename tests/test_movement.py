@@ -520,3 +520,20 @@ def test_the_joins_suite_sinks_and_joins(tmp_path):
             launched = _emulate(path, [plain, tuned], 1e-12, inputs=load_module(path).get_alt_inputs()[0])
             joins = [k for k in launched if k.startswith("kp_cat_join")]
             assert len(joins) == 1 and launched.count("kp_cat_move") == 13, launched  # plain: a piece each
+
+
+@needs_gxx
+def test_a_convolution_with_a_fused_residual_is_copied_not_sunk(tmp_path):
+    """A chain fused on a direct convolution's stores that reads an operand at the output's own offsets (a
+    residual) cannot write at the cat's batch stride: that branch is copied, the plain one sunk; exact."""
+    body = FIRE.replace(
+        "return torch.cat([torch.relu(self.expand1(s)), torch.relu(self.expand3(s)), self.dw(x)], 1)",
+        "return torch.cat([torch.relu(self.expand1(s) + r), torch.relu(self.expand3(s))], 1)",
+    ).replace("def forward(self, x):", "def forward(self, x, r):")
+    path = task_file(tmp_path, "residual", body, "[torch.randn(2, 6, 9, 7), torch.randn(2, 5, 9, 7)]")
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    assert tuned.launcher.count("= _Slot(") == 1, tuned.launcher
+    _emulate(path, [plain, tuned], 1e-6)

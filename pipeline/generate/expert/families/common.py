@@ -74,6 +74,13 @@ def feeds_copy(value: str, low: Lowered, max_dim: int | None = None) -> bool:
     return isinstance(dim, int) and rank > 0 and dim % rank <= max_dim
 
 
+def output_feeds_copy(r: Region, epi: Any, low: Lowered, max_dim: int | None = None) -> bool:
+    """feeds_copy for the one output a region's launcher returns: its fused chain's (epi), else the region's
+    own; False for a launcher of several outputs."""
+    out = epi.out if epi is not None else r.outputs[0] if len(r.outputs) == 1 else ""
+    return bool(out) and feeds_copy(out, low, max_dim)
+
+
 def torch_region_rules(
     form: Callable[[Any, Lowered], Any], ops: Container[str]
 ) -> tuple[

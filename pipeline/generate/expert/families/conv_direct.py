@@ -21,7 +21,7 @@ from pipeline.generate.expert.families.base import Family, RenderError, change, 
 from pipeline.generate.expert.families.conv_tf32 import epilogue, parse
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
-from pipeline.generate.expert.templates import conv_direct, conv_tf32
+from pipeline.generate.expert.templates import conv_direct
 from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.conv_tf32 import ConvForm
 
@@ -87,8 +87,7 @@ def render(r: Region, rp: DirectPlan, low: Lowered, hunter: Any) -> Code:
     if isinstance(f, str):
         raise RenderError(f"region {r.rid} cannot be our direct convolution: {f}")
     epi = gemm_kit.planned_epilogue(rp, r, low, epilogue)
-    out = epi.out if epi else r.outputs[0] if len(r.outputs) == 1 else ""  # the launcher's one output
-    sinkable = bool(out) and not conv_tf32.sinks_blocked(epi) and common.feeds_copy(out, low, max_dim=1)
+    sinkable = common.output_feeds_copy(r, epi, low, max_dim=1)  # whole images a slice
     return conv_direct.render(r, f, rp, r.node.dtype, epi, sinkable=sinkable)
 
 

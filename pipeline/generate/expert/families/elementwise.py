@@ -47,8 +47,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> EwPlan:
 
 
 def render(r: Region, rp: EwPlan, low: Lowered, hunter: object) -> Code:
-    sinkable = len(r.outputs) == 1 and common.feeds_copy(r.outputs[0], low)
-    return elementwise.render(r, ew_layout(r, low), rp, sinkable=sinkable)
+    return elementwise.render(r, ew_layout(r, low), rp, sinkable=common.output_feeds_copy(r, None, low))
 
 
 def _vectorize(plan: Plan, rp: EwPlan, r: Region, low: Lowered) -> common.Moves:

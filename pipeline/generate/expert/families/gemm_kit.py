@@ -240,9 +240,8 @@ def family(spec: Spec) -> Family:
         if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= spec.max_stages(rp.bn, f):
             raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
         try:
-            if spec.sinks:
-                out = epi.out if epi else r.outputs[0] if len(r.outputs) == 1 else ""
-                sinkable = bool(out) and common.feeds_copy(out, low, max_dim=1)  # whole images a slice
+            if spec.sinks:  # a convolution: whole images a slice (a join along the batch or channels)
+                sinkable = common.output_feeds_copy(r, epi, low, max_dim=1)
                 return spec.render(r, f, rp, epi, hunter, sinkable=sinkable)
             return spec.render(r, f, rp, epi, hunter)
         except atoms.AtomNotFound as e:

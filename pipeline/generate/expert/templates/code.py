@@ -228,11 +228,15 @@ def _row_stride(t, split):
     return run if ldq is None else ldq
 
 
+def _check_out(out, shape, dtype):
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
+        raise ValueError(f"kernelpro expert: out= of {tuple(out.shape)} {out.dtype}, not {tuple(shape)} {dtype}")
+
+
 def _out_rows(out, shape, dtype):
     """(split, row stride) at which a flat elementwise kernel writes into `out`: the first split whose rows
     `out` holds as evenly spaced contiguous runs (a slice of a cat along dim d: d)."""
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-        raise ValueError(f"kernelpro expert: out= of {tuple(out.shape)} {out.dtype}, not {tuple(shape)} {dtype}")
+    _check_out(out, shape, dtype)
     for s in range(len(shape) + 1):
         ldq = _row_stride(out, s)
         if ldq is not None:
@@ -243,8 +247,7 @@ def _out_rows(out, shape, dtype):
 def _batch_stride(out, shape, dtype):
     """The stride between the images of `out` (a slice of a concatenation along the channels), each of
     which a convolution writes as one contiguous block."""
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype:
-        raise ValueError(f"kernelpro expert: out= of {tuple(out.shape)} {out.dtype}, not {tuple(shape)} {dtype}")
+    _check_out(out, shape, dtype)
     ldo = _row_stride(out, 1)
     if ldo is None:
         raise ValueError(f"kernelpro expert: out= with strides {out.stride()} is not one block an image")

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates.code import Code, ctype, launch_bounds, torch_dtype
-from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm, chain_value, prepare_operands
+from pipeline.generate.expert.templates.conv_tf32 import (
+    ConvEpilogue,
+    ConvForm,
+    chain_value,
+    prepare_operands,
+    sinks_blocked,
+)
 from pipeline.generate.expert.templates.signature import Signature, i64, ptr
 
 if TYPE_CHECKING:
@@ -219,11 +225,12 @@ def render(
 ) -> Code:
     """The kernel and its launcher for a grouped convolution region, with the chain after it fused on its
     stores when the plan says so (epi). sinkable: its one output feeds a cat or stack, which may hand the
-    launcher a slice to write into (out=, one contiguous block an image at a batch stride `ldo`)."""
+    launcher a slice to write into (out=, one contiguous block an image at a batch stride `ldo`), unless a
+    fused operand is read at the output's own offsets."""
     rid = r.rid
     t = ctype(dtype)
     out_dt = epi.out_dtype if epi else dtype
-    into = out_dt if sinkable else ""
+    into = out_dt if sinkable and not sinks_blocked(epi) else ""
     ot = ctype(out_dt)
     ops_ = epi.operands if epi else ()
     (kd, kh, kw), (sd, sh, sw), (pd, ph, pw), (dd, dh, dw) = f.kernel, f.stride, f.pad, f.dil
