@@ -581,30 +581,20 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
             cuda += _join_kernel(rid, f"kp_{rid}_join16", "float4", threads)
     sig = _signature(unit, take)
     params = ", ".join(names[v] for v in r.inputs)
+    # 16 bytes a thread where every row of the run starts on a 16-byte boundary on both sides: read forwards,
+    # or (a flip's last dim) backwards, unit i of a row then being source unit s0 - i with its lanes reversed
     wide = (
-        f"    wide = ({lanes} > 1 and si == 1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
-        f"            and s0 % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
-        "            and src16 and dst16)\n"
-        + (
-            f"    back = (not wide and si == -1 and di == 1 and kin != {OUTER} and inner % {lanes} == 0\n"
-            f"            and (s0 + 1) % {lanes} == 0 and d0 % {lanes} == 0 and all(v % {lanes} == 0 for v in a + b)\n"
-            "            and src16 and dst16)\n"
-            if back
-            else ""
-        )
-        + "    if wide:  # 16 bytes a thread: every row of the run starts on a 16-byte boundary\n"
-        f"        inner, s0, d0 = inner // {lanes}, s0 // {lanes}, d0 // {lanes}\n"
+        f"    fits = (di == 1 and kin != {OUTER} and inner % {lanes} == 0 and d0 % {lanes} == 0\n"
+        f"            and all(v % {lanes} == 0 for v in a + b) and src16 and dst16)\n"
+        f"    wide = fits and si == 1 and s0 % {lanes} == 0\n"
+        + (f"    back = fits and si == -1 and (s0 + 1) % {lanes} == 0\n" if back else "")
+        + f"    if wide{' or back' if back else ''}:\n"
+        + (f"        s0 = s0 // {lanes} if wide else (s0 + 1) // {lanes} - 1\n" if back else f"        s0 = s0 // {lanes}\n")
+        + f"        inner, d0 = inner // {lanes}, d0 // {lanes}\n"
         f"        a, b = [v // {lanes} for v in a], [v // {lanes} for v in b]\n"
-        + (
-            "    elif back:  # read backwards 16 bytes at a time: unit i of the row is source unit s0 - i, reversed\n"
-            f"        inner, s0, d0 = inner // {lanes}, (s0 + 1) // {lanes} - 1, d0 // {lanes}\n"
-            f"        a, b = [v // {lanes} for v in a], [v // {lanes} for v in b]\n"
-            if back
-            else ""
-        )
         if vec
         else ""
-    )
+    )  # fmt: skip
     ints = [p.arg for p in sig.params if p.name not in ("src", "dst", "idx")]
     cut = len(ints) - (3 if take else 0)  # a take's limit, kd and kstr follow its index tensor
     tail = "idx, *extra" if take else ""
