@@ -161,9 +161,9 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
         if r.rid in calls:
             c = calls[r.rid]
             outs = ", ".join(py(o, low) for o in c.outputs)
-            args = ", ".join(py(a, low) for a in c.args)
+            names = [py(a, low) for a in c.args]
+            args = ", ".join(names)
             if c.outputs[0] in sunk:  # computed later, into its slice of the cat's output
-                names = [py(a, low) for a in c.args]
                 lines.append(
                     f"        {outs} = _Slot(torch.{c.into}, {c.slot.format(*names)}, {names[0]}.device)"
                 )
