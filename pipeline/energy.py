@@ -107,6 +107,15 @@ def energy_record(windows: Sequence[Window], calls_per_window: int, checked: int
     )
 
 
+def calls_per_window(window_s: float, call_ms: float, loop_ms: float | None = None) -> int:
+    """Calls that fill a window of window_s seconds. A call's GPU time (call_ms) is not its loop's pace
+    when the host launches slower than the GPU runs (a cat of 13 pieces: 0.014 ms on the GPU, 0.17 ms a
+    call in the loop); loop_ms, the wall time a call took while warming up, then sets the count, or the
+    windows would last ten times the intended seconds."""
+    pace = max(call_ms, loop_ms or 0.0, 1e-3)
+    return max(1, math.ceil(window_s * 1e3 / pace))
+
+
 def kept_calls(n: int, sets: int, out_bytes: int, free_bytes: int, pick: random.Random) -> set[int]:
     """The calls of a window whose outputs are kept for the check: the first call on each input set and
     RANDOM_CHECKS random ones, as many as a tenth of free memory holds (two at least). Kept outputs stay
@@ -139,7 +148,16 @@ def measure_energy(
 
     device = torch.device("cuda", torch.cuda.current_device())
     handle = nvml_handle(device)
-    n = max(1, math.ceil(window_s * 1e3 / max(call_ms, 1e-3)))
+    n = calls_per_window(window_s, call_ms)
+    with torch.no_grad():
+        warm = inputs_for(90_000)
+        torch.cuda.synchronize()
+        t0, warm_calls = time.perf_counter(), max(1, min(n // 10, 1000))
+        for _ in range(warm_calls):  # warm the clocks up before the first window, and time the loop's pace
+            fn(*warm)
+        torch.cuda.synchronize()
+        n = calls_per_window(window_s, call_ms, (time.perf_counter() - t0) * 1e3 / warm_calls)
+        del warm
     # Enough sets that consecutive calls do not find each other's data in L2, as few as memory allows.
     l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 << 20)
     sets = max(2, min(MAX_SETS, n, math.ceil(3 * l2 / max(set_bytes, 1))))
@@ -180,11 +198,6 @@ def measure_energy(
         return Window(de / n, de / dt if dt > 0 else 0.0, dt)
 
     with torch.no_grad():
-        warm = inputs_for(90_000)
-        for _ in range(max(1, min(n // 10, 1000))):  # warm the clocks up before the first window
-            fn(*warm)
-        del warm
-        torch.cuda.synchronize()
         windows = repeat_windows(
             window,
             min_repeats=repeats,

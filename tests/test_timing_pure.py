@@ -197,8 +197,11 @@ def test_measure_energy_follows_the_repeat_rule_with_a_fake_counter(monkeypatch)
         torch.cuda, "get_device_properties", lambda d: types.SimpleNamespace(L2_cache_size=1 << 20)
     )
 
+    calls = []
+
     def fn(x: torch.Tensor) -> torch.Tensor:
         time.sleep(1e-4)
+        calls.append(1)
         return x * 2
 
     checked = []
@@ -210,7 +213,9 @@ def test_measure_energy_follows_the_repeat_rule_with_a_fake_counter(monkeypatch)
     e = energy.measure_energy(fn, lambda i: [torch.full((4,), float(i))], call_ms=0.1, window_s=0.01,
                               repeats=3, max_repeats=8, target_spread=0.025, check=check, set_bytes=16,
                               out_bytes=16)  # fmt: skip
-    n = 100  # calls per window: 10 ms of 0.1 ms calls
+    # calls per window: 10 ms at the loop's pace (0.1 ms of sleep and the call's overhead), after 10 warm-ups
+    n = (len(calls) - 10) // e.repeats
+    assert 10 <= n <= 100 and len(calls) == 10 + n * e.repeats
     js = [d / 1e3 / n for d in deltas_mj]
     want = next(k for k in range(3, 9) if (relative_spread(js[:k]) or 1) <= 0.025)
     assert 3 < e.repeats == want < 8 and e.windows == pytest.approx(js[:want])
@@ -219,6 +224,17 @@ def test_measure_energy_follows_the_repeat_rule_with_a_fake_counter(monkeypatch)
     reads = iter([0.0, 1.0] * 4)
     with pytest.raises(LoopMismatch):
         energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=50.0, window_s=0.01, repeats=2)
+
+
+def test_a_window_counts_calls_at_the_loops_pace_not_the_gpus():
+    """A call the host launches slower than the GPU runs it (a 13-piece cat: 0.014 ms on the GPU, 0.17 ms a
+    call in the loop) would make each 1.5 s window last 18 s if sized by its GPU time."""
+    from pipeline.energy import calls_per_window
+
+    assert calls_per_window(1.5, 0.0136) == 110295  # GPU-bound: the timed median sets the pace
+    assert calls_per_window(1.5, 0.0136, loop_ms=0.17) == 8824
+    assert calls_per_window(1.5, 2.0, loop_ms=0.17) == 750  # a loop faster than the median: the median
+    assert calls_per_window(1e-6, 5.0) == 1 and calls_per_window(1.0, 0.0) == 1_000_000
 
 
 def test_kept_calls_are_bounded_by_memory_and_by_what_is_checked():
