@@ -636,6 +636,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # constant padding written from the output's side in one launch: images padded on both sides, a
+    # transposed input cropped by negative padding, a flag map padded with True, the channels padded
+    "pads": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (F.pad(x, (3, 3, 3, 3)), F.pad(x.mT, (1, -2, 0, 5), value=-1.5), F.pad(x > 0, (2, 2),
+                        value=True), F.pad(x, (0, 0, 0, 0, 1, 2), value=7.0))
+        """,
+        "[]",
+    ),
     # elementwise producers sunk into a cat's and a stack's output (the tuned plan): each writes its slice
     # with the output's row stride, 16-byte stores where the rows align; x copied
     "cat_sink": (
@@ -754,6 +765,7 @@ FAMILIES = {
 FAMILIES["layer_rms_4k"] = (FAMILIES["layer_rms"][0], "[4096]")
 FAMILIES["linear_f32_skinny"] = (FAMILIES["linear_f32_split"][0].replace("4100", "1030"), "[]")
 FAMILIES["movement_bf16"] = FAMILIES["movement"]  # 8 elements a 16-byte piece
+FAMILIES["pads_bf16"] = FAMILIES["pads"]  # the fill rounded to bf16
 FAMILIES["resample_bf16"] = FAMILIES["resample"]
 SHAPES = {
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
@@ -811,6 +823,8 @@ SHAPES = {
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
+    "pads": ["(8, 16, 56, 56)", "(2, 3, 5, 7)", "(1, 1, 2, 3)"],
+    "pads_bf16": ["(4, 8, 30, 31)"],
     "join_many": ["(4, 16, 8, 64); (4, 3, 64, 8)", "(2, 5, 3, 7); (2, 3, 7, 3)"],
     "conv_fire_sink": ["(2, 16, 30, 30)", "(1, 16, 7, 9)"],
     "conv_cat_sink": ["(3, 64, 28, 28)", "(2, 64, 5, 7)"],
@@ -866,6 +880,7 @@ SHAPES = {
 }
 BF16 = {
     "movement_bf16",
+    "pads_bf16",
     "resample_bf16",
     "bf16",
     "gemv_bf16",

@@ -60,6 +60,11 @@ CASES = {
         " F.pad(x, (0, 0, 0, 0, -1, -1)), F.pad(x, (2, 2), value=float('-inf')))",
         "[torch.randn(4, 6, 32)]",
     ),
+    "pads_typed": (  # the fill as the dtype's bits: bf16 (rounded), bool, int64; a padded batch of images
+        "return (F.pad(x, (3, 3, 3, 3), value=-1.7), F.pad(x > 0, (1, 2), value=True), F.pad(x.long(), (0, 0, 2, 1),"
+        " value=-7), F.pad(x[:, :1], (1, 1, 0, 0, 1, 0)))",
+        "[torch.randn(3, 4, 5, 7, dtype=torch.bfloat16)]",
+    ),
     "edge_pads": (  # reflect, replicate and circular: each padded dim three ranges, the edges copied in place
         "return (F.pad(x, (2, 3), mode='reflect'), F.pad(x, (1, 0, 2, 2), mode='replicate') * 2,"
         " F.pad(x.mT, (3, 1, 0, 4), mode='circular'), F.pad(x[None], (1, 1, 2, 0, 1, 2), mode='reflect'),"

@@ -11,8 +11,8 @@ Each op is a few pieces, each one copy of a strided block of the input into a st
   repeat one piece: the output seen as (r0, s0, r1, s1, ...), the source read at stride 0 over the repeats;
   unfold one piece: the windows are a strided view of the input (the dim's stride times the step, then its
          own stride for the window's last dim);
-  pad    the output filled with the constant (torch.full), then the input's surviving part copied into it
-         (negative padding crops); reflect, replicate and circular: 3 ranges a padded dim (the edges read
+  pad    constant: no pieces, one kernel over the output (kp_*_pad: each output row the input's row or the
+         fill, negative padding cropping); reflect, replicate and circular: 3 ranges a padded dim (the edges read
          backwards, at stride 0 or from the other end), a piece a choice of one range a dim;
   im2col F.unfold: a piece a kernel tap (i, j), the block of output positions whose tap reads inside the
          input (a rectangle), the rest of the zero-filled output its padding;
@@ -27,8 +27,6 @@ run is contiguous on both sides and every row starts on a 16-byte boundary (`vec
 """
 
 from __future__ import annotations
-
-import math
 
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.regions import Region
@@ -67,13 +65,42 @@ __device__ __forceinline__ float4 reversed(float4 v) {{
     const auto flip = [](float f) {{ return __uint_as_float(__byte_perm(__float_as_uint(f), 0u, SEL)); }};
     return make_float4(flip(v.w), flip(v.z), flip(v.y), flip(v.x));
 }}
+// A thread's rows are r, r + step, ...: their coordinates are divided out once, for the first row and for
+// the step, then each next row adds the step's digits with a carry (a division a row was most of a
+// short-rowed copy's instructions).
+__device__ __forceinline__ void digits(long long r, long long step, int nd, const long long (&size)[{outer}],
+                                       long long (&at)[{outer}], int (&by)[{outer}]) {{
+    long long rest = r, st = step;
+#pragma unroll
+    for (int d = {outer} - 1; d >= 0; --d) {{
+        at[d] = 0;
+        by[d] = 0;
+        if (d < nd) {{
+            const long long q = rest / size[d], qs = st / size[d];
+            at[d] = rest - q * size[d];
+            by[d] = (int)(st - qs * size[d]);
+            rest = q;
+            st = qs;
+        }}
+    }}
+}}
+// The next row of a thread: the step's digits added, last dim first.
+__device__ __forceinline__ void advance(int nd, const long long (&size)[{outer}], long long (&at)[{outer}],
+                                        const int (&by)[{outer}]) {{
+    long long carry = 0;
+#pragma unroll
+    for (int d = {outer} - 1; d >= 0; --d) {{
+        if (d < nd) {{
+            const long long v = at[d] + by[d] + carry;
+            carry = v >= size[d];
+            at[d] = carry ? v - size[d] : v;
+        }}
+    }}
+}}
 // MODE 1 (take): the coordinate along dim kd of the piece (kd == {outer}: the run) goes through idx, at
 // that coordinate. MODE 2 (gather): it goes through idx at the element's destination offset (idx has the
 // output's contiguous layout), kstr the source's stride along kd. REV (plain moves): each unit's lanes of E
 // reversed, a run read backwards 16 bytes at a time.
-// A thread's rows are r, r + step, ...: their coordinates are divided out once, for the first row and for
-// the step, then each next row adds the step's digits with a carry (a division a row was most of a
-// short-rowed copy's instructions).
 template <typename U, int MODE, typename E, bool REV>
 __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ dst, long long rows,
                                      long long inner, long long s0, long long d0, long long si, long long di,
@@ -86,21 +113,7 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
     const long long step = (long long)gridDim.y * blockDim.y;
     long long at[{outer}];  // the row's coordinates
     int by[{outer}];  // the step's digits (the step, a grid's rows, is under 2^31)
-    {{
-        long long rest = r, st = step;
-#pragma unroll
-        for (int d = {outer} - 1; d >= 0; --d) {{
-            at[d] = 0;
-            by[d] = 0;
-            if (d < nd) {{
-                const long long q = rest / size[d], qs = st / size[d];
-                at[d] = rest - q * size[d];
-                by[d] = (int)(st - qs * size[d]);
-                rest = q;
-                st = qs;
-            }}
-        }}
-    }}
+    digits(r, step, nd, size, at, by);
     for (; r < rows; r += step) {{
         long long so = s0, dof = d0;  // the row's first element on each side
 #pragma unroll
@@ -120,15 +133,51 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
                 dst[dof + i * di] = reversed<E>(src[so + i * si]);
             else
                 dst[dof + i * di] = src[so + (TAKE && kd == {outer} ? taken(idx, i, limit) : i) * si];
-        long long carry = 0;  // the next row: the step's digits added, last dim first
+        advance(nd, size, at, by);
+    }}
+}}
+// Constant padding, written from the output's side: each output row (coordinates `at` over the merged
+// outer dims) is the input's row where every coordinate minus its dim's `mid` falls in [0, keep), along
+// the run too, and the fill elsewhere: each output element stored once, each surviving input element read
+// once, in one launch (a copy of the middle and a band a side was 9 launches and rows of 3). A thread takes
+// PAD_ILP elements of a row before storing any, for loads in flight.
+template <typename U>
+__device__ __forceinline__ void pad(const U* __restrict__ src, U* __restrict__ dst, U fill, long long rows,
+                                    long long inner, long long lo, long long keep, long long si, long long s0,
+                                    int nd, const long long (&size)[{outer}], const long long (&mid)[{outer}],
+                                    const long long (&kept)[{outer}], const long long (&sstr)[{outer}]) {{
+    constexpr int PAD_ILP = 4;
+    long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y;
+    if (r >= rows) return;
+    const long long step = (long long)gridDim.y * blockDim.y;
+    long long at[{outer}];
+    int by[{outer}];
+    digits(r, step, nd, size, at, by);
+    const long long across = (long long)gridDim.x * blockDim.x;
+    for (; r < rows; r += step) {{
+        bool in = true;
+        long long so = s0;
 #pragma unroll
-        for (int d = {outer} - 1; d >= 0; --d) {{
+        for (int d = 0; d < {outer}; ++d) {{
             if (d < nd) {{
-                const long long v = at[d] + by[d] + carry;
-                carry = v >= size[d];
-                at[d] = carry ? v - size[d] : v;
+                const long long c = at[d] - mid[d];
+                in = in && (unsigned long long)c < (unsigned long long)kept[d];
+                so += c * sstr[d];
             }}
         }}
+        U* row = dst + r * inner;
+        for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < inner; i0 += PAD_ILP * across) {{
+            U v[PAD_ILP];
+#pragma unroll
+            for (int k = 0; k < PAD_ILP; ++k) {{
+                const long long i = i0 + k * across, c = i - lo;
+                v[k] = in && i < inner && (unsigned long long)c < (unsigned long long)keep ? src[so + c * si] : fill;
+            }}
+#pragma unroll
+            for (int k = 0; k < PAD_ILP; ++k)
+                if (i0 + k * across < inner) row[i0 + k * across] = v[k];
+        }}
+        advance(nd, size, at, by);
     }}
 }}
 }}  // namespace kp_{rid}
@@ -172,6 +221,73 @@ def _kernel(
         f"    kp_{rid}::move<{unit}, {mode}, {lane or unit}, {'true' if rev else 'false'}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
         f"sstr, dstr, {'idx, limit, kd, kstr' if mode else 'nullptr, 0, -1, 0'});\n}}\n"
     )
+
+
+def _pad_kernel(rid: str, unit: str, threads: int) -> str:
+    """Constant padding from the output's side (kp_{rid}::pad): the fill passed as its bits."""
+    arrays = "\n".join(
+        f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
+        for arr, p in (("size", "z"), ("mid", "m"), ("kept", "k"), ("sstr", "a"))
+    )
+    per_dim = ", ".join(f"long long {p}{d}" for p in "zmka" for d in range(OUTER))
+    return (
+        f'extern "C" __global__ void\n'  # unbounded: held to 64 registers it spilled its row's coordinates
+        f"kp_{rid}_pad(const {unit}* __restrict__ src, {unit}* __restrict__ dst, unsigned long long fill, "
+        f"long long rows, long long inner, long long lo, long long keep, long long si, long long s0, int nd, "
+        f"{per_dim}) {{\n{arrays}\n"
+        f"    kp_{rid}::pad<{unit}>(src, dst, ({unit})fill, rows, inner, lo, keep, si, s0, nd, size, mid, kept, "
+        "sstr);\n}\n"
+    )
+
+
+def _pad_launcher(rid: str, threads: int, fill: int) -> str:
+    return f'''_pads_{rid} = {{}}  # a padding's launch by its geometry
+
+
+def _pad_{rid}(sms, x, s0, mid, keep, out):
+    """out (contiguous) = x's part `keep` long from s0 (element offset) placed at `mid` along each dim, the
+    fill (bits {fill:#x}) elsewhere: one launch. Dims the padding leaves whole merge into the one before
+    where the input is contiguous across them; unit dims the input keeps are dropped."""
+    if not out.numel():
+        return
+    key = (tuple(out.shape), tuple(x.stride()), s0, tuple(mid), tuple(keep), sms)
+    plan = _pads_{rid}.get(key)
+    if plan is None:
+        if len(_pads_{rid}) >= 4096:
+            _pads_{rid}.clear()
+        merged = []
+        for size, m, k, a in zip(out.shape, mid, keep, x.stride()):
+            if size == 1 and k == 1:
+                continue
+            if merged and m == 0 and k == size and merged[-1][3] == a * size:
+                ps, pm, pk, _ = merged[-1]
+                merged[-1] = (ps * size, pm * size, pk * size, a)
+            else:
+                merged.append((size, m, k, a))
+        (inner, lo, kp, si), outer = (merged or [(1, 0, 1, 1)])[-1], merged[:-1]
+        rows, nd = math.prod(v[0] for v in outer), len(outer)
+        per_dim = [v[j] for j in range(4) for v in outer + [(1, 0, 1, 0)] * ({OUTER} - nd)]
+        tx = min({threads}, 1 << max(0, (-(-inner // 4) - 1).bit_length()))  # about 4 elements a thread a row
+        ty = {threads} // tx
+        gx = max(1, min(-(-inner // (tx * 4)), 4096))
+        gy = max(1, min(-(-rows // ty), MAX_GRID_Y, sms * {2048 // threads} * 4 // gx))
+        ints = (*(numpy.int64(v) for v in (rows, inner, lo, kp, si, s0)), numpy.int32(nd),
+                *(numpy.int64(v) for v in per_dim))
+        plan = _pads_{rid}[key] = ((gx, gy), (tx, ty), ints)
+    grid, block, ints = plan
+    kernels.kp_{rid}_pad(grid, block, (x, out, numpy.uint64({fill}), *ints))  # noqa: F821
+
+
+'''
+
+
+def fill_bits(value: float | int | bool, dtype: str) -> int:
+    """The fill's bits in the dtype, as the tensor would hold them (bf16 rounded as torch rounds)."""
+    import torch
+
+    t = torch.tensor([value], dtype=getattr(torch, dtype))
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return int(t.view(as_int).item()) & ((1 << 8 * t.element_size()) - 1)
 
 
 JOIN = 16  # inputs one launch of a cat's joined copy takes
@@ -251,13 +367,6 @@ def pad_value(n: Node) -> float | int | bool:
         else (a[2] if len(a) > 2 else n.kw("value", 0))
     )
     return 0 if value is None else value
-
-
-def _py(value: float | int | bool) -> str:
-    """A number as Python source (the launcher imports math: infinities and NaN have no literal)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "math.nan" if math.isnan(value) else "math.inf" if value > 0 else "-math.inf"
-    return repr(value)
 
 
 def pad_mode(n: Node) -> str:
@@ -469,7 +578,6 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
         return _edge_pieces(names[n.args[0].name], tuple(n.args[1]), pad_mode(n))
     if op in ("pad", "constant_pad_nd"):
         x, pad = names[n.args[0].name], tuple(n.args[1])
-        value = pad_value(n)
         return [
             f"    pad, nd = {pad!r}, {x}.dim()",
             "    lo, hi = [0] * nd, [0] * nd",
@@ -479,20 +587,11 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
             "    if min(shape, default=0) < 0:",
             f"        raise ValueError(f'kernelpro expert: padding {{pad}} of a tensor {{tuple({x}.shape)}}')",
             f"    out = torch.empty(shape, dtype={x}.dtype, device={x}.device)",
-            f"    fill = torch.full((1,), {_py(value)}, dtype={x}.dtype, device={x}.device)",
-            "    # the input's part that survives negative padding, copied into the middle",
+            "    # the input's part that survives negative padding goes to the middle, the fill around it",
             f"    keep = [max(0, s - max(0, -a) - max(0, -b)) for s, a, b in zip({x}.shape, lo, hi)]",
             f"    s0 = sum(max(0, -a) * t for a, t in zip(lo, {x}.stride()))",
-            "    mid, ost = [max(0, a) for a in lo], list(out.stride())",
-            "    d0 = sum(m * t for m, t in zip(mid, ost))",
-            f"    pieces = [({x}, s0, keep, list({x}.stride()), d0, ost)]",
-            "    # the rest filled from the one-element `fill` read at stride 0, a band before and after the middle",
-            "    # along each dim, over the middle of the dims before it (each element of the border once)",
-            "    for j in range(nd):",
-            "        for b0, b1 in ((0, mid[j]), (mid[j] + keep[j], shape[j])):",
-            "            if b1 > b0:",
-            "                base = sum(m * t for m, t in zip(mid[:j], ost)) + b0 * ost[j]",
-            "                pieces.append((fill, 0, keep[:j] + [b1 - b0] + shape[j + 1:], [0] * nd, base, ost))",
+            f"    _pad_{r.rid}(sms, {x}, s0, [max(0, a) for a in lo], keep, out)",
+            "    pieces = []",
             "    result = out",
         ]
     if op in TAKES:
@@ -573,6 +672,10 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
         cuda += _kernel(rid, kernels[1], "float4", threads, mode)  # 16 bytes, moved as bits
     if back:
         cuda += _kernel(rid, kernels[2], "float4", threads, mode, lane=unit, rev=True)
+    padded = n.op in ("pad", "constant_pad_nd") and pad_mode(n) == "constant"
+    if padded:
+        kernels.append(f"kp_{rid}_pad")
+        cuda += _pad_kernel(rid, unit, threads)
     join = sink and n.op == "cat"  # its contiguous inputs copied by one launch a JOIN of them
     if join:
         kernels += [f"kp_{rid}_join"] + ([f"kp_{rid}_join16"] if lanes > 1 else [])
@@ -671,7 +774,7 @@ def _copy_{rid}(sms, src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit
     {launch}
 
 
-{_join_launcher(rid, lanes, threads) if join else ""}def _move_{rid}(sms, {params}):
+{_join_launcher(rid, lanes, threads) if join else ""}{_pad_launcher(rid, threads, fill_bits(pad_value(n), dtype)) if padded else ""}def _move_{rid}(sms, {params}):
     """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""}){sunk_doc}."""
 {chr(10).join(_pieces(r, names, sink))}
     for src, s0, sizes, sstr, d0, dstr, *taken in pieces:
