@@ -179,6 +179,28 @@ def test_aligned_rows_move_16_bytes_a_thread_and_others_an_element(tmp_path):
     )
 
 
+@needs_gxx
+@pytest.mark.parametrize(
+    ("expr", "shape", "kernel"),
+    [
+        # Swin's shifted windows, channels last: one launch, 16 bytes a unit (the run wraps at 16 bytes)
+        ("torch.roll(x, shifts=(-3, -3), dims=(1, 2))", "(2, 7, 9, 32)", "_place16"),
+        ("torch.roll(x, 5, -1)", "(2, 7, 9, 32)", "_place"),  # a shift of 5 floats: by the element
+        ("F.pad(x, (3, 3, 3, 3))", "(2, 7, 9, 32)", "_place"),  # rows of 38: by the element
+        ("F.pad(x, (0, 0, 0, 0, 1, 2), value=2.5)", "(2, 7, 9, 32)", "_place16"),  # whole planes of 288
+    ],
+)
+def test_pads_and_rolls_are_one_launch_over_the_output(tmp_path, expr, shape, kernel):
+    """Each output element written once by one kernel, where padding was a copy of the middle and a band a
+    side (9 launches, rows of 3 for an image) and a roll a copy a block it moves."""
+    body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
+    path = task_file(tmp_path, "placed", body, f"[torch.randn{shape}]")
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    launched = _emulate(path, [tuned], 1e-12)
+    assert len(launched) == 1 and launched[0].endswith(kernel), launched
+
+
 @needs_nvcc
 def test_copy_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []

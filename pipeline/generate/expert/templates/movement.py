@@ -4,15 +4,16 @@ and elements picked by an index tensor (families/movement.py).
 Each op is a few pieces, each one copy of a strided block of the input into a strided block of the output:
   flip   one piece: the input read from its last element backwards along the flipped dims (the source
          strides negated, the base moved to the end of those dims);
-  roll   2^k pieces for k rolled dims: along each, out[s:] <- x[:n-s] and out[:s] <- x[n-s:];
+  roll   no pieces: one kernel over the output (kp_*_place), each output coordinate reading the input at
+         itself minus the shift, wrapped (rolled dims of whole rows move 16 bytes a unit);
   cat    a piece an input, written into its slice of the output along the dim (legacy empty 1-D inputs
          skipped, as torch does);
   stack  a piece an input, written into out.select(dim, i);
   repeat one piece: the output seen as (r0, s0, r1, s1, ...), the source read at stride 0 over the repeats;
   unfold one piece: the windows are a strided view of the input (the dim's stride times the step, then its
          own stride for the window's last dim);
-  pad    constant: no pieces, one kernel over the output (kp_*_pad: each output row the input's row or the
-         fill, negative padding cropping); reflect, replicate and circular: 3 ranges a padded dim (the edges read
+  pad    constant: no pieces, one kernel over the output (kp_*_place: each output row the input's row or
+         the fill, negative padding cropping); reflect, replicate and circular: 3 ranges a padded dim (the edges read
          backwards, at stride 0 or from the other end), a piece a choice of one range a dim;
   im2col F.unfold: a piece a kernel tap (i, j), the block of output positions whose tap reads inside the
          input (a rectangle), the rest of the zero-filled output its padding;
@@ -136,19 +137,30 @@ __device__ __forceinline__ void move(const U* __restrict__ src, U* __restrict__ 
         advance(nd, size, at, by);
     }}
 }}
-// Constant padding, written from the output's side: each output row (coordinates `at` over the merged
-// outer dims) is the input's row where every coordinate minus its dim's `mid` falls in [0, keep), along
-// the run too, and the fill elsewhere: each output element stored once, each surviving input element read
-// once, in one launch (a copy of the middle and a band a side was 9 launches and rows of 3). A thread takes
-// PAD_ILP elements of a row before storing any, for loads in flight.
+// Written from the output's side (constant padding, roll): each output row (coordinates `at` over the
+// merged outer dims) reads the input at coordinate c = at - mid along each dim, and along the run at
+// i - lo. Padding (WRAP false): where some c falls outside [0, kept) the row, or element, is the fill.
+// Roll (WRAP true): c wraps into [0, size). Each output element stored once, each input element read
+// once, one launch (padding was a copy of the middle plus a band a side, 9 launches and rows of 3; a
+// roll a launch a block of the 2^k it moves). A thread takes ILP units of a row before storing any.
 template <typename U>
-__device__ __forceinline__ void pad(const U* __restrict__ src, U* __restrict__ dst, U fill, long long rows,
-                                    long long inner, long long lo, long long keep, long long si, long long s0,
-                                    int nd, const long long (&size)[{outer}], const long long (&mid)[{outer}],
-                                    const long long (&kept)[{outer}], const long long (&sstr)[{outer}]) {{
-    constexpr int PAD_ILP = 4;
+__device__ __forceinline__ U splat(unsigned long long bits) {{
+    return (U)bits;
+}}
+template <>
+__device__ __forceinline__ float4 splat<float4>(unsigned long long bits) {{  // the element's bits, repeated
+    const float lo = __uint_as_float((unsigned)bits), hi = __uint_as_float((unsigned)(bits >> 32));
+    return make_float4(lo, hi, lo, hi);
+}}
+template <typename U, bool WRAP, int ILP>
+__device__ __forceinline__ void place(const U* __restrict__ src, U* __restrict__ dst, unsigned long long bits,
+                                      long long rows, long long inner, long long lo, long long keep, long long si,
+                                      long long s0, int nd, const long long (&size)[{outer}],
+                                      const long long (&mid)[{outer}], const long long (&kept)[{outer}],
+                                      const long long (&sstr)[{outer}]) {{
     long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y;
     if (r >= rows) return;
+    const U fill = splat<U>(bits);
     const long long step = (long long)gridDim.y * blockDim.y;
     long long at[{outer}];
     int by[{outer}];
@@ -160,21 +172,24 @@ __device__ __forceinline__ void pad(const U* __restrict__ src, U* __restrict__ d
 #pragma unroll
         for (int d = 0; d < {outer}; ++d) {{
             if (d < nd) {{
-                const long long c = at[d] - mid[d];
+                long long c = at[d] - mid[d];
+                if (WRAP) c += c < 0 ? size[d] : 0;
                 in = in && (unsigned long long)c < (unsigned long long)kept[d];
                 so += c * sstr[d];
             }}
         }}
         U* row = dst + r * inner;
-        for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < inner; i0 += PAD_ILP * across) {{
-            U v[PAD_ILP];
+        for (long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x; i0 < inner; i0 += ILP * across) {{
+            U v[ILP];
 #pragma unroll
-            for (int k = 0; k < PAD_ILP; ++k) {{
-                const long long i = i0 + k * across, c = i - lo;
+            for (int k = 0; k < ILP; ++k) {{
+                const long long i = i0 + k * across;
+                long long c = i - lo;
+                if (WRAP) c += c < 0 ? inner : 0;
                 v[k] = in && i < inner && (unsigned long long)c < (unsigned long long)keep ? src[so + c * si] : fill;
             }}
 #pragma unroll
-            for (int k = 0; k < PAD_ILP; ++k)
+            for (int k = 0; k < ILP; ++k)
                 if (i0 + k * across < inner) row[i0 + k * across] = v[k];
         }}
         advance(nd, size, at, by);
@@ -223,38 +238,51 @@ def _kernel(
     )
 
 
-def _pad_kernel(rid: str, unit: str, threads: int) -> str:
-    """Constant padding from the output's side (kp_{rid}::pad): the fill passed as its bits."""
+def _place_kernel(rid: str, name: str, unit: str, wrap: bool) -> str:
+    """kp_{rid}::place over units of `unit`: the fill passed as its element's bits repeated to 64."""
     arrays = "\n".join(
         f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
         for arr, p in (("size", "z"), ("mid", "m"), ("kept", "k"), ("sstr", "a"))
     )
     per_dim = ", ".join(f"long long {p}{d}" for p in "zmka" for d in range(OUTER))
+    ilp = 4 if unit == "float4" else 8
     return (
-        f'extern "C" __global__ void\n'  # unbounded: held to 64 registers it spilled its row's coordinates
-        f"kp_{rid}_pad(const {unit}* __restrict__ src, {unit}* __restrict__ dst, unsigned long long fill, "
+        'extern "C" __global__ void\n'  # unbounded: held to 64 registers it spilled its row's coordinates
+        f"{name}(const {unit}* __restrict__ src, {unit}* __restrict__ dst, unsigned long long fill, "
         f"long long rows, long long inner, long long lo, long long keep, long long si, long long s0, int nd, "
         f"{per_dim}) {{\n{arrays}\n"
-        f"    kp_{rid}::pad<{unit}>(src, dst, ({unit})fill, rows, inner, lo, keep, si, s0, nd, size, mid, kept, "
-        "sstr);\n}\n"
+        f"    kp_{rid}::place<{unit}, {'true' if wrap else 'false'}, {ilp}>(src, dst, fill, rows, inner, lo, keep, "
+        "si, s0, nd, size, mid, kept, sstr);\n}\n"
     )
 
 
-def _pad_launcher(rid: str, threads: int, fill: int) -> str:
-    return f'''_pads_{rid} = {{}}  # a padding's launch by its geometry
+def _place_launcher(rid: str, threads: int, lanes: int, fill: int) -> str:
+    wide = (
+        f"""        wide = (inner % {lanes} == 0 and lo % {lanes} == 0 and kp % {lanes} == 0 and si == 1 and s0 % {lanes} == 0
+                and all(v[3] % {lanes} == 0 for v in outer) and x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0)
+        if wide:  # 16 bytes a unit: the run's numbers and the source's strides in units
+            inner, lo, kp, s0 = inner // {lanes}, lo // {lanes}, kp // {lanes}, s0 // {lanes}
+            outer = [(z, m, k, a // {lanes}) for z, m, k, a in outer]
+"""
+        if lanes > 1
+        else "        wide = False\n"
+    )
+    return f'''_places_{rid} = {{}}  # a placement's launch by its geometry
 
 
-def _pad_{rid}(sms, x, s0, mid, keep, out):
+def _place_{rid}(sms, x, s0, mid, keep, out):
     """out (contiguous) = x's part `keep` long from s0 (element offset) placed at `mid` along each dim, the
-    fill (bits {fill:#x}) elsewhere: one launch. Dims the padding leaves whole merge into the one before
-    where the input is contiguous across them; unit dims the input keeps are dropped."""
+    fill (bits {fill:#x}) elsewhere (a roll: mid its shift, the part wrapping round): one launch. Dims
+    left whole merge into the one before where the input is contiguous across them; unit dims the input
+    keeps are dropped."""
     if not out.numel():
         return
-    key = (tuple(out.shape), tuple(x.stride()), s0, tuple(mid), tuple(keep), sms)
-    plan = _pads_{rid}.get(key)
+    key = (tuple(out.shape), tuple(x.stride()), s0, tuple(mid), tuple(keep), x.data_ptr() % 16 == 0,
+           out.data_ptr() % 16 == 0, sms)
+    plan = _places_{rid}.get(key)
     if plan is None:
-        if len(_pads_{rid}) >= 4096:
-            _pads_{rid}.clear()
+        if len(_places_{rid}) >= 4096:
+            _places_{rid}.clear()
         merged = []
         for size, m, k, a in zip(out.shape, mid, keep, x.stride()):
             if size == 1 and k == 1:
@@ -265,29 +293,36 @@ def _pad_{rid}(sms, x, s0, mid, keep, out):
             else:
                 merged.append((size, m, k, a))
         (inner, lo, kp, si), outer = (merged or [(1, 0, 1, 1)])[-1], merged[:-1]
-        rows, nd = math.prod(v[0] for v in outer), len(outer)
+{wide}        rows, nd = math.prod(v[0] for v in outer), len(outer)
         per_dim = [v[j] for j in range(4) for v in outer + [(1, 0, 1, 0)] * ({OUTER} - nd)]
-        tx = min({threads}, 1 << max(0, (-(-inner // 4) - 1).bit_length()))  # about 4 elements a thread a row
+        ilp = 4 if wide else 8
+        tx = min({threads}, 1 << max(0, (-(-inner // ilp) - 1).bit_length()))
         ty = {threads} // tx
-        gx = max(1, min(-(-inner // (tx * 4)), 4096))
+        gx = max(1, min(-(-inner // (tx * ilp)), 4096))
         gy = max(1, min(-(-rows // ty), MAX_GRID_Y, sms * {2048 // threads} * 4 // gx))
         ints = (*(numpy.int64(v) for v in (rows, inner, lo, kp, si, s0)), numpy.int32(nd),
                 *(numpy.int64(v) for v in per_dim))
-        plan = _pads_{rid}[key] = ((gx, gy), (tx, ty), ints)
-    grid, block, ints = plan
-    kernels.kp_{rid}_pad(grid, block, (x, out, numpy.uint64({fill}), *ints))  # noqa: F821
+        plan = _places_{rid}[key] = (wide, (gx, gy), (tx, ty), ints)
+    wide, grid, block, ints = plan
+    if wide:
+        kernels.kp_{rid}_place16(grid, block, (x, out, numpy.uint64({fill}), *ints))  # noqa: F821
+    else:
+        kernels.kp_{rid}_place(grid, block, (x, out, numpy.uint64({fill}), *ints))  # noqa: F821
 
 
 '''
 
 
 def fill_bits(value: float | int | bool, dtype: str) -> int:
-    """The fill's bits in the dtype, as the tensor would hold them (bf16 rounded as torch rounds)."""
+    """The fill's bits in the dtype, as the tensor would hold them (bf16 rounded as torch rounds), repeated
+    to fill 64 bits."""
     import torch
 
     t = torch.tensor([value], dtype=getattr(torch, dtype))
     as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return int(t.view(as_int).item()) & ((1 << 8 * t.element_size()) - 1)
+    size = t.element_size()
+    bits = int(t.view(as_int).item()) & ((1 << 8 * size) - 1)
+    return sum(bits << (8 * size * k) for k in range(8 // size))  # repeated to 64 bits: any unit's lanes
 
 
 JOIN = 16  # inputs one launch of a cat's joined copy takes
@@ -525,19 +560,11 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
             "    shift = [0] * src.dim()",
             f"    for s, d in zip({shifts!r}, {dims or (0,)!r}):",
             "        shift[d % src.dim()] += s",
-            "    # along each dim: (source start, destination start, length) of its one or two ranges",
-            "    ranges = []",
-            "    for n, s in zip(src.shape, shift):",
-            "        s = s % n if n else 0",
-            "        ranges.append([(0, s, n - s), (n - s, 0, s)] if s else [(0, 0, n)])",
-            "    pieces, combos = [], [[]]",
-            "    for rs in ranges:  # every choice of one range a dim",
-            "        combos = [c + [q] for c in combos for q in rs]",
-            "    for parts in combos:",
-            "        if all(m for _, _, m in parts):",
-            "            s0 = sum(a * t for (a, _, _), t in zip(parts, src.stride()))",
-            "            d0 = sum(b * t for (_, b, _), t in zip(parts, out.stride()))",
-            "            pieces.append((src, s0, [m for _, _, m in parts], list(src.stride()), d0, list(out.stride())))",
+            "    # out[j] = src[(j - shift) mod n] along each dim: one launch over the output",
+            "    _place_"
+            + r.rid
+            + "(sms, src, 0, [s % n if n else 0 for n, s in zip(src.shape, shift)], list(src.shape), out)",
+            "    pieces = []",
             f"    result = out{'' if dims else f'.view({x}.shape)'}",
         ]
         return lines
@@ -590,7 +617,7 @@ def _pieces(r: Region, names: dict[str, str], sink: bool = False) -> list[str]:
             "    # the input's part that survives negative padding goes to the middle, the fill around it",
             f"    keep = [max(0, s - max(0, -a) - max(0, -b)) for s, a, b in zip({x}.shape, lo, hi)]",
             f"    s0 = sum(max(0, -a) * t for a, t in zip(lo, {x}.stride()))",
-            f"    _pad_{r.rid}(sms, {x}, s0, [max(0, a) for a in lo], keep, out)",
+            f"    _place_{r.rid}(sms, {x}, s0, [max(0, a) for a in lo], keep, out)",
             "    pieces = []",
             "    result = out",
         ]
@@ -672,10 +699,13 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
         cuda += _kernel(rid, kernels[1], "float4", threads, mode)  # 16 bytes, moved as bits
     if back:
         cuda += _kernel(rid, kernels[2], "float4", threads, mode, lane=unit, rev=True)
-    padded = n.op in ("pad", "constant_pad_nd") and pad_mode(n) == "constant"
-    if padded:
-        kernels.append(f"kp_{rid}_pad")
-        cuda += _pad_kernel(rid, unit, threads)
+    placed = n.op in ("pad", "constant_pad_nd", "roll") and pad_mode(n) == "constant"
+    fill = fill_bits(pad_value(n), dtype) if placed and n.op != "roll" else 0
+    if placed:  # written from the output's side, by elements, and 16 bytes a unit where it aligns (vec)
+        kernels += [f"kp_{rid}_place"] + ([f"kp_{rid}_place16"] if vec else [])
+        cuda += _place_kernel(rid, f"kp_{rid}_place", unit, n.op == "roll")
+        if vec:
+            cuda += _place_kernel(rid, f"kp_{rid}_place16", "float4", n.op == "roll")
     join = sink and n.op == "cat"  # its contiguous inputs copied by one launch a JOIN of them
     if join:
         kernels += [f"kp_{rid}_join"] + ([f"kp_{rid}_join16"] if lanes > 1 else [])
@@ -774,7 +804,7 @@ def _copy_{rid}(sms, src, s0, sizes, sstr, dst, d0, dstr, idx=None, kd=-1, limit
     {launch}
 
 
-{_join_launcher(rid, lanes, threads) if join else ""}{_pad_launcher(rid, threads, fill_bits(pad_value(n), dtype)) if padded else ""}def _move_{rid}(sms, {params}):
+{_join_launcher(rid, lanes, threads) if join else ""}{_place_launcher(rid, threads, lanes if vec else 1, fill) if placed else ""}def _move_{rid}(sms, {params}):
     """{n.op} by our strided copies ({threads} threads a block{", 16 bytes a thread where rows align" if vec else ""}){sunk_doc}."""
 {chr(10).join(_pieces(r, names, sink))}
     for src, s0, sizes, sstr, d0, dstr, *taken in pieces:
