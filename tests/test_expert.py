@@ -282,6 +282,28 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "cross": (  # a stack of three components x_i * y_j - x_j * y_i: along a middle dim, broadcast, by
+        # default the first dim of size 3 (torch.cross), a transposed operand, in bf16
+        """
+        class Model(nn.Module):
+            def forward(self, x, y, z):
+                return (torch.linalg.cross(x, y, dim=1), torch.linalg.cross(z, y[:1, :, :3]) * 2.0,
+                        torch.cross(x.mT, y.mT))
+        """,
+        "[torch.randn(6, 3, 40), torch.randn(6, 3, 40), torch.randn(6, 3, 3)]",
+        "[]",
+        1e-5,
+    ),
+    "cross_bf16": (  # each component rounded once to bf16 where eager rounds each product and the difference
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                return torch.linalg.cross(x, y, dim=1)
+        """,
+        "[torch.randn(6, 3, 40, dtype=torch.bfloat16), torch.randn(6, 3, 40, dtype=torch.bfloat16)]",
+        "[]",
+        1e-2,
+    ),
     "cross_entropy": (  # one pass a row: logsumexp, pick, ignored targets (families/xent.py); the case's clamp
         """
         class Model(nn.Module):
@@ -617,6 +639,8 @@ FAMILIES = {
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"torch", "ew"},  # the loss ours (xent); the clamp of the targets, an int64 op
     "cosine": {"reduce", "ew"},
+    "cross": {"ew", "move"},
+    "cross_bf16": {"ew", "move"},
     "triangular": {"library", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim

@@ -675,6 +675,44 @@ def _pairwise(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [diff, de, dataclasses.replace(norm, target=n.target)]
 
 
+def _cross(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """linalg_cross(x, y, dim) / cross(x, y, dim) of float operands of one rank, 3 long along dim (None: the
+    first dim of size 3, as torch.cross without one): a stack of the three components, each x_i * y_j -
+    x_j * y_i of selected views, the other dims broadcast. The elementwise producers then write their
+    slices of the stack (sinking): one kernel a component, nothing copied."""
+    a = n.args
+    x, y = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    dim = a[2] if len(a) > 2 else n.kw("dim", -1 if n.op == "linalg_cross" else None)
+    if x is None or y is None or not n.shape or x.shape is None or y.shape is None:
+        return None
+    nd = len(n.shape)
+    if dim is None:
+        dim = next((d for d, u in enumerate(x.shape) if u == 3), None)  # as ATen: the first of x's
+    if not isinstance(dim, int) or not -nd <= dim < nd or len(x.shape) != nd or len(y.shape) != nd:
+        return None
+    d, dt = dim % nd, n.dtype
+    if dt not in ops.FLOAT_DTYPES or x.dtype != dt or y.dtype != dt or x.shape[d] != 3 or y.shape[d] != 3:
+        return None
+    name, out = n.name, []
+    parts = {}
+    for tag, src, node in (("x", a[0], x), ("y", a[1], y)):
+        shape = node.shape[:d] + node.shape[d + 1 :]
+        for i in range(3):
+            part = _mk(f"{name}_{tag}{i}", "select", (src, d, i), shape, dt, "int")
+            out.append(part)
+            parts[tag, i] = Ref(part.name)
+    rows = n.shape[:d] + n.shape[d + 1 :]
+    comps = []
+    for k, (i, j) in enumerate(((1, 2), (2, 0), (0, 1))):
+        left = _mk(f"{name}_c{k}a", "mul", (parts["x", i], parts["y", j]), rows, dt, "Tensor")
+        right = _mk(f"{name}_c{k}b", "mul", (parts["x", j], parts["y", i]), rows, dt, "Tensor")
+        comp = _mk(f"{name}_c{k}", "sub", (Ref(left.name), Ref(right.name)), rows, dt, "Tensor")
+        out += [left, right, comp]
+        comps.append(Ref(comp.name))
+    stack = _mk(name, "stack", (tuple(comps), d), n.shape, dt)
+    return [*out, dataclasses.replace(stack, target=n.target)]
+
+
 def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cosine_similarity(x1, x2, dim, eps) of two same-shaped tensors: the dot product over the norms, each
     norm at least eps (ATen divides each operand by its clamped norm before the sum: the same value up to
@@ -1014,6 +1052,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("hinge_embedding_loss", "cosine_embedding_loss") and (
         lowered := _embedding_losses(n, by_name)
     ):
+        return lowered
+    if n.op in ("linalg_cross", "cross") and (lowered := _cross(n, by_name)):
         return lowered
     if n.op == "cosine_similarity" and n.shape is not None and (lowered := _cosine(n, by_name)):
         return lowered
