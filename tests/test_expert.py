@@ -639,8 +639,8 @@ FAMILIES = {
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"torch", "ew"},  # the loss ours (xent); the clamp of the targets, an int64 op
     "cosine": {"reduce", "ew"},
-    "cross": {"ew", "move"},
-    "cross_bf16": {"ew", "move"},
+    "cross": {"ew", "view", "torch"},  # the selects are views; the stack a torch region the move family claims
+    "cross_bf16": {"ew", "view", "torch"},
     "triangular": {"library", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
     "gemv": {"view", "ew", "reduce"},  # the vector seen as (K,), x * v, summed over the last dim

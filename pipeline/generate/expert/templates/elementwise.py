@@ -57,6 +57,11 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
             params.append(ptr(f"q{j}", ctype(dt), const=False))
             store_ptr.append(f"q{j}")
     params += [i64("rows"), i64("cols"), *([i64("ldq")] if into else [])]
+    # A flat chain reads each whole operand at its own row stride: a strided view that is rows of
+    # contiguous runs (a chunk, a selected component) is read in place, not gathered into a copy first.
+    strided = _flat(lay)
+    if strided:
+        params += [i64(f"ld{i}") for i, o in enumerate(ops_) if o.cls in _VECTOR]
     where = ops.positional(region.nodes)  # rows x N (layout.ew_layout): pr = r % M, pc = c
     if where:
         params.append(i64("pm", "shape[-2]"))
@@ -66,10 +71,14 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
     sig = Signature(tuple(params))
 
     # ---- per-element operand expressions ----
+    def start(i: int) -> str:
+        """Where operand i's row starts."""
+        return f"ra{i}" if strided else "rs"
+
     def operand(i: int, vector: bool) -> str:
         o = ops_[i]
         if o.cls in _VECTOR:
-            return f"ld(x{i}[u].v[e])" if vector else f"ld(p{i}[rs + c])"
+            return f"ld(x{i}[u].v[e])" if vector else f"ld(p{i}[{start(i)} + c])"
         if o.cls is Bcast.SCALAR:
             return f"s{i}"
         if o.cls is Bcast.ROW:
@@ -94,6 +103,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
         "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
         *(["        const long long rq = r * ldq;  // a fresh output's row start"] if into else []),
+        *([f"        const long long ra{i} = r * ld{i};" for i in full] if strided else []),
         *(["        const long long pr = r % pm;  // the row in its matrix"] if where else []),
     ]
     body += [
@@ -123,7 +133,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
         "                const long long j = j0 + (long long)u * blockDim.x;",
         "                if (j < nv) {",
         *[
-            f"                    x{i}[u] = vload<{ctype(ops_[i].dtype)}, V>(p{i} + rs + head + j * V);"
+            f"                    x{i}[u] = vload<{ctype(ops_[i].dtype)}, V>(p{i} + {start(i)} + head + j * V);"
             for i in full
         ],
         "                }",
@@ -172,13 +182,23 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
                 slot=f"torch.broadcast_shapes({', '.join(f'{{{i}}}.shape' for i in range(len(ops_)))})")  # fmt: skip
 
 
+def _flat(lay: EwLayout) -> bool:
+    """A chain over the whole output whose operands are each whole or one element: its rows may split at
+    any dim."""
+    return lay.k == lay.ndim and all(o.cls in _VECTOR or o.cls is Bcast.SCALAR for o in lay.operands)
+
+
 def _into(region: Region, lay: EwLayout) -> str:
     """The dtype of the one fresh output when the launcher may write it into a given tensor (out=), else "":
     an output of the operands' broadcast shape (one_hot's widened compare is not), none written in place,
     and every operand whole or one element, so the rows may split anywhere: a slice of a cat along dim d is
     rows split at d, which the fixed split of row or column operands (a bias) could not write."""
-    flat = lay.k == lay.ndim and all(o.cls in _VECTOR or o.cls is Bcast.SCALAR for o in lay.operands)
-    if not flat or len(lay.outputs) != 1 or region.inplace or any(n.op == "one_hot_eq" for n in region.nodes):
+    if (
+        not _flat(lay)
+        or len(lay.outputs) != 1
+        or region.inplace
+        or any(n.op == "one_hot_eq" for n in region.nodes)
+    ):
         return ""
     return lay.outputs[0][1]
 
@@ -201,12 +221,22 @@ def _launcher(
     if into:  # written into `out` (a flat chain): rows split where `out` holds them as contiguous runs
         lines += ["    ldq = None", "    if out is not None:",
                   f"        split, ldq = _out_rows(out, shape, torch.{into})"]  # fmt: skip
+    full = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR]
+    strided = _flat(lay)
+    if strided and full:  # rows where every strided operand is rows of runs, long enough to keep at least
+        # half of a block busy (a block takes a row's vectors; shorter rows are gathered into one flat row)
+        pick = f"split = _run_split(({', '.join(full)},), shape, {max(64, rp.vec * rp.threads // 2)})"
+        lines += ["    if ldq is None:", f"        {pick}"] if into else [f"    {pick}"]
     lines.append("    rows, cols = math.prod(shape[:split]), math.prod(shape[split:])")
     if into:
         lines.append("    ldq = cols if ldq is None else ldq")
     for i, o in enumerate(ops_):
         if o.cls in _VECTOR:
-            lines.append(f"    a{i} = _full(a{i}, shape)")
+            lines.append(
+                f"    a{i}, ld{i} = _runs(a{i}, shape, split)"
+                if strided
+                else f"    a{i} = _full(a{i}, shape)"
+            )
         elif o.cls is Bcast.SCALAR:
             lines.append(f"    a{i} = _scalar(a{i})")
         else:
@@ -231,8 +261,15 @@ def _launcher(
     call = "kernels.{}(grid, (" + str(rp.threads) + ",), args)  # noqa: F821"
     scalar, vector = variants[0], variants[-1]
     if vector.vec > 1:  # the vector kernel when every vector-read tensor is aligned, else the scalar one
+        # (with rows of their own strides: every row of every tensor starting on a vector)
+        lds = [
+            *(["ldq"] if into else []),
+            *(f"ld{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR and strided),
+        ]
         rows_align = (
-            f" and (out is None or (cols % {vector.vec} == 0 and ldq % {vector.vec} == 0))" if into else ""
+            f" and (rows == 1 or (cols % {vector.vec} == 0 and all(v % {vector.vec} == 0 for v in ({', '.join(lds)},))))"
+            if lds
+            else ""
         )
         lines.append(f"    if _aligned(({', '.join(vec_tensors)},), {vector.vec}){rows_align}:")
         lines.append("        " + call.format(vector.name))

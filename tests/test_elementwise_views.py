@@ -1,0 +1,73 @@
+"""Strided views read in place by the elementwise family: a flat chain's operands that are rows of evenly
+spaced contiguous runs (a chunk of the last dim, a slice, a selected component) are read at their own row
+stride, where each was first gathered into a contiguous copy by its own kernel (a read and a write of the
+operand before the chain's). Exact in the CPU emulator (which checks every vector access's alignment)."""
+
+from __future__ import annotations
+
+import pytest
+from test_expert import _emulate, task_file
+from test_expert_decompose import needs_gxx
+
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy
+from pipeline.tasks import probe
+
+torch = pytest.importorskip("torch")
+
+# name -> (forward's body over x, input shape, the tuned plan's kernels: gathers, the vector variant)
+CASES = {
+    # SwiGLU's halves of one projection: rows of 1024 at a stride of 2048, 16 bytes a thread
+    "swiglu_chunk": ("a, b = x.chunk(2, dim=-1)\n        return F.silu(a) * b", "(3, 5, 2048)", 0, True),
+    # odd halves: rows of 1027 at a stride of 2054, in place but by the element
+    "odd_chunk": ("a, b = x.chunk(2, dim=-1)\n        return a * torch.sigmoid(b) + 1.0", "(6, 2054)", 0, False),
+    # a slice of the middle dim: each image's rows 8..40, a run of 32 rows of 64
+    "middle_slice": ("return torch.relu(x[:, 8:40]) * x[:, :32]", "(4, 48, 64)", 0, True),
+    # a transpose is no rows of runs: gathered, as before
+    "transposed": ("return x.mT * 2.0 + x", "(4, 600, 600)", 1, True),
+    # short rows (a component of (6, 3, 40)): gathered into one flat row, which keeps the blocks busy
+    "short_rows": ("return x[:, 0] * x[:, 1] - x[:, 2]", "(6, 3, 40)", 3, True),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_strided_operands_are_read_in_place(tmp_path, name):
+    body, shape, gathers, vector = CASES[name]
+    path = task_file(
+        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, x):\n        {body}", f"[torch.randn{shape}]"
+    )
+    task = probe(path)
+    plain, tuned = (
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    )
+    launched = _emulate(path, [tuned], 1e-6)
+    assert sum(k.startswith("kp_gather") for k in launched) == gathers, launched
+    chains = [k for k in launched if not k.startswith("kp_gather")]
+    assert len(chains) == 1 and chains[0].endswith("_v1") != vector, launched
+    _emulate(path, [plain], 1e-6)  # the plain plan (one element a thread) reads them in place too
+
+
+def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
+    """The launcher's helpers: _run_split picks the longest rows every operand holds as evenly spaced runs
+    (none shorter than asked), _runs reads one in place or gathers it."""
+    import math
+
+    import numpy
+
+    from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS
+
+    scope = {"torch": torch, "math": math, "numpy": numpy}
+    exec(LAUNCHER_HELPERS, scope)
+    run_split, runs = scope["_run_split"], scope["_runs"]
+    x = torch.randn(4, 6, 10)
+    half = x[..., :5]  # rows of 5 at a stride of 10, from the first split of the last dim
+    assert run_split((x[..., 5:], half), (4, 6, 5), 1) == 2 and run_split((half,), (4, 6, 5), 8) == 0
+    assert run_split((x[:, 1:4],), (4, 3, 10), 1) == 1  # a slice of the middle dim: runs of 30 a stride of 60
+    assert run_split((x, x + 1), (4, 6, 10), 1) == 0  # contiguous: one flat row
+    assert run_split((x.mT,), (4, 10, 6), 1) == 0  # a transpose: gathered
+    assert run_split((x[:1],), (4, 6, 10), 1) == 1  # broadcast along the batch: a row stride of 0
+    t, ld = runs(x[:, 1:4], (4, 3, 10), 1)
+    assert ld == 60 and t.data_ptr() == x[:, 1].data_ptr()
+    t, ld = runs(x[:1], (4, 6, 10), 1)
+    assert ld == 0 and t.shape == (4, 6, 10)
