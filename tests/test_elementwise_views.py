@@ -20,7 +20,12 @@ CASES = {
     # SwiGLU's halves of one projection: rows of 1024 at a stride of 2048, 16 bytes a thread
     "swiglu_chunk": ("a, b = x.chunk(2, dim=-1)\n        return F.silu(a) * b", "(3, 5, 2048)", 0, True),
     # odd halves: rows of 1027 at a stride of 2054, in place but by the element
-    "odd_chunk": ("a, b = x.chunk(2, dim=-1)\n        return a * torch.sigmoid(b) + 1.0", "(6, 2054)", 0, False),
+    "odd_chunk": (
+        "a, b = x.chunk(2, dim=-1)\n        return a * torch.sigmoid(b) + 1.0",
+        "(6, 2054)",
+        0,
+        False,
+    ),
     # a slice of the middle dim: each image's rows 8..40, a run of 32 rows of 64
     "middle_slice": ("return torch.relu(x[:, 8:40]) * x[:, :32]", "(4, 48, 64)", 0, True),
     # a transpose is no rows of runs: gathered, as before
@@ -35,7 +40,10 @@ CASES = {
 def test_strided_operands_are_read_in_place(tmp_path, name):
     body, shape, gathers, vector = CASES[name]
     path = task_file(
-        tmp_path, name, f"class Model(nn.Module):\n    def forward(self, x):\n        {body}", f"[torch.randn{shape}]"
+        tmp_path,
+        name,
+        f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
+        f"[torch.randn{shape}]",
     )
     task = probe(path)
     plain, tuned = (

@@ -639,7 +639,11 @@ FAMILIES = {
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"torch", "ew"},  # the loss ours (xent); the clamp of the targets, an int64 op
     "cosine": {"reduce", "ew"},
-    "cross": {"ew", "view", "torch"},  # the selects are views; the stack a torch region the move family claims
+    "cross": {
+        "ew",
+        "view",
+        "torch",
+    },  # the selects are views; the stack a torch region the move family claims
     "cross_bf16": {"ew", "view", "torch"},
     "triangular": {"library", "ew"},
     "fusions": {"softmax", "reduce", "ew"},
