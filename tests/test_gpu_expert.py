@@ -636,6 +636,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # strided views read in place by a flat chain: SwiGLU's halves of one projection (rows at twice their
+    # length), a slice of the middle dim
+    "ew_views": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                a, b = x.chunk(2, dim=-1)
+                return F.silu(a) * b, torch.relu(x[:, 8:40]) * x[:, :32]
+        """,
+        "[]",
+    ),
     # constant padding written from the output's side in one launch: images padded on both sides, a
     # transposed input cropped by negative padding, a flag map padded with True, the channels padded
     "pads": (
@@ -823,6 +834,7 @@ SHAPES = {
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
+    "ew_views": ["(4, 48, 2048)", "(3, 41, 2054)"],
     "pads": ["(8, 16, 56, 56)", "(2, 3, 5, 7)", "(1, 1, 2, 3)"],
     "pads_bf16": ["(4, 8, 30, 31)"],
     "join_many": ["(4, 16, 8, 64); (4, 3, 64, 8)", "(2, 5, 3, 7); (2, 3, 7, 3)"],
