@@ -63,10 +63,10 @@ def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
 
     import numpy
 
-    from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS
+    from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS, ROWS_HELPERS
 
     scope = {"torch": torch, "math": math, "numpy": numpy}
-    exec(LAUNCHER_HELPERS, scope)
+    exec(LAUNCHER_HELPERS + ROWS_HELPERS, scope)
     run_split, runs = scope["_run_split"], scope["_runs"]
     x = torch.randn(4, 6, 10)
     half = x[..., :5]  # rows of 5 at a stride of 10, from the first split of the last dim
@@ -79,3 +79,14 @@ def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
     assert ld == 60 and t.data_ptr() == x[:, 1].data_ptr()
     t, ld = runs(x[:1], (4, 6, 10), 1)
     assert ld == 0 and t.shape == (4, 6, 10)
+
+
+def test_a_chain_of_fresh_operands_takes_no_row_strides(tmp_path):
+    """Only a chain reading a strided view gets the row strides: others keep their kernels and launchers
+    (and with them the candidate keys GPU recordings are replayed by)."""
+    body = "class Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x) * 2.0 + torch.sigmoid(x)"
+    path = task_file(tmp_path, "fresh", body, "[torch.randn(64, 2048)]")
+    task = probe(path)
+    for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2):
+        assert "ld0" not in p.candidate.source and "_runs(" not in p.candidate.launcher, p.candidate.edit
+        assert "_row_stride" not in p.candidate.launcher

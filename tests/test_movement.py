@@ -356,10 +356,10 @@ def test_a_slot_that_is_not_rows_of_runs_is_refused_not_miswritten():
     """_out_rows on a view whose rows are not evenly spaced contiguous runs raises (the call fails loudly)."""
     import math
 
-    from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS, SINK_HELPERS
+    from pipeline.generate.expert.templates.code import LAUNCHER_HELPERS, ROWS_HELPERS, SINK_HELPERS
 
     scope = {"torch": torch, "math": math}
-    exec(LAUNCHER_HELPERS + SINK_HELPERS, scope)
+    exec(LAUNCHER_HELPERS + ROWS_HELPERS + SINK_HELPERS, scope)
     out = torch.empty(4, 6, 5)
     assert scope["_out_rows"](out.narrow(1, 2, 3), (4, 3, 5), torch.float32) == (1, 30)
     assert scope["_out_rows"](out.narrow(0, 1, 2), (2, 6, 5), torch.float32) == (0, 60)

@@ -18,6 +18,7 @@ from pipeline.generate.expert.templates.code import (
     GATHER_HALF,
     LAUNCHER_HELPERS,
     RESHAPE_HELPERS,
+    ROWS_HELPERS,
     SINK_HELPERS,
     Code,
     gathered,
@@ -109,7 +110,10 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> s
     model = _model(low, plan, codes)
     if any("_reshape(" in ln for ln in model):
         lines.append(RESHAPE_HELPERS)
-    if any(c.into or c.sinks for c in codes.values()):
+    sinking = any(c.into or c.sinks for c in codes.values())
+    if sinking or any("_runs(" in c.launcher for c in codes.values()):
+        lines.append(ROWS_HELPERS)
+    if sinking:
         lines.append(SINK_HELPERS)
     for c in codes.values():
         lines += ["", c.launcher, ""]

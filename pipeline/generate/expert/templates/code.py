@@ -111,54 +111,6 @@ def _contig(t):
     return out
 
 
-def _row_stride(t, split):
-    """The stride between the rows of t seen as (prod(shape[:split]), prod(shape[split:])) when every row
-    is one contiguous run and the rows are evenly spaced, else None."""
-    size, stride = list(t.shape), list(t.stride())
-    run = 1
-    for d in range(len(size) - 1, split - 1, -1):
-        if size[d] != 1 and stride[d] != run:
-            return None
-        run *= size[d]
-    ldq = step = None
-    for d in range(split - 1, -1, -1):
-        if size[d] == 1:
-            continue
-        if ldq is None:
-            ldq, step = stride[d], stride[d] * size[d]
-        elif stride[d] != step:
-            return None
-        else:
-            step *= size[d]
-    return run if ldq is None else ldq
-
-
-def _runs(t, shape, split):
-    """(t seen at `shape`, its row stride) where it is rows of evenly spaced contiguous runs at `split` (a
-    chunk, a slice, a selected component, a broadcast along the rows: read in place), else (a contiguous
-    gathered copy, the row length)."""
-    if tuple(t.shape) != tuple(shape):
-        t = t.expand(shape)
-    ld = _row_stride(t, split)
-    if ld is None:
-        return _contig(t), math.prod(shape[split:])
-    return t, ld
-
-
-def _run_split(ts, shape, least):
-    """The first split at which every tensor of ts (seen at `shape`) is rows of evenly spaced contiguous
-    runs of at least `least` elements, or 0 (the strided ones gathered, one flat row)."""
-    ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
-    if all(t.is_contiguous() for t in ts):
-        return 0
-    for s in range(len(shape) + 1):
-        if math.prod(shape[s:]) < least:
-            break
-        if all(_row_stride(t, s) is not None for t in ts):
-            return s
-    return 0
-
-
 def _full(t, shape):
     """t as a contiguous tensor of exactly `shape` (expanded first when it broadcasts)."""
     if tuple(t.shape) != tuple(shape):
@@ -237,6 +189,59 @@ def _viewable(t, shape):
 def _reshape(t, shape):
     """t at `shape`: a view when one exists, else gathered by our own kernel (not torch) and reshaped."""
     return t.view(shape) if _viewable(t, shape) else _contig(t).reshape(shape)
+'''
+
+
+# In launchers that see tensors as rows of evenly spaced contiguous runs: a sinking one (render.py), or
+# an elementwise chain reading strided views in place.
+ROWS_HELPERS = '''
+
+def _row_stride(t, split):
+    """The stride between the rows of t seen as (prod(shape[:split]), prod(shape[split:])) when every row
+    is one contiguous run and the rows are evenly spaced, else None."""
+    size, stride = list(t.shape), list(t.stride())
+    run = 1
+    for d in range(len(size) - 1, split - 1, -1):
+        if size[d] != 1 and stride[d] != run:
+            return None
+        run *= size[d]
+    ldq = step = None
+    for d in range(split - 1, -1, -1):
+        if size[d] == 1:
+            continue
+        if ldq is None:
+            ldq, step = stride[d], stride[d] * size[d]
+        elif stride[d] != step:
+            return None
+        else:
+            step *= size[d]
+    return run if ldq is None else ldq
+
+
+def _runs(t, shape, split):
+    """(t seen at `shape`, its row stride) where it is rows of evenly spaced contiguous runs at `split` (a
+    chunk, a slice, a selected component, a broadcast along the rows: read in place), else (a contiguous
+    gathered copy, the row length)."""
+    if tuple(t.shape) != tuple(shape):
+        t = t.expand(shape)
+    ld = _row_stride(t, split)
+    if ld is None:
+        return _contig(t), math.prod(shape[split:])
+    return t, ld
+
+
+def _run_split(ts, shape, least):
+    """The first split at which every tensor of ts (seen at `shape`) is rows of evenly spaced contiguous
+    runs of at least `least` elements, or 0 (the strided ones gathered, one flat row)."""
+    ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
+    if all(t.is_contiguous() for t in ts):
+        return 0
+    for s in range(len(shape) + 1):
+        if math.prod(shape[s:]) < least:
+            break
+        if all(_row_stride(t, s) is not None for t in ts):
+            return s
+    return 0
 '''
 
 

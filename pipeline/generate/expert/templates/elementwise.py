@@ -35,9 +35,11 @@ _VECTOR = (Bcast.FULL, Bcast.DENSE)  # operands read as whole vectors
 _INDEXED = (Bcast.ROW, Bcast.COL)  # operands indexed through (inner, mid) sizes
 
 
-def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) -> Code:
+def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, strided: bool = False) -> Code:
     """sinkable: the region's one output feeds a cat or stack, which may hand the launcher a slice to write
-    into (out=); only then do the kernel and launcher take the output's row stride."""
+    into (out=); only then do the kernel and launcher take the output's row stride. strided: an operand is
+    a view that may be rows of runs (a chunk, a slice): a flat chain then reads each whole operand at its
+    own row stride (ld<i>)."""
     rid = region.rid
     into = _into(region, lay) if sinkable else ""
     inplace = dict(region.inplace)  # output -> input it overwrites
@@ -59,7 +61,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
     params += [i64("rows"), i64("cols"), *([i64("ldq")] if into else [])]
     # A flat chain reads each whole operand at its own row stride: a strided view that is rows of
     # contiguous runs (a chunk, a selected component) is read in place, not gathered into a copy first.
-    strided = _flat(lay)
+    strided = strided and _flat(lay)
     if strided:
         params += [i64(f"ld{i}") for i, o in enumerate(ops_) if o.cls in _VECTOR]
     where = ops.positional(region.nodes)  # rows x N (layout.ew_layout): pr = r % M, pc = c
@@ -73,7 +75,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
     # ---- per-element operand expressions ----
     def start(i: int) -> str:
         """Where operand i's row starts."""
-        return f"ra{i}" if strided else "rs"
+        return f"ra{i}" if strided and ops_[i].cls in _VECTOR else "rs"
 
     def operand(i: int, vector: bool) -> str:
         o = ops_[i]
@@ -92,7 +94,8 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
         return [f"float {outs_decl};", f"kp_{rid}_f({args});"]
 
     full = [i for i, o in enumerate(ops_) if o.cls in _VECTOR]
-    row_of = ["rq" if into and p.startswith("q") else "rs" for p in store_ptr]
+    # a fresh output's row: its own (rq) in a given tensor, else rs; one written in place: its operand's row
+    row_of = [("rq" if into else "rs") if p.startswith("q") else start(int(p[1:])) for p in store_ptr]
     body = [
         "template <int V>",
         f"__device__ __forceinline__ void kp_{rid}_body({sig.decls()}) {{",
@@ -177,7 +180,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False) ->
             "\n\n".join(wrappers),
         ]
     )
-    return Code(cuda, _launcher(region, lay, rp, sig, variants, into), f"_r_{rid}", tuple(k.name for k in variants),
+    return Code(cuda, _launcher(region, lay, rp, sig, variants, into, strided), f"_r_{rid}", tuple(k.name for k in variants),
                 tuple(o.name for o in ops_), tuple(o for o, _ in outs), into=into,
                 slot=f"torch.broadcast_shapes({', '.join(f'{{{i}}}.shape' for i in range(len(ops_)))})")  # fmt: skip
 
@@ -204,7 +207,13 @@ def _into(region: Region, lay: EwLayout) -> str:
 
 
 def _launcher(
-    region: Region, lay: EwLayout, rp: EwPlan, sig: Signature, variants: list[Variant], into: str
+    region: Region,
+    lay: EwLayout,
+    rp: EwPlan,
+    sig: Signature,
+    variants: list[Variant],
+    into: str,
+    strided: bool,
 ) -> str:
     rid = region.rid
     ops_ = lay.operands
@@ -222,7 +231,6 @@ def _launcher(
         lines += ["    ldq = None", "    if out is not None:",
                   f"        split, ldq = _out_rows(out, shape, torch.{into})"]  # fmt: skip
     full = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR]
-    strided = _flat(lay)
     if strided and full:  # rows where every strided operand is rows of runs, long enough to keep at least
         # half of a block busy (a block takes a row's vectors; shorter rows are gathered into one flat row)
         pick = f"split = _run_split(({', '.join(full)},), shape, {max(64, rp.vec * rp.threads // 2)})"
