@@ -93,6 +93,9 @@ V2_SEEDS = 10_000
 # ... and from this one the third (interpolation and adaptive pools, any/all, norms of other orders, masks
 # combined with & | ^, batch statistics, vector-matrix products, mT and movedim).
 V3_SEEDS = 20_000
+# ... and from this one the fourth (constant padding, rolls of several dims, a chunk's halves combined,
+# cross products): the one-launch placement kernel and strided views read in place.
+V4_SEEDS = 22_000
 REDUCE = ("sum", "mean", "amax", "amin", "var", "std", "logsumexp", "norm", "max", "min", "argmax", "argmin")
 
 
@@ -162,6 +165,10 @@ class Gen:
                 opts += ["resample", "resample"]
             if len(s) >= 2 and s[1] > 1 and self.case.dtype == "float32":
                 opts += ["batch_stats"]
+        if self.case.seed >= V4_SEEDS:
+            opts += ["pad", "pad", "rolls", "halves", "halves"]
+            if len(s) >= 2:
+                opts += ["cross"]
         kind = r.choice(opts)
         getattr(self, f"_{kind}")()
 
@@ -336,6 +343,57 @@ class Gen:
         d = self.dim()
         shift = self.rng.choice((-2, -1, 1, 3))
         self.emit(f"roll({d},{shift})", f"y = torch.roll(y, {shift}, dims={d})")
+
+    def _pad(self) -> None:
+        """Constant padding of the last one to three dims, some sides negative (a crop), any fill."""
+        r = self.rng
+        k = r.randrange(1, min(3, len(self.s)) + 1)
+        pads, t = [], list(self.s)
+        for d in range(len(t) - 1, len(t) - 1 - k, -1):
+            lo, hi = (r.choice((0, 1, 2, 3, -1)) for _ in range(2))
+            if t[d] + min(lo, 0) + min(hi, 0) < 1:
+                lo, hi = max(lo, 0), max(hi, 0)
+            pads += [lo, hi]
+            t[d] += lo + hi
+        if math.prod(t) > MAX_ELEMS:
+            return self._unary()
+        value = r.choice(("", ", value=-1.5", ", value=2.0"))
+        self.emit(f"pad{tuple(pads)}", f"y = F.pad(y, {tuple(pads)}{value})")
+        self.s = tuple(t)
+
+    def _rolls(self) -> None:
+        """A roll of two dims at once (Swin's shifted windows), or of the flat tensor."""
+        if len(self.s) < 2 or self.rng.random() < 0.25:
+            self.emit("roll(flat)", f"y = torch.roll(y, {self.rng.choice((-5, 7))})")
+            return
+        a, b = self.rng.sample(range(len(self.s)), 2)
+        sa, sb = self.rng.choice((-3, 2)), self.rng.choice((-1, 4))
+        self.emit(f"roll(({a},{b}))", f"y = torch.roll(y, shifts=({sa}, {sb}), dims=({a}, {b}))")
+
+    def _halves(self) -> None:
+        """Two halves of one dim (a chunk) combined elementwise, as a gated unit: strided views of y."""
+        d = self.dim()
+        if self.s[d] < 2:
+            return self._unary()
+        gate = self.rng.choice(("torch.sigmoid(b)", "F.silu(b)", "b * 0.5"))
+        self.emit(
+            f"halves({d})",
+            f"a, b = y.narrow({d}, 0, {self.s[d] // 2 * 2}).chunk(2, dim={d})",
+            f"y = a * {gate}",
+        )
+        t = list(self.s)
+        t[d] //= 2
+        self.s = tuple(t)
+
+    def _cross(self) -> None:
+        """The cross product of two 3-long windows of a dim (torch.linalg.cross), the rest broadcast."""
+        d = self.dim()
+        if self.s[d] < 4:
+            return self._unary()
+        self.emit(f"cross({d})", f"y = torch.linalg.cross(y.narrow({d}, 0, 3), y.narrow({d}, 1, 3), dim={d})")
+        t = list(self.s)
+        t[d] = 3
+        self.s = tuple(t)
 
     def _resample(self) -> None:
         """F.interpolate (a mode for the dims, a scale factor or a size) or an adaptive average pool."""
