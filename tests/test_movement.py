@@ -566,3 +566,17 @@ def test_a_convolution_with_a_fused_residual_is_copied_not_sunk(tmp_path):
     )
     assert tuned.launcher.count("= _Slot(") == 1, tuned.launcher
     _emulate(path, [plain, tuned], 1e-6)
+
+
+def test_a_pads_fill_is_the_dtypes_bits_repeated_to_64():
+    """The placement kernel takes the fill as bits: any unit (an element, 16 bytes) is made of its copies.
+    A value the dtype cannot hold is refused at render, as eager's fill refuses it."""
+    from pipeline.generate.expert.families.base import RenderError
+    from pipeline.generate.expert.templates.movement import fill_bits
+
+    assert fill_bits(-0.0, "float32") == 0x80000000_80000000  # the sign of zero kept
+    assert fill_bits(1.5, "bfloat16") == 0x3FC0_3FC0_3FC0_3FC0
+    assert fill_bits(1 / 3, "bfloat16") == 0x3EAB_3EAB_3EAB_3EAB  # rounded to nearest, as torch rounds
+    assert fill_bits(True, "bool") == 0x01010101_01010101 and fill_bits(-7, "int64") == 2**64 - 7
+    with pytest.raises(RenderError, match="cannot hold"):
+        fill_bits(300, "uint8")

@@ -29,6 +29,7 @@ run is contiguous on both sides and every row starts on a 16-byte boundary (`vec
 
 from __future__ import annotations
 
+from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, launch_bounds
@@ -318,7 +319,10 @@ def fill_bits(value: float | int | bool, dtype: str) -> int:
     to fill 64 bits."""
     import torch
 
-    t = torch.tensor([value], dtype=getattr(torch, dtype))
+    try:
+        t = torch.tensor([value], dtype=getattr(torch, dtype))
+    except (RuntimeError, OverflowError, TypeError) as e:  # as eager's fill would fail (300 into uint8)
+        raise RenderError(f"a pad value {value!r} that {dtype} cannot hold: {e}") from None
     as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
     size = t.element_size()
     bits = int(t.view(as_int).item()) & ((1 << 8 * size) - 1)
