@@ -90,3 +90,34 @@ def test_a_chain_of_fresh_operands_takes_no_row_strides(tmp_path):
     for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2):
         assert "ld0" not in p.candidate.source and "_runs(" not in p.candidate.launcher, p.candidate.edit
         assert "_row_stride" not in p.candidate.launcher
+
+
+@needs_gxx
+def test_short_rows_share_a_block(tmp_path):
+    """A chain writing its slice of a cat along the last dim (rows of 64 at a stride of 128) or reading a
+    chunk of short rows: a block takes several rows (blockDim.y), where a block a row of 16 vectors left
+    15 of 16 threads idle."""
+    from cuda_emulator import build, load_model
+    from fuzz_expert import reference
+
+    body = (
+        "class Model(nn.Module):\n    def forward(self, x, y):\n"
+        "        return torch.cat([torch.relu(x), y * 2.0], -1)"
+    )
+    path = task_file(tmp_path, "heads", body, "[torch.randn(2, 300, 64), torch.randn(2, 300, 64)]")
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    _emulate(path, [tuned], 1e-6)
+    r = reference(path, None)
+    kernels = build(tuned.source)
+    model = load_model(tuned.launcher, kernels, sms=64)(*r.module.get_init_inputs())
+    with torch.no_grad():
+        model(*r.inputs)
+    chains = [
+        (name, grid, block) for name, grid, block, _ in kernels.launches if not name.startswith("kp_gather")
+    ]
+    assert len(chains) == 2, kernels.launches  # both sunk: no copy
+    for name, grid, block in chains:
+        assert name.endswith("_v4") and tuple(block)[:2] == (16, 16) and tuple(grid)[1] == -(-600 // 16), (
+            chains
+        )

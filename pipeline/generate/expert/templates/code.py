@@ -230,6 +230,23 @@ def _runs(t, shape, split):
     return t, ld
 
 
+def _rows_grid(sms, rows, cols, vec, threads, unroll, persistent):
+    """(grid, block) of an elementwise kernel over rows x cols whose rows have their own strides: a block's
+    threads along a row's vectors (x) and over rows (y), so that rows shorter than a block share one (a
+    block a row of 16 vectors left 15 of 16 threads idle). At least 2 vec threads along a row: they take a
+    row's scalar head and tail."""
+    per = max(1, -(-cols // (vec * unroll)))  # a row's vector steps
+    tx = min(threads, max(2 * vec, 8, 1 << (per - 1).bit_length()))
+    ty = threads // tx
+    gx = max(1, min(-(-per // tx), MAX_GRID_X))
+    gy = max(1, min(-(-rows // ty), MAX_GRID_Y))
+    if persistent:
+        total = max(1, sms * persistent)
+        gy = min(gy, total)
+        gx = max(1, min(gx, total // gy))
+    return (gx, gy), (tx, ty)
+
+
 def _run_split(ts, shape, least):
     """The first split at which every tensor of ts (seen at `shape`) is rows of evenly spaced contiguous
     runs of at least `least` elements, or 0 (the strided ones gathered, one flat row)."""

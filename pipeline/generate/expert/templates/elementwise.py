@@ -94,6 +94,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
         return [f"float {outs_decl};", f"kp_{rid}_f({args});"]
 
     full = [i for i, o in enumerate(ops_) if o.cls in _VECTOR]
+    rowed = bool(into) or strided  # rows of their own strides, which may be short
     # a fresh output's row: its own (rq) in a given tensor, else rs; one written in place: its operand's row
     row_of = [("rq" if into else "rs") if p.startswith("q") else start(int(p[1:])) for p in store_ptr]
     body = [
@@ -103,7 +104,11 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
     ]
     body += [f"    const float s{i} = ld(p{i}[0]);" for i, o in enumerate(ops_) if o.cls is Bcast.SCALAR]
     body += [
-        "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
+        # rows given their own strides: a block may take several short rows (threadIdx.y), see _rows_grid
+        "    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < rows;"
+        " r += (long long)gridDim.y * blockDim.y) {"
+        if rowed
+        else "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
         *(["        const long long rq = r * ldq;  // a fresh output's row start"] if into else []),
         *([f"        const long long ra{i} = r * ld{i};" for i in full] if strided else []),
@@ -260,13 +265,13 @@ def _launcher(
     ret = ", ".join(outs)
     lines.append(f"    if rows * cols == 0:\n        return {ret}")
     lines.append(f"    args = ({sig.args()},)")
-    lines.append(
-        f"    grid = _grid({grid_sms(rp.sm_share)}, rows, cols, {rp.vec}, {rp.threads}, {rp.unroll}, {rp.persistent})"
-    )
+    rowed = bool(into) or strided  # rows of their own strides: short rows share a block (the kernel's y)
+    grid_args = f"{grid_sms(rp.sm_share)}, rows, cols, {rp.vec}, {rp.threads}, {rp.unroll}, {rp.persistent}"
+    lines.append(f"    grid, block = _rows_grid({grid_args})" if rowed else f"    grid = _grid({grid_args})")
     vec_tensors = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR] + [
         f"q{j}" for j, (out, _) in enumerate(lay.outputs) if out not in inplace
     ]
-    call = "kernels.{}(grid, (" + str(rp.threads) + ",), args)  # noqa: F821"
+    call = "kernels.{}(grid, " + ("block" if rowed else f"({rp.threads},)") + ", args)  # noqa: F821"
     scalar, vector = variants[0], variants[-1]
     if vector.vec > 1:  # the vector kernel when every vector-read tensor is aligned, else the scalar one
         # (with rows of their own strides: every row of every tensor starting on a vector)
