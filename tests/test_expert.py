@@ -195,6 +195,18 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "logcumsumexp": (  # the scan's operator log-add-exp (identity -inf): rows in chunks, a warp a row
+        # (rows of 4 multiples), a column walk, a reversed one through a folded flip, an epilogue
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (torch.logcumsumexp(x, dim=-1), torch.logcumsumexp(x, dim=0) * 2.0,
+                        torch.logcumsumexp(x.flip(1), 1).flip(1), torch.logcumsumexp(x[:, :, :296] * 3.0, dim=-1))
+        """,
+        "[torch.randn(2, 9, 300)]",
+        "[]",
+        1e-5,
+    ),
     "folded_scans": (  # flips and concatenations folded into reverse and exclusive scans (scans.py), any dim
         """
         class Model(nn.Module):
@@ -628,6 +640,7 @@ FAMILIES = {
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
+    "logcumsumexp": {"scan", "ew", "view"},
     "folded_scans": {"scan", "ew", "view"},
     "bmm_epilogue": {"library", "ew"},
     "conv_batchnorm": {"library", "view", "ew"},

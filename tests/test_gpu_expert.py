@@ -636,6 +636,15 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # logcumsumexp as a scan with log-add-exp: along rows (chunks, or a warp a row), down columns, reversed
+    "logcumsumexp": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.logcumsumexp(x, dim=-1), torch.logcumsumexp(x.flip(0), 0).flip(0) * 0.5
+        """,
+        "[]",
+    ),
     # strided views read in place by a flat chain: SwiGLU's halves of one projection (rows at twice their
     # length), a slice of the middle dim
     "ew_views": (
@@ -835,6 +844,7 @@ SHAPES = {
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
     "ew_views": ["(4, 48, 2048)", "(3, 41, 2054)"],
+    "logcumsumexp": ["(64, 8192)", "(3, 1001)", "(2, 5, 1)"],
     "pads": ["(8, 16, 56, 56)", "(2, 3, 5, 7)", "(1, 1, 2, 3)"],
     "pads_bf16": ["(4, 8, 30, 31)"],
     "join_many": ["(4, 16, 8, 64); (4, 3, 64, 8)", "(2, 5, 3, 7); (2, 3, 7, 3)"],

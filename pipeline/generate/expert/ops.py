@@ -425,7 +425,7 @@ def _dims(d: Any) -> tuple[int, ...] | None:
 
 SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax"})
 NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm", "l1_norm"})
-SCANS = frozenset({"cumsum", "cumprod"})
+SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
 # Library anchors: the GEMM or convolution stays in cuBLAS / cuDNN, everything after it is ours.
 GEMMS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm"})
 CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})

@@ -7,7 +7,7 @@ from their bias (linear -> matmul + add, conv -> conv without bias + add), turns
   reduce   sum/mean/max/min/arg*/prod/var/std/logsumexp/norms over dimensions
   softmax  softmax / log-softmax over one dimension
   norm     layer, RMS, group and instance norm (batch statistics)
-  scan     cumsum / cumprod, inclusive or exclusive, from either end
+  scan     cumsum / cumprod / logcumsumexp, inclusive or exclusive, from either end
   library  GEMM or convolution left to cuBLAS / cuDNN (the candidate is then hybrid)
   view     views and layout changes, done in the launcher with torch's plumbing
   torch    an op we do not cover, left to PyTorch in the launcher (hybrid, with a note)

@@ -1,4 +1,4 @@
-"""Scans (cumsum, cumprod; inclusive or exclusive, from either end: scans.py folds them) along any
+"""Scans (cumsum, cumprod, logcumsumexp; inclusive or exclusive, from either end: scans.py folds them) along any
 dimension: a block per row along the last one, a thread per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
 
 Edits: fuse_kernels / fuse_epilogue, coarsen_threads (vectors a lane of a warp per row, else items per

@@ -1,4 +1,4 @@
-"""Scans (cumsum, cumprod) along one dimension: inclusive or exclusive, from either end (scans.py folds
+"""Scans (cumsum, cumprod, logcumsumexp) along one dimension: inclusive or exclusive, from either end (scans.py folds
 the reference's flips and concatenations into these).
 
 Along the last dimension: a block per row walks it in chunks of blockDim.x * ITEMS; each thread scans
@@ -18,6 +18,7 @@ indices change: the carries, the shuffles and the compensated sums are the inclu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pipeline.generate.expert.layout import RowLayout
@@ -31,6 +32,33 @@ if TYPE_CHECKING:
     from pipeline.generate.expert.families.scan import ScanPlan
 
 
+# The scan's operator: (identity, its two-operand expression); {rid} names the region's own log-add-exp.
+_COMBINE = {
+    "cumsum": ("0.0f", "{} + {}"),
+    "cumprod": ("1.0f", "{} * {}"),
+    "logcumsumexp": ("-INFINITY", "kp_{rid}_lae({}, {})"),
+}
+
+
+def combine(op: str, rid: str) -> tuple[str, Callable[[str, str], str]]:
+    ident, form = _COMBINE[op]
+    form = form.replace("{rid}", rid)
+    return ident, lambda a, b: form.format(a, b)
+
+
+def _lae(rid: str) -> list[str]:
+    """log(exp(a) + exp(b)) without overflow, NaN kept; equal operands (both infinite too) give a + log 2,
+    where the general form would take inf - inf."""
+    return [
+        f"__device__ __forceinline__ float kp_{rid}_lae(float a, float b) {{",
+        "    if (a != a || b != b) return a + b;  // NaN",
+        "    if (a == b) return a + 0.69314718055994531f;",
+        "    const float m = fmaxf(a, b);",
+        "    return m + log1pf(expf(-fabsf(a - b)));",
+        "}",
+    ]
+
+
 def stages(threads: int, items: int) -> bool:
     """Whether a chunk can go through shared memory: several items a thread, static shared memory < 48 KB."""
     return items > 1 and threads * items <= 8192
@@ -38,8 +66,8 @@ def stages(threads: int, items: int) -> bool:
 
 def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
-    prod = lay.op == "cumprod"
-    ident, op = ("1.0f", "*") if prod else ("0.0f", "+")
+    prod = lay.op != "cumsum"  # no compensated carry: products, log-sum-exp
+    ident, comb = combine(lay.op, rid)
     xt = ctype(pre.main_dtype if pre else lay.in_dtype)
     out_dt = post.out_dtype if post else lay.out_dtype
     yt = ctype(out_dt)
@@ -63,7 +91,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "#pragma unroll",
         "            for (int i = 0; i < ITEMS; ++i) {",
         "                const long long c = base + i;",
-        f"                if (c < Lo) {store.format(f'prefix {op} v[i]')}",
+        f"                if (c < Lo) {store.format(comb('prefix', 'v[i]'))}",
         "            }",
     ]
     # Several items a thread: the chunk goes through shared memory both ways, so that each warp access is one
@@ -88,7 +116,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "#pragma unroll",
         "            for (int i = 0; i < ITEMS; ++i) {",
         "                const int j = tid * ITEMS + i;",
-        f"                stage[j + (j >> 5)] = prefix {op} v[i];",
+        f"                stage[j + (j >> 5)] = {comb('prefix', 'v[i]')};",
         "            }",
         "            __syncthreads();",
         "#pragma unroll",
@@ -99,6 +127,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "            }",
     ]
     row = [
+        *(_lae(rid) if lay.op == "logcumsumexp" else []),
         f"__device__ __forceinline__ void kp_{rid}_row_body({sig.decls()}) {{",
         f"    constexpr int ITEMS = {rp.items};",
         "    __shared__ float warp_tot[32];",
@@ -122,12 +151,12 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "            float v[ITEMS];",
         *(staged_load if staged else direct_load),
         "#pragma unroll",
-        f"            for (int i = 1; i < ITEMS; ++i) v[i] = v[i - 1] {op} v[i];",
+        f"            for (int i = 1; i < ITEMS; ++i) v[i] = {comb('v[i - 1]', 'v[i]')};",
         "            float t = v[ITEMS - 1];  // inclusive scan of the thread totals across the warp",
         "#pragma unroll",
         "            for (int o = 1; o < 32; o <<= 1) {",
         "                const float n = __shfl_up_sync(0xffffffffu, t, o);",
-        f"                if (lane >= o) t = t {op} n;",
+        f"                if (lane >= o) t = {comb('t', 'n')};",
         "            }",
         "            if (lane == 31) warp_tot[warp] = t;",
         "            __syncthreads();",
@@ -136,17 +165,17 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "#pragma unroll",
         "                for (int o = 1; o < 32; o <<= 1) {",
         "                    const float n = __shfl_up_sync(0xffffffffu, w, o);",
-        f"                    if (lane >= o) w = w {op} n;",
+        f"                    if (lane >= o) w = {comb('w', 'n')};",
         "                }",
         "                warp_tot[lane] = w;",
         "            }",
         "            __syncthreads();",
         "            float e = __shfl_up_sync(0xffffffffu, t, 1);  // exclusive within the warp",
         f"            if (lane == 0) e = {ident};",
-        f"            const float prefix = carry {op} (warp > 0 ? warp_tot[warp - 1] : {ident}) {op} e;",
+        f"            const float prefix = {comb(comb('carry', f'(warp > 0 ? warp_tot[warp - 1] : {ident})'), 'e')};",
         *(staged_store if staged else direct_store),
         *(
-            ["            carry = carry * warp_tot[warps - 1];"]
+            [f"            carry = {comb('carry', 'warp_tot[warps - 1]')};"]
             if prod
             else [
                 "            {  // compensated (Kahan) addition: a long row's carry stays accurate",
@@ -176,7 +205,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "            if (k >= 0 && k < L) {" if lay.exclusive else "            {",
         f"                const long long i = base + {src} * inner;",
         *(
-            ["                acc = acc * pre(ld(x[i]), i);"]
+            [f"                acc = {comb('acc', 'pre(ld(x[i]), i)')};"]
             if prod
             else [  # compensated (Kahan) summation down the column
                 "                const float y_ = pre(ld(x[i]), i) - comp, t_ = acc + y_;",
@@ -248,14 +277,14 @@ def _warp_rows(rid: str, sig: Signature, lay: RowLayout, U: int, lams: list[str]
     memory element k, or L - 1 - k reversed (then a vector's elements run backwards too). Each vector is
     scanned in registers, the U vector totals are scanned over the lanes side by side, and the running
     carry (compensated for sums) links the steps."""
-    ident, op = ("1.0f", "*") if prod else ("0.0f", "+")
+    ident, comb = combine(lay.op, rid)
     rev = lay.reverse
     memv = "(nv - 1 - q)" if rev else "q"  # a scan-order vector's place in memory
     el = "(3 - e)" if rev else "e"  # element e of a scan-order vector within its memory vector
     mem = "(L - 1 - (q * 4 + e))" if rev else "(q * 4 + e)"
-    out = "(e == 0 ? p : p {op} v[u][e - 1])" if lay.exclusive else "p {op} v[u][e]"
+    out = f"(e == 0 ? p : {comb('p', 'v[u][e - 1]')})" if lay.exclusive else comb("p", "v[u][e]")
     carry = (
-        ["                carry = carry * st;"]
+        [f"                carry = {comb('carry', 'st')};"]
         if prod
         else [
             "                {  // compensated (Kahan) addition, as in the block per row",
@@ -292,7 +321,7 @@ def _warp_rows(rid: str, sig: Signature, lay: RowLayout, U: int, lams: list[str]
         "                for (int e = 0; e < 4; ++e)",
         f"                    v[u][e] = q < nv ? pre(ld(t[u].v[{el}]), rs + {mem}) : {ident};",
         "#pragma unroll",
-        f"                for (int e = 1; e < 4; ++e) v[u][e] = v[u][e - 1] {op} v[u][e];",
+        f"                for (int e = 1; e < 4; ++e) v[u][e] = {comb('v[u][e - 1]', 'v[u][e]')};",
         "                tot[u] = v[u][3];",
         "            }",
         "#pragma unroll",
@@ -300,7 +329,7 @@ def _warp_rows(rid: str, sig: Signature, lay: RowLayout, U: int, lams: list[str]
         "#pragma unroll",
         "                for (int u = 0; u < U; ++u) {",
         "                    const float n = __shfl_up_sync(0xffffffffu, tot[u], o);",
-        f"                    if (lane >= o) tot[u] = tot[u] {op} n;",
+        f"                    if (lane >= o) tot[u] = {comb('tot[u]', 'n')};",
         "                }",
         "            }",
         "#pragma unroll",
@@ -308,12 +337,12 @@ def _warp_rows(rid: str, sig: Signature, lay: RowLayout, U: int, lams: list[str]
         "                const long long q = q0 + u * 32 + lane;",
         "                float ex = __shfl_up_sync(0xffffffffu, tot[u], 1);",
         f"                if (lane == 0) ex = {ident};",
-        f"                const float p = carry {op} ex, st = __shfl_sync(0xffffffffu, tot[u], 31);",
+        f"                const float p = {comb('carry', 'ex')}, st = __shfl_sync(0xffffffffu, tot[u], 31);",
         "                if (q < nv) {",
         "                    Vec<float, 4> o_;",
         "#pragma unroll",
         "                    for (int e = 0; e < 4; ++e)",
-        f"                        o_.v[{el}] = cv<float>(post({out.format(op=op)}, ro + {mem}));",
+        f"                        o_.v[{el}] = cv<float>(post({out}, ro + {mem}));",
         f"                    vstore<float, 4>(y + ro + {memv} * 4, o_);",
         "                }",
         *carry,
