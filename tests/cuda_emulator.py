@@ -72,6 +72,30 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 }
 #define CUDART_INF_F INFINITY
 #define CUDART_NAN_F NAN
+// CUDA math functions that C's math library lacks, computed in double and rounded once.
+inline float cyl_bessel_i0f(float x) { return (float)std::cyl_bessel_i(0.0, std::fabs((double)x)); }
+inline float cyl_bessel_i1f(float x) {
+    const double v = std::cyl_bessel_i(1.0, std::fabs((double)x));
+    return (float)(x < 0 ? -v : v);
+}
+inline float erfcxf(float x) {  // exp(x^2) erfc(x); its asymptotic series where erfc underflows
+    const double d = x;
+    if (d < 25.0) return (float)(std::exp(d * d) * std::erfc(d));
+    const double r = 1.0 / (d * d);
+    return (float)(1.0 / (d * std::sqrt(M_PI)) * (1.0 - 0.5 * r + 0.75 * r * r));
+}
+inline float erfinvf(float y) {  // Newton's steps on erf from a logarithmic first guess
+    if (std::isnan(y) || std::fabs(y) > 1.0f) return NAN;
+    if (std::fabs(y) == 1.0f) return std::copysign(INFINITY, y);
+    const double t = std::log(1.0 - (double)y * y);
+    double x = std::copysign(std::sqrt(std::sqrt(std::pow(4.3307 + t / 2, 2) - t / 0.147) - (4.3307 + t / 2)), (double)y);
+    for (int i = 0; i < 4; ++i) x -= (std::erf(x) - y) / (2.0 / std::sqrt(M_PI) * std::exp(-x * x));
+    return (float)x;
+}
+inline float sinpif(float x) { return (float)std::sin(M_PI * std::fmod((double)x, 2.0)); }
+inline float cospif(float x) { return (float)std::cos(M_PI * std::fmod((double)x, 2.0)); }
+inline float normcdff(float x) { return (float)(0.5 * std::erfc(-(double)x / std::sqrt(2.0))); }
+inline float normcdfinvf(float p) { return (float)(std::sqrt(2.0) * (double)erfinvf(2.0f * p - 1.0f)); }
 
 // A GPU faults on a misaligned vector access; x86 does not, so the emulator counts them instead.
 // kp_emu_error: 1 when threads wait at a barrier the others never reach, 2 when no stacks could be mapped.

@@ -195,6 +195,19 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "special": (  # digamma (ours: reflection by sinpi / cospi, recurrence, asymptotic series), Bessel i0 / i1,
+        # erfcx, erfinv, the normal CDF and its inverse (CUDA's math library)
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (torch.digamma(x * 2.0), torch.special.i0(x), torch.special.i1(x * 0.5), torch.special.erfcx(x),
+                        torch.erfinv(torch.tanh(x)), torch.special.ndtr(x), torch.special.ndtri(torch.sigmoid(x)),
+                        torch.special.psi(x.abs() * 6.0 + 0.25))
+        """,
+        "[torch.randn(37, 130)]",
+        "[]",
+        1e-5,
+    ),
     "logcumsumexp": (  # the scan's operator log-add-exp (identity -inf): rows in chunks, a warp a row
         # (rows of 4 multiples), a column walk, a reversed one through a folded flip, an epilogue
         """
@@ -640,6 +653,7 @@ FAMILIES = {
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
+    "special": {"ew"},
     "logcumsumexp": {"scan", "ew", "view"},
     "folded_scans": {"scan", "ew", "view"},
     "bmm_epilogue": {"library", "ew"},

@@ -636,6 +636,16 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # special functions: digamma (ours), Bessel i0 / i1, erfcx, erfinv, the normal CDF and its inverse (CUDA's)
+    "special": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return (torch.digamma(x * 2.0), torch.special.i0(x), torch.special.i1(x * 0.5), torch.special.erfcx(x),
+                        torch.erfinv(torch.tanh(x)), torch.special.ndtr(x), torch.special.ndtri(torch.sigmoid(x)))
+        """,
+        "[]",
+    ),
     # logcumsumexp as a scan with log-add-exp: along rows (chunks, or a warp a row), down columns, reversed
     "logcumsumexp": (
         """
@@ -845,6 +855,7 @@ SHAPES = {
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
     "ew_views": ["(4, 48, 2048)", "(3, 41, 2054)"],
     "logcumsumexp": ["(64, 8192)", "(3, 1001)", "(2, 5, 1)"],
+    "special": ["(1000, 777)", "(7,)"],
     "pads": ["(8, 16, 56, 56)", "(2, 3, 5, 7)", "(1, 1, 2, 3)"],
     "pads_bf16": ["(4, 8, 30, 31)"],
     "join_many": ["(4, 16, 8, 64); (4, 3, 64, 8)", "(2, 5, 3, 7); (2, 3, 7, 3)"],

@@ -106,6 +106,18 @@ _UNARY_CALL = {
     "acosh": "acoshf({0})",
     "atanh": "atanhf({0})",
     "lgamma": "lgammaf({0})",
+    # special functions: CUDA's math library where it has them, ours (ON_USE) where it does not
+    "digamma": "kp_digamma({0})",
+    "special_digamma": "kp_digamma({0})",
+    "special_psi": "kp_digamma({0})",
+    "i0": "cyl_bessel_i0f({0})",
+    "special_i0": "cyl_bessel_i0f({0})",
+    "special_i1": "cyl_bessel_i1f({0})",
+    "special_erfcx": "erfcxf({0})",
+    "erfinv": "erfinvf({0})",
+    "special_erfinv": "erfinvf({0})",
+    "special_ndtr": "normcdff({0})",
+    "special_ndtri": "normcdfinvf({0})",
 }
 _IDENTITY = {"alias", "clone", "detach", "lift_fresh_copy", "positive", "contiguous"}
 _COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}

@@ -25,6 +25,31 @@ ON_USE: dict[str, str] = {
     const float e = expf(x), n = e * (e + 2.0f);
     return x > 20.0f ? x : x * (n / (n + 2.0f));
 }""",
+    # digamma in fp32 as ATen computes it on the GPU: reflection below 0 (poles at the non-positive
+    # integers, signed infinity at 0), the recurrence psi(x) = psi(x + 1) - 1/x up to 10, then the asymptotic
+    # series ln x - 1/(2x) - sum B_2k / (2k x^2k), its seven terms the Bernoulli numbers' (1/12, -1/120, ...)
+    "kp_digamma": r"""__device__ __forceinline__ float kp_digamma_pos(float x) {
+    float acc = 0.0f;
+    while (x < 10.0f) {
+        acc -= 1.0f / x;
+        x += 1.0f;
+    }
+    if (x == 10.0f) return acc + 2.25175258906672110764f;  // psi(10)
+    const float z = 1.0f / (x * x);
+    const float series = z * (8.33333333333333333333e-2f + z * (-8.33333333333333333333e-3f + z * (3.96825396825396825397e-3f
+        + z * (-4.16666666666666666667e-3f + z * (7.57575757575757575758e-3f + z * (-2.10927960927960927961e-2f
+        + z * 8.33333333333333333333e-2f))))));
+    return acc + logf(x) - 0.5f / x - series;
+}
+__device__ __forceinline__ float kp_digamma(float x) {
+    if (x == 0.0f) return copysignf(INFINITY, -x);
+    if (x < 0.0f) {
+        if (x == truncf(x)) return NAN;
+        // pi cot(pi x) from sinpi / cospi: exact argument reduction, where tanf(pi * x) rounds pi * x first
+        return kp_digamma_pos(1.0f - x) - 3.14159265358979323846f * cospif(x) / sinpif(x);
+    }
+    return kp_digamma_pos(x);
+}""",
 }
 
 PRELUDE = r"""#ifdef KP_HALF_TYPES  // defined only for sources that use fp16/bf16: the headers are most of a small build
