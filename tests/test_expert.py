@@ -195,6 +195,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "diag_embed": (  # x broadcast over the rows, kept on the diagonal by triu and tril: one positional kernel
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.diag_embed(x), torch.diag(x[0, 0] * 2.0) + 1.0, torch.diag_embed(x.mT.sigmoid())
+        """,
+        "[torch.randn(5, 37, 33)]",
+        "[]",
+        1e-6,
+    ),
     "special": (  # digamma (ours: reflection by sinpi / cospi, recurrence, asymptotic series), Bessel i0 / i1,
         # erfcx, erfinv, the normal CDF and its inverse (CUDA's math library)
         """
@@ -653,6 +663,7 @@ FAMILIES = {
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
+    "diag_embed": {"ew", "view"},
     "special": {"ew"},
     "logcumsumexp": {"scan", "ew", "view"},
     "folded_scans": {"scan", "ew", "view"},

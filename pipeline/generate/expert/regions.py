@@ -713,6 +713,35 @@ def _cross(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, dataclasses.replace(stack, target=n.target)]
 
 
+def _diag_embed(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """diag_embed(x) (offset 0, the last two dims) and diag(v) of a vector (diagonal 0): x[..., j] broadcast
+    over the rows, kept where i == j by triu and tril of offset 0, positional elementwise ops of one kernel
+    that writes the zeros too."""
+    a = n.args
+    x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    if x is None or x.shape is None or not n.shape or n.dtype not in ops.FLOAT_DTYPES or x.dtype != n.dtype:
+        return None
+    if n.op == "diag":
+        if len(x.shape) != 1 or (a[1] if len(a) > 1 else n.kw("diagonal", 0)) != 0:
+            return None
+    elif [*a[1:], *(None,) * 3][:3] not in (
+        [None] * 3,
+        [0, None, None],
+        [0, -2, None],
+        [0, -2, -1],
+    ) or n.kwargs:
+        return None
+    size = x.shape[-1]
+    if n.shape != (*x.shape, size):
+        return None
+    name, dt = n.name, n.dtype
+    row = _mk(f"{name}_row", "unsqueeze", (a[0], -2), (*x.shape[:-1], 1, size), dt)
+    full = _mk(f"{name}_full", "expand", (Ref(row.name), n.shape), n.shape, dt)
+    upper = _mk(f"{name}_upper", "triu", (Ref(full.name), 0), n.shape, dt)
+    diag = dataclasses.replace(_mk(name, "tril", (Ref(upper.name), 0), n.shape, dt), target=n.target)
+    return [row, full, upper, diag]
+
+
 def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cosine_similarity(x1, x2, dim, eps) of two same-shaped tensors: the dot product over the norms, each
     norm at least eps (ATen divides each operand by its clamped norm before the sum: the same value up to
@@ -1052,6 +1081,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("hinge_embedding_loss", "cosine_embedding_loss") and (
         lowered := _embedding_losses(n, by_name)
     ):
+        return lowered
+    if n.op in ("diag_embed", "diag") and (lowered := _diag_embed(n, by_name)):
         return lowered
     if n.op in ("linalg_cross", "cross") and (lowered := _cross(n, by_name)):
         return lowered
