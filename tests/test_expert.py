@@ -195,6 +195,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "take_along": (  # gathers of both operands expanded to their broadcast shape but along the dim
+        """
+        class Model(nn.Module):
+            def forward(self, x, i):
+                return (torch.take_along_dim(x, i, 0) * 2.0, torch.take_along_dim(x[:, None], i[None, :3, :1], 2))
+        """,
+        "[torch.randn(37, 130), torch.randint(0, 37, (4, 130))]",
+        "[]",
+        1e-6,
+    ),
     "diag_embed": (  # x broadcast over the rows, kept on the diagonal by triu and tril: one positional kernel
         """
         class Model(nn.Module):
@@ -663,6 +673,7 @@ FAMILIES = {
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
+    "take_along": {"torch", "ew", "view"},  # the gathers: torch regions the move family claims
     "diag_embed": {"ew", "view"},
     "special": {"ew"},
     "logcumsumexp": {"scan", "ew", "view"},

@@ -742,6 +742,39 @@ def _diag_embed(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [row, full, upper, diag]
 
 
+def _take_along(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """take_along_dim(x, idx, dim) of operands of one rank: both expanded to their broadcast shape but along
+    dim, then a gather (the movement family's). The flat form (dim None) is left as it is."""
+    a = n.args
+    x, idx = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    dim = a[2] if len(a) > 2 else n.kw("dim")
+    if x is None or idx is None or x.shape is None or idx.shape is None or not isinstance(dim, int):
+        return None
+    nd = len(x.shape)
+    if not nd or len(idx.shape) != nd or idx.dtype != "int64" or n.shape is None:
+        return None
+    d = dim % nd
+    both = []
+    for k, (u, v) in enumerate(zip(x.shape, idx.shape, strict=True)):
+        if k != d and u != v and 1 not in (u, v):
+            return None
+        both.append(max(u, v))
+    xs, ids = (*both[:d], x.shape[d], *both[d + 1 :]), (*both[:d], idx.shape[d], *both[d + 1 :])
+    if ids != n.shape:
+        return None
+    out, src, ind = [], a[0], a[1]
+    if xs != x.shape:
+        out.append(_mk(f"{n.name}_x", "expand", (src, xs), xs, x.dtype))
+        src = Ref(out[-1].name)
+    if ids != idx.shape:
+        out.append(_mk(f"{n.name}_i", "expand", (ind, ids), ids, idx.dtype))
+        ind = Ref(out[-1].name)
+    return [
+        *out,
+        dataclasses.replace(_mk(n.name, "gather", (src, d, ind), n.shape, n.dtype), target=n.target),
+    ]
+
+
 def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cosine_similarity(x1, x2, dim, eps) of two same-shaped tensors: the dot product over the norms, each
     norm at least eps (ATen divides each operand by its clamped norm before the sum: the same value up to
@@ -1081,6 +1114,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("hinge_embedding_loss", "cosine_embedding_loss") and (
         lowered := _embedding_losses(n, by_name)
     ):
+        return lowered
+    if n.op == "take_along_dim" and (lowered := _take_along(n, by_name)):
         return lowered
     if n.op in ("diag_embed", "diag") and (lowered := _diag_embed(n, by_name)):
         return lowered
