@@ -580,3 +580,13 @@ def test_a_pads_fill_is_the_dtypes_bits_repeated_to_64():
     assert fill_bits(True, "bool") == 0x01010101_01010101 and fill_bits(-7, "int64") == 2**64 - 7
     with pytest.raises(RenderError, match="cannot hold"):
         fill_bits(300, "uint8")
+
+
+def test_kernels_left_unbounded_are_bounded_where_a_block_would_not_launch():
+    """The reversing copy and the placement kernel run unbounded at up to 512 threads a block (64 to 80
+    registers: bounded at 256 the reversing copy spilled); resize_grid may ask 1024, where 80 registers a
+    thread would not launch: bounded there."""
+    from pipeline.generate.expert.templates.movement import _bounds
+
+    assert _bounds(256) == "" and _bounds(512) == ""
+    assert _bounds(1024).strip() == "__launch_bounds__(1024)"

@@ -230,8 +230,7 @@ def _kernel(
         f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
         for arr, p in (("size", "z"), ("sstr", "a"), ("dstr", "b"))
     )
-    # the reversing kernel unbounded: held to 64 registers (what __launch_bounds__(256) gives) it spills
-    bounds = "" if rev else f"{launch_bounds(threads, 0)}\n"
+    bounds = _bounds(threads) if rev else f"{launch_bounds(threads, 0)}\n"
     return (
         f'extern "C" __global__ void {bounds}{name}({sig.decls()}) {{\n{arrays}\n'
         f"    kp_{rid}::move<{unit}, {mode}, {lane or unit}, {'true' if rev else 'false'}>(src, dst, rows, inner, s0, d0, si, di, nd, size, "
@@ -239,7 +238,13 @@ def _kernel(
     )
 
 
-def _place_kernel(rid: str, name: str, unit: str, wrap: bool) -> str:
+def _bounds(threads: int) -> str:
+    """A kernel of 64 to 80 registers left unbounded up to 512 threads a block (held to what
+    __launch_bounds__(256) gives, 64, the reversing copy spilled), bounded beyond, where it would not launch."""
+    return "" if threads <= 512 else f"{launch_bounds(threads, 0)}\n"
+
+
+def _place_kernel(rid: str, name: str, unit: str, wrap: bool, threads: int) -> str:
     """kp_{rid}::place over units of `unit`: the fill passed as its element's bits repeated to 64."""
     arrays = "\n".join(
         f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
@@ -248,7 +253,7 @@ def _place_kernel(rid: str, name: str, unit: str, wrap: bool) -> str:
     per_dim = ", ".join(f"long long {p}{d}" for p in "zmka" for d in range(OUTER))
     ilp = 4 if unit == "float4" else 8
     return (
-        'extern "C" __global__ void\n'  # unbounded: held to 64 registers it spilled its row's coordinates
+        f'extern "C" __global__ void {_bounds(threads)}'
         f"{name}(const {unit}* __restrict__ src, {unit}* __restrict__ dst, unsigned long long fill, "
         f"long long rows, long long inner, long long lo, long long keep, long long si, long long s0, int nd, "
         f"{per_dim}) {{\n{arrays}\n"
@@ -707,9 +712,9 @@ def render(r: Region, dtype: str, threads: int, vec: bool, sink: bool = False) -
     fill = fill_bits(pad_value(n), dtype) if placed and n.op != "roll" else 0
     if placed:  # written from the output's side, by elements, and 16 bytes a unit where it aligns (vec)
         kernels += [f"kp_{rid}_place"] + ([f"kp_{rid}_place16"] if vec else [])
-        cuda += _place_kernel(rid, f"kp_{rid}_place", unit, n.op == "roll")
+        cuda += _place_kernel(rid, f"kp_{rid}_place", unit, n.op == "roll", threads)
         if vec:
-            cuda += _place_kernel(rid, f"kp_{rid}_place16", "float4", n.op == "roll")
+            cuda += _place_kernel(rid, f"kp_{rid}_place16", "float4", n.op == "roll", threads)
     join = sink and n.op == "cat"  # its contiguous inputs copied by one launch a JOIN of them
     if join:
         kernels += [f"kp_{rid}_join"] + ([f"kp_{rid}_join16"] if lanes > 1 else [])
