@@ -716,7 +716,7 @@ def _cross(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
 def _diag_embed(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """diag_embed(x) (offset 0, the last two dims) and diag(v) of a vector (diagonal 0): x[..., j] broadcast
     over the rows, kept where i == j by triu and tril of offset 0, positional elementwise ops of one kernel
-    that writes the zeros too."""
+    that writes the zeros too (reading x, and a constant of its column's shape it never reads)."""
     a = n.args
     x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
     if x is None or x.shape is None or not n.shape or n.dtype not in ops.FLOAT_DTYPES or x.dtype != n.dtype:
@@ -735,11 +735,15 @@ def _diag_embed(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     if n.shape != (*x.shape, size):
         return None
     name, dt = n.name, n.dtype
+    # x as a row times ones as a column: the broadcast happens in the kernel (a row operand read by its
+    # column index), where an expanded view would be gathered into an n x n copy first; x * 1 keeps -0.0
     row = _mk(f"{name}_row", "unsqueeze", (a[0], -2), (*x.shape[:-1], 1, size), dt)
-    full = _mk(f"{name}_full", "expand", (Ref(row.name), n.shape), n.shape, dt)
+    col = _mk(f"{name}_col", "unsqueeze", (a[0], -1), (*x.shape, 1), dt)
+    ones = _mk(f"{name}_ones", "ones_like", (Ref(col.name),), col.shape, dt)
+    full = _mk(f"{name}_full", "mul", (Ref(row.name), Ref(ones.name)), n.shape, dt, "Tensor")
     upper = _mk(f"{name}_upper", "triu", (Ref(full.name), 0), n.shape, dt)
     diag = dataclasses.replace(_mk(name, "tril", (Ref(upper.name), 0), n.shape, dt), target=n.target)
-    return [row, full, upper, diag]
+    return [row, col, ones, full, upper, diag]
 
 
 def _take_along(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
