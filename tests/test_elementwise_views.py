@@ -84,12 +84,18 @@ def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
 def test_a_chain_of_fresh_operands_takes_no_row_strides(tmp_path):
     """Only a chain reading a strided view gets the row strides: others keep their kernels and launchers
     (and with them the candidate keys GPU recordings are replayed by)."""
-    body = "class Model(nn.Module):\n    def forward(self, x):\n        return torch.relu(x) * 2.0 + torch.sigmoid(x)"
-    path = task_file(tmp_path, "fresh", body, "[torch.randn(64, 2048)]")
-    task = probe(path)
-    for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2):
-        assert "ld0" not in p.candidate.source and "_runs(" not in p.candidate.launcher, p.candidate.edit
-        assert "_row_stride" not in p.candidate.launcher
+    for name, expr in (
+        ("fresh", "torch.relu(x) * 2.0 + torch.sigmoid(x)"),
+        ("sorted", "torch.sort(x, 1).values * 2.0 + 1.0"),  # a getitem of a tuple-valued op: a fresh tensor
+    ):
+        body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
+        task = probe(task_file(tmp_path, name, body, "[torch.randn(64, 2048)]"))
+        for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2):
+            assert "ld0" not in p.candidate.source and "_runs(" not in p.candidate.launcher, (
+                name,
+                p.candidate.edit,
+            )
+            assert "_row_stride" not in p.candidate.launcher
 
 
 @needs_gxx
