@@ -195,6 +195,20 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "channel_shuffle": (  # views, the last one gathered by our copy kernel; nn.ChannelShuffle and the functional
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.shuffle = nn.ChannelShuffle(4)
+
+            def forward(self, x):
+                return self.shuffle(x) * 2.0, F.channel_shuffle(x[:, :6], 3)
+        """,
+        "[torch.randn(3, 8, 5, 7)]",
+        "[]",
+        1e-6,
+    ),
     "take_along": (  # gathers of both operands expanded to their broadcast shape but along the dim
         """
         class Model(nn.Module):
@@ -673,6 +687,7 @@ FAMILIES = {
     "softmaxes": {"softmax", "ew"},
     "norms": {"norm", "ew"},
     "scans": {"scan", "ew"},
+    "channel_shuffle": {"ew", "view"},
     "take_along": {"torch", "ew", "view"},  # the gathers: torch regions the move family claims
     "diag_embed": {"ew", "view"},
     "special": {"ew"},

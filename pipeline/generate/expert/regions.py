@@ -746,6 +746,26 @@ def _diag_embed(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [row, col, ones, full, upper, diag]
 
 
+def _channel_shuffle(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """channel_shuffle(x, g) (ShuffleNet's): x (N, C, ...) seen as (N, g, C / g, ...), the two group dims
+    swapped, read back as (N, C, ...): views, the last one gathered by our own copy kernel."""
+    a = n.args
+    x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    g = a[1] if len(a) > 1 else n.kw("groups")
+    if x is None or x.shape is None or len(x.shape) < 2 or not isinstance(g, int) or g < 1:
+        return None
+    batch, c, rest = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    if c % g or n.shape != x.shape:
+        return None
+    name, dt = n.name, n.dtype
+    split = _mk(f"{name}_groups", "reshape", (a[0], (batch, g, c // g, *rest)), (batch, g, c // g, *rest), dt)
+    swapped = _mk(
+        f"{name}_swapped", "transpose", (Ref(split.name), 1, 2), (batch, c // g, g, *rest), dt, "int"
+    )
+    back = _mk(name, "reshape", (Ref(swapped.name), x.shape), x.shape, dt)
+    return [split, swapped, dataclasses.replace(back, target=n.target)]
+
+
 def _take_along(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """take_along_dim(x, idx, dim) of operands of one rank: both expanded to their broadcast shape but along
     dim, then a gather (the movement family's). The flat form (dim None) is left as it is."""
@@ -1118,6 +1138,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("hinge_embedding_loss", "cosine_embedding_loss") and (
         lowered := _embedding_losses(n, by_name)
     ):
+        return lowered
+    if n.op in ("channel_shuffle", "native_channel_shuffle") and (lowered := _channel_shuffle(n, by_name)):
         return lowered
     if n.op == "take_along_dim" and (lowered := _take_along(n, by_name)):
         return lowered
