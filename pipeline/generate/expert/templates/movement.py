@@ -221,15 +221,20 @@ def _signature(unit: str, take: bool) -> Signature:
     )
 
 
+def _dim_arrays(pairs: tuple[tuple[str, str], ...]) -> str:
+    """A kernel's per-dim arrays gathered from its scalar parameters: array `arr` from p0 .. p6, a pair each."""
+    return "\n".join(
+        f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
+        for arr, p in pairs
+    )
+
+
 def _kernel(
     rid: str, name: str, unit: str, threads: int, mode: int, lane: str = "", rev: bool = False
 ) -> str:
     """A copy kernel moving units of `unit`; rev: each unit's `lane`-typed lanes reversed (a flip's run)."""
     sig = _signature(unit, mode > 0)
-    arrays = "\n".join(
-        f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
-        for arr, p in (("size", "z"), ("sstr", "a"), ("dstr", "b"))
-    )
+    arrays = _dim_arrays((("size", "z"), ("sstr", "a"), ("dstr", "b")))
     bounds = _bounds(threads) if rev else f"{launch_bounds(threads, 0)}\n"
     return (
         f'extern "C" __global__ void {bounds}{name}({sig.decls()}) {{\n{arrays}\n'
@@ -246,10 +251,7 @@ def _bounds(threads: int) -> str:
 
 def _place_kernel(rid: str, name: str, unit: str, wrap: bool, threads: int) -> str:
     """kp_{rid}::place over units of `unit`: the fill passed as its element's bits repeated to 64."""
-    arrays = "\n".join(
-        f"    const long long {arr}[{OUTER}] = {{{', '.join(f'{p}{d}' for d in range(OUTER))}}};"
-        for arr, p in (("size", "z"), ("mid", "m"), ("kept", "k"), ("sstr", "a"))
-    )
+    arrays = _dim_arrays((("size", "z"), ("mid", "m"), ("kept", "k"), ("sstr", "a")))
     per_dim = ", ".join(f"long long {p}{d}" for p in "zmka" for d in range(OUTER))
     ilp = 4 if unit == "float4" else 8
     return (
