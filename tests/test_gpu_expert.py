@@ -941,11 +941,12 @@ GATHERS = {"cross_entropy"}  # the model's own where on its int64 targets is PyT
 def ours(c) -> bool:
     """Our own kernel computes the library region (a WGMMA GEMM or convolution, the direct convolution, the
     few-row linear layer on the CUDA cores), or the lowering left none (a one-row matmul: column dot
-    products). The launcher's first line names each region's kind."""
+    products). The launcher's first line names each region's kind: library and torch ones are PyTorch's."""
     plan = plan_of(c.source)
     if uses_cute(plan) or any(rp.TAG in ("direct_conv", "skinny_gemm") for rp in plan.regions):
         return True
-    return ": library" not in c.launcher.splitlines()[0]
+    head = c.launcher.splitlines()[0]
+    return ": library" not in head and ": torch" not in head  # PyTorch's own op (a where on int64 targets)
 
 
 def family_task(folder: Path, name: str, shape: str) -> Path:
