@@ -807,7 +807,8 @@ SHAPES = {
     "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)", "(2, 200003)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
     # clusters of 2 (361 KB rows, unaligned), of 8 (LogSoftmax's 1.5 MB), and rows too long for any (4 MB)
-    "long_rows": ["(2, 3, 300, 301)", "(1, 3, 1, 393215)", "(1, 3, 1003, 1001)"],
+    # the last: 256 KB rows, each block's segment in registers (the others' cached in shared memory)
+    "long_rows": ["(2, 3, 300, 301)", "(1, 3, 1, 393215)", "(1, 3, 1003, 1001)", "(2, 3, 256, 256)"],
     "layer_rms": ["(1001, 4097)", "(2, 3, 4097)"],
     "layer_rms_4k": ["(1001, 4096)"],
     "rms_by_hand": ["(1001, 4097)", "(2, 3, 4097)"],

@@ -15,6 +15,10 @@ from expert_plans import tuned, tuned_with_edit
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
+from pipeline.generate.expert import plan_of
+from pipeline.generate.expert.edits import legal_edits
+from pipeline.generate.expert.policy import analyse
+from pipeline.generate.expert.render import render
 from pipeline.profile.collect import dump_sass, parse_sass
 from pipeline.static_check import check_launcher
 from pipeline.tasks import load_module
@@ -28,6 +32,8 @@ CASES = {
     "rms_norm": ("nn.RMSNorm(41000)", "y", "3, 41000", 2),
     "instance_norm": ("nn.InstanceNorm2d(3, affine=True)", "y", "2, 3, 210, 210", 2),
     "group_norm_spanning": ("nn.GroupNorm(2, 6)", "y", "2, 6, 121, 121", 2),  # segments cross channels
+    # channels of whole vectors: the segments (crossing channels) held in registers
+    "group_norm_regs": ("nn.GroupNorm(2, 6)", "y", "2, 6, 120, 120", 2),
     # 16-bit rows: 8 elements a vector, half the vectors in flight (all of them spilled at 1024 threads)
     "layer_norm_bf16": ("nn.LayerNorm(60000).to(torch.bfloat16)", "y", "2, 60000", 2, "bfloat16"),
     # two cluster regions in one source: the cluster helpers are emitted once
@@ -53,9 +59,16 @@ def _task(folder: Path, name: str) -> Path:
     return path
 
 
+# Rows of whole, aligned vectors (and channels of them): the tuned plan's blocks hold their segments in
+# registers; the others fall back to the segment cached in shared memory.
+IN_REGISTERS = {"group_norm_regs", "instance_norm", "layer_norm_affine", "layer_norm_bf16", "rms_norm",
+                "softmax_scaled"}  # fmt: skip
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("form", ["tuned", "shared"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
+def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name, form):
     path = _task(tmp_path, name)
     module = load_module(path)
     torch.manual_seed(0)
@@ -66,8 +79,10 @@ def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
     x = module.get_inputs()[0]
     with torch.no_grad():
         want = ref(x)
-    cand = tuned(path)
+    # "shared": reduce_registers takes the segments out of the registers, into shared memory
+    cand = tuned(path) if form == "tuned" else tuned_with_edit(path, "reduce_registers")
     assert f'"cluster":{CASES[name][3]}' in cand.source.splitlines()[0]
+    assert ('"regs"' in cand.source.splitlines()[0]) == (form == "tuned")
     u = 4 if len(CASES[name]) > 4 else 8  # vectors in flight a thread: fewer of 16-bit ones
     assert f'"unroll":{u}' in cand.source.splitlines()[0] and f"t_[{u}]" in cand.source  # batched loads
     report = check_launcher(cand.launcher)
@@ -79,6 +94,8 @@ def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
         got = model(x)
     names = [launch[0] for launch in kernels.launches]
     assert names and all("_cluster_" in n for n in names), names
+    in_regs = form == "tuned" and name in IN_REGISTERS
+    assert all(("_cluster_regs_" in n) == in_regs for n in names), (names, in_regs)
     grids = {launch[1][0] for launch in kernels.launches}
     assert all(g % CASES[name][3] == 0 for g in grids), grids  # whole clusters
     tol = 2e-2 if len(CASES[name]) > 4 else 1e-4  # a bf16 output: one rounding of 2^-8 relative
@@ -86,19 +103,56 @@ def test_long_rows_are_spread_over_a_cluster_and_match_pytorch(tmp_path, name):
 
 
 @pytest.mark.slow
-def test_cluster_softmax_statistics_keep_minus_infinity_and_nan_as_pytorch_does(tmp_path):
-    """Softmax's max and sum are taken a batch of loads at a time: a block whose whole segment is -inf (its
-    running max stays -inf), -inf scattered through a row, and NaN, which spreads over its row."""
-    path = _task(tmp_path, "log_softmax_odd")
+@pytest.mark.parametrize("name", ["log_softmax_odd", "softmax_scaled"])
+def test_cluster_softmax_statistics_keep_minus_infinity_and_nan_as_pytorch_does(tmp_path, name):
+    """Softmax's max and sum are taken a batch of loads at a time (segment in shared memory: the odd row)
+    or from the segment's max (in registers): a block whose whole segment is -inf (its max stays -inf),
+    -inf scattered through a row, and NaN, which spreads over its row."""
+    path = _task(tmp_path, name)
     x = load_module(path).get_inputs()[0]
     x[0, :30000] = float("-inf")  # over the first block's whole segment
     x[1, 100:20000:7] = float("-inf")
     x[1, 40000] = float("nan")
-    want = torch.log_softmax(x, dim=-1)
+    want = torch.softmax(x, dim=-1) * 2 if name == "softmax_scaled" else torch.log_softmax(x, dim=-1)
     cand = tuned(path)
-    got = load_model(cand.launcher, build(cand.source, tmp_path), sms=4)()(x)
+    kernels = build(cand.source, tmp_path)
+    got = load_model(cand.launcher, kernels, sms=4)()(x)
+    assert {launch[0] for launch in kernels.launches} == {
+        "kp_log_softmax_cluster_v4" if name == "log_softmax_odd" else "kp_softmax_cluster_regs_v4"
+    }
     assert got[1].isnan().all() and not got[0].isnan().any()
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_kernelbench_long_norms_hold_their_segments_in_registers(tmp_path):
+    """Level 1's InstanceNorm (1 MB rows, 8 blocks), L1 and L2 norms (256 KB rows, 2 blocks): each block's
+    128 KB segment in 256 threads' registers, 32 vectors each, compiled for sm_90a without spills;
+    LogSoftmax's 1.5 MB rows (192 KB a block) do not fit and keep the shared-memory segment."""
+    ops = {  # name -> (forward's expression of x, its shape): KernelBench level 1's 34, 38, 39 and 24
+        "instance": ("F.instance_norm(x)", "112, 64, 512, 512"),
+        "l1": ("x / torch.sum(torch.abs(x), dim=1, keepdim=True)", "32768, 65536"),
+        "l2": ("x / torch.norm(x, p=2, dim=1, keepdim=True)", "32768, 65536"),
+        "log_softmax": ("torch.log_softmax(x, dim=1)", "4096, 393216"),
+    }
+    paths = []
+    for name, (expr, shape) in ops.items():  # only planned and compiled: nothing of this size is allocated
+        paths.append(tmp_path / f"{name}.py")
+        paths[-1].write_text(
+            "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass Model(nn.Module):\n"
+            f"    def forward(self, x):\n        return {expr}\n\n\ndef get_inputs():\n    return [torch.randn({shape})]\n\n\n"
+            "def get_init_inputs():\n    return []\n"
+        )
+    cands = [tuned(p) for p in paths]
+    plans = [plan_of(c.source).regions[0] for c in cands]
+    assert [(rp.cluster, rp.threads, rp.regs) for rp in plans] == [(8, 256, 32), (2, 256, 32), (2, 256, 32),
+                                                                    (8, 1024, 0)]  # fmt: skip
+    for c, rp in zip(cands[:3], plans[:3], strict=True):
+        assert f"kp_{rp.rid}_cluster_regs_v4(cgrid, (256,)" in c.launcher
+    assert "_cluster_regs_" not in cands[3].launcher
+    for b in compile_candidates(cands[:3], Config(home=tmp_path / "home", arch="sm_90a")):
+        assert b.status == Status.OK and not b.log, b.log
+        regs = [r for r in b.resources if "_cluster_regs_" in r.name]
+        assert len(regs) == 1 and regs[0].spill_stores == 0 and regs[0].spill_loads == 0, regs
 
 
 def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):
@@ -135,3 +189,39 @@ def test_the_search_can_leave_the_cluster_for_a_block_per_row(tmp_path):
     left = tuned_with_edit(path, "increase_occupancy")
     assert '"cluster"' in tuned(path).source.splitlines()[0]
     assert '"cluster"' not in left.source.splitlines()[0] and "_cluster_v" not in left.launcher
+
+
+@pytest.mark.slow
+def test_every_edit_of_a_register_held_segment_renders_and_matches_pytorch(tmp_path):
+    """The search's moves from a cluster whose blocks hold their segments in registers: a cluster of twice
+    the blocks (the segment re-divided), a resized block (re-divided or cached), the segment in shared memory
+    (reduce_registers), a block per row (increase_occupancy); each launches what its plan says."""
+    path = _task(tmp_path, "layer_norm_affine")
+    low, why = analyse(path)
+    assert low is not None, why
+    base = tuned(path)
+    plan = plan_of(base.source)
+    x = load_module(path).get_inputs()[0]
+    ref = load_module(path).Model()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p))
+        want = ref(x)
+    seen = set()
+    for label, edited in legal_edits(plan, low):
+        rp = edited.regions[0]
+        if rp == plan.regions[0] or label.split("(")[0] in seen:
+            continue
+        seen.add(label.split("(")[0])
+        source, launcher = render(low, edited)
+        assert check_launcher(launcher).ok, label
+        kernels = build(source, tmp_path)
+        model = load_model(launcher, kernels, sms=4)()
+        model.load_state_dict(ref.state_dict())
+        with torch.no_grad():
+            got = model(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=label)
+        names = {launch[0] for launch in kernels.launches}
+        in_regs = bool(rp.cluster and rp.regs)
+        assert any("_cluster_regs_" in n for n in names) == in_regs, (label, rp, names)
+    assert {"tile_shared_memory", "reduce_registers", "increase_occupancy", "resize_grid"} <= seen, seen

@@ -13,7 +13,8 @@ long for one block's shared memory but fits a thread-block cluster's (`cluster`:
 up to ~1.5 MB of fp32) spreads each row over a cluster: every block caches its segment in shared memory
 while it reads it (`unroll` 16-byte loads in flight a thread), the blocks' statistics are merged through distributed shared memory (in rank order:
 deterministic), and each block writes its segment from its cache: one DRAM read and one write an element,
-where a block per row reads a row of that length twice from DRAM.
+where a block per row reads a row of that length twice from DRAM. Where a segment fits the block's
+registers (`regs` vectors a thread, 128 floats at most), it is held there instead: no shared-memory round trip.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's r
 MAX_REGS = 16  # vectors per thread a register-held row may take (64 fp32 registers at 16-byte vectors)
 MAX_CLUSTER = 8  # blocks a cluster: the portable limit (16 needs a non-portable opt-in)
 CLUSTER_SMEM = 227 * 1024  # dynamic shared memory a block of a cluster may take (the H100/H200 limit)
+# A cluster's block holding its segment in registers: floats a block may hold (half an SM's 64K registers,
+# the rest for the kernel's own), and floats a thread may (a 256-thread block's 128 of its 255).
+CLUSTER_REG_FLOATS = 32 * 1024
+CLUSTER_THREAD_FLOATS = 128
 
 # Kahan's step, s += x with the add's rounding error kept in c and taken off the next one: emitted only beside
 # a compensated sum (guarded, as the cluster's helpers below), so no other kernel's source changes.
@@ -231,6 +236,10 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         for v in sorted({1, rp.vec}):
             wrappers.append(kernel(f"{lb} __cluster_dims__({rp.cluster}, 1, 1)", f"kp_{rid}_cluster_v{v}", csig,
                                    f"kp_{rid}_cluster<{v}>"))  # fmt: skip
+        if cluster_regs_ok(lay, rp, region):
+            body += _cluster_regs_body(rid, csig, lay, rp, pre, post, x_dt, out_dt, warp, kind)
+            wrappers.append(kernel(f"{lb} __cluster_dims__({rp.cluster}, 1, 1)", f"kp_{rid}_cluster_regs_v{rp.vec}",
+                                   csig, f"kp_{rid}_cluster_regs<{rp.vec}>"))  # fmt: skip
     split2 = split_two_pass(lay, rp, region)
     ssig = None
     if split2:
@@ -268,11 +277,13 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         indices_only,
         ssig,
         csig,
+        csig is not None and cluster_regs_ok(lay, rp, region),
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
         *(f"kp_{rid}_{part}_v{v}" for v in sorted({1, rp.vec}) for part in ("part", "apply") if ssig),
         *(f"kp_{rid}_cluster_v{v}" for v in sorted({1, rp.vec}) if csig),
+        *([f"kp_{rid}_cluster_regs_v{rp.vec}"] if csig and cluster_regs_ok(lay, rp, region) else []),
     )  # fmt: skip
     return Code(cuda, launcher, f"_r_{rid}", kernels, tuple(v for _, v in inputs),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
@@ -348,6 +359,115 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "        kp_cluster_arrive();",
         *stats,
         *write,
+        "        kp_cluster_wait();",
+        "    }",
+        "}",
+    ]
+
+
+def _cluster_regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None,
+                       post: Fused | None, x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
+    """The cluster's row with each block's segment held in registers (`regs` 16-byte vectors a thread, all
+    loads issued before any is used) instead of shared memory: the statistics as the shared-memory form
+    takes them (softmax's (max, sum of exp) from the segment's max, one exp an element), merged over the
+    cluster the same way, then the segment written from the registers. On the H200 this form ran a 1 MB row
+    4.15 ms against 4.61 cached in shared memory (benchmarks/rownorm_variants.py). The launcher takes it
+    when the row splits into whole vectors, is aligned, and each segment fits."""
+    stats, f = _stats(lay)
+    f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
+    xt, yt = ctype(x_dt), ctype(out_dt)
+    R = rp.regs
+    # a group norm's vector lies in one channel (the launcher: whole vectors a channel): its scale and shift
+    channel = (
+        [
+            "            const long long ch = (r % groups) * cg  // an instance norm's row is one channel",
+            "                + (cg == 1 ? 0 : (long long)((unsigned)(c0 + (tid + q * nt) * V) / (unsigned)(cols / cg)));",
+            "            (void)ch;",
+            f"            const float sc = rstd * {'ld(w[ch])' if lay.has_weight else '1.0f'};",
+            f"            const float sh = {'ld(b[ch])' if lay.has_bias else '0.0f'} - mean * sc;",
+        ]
+        if lay.op == "group_norm"
+        else []
+    )
+    w = "true" if warp else "false"
+    red_n = "33" if warp else "blockDim.x"
+
+    def each(*stmts: str) -> list[str]:
+        return [
+            "#pragma unroll",
+            f"        for (int q = 0; q < {R}; ++q) {{",
+            "            if (tid + q * nt >= nv) break;",
+            "#pragma unroll",
+            "            for (int e = 0; e < V; ++e) {",
+            "                const long long c = (long long)(tid + q * nt) * V + e;",
+            "                const float v = f[q][e];",
+            "                (void)c;",
+            *(f"                {t}" for t in stmts),
+            "            }",
+            "        }",
+        ]
+
+    if kind.op == "LseOp":
+        push = [
+            "        float mx = -CUDART_INF_F;",
+            *each("mx = fmaxf(mx, v);"),
+            "        acc.a = mx;  // -inf for a segment of -inf (its sum then stays 0)",
+            *each("if (v != -CUDART_INF_F) acc.b += expf(v - mx);  // NaN stays NaN"),
+        ]
+    else:
+        push = each(kind.push("acc", "v", "c0 + c"))
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_cluster_regs({sig.decls()}) {{",
+        f"    constexpr unsigned C = {rp.cluster};",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        "    const unsigned rank = kp_cluster_rank();",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+        "    for (long long r = blockIdx.x / C; r < rows; r += gridDim.x / C) {",
+        "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
+        "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        "        const long long start = rs + c0;",
+        "        const int nv = (int)(n / V);  // the launcher: cols and chunk whole vectors, x and y aligned",
+        f"        float f[{R}][V];",
+        "#pragma unroll",
+        f"        for (int q = 0; q < {R}; ++q) {{",
+        "            if (tid + q * nt < nv) {",
+        f"                const Vec<{xt}, V> t = vload<{xt}, V>(x + start + (long long)(tid + q * nt) * V);",
+        "#pragma unroll",
+        "                for (int e = 0; e < V; ++e) f[q][e] = pre(ld(t.v[e]), start + (long long)(tid + q * nt) * V + e);",
+        "            }",
+        "        }",
+        f"        Acc acc = {kind.init};",
+        *(
+            ["        const float K = pre(ld(x[rs]), rs);  // shift: the row's first element, in every block"]
+            if kind.shift
+            else []
+        ),
+        *push,
+        f"        acc = block_reduce<{w}>(acc, red, {kind.op}());",
+        "        if (tid == 0) *part = acc;",
+        "        kp_cluster_sync();",
+        "        acc = *kp_cluster_map(part, 0);",
+        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+        "        kp_cluster_arrive();",
+        *stats,
+        "#pragma unroll",
+        f"        for (int q = 0; q < {R}; ++q) {{",
+        "            if (tid + q * nt >= nv) break;",
+        *channel,
+        f"            Vec<{yt}, V> o;",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) {",
+        "                const long long c = (long long)(tid + q * nt) * V + e;",
+        "                const float v = f[q][e];",
+        f"                o.v[e] = cv<{yt}>(post({f}, start + c));",
+        "            }",
+        f"            vstore<{yt}, V>(y + start + (long long)(tid + q * nt) * V, o);",
+        "        }",
         "        kp_cluster_wait();",
         "    }",
         "}",
@@ -521,7 +641,16 @@ def regs_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     """Whether a row can be held in registers between the passes (block-per-row two-pass ops)."""
     return (
         lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind is not RegionKind.REDUCE
-        and not rp.warp_rows and not rp.smem_row and 0 < rp.regs <= MAX_REGS
+        and not rp.warp_rows and not rp.smem_row and not rp.cluster and 0 < rp.regs <= MAX_REGS
+    )  # fmt: skip
+
+
+def cluster_regs_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
+    """Whether a cluster's blocks hold their segments in registers (`regs` vectors a thread) rather than in
+    shared memory."""
+    return (
+        cluster_ok(lay, rp, region) and rp.regs > 0
+        and rp.regs * rp.vec <= CLUSTER_THREAD_FLOATS and rp.regs * rp.vec * rp.threads <= CLUSTER_REG_FLOATS
     )  # fmt: skip
 
 
@@ -806,7 +935,7 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
 def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
               cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None,
-              csig: Signature | None = None) -> str:  # fmt: skip
+              csig: Signature | None = None, cregs: bool = False) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
@@ -850,6 +979,14 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
         ]
+        if cregs:  # each segment in registers: whole vectors, aligned, and few enough for the plan's block
+            V = rp.vec
+            lines += [
+                f"        if cols % {V} == 0 and chunk <= {rp.regs * V * threads} and _aligned((x, y), {V})"
+                + (f" and (cols // cg) % {V} == 0:" if lay.op == "group_norm" else ":"),
+                f"            kernels.kp_{rid}_cluster_regs_v{V}(cgrid, ({threads},), cargs, shared_mem={cred.replace('cblock', str(threads))} + 16)  # noqa: F821",
+                f"            return {ret}",
+            ]
         call = "kernels.kp_{}_cluster_v{}(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821"
         if rp.vec > 1:  # the weight and bias are read one element at a time: x and y alone must align
             lines += [

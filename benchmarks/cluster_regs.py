@@ -1,0 +1,99 @@
+"""A long row's cluster segments in registers or in shared memory, measured through the harness on the GPU.
+
+    python benchmarks/cluster_regs.py --out DIR TASK.py [TASK.py ...] [--repeat 2]
+
+For each task (a two-pass row op whose rows one block cannot cache: KernelBench level 1's InstanceNorm,
+L1Norm, L2Norm) two candidates of the same lowering: the expert's tuned plan, whose cluster blocks hold
+their segments in registers where they fit (templates/rowwise.py, `_cluster_regs_body`), and the plan it
+replaced, the segment cached in shared memory by 1024 threads with 8 loads in flight (regs 0). Both are
+verified and timed against eager (L2 flushed, median of the harness's trials) `--repeat` times in separate
+passes, so a difference is believed only when the passes agree. Writes DIR/results.json as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipeline import stages  # noqa: E402
+from pipeline.candidates import make_candidate  # noqa: E402
+from pipeline.config import load  # noqa: E402
+from pipeline.generate.base import Context  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.generate.expert.families.rowwise import CLUSTER_UNROLL, RowPlan  # noqa: E402
+from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
+from pipeline.generate.expert.policy import analyse  # noqa: E402
+from pipeline.generate.expert.render import nvcc_flags, render  # noqa: E402
+from pipeline.tasks import probe  # noqa: E402
+from pipeline.types import Status  # noqa: E402
+
+
+def candidates(path: Path) -> list[tuple[str, object]]:
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    plan = plan_of(tuned.source)
+    low, why = analyse(path)
+    if low is None:
+        raise SystemExit(f"{path}: {why}")
+    shared = Plan(tuple(
+        dataclasses.replace(rp, regs=0, threads=1024, unroll=CLUSTER_UNROLL)
+        if isinstance(rp, RowPlan) and rp.cluster and rp.regs else rp
+        for rp in plan.regions
+    ))  # fmt: skip
+    source, launcher = render(low, shared)
+    old = make_candidate(
+        task.id, source, launcher, nvcc_flags(shared), parent=None, edit="segment in shared memory"
+    )
+    return [("registers", tuned), ("shared", old)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("tasks", type=Path, nargs="+")
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = load(
+        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
+    )
+    results: dict[str, list[dict]] = {}
+    with stages.open_pool(cfg) as pool:
+        for path in args.tasks:
+            cands = candidates(path)
+            rows = [{"form": form, "plan": c.source.splitlines()[0], "ours_ms": [], "eager_ms": [], "floor_ms": None}
+                    for form, c in cands]  # fmt: skip
+            for _ in range(args.repeat):
+                evals = stages.evaluate_candidates(path, [c for _, c in cands], cfg, pool=pool)
+                for row, r in zip(rows, evals, strict=True):
+                    row["status"] = r.verdict.status.value
+                    res = r.build.resources if r.build else ()
+                    row["kernels"] = [
+                        (x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name
+                    ]
+                    m = r.measurement
+                    if r.status != Status.OK or m is None or m.timing is None:
+                        row["reasons"] = list(r.verdict.reasons)
+                        continue
+                    row["ours_ms"].append(m.timing.median_ms)
+                    row["eager_ms"].append(m.baselines["eager"].median_ms)
+                    row["floor_ms"] = m.floor_ms
+            for row in rows:
+                if row["ours_ms"]:
+                    row["vs_eager"] = min(row["eager_ms"]) / min(row["ours_ms"])
+                    if row["floor_ms"]:
+                        row["of_floor"] = row["floor_ms"] / min(row["ours_ms"])
+            results[path.stem] = rows
+            print(path.stem, [(r["form"], r["ours_ms"], r.get("of_floor")) for r in rows], flush=True)
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
