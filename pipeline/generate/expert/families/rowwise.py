@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pipeline.generate.expert import ops
+from pipeline.generate.expert import fusion, ops
 from pipeline.generate.expert.families import common
 from pipeline.generate.expert.families.base import Family, change
 from pipeline.generate.expert.layout import RowLayout, row_layout
@@ -101,13 +101,18 @@ def _segment(lay: RowLayout, cluster: int, vec: int) -> int:
     return -(-chunk // vec) * vec
 
 
-def cluster_threads(lay: RowLayout, cluster: int, vec: int) -> int:
-    """The block for a cluster's segment held in registers: the fewest threads (256 at least) at which a
-    thread's share fits CLUSTER_THREAD_FLOATS; 0 where even 1024 threads cannot hold it. On the H200 a 1 MB
-    row over 8 blocks ran 4.15 ms at 256 threads x 32 vectors, 4.20 at 512 x 16, 4.41 at 1024 x 8
-    (benchmarks/rownorm_variants.py)."""
+CHEAP_WRITES = ("layer_norm", "group_norm", "rms_norm", "log_softmax")  # an FMA or two an element written
+
+
+def cluster_threads(lay: RowLayout, cluster: int, vec: int, cheap_write: bool) -> int:
+    """The block for a cluster's segment held in registers, 0 where even 1024 threads cannot hold it. The
+    block is alone on its SM, so its write pass runs on its own warps with nothing to overlap: a write of an
+    FMA an element takes the fewest threads (256 at least) whose shares fit CLUSTER_THREAD_FLOATS, a costlier
+    one (a division, an exp, a fused epilogue) the most. On the H100 (benchmarks/cluster_regs.py): instance
+    norm over 1 MB rows 5.09 ms at 256 threads x 32 vectors, 5.27 at 1024 x 8; L1 norm (a division an
+    element) over 256 KB rows 7.49 at 256 threads, 6.17 at 1024; the segment in shared memory 5.75 and 6.19."""
     seg = _segment(lay, cluster, vec)
-    for threads in (256, 512, 1024):
+    for threads in (256, 512, 1024) if cheap_write else (1024, 512, 256):
         per = -(-seg // (vec * threads)) * vec
         if per <= rowwise.CLUSTER_THREAD_FLOATS and per * threads <= rowwise.CLUSTER_REG_FLOATS:
             return threads
@@ -149,9 +154,10 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         # 16-bit inputs take 4: eight vectors of 8 elements a thread spilled at 1024 threads
         unroll = CLUSTER_UNROLL if ops.ITEMSIZE.get(lay.in_dtype, 4) >= 4 else CLUSTER_UNROLL // 2
         rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=unroll)
-        # each block's segment held in registers where it fits (no shared-memory round trip: 4.15 against
-        # 4.61 ms over 1 MB rows, 4.24 against 4.61 over 256 KB rows on the H200)
-        if (t := cluster_threads(lay, c, rp.vec)) and (regs := regs_for(rp, r, low, t)):
+        # each block's segment held in registers where it fits (no shared-memory round trip: on the H100
+        # 5.09 against 5.75 ms over 1 MB rows; over 256 KB rows with a division an element, 6.17 and 6.19)
+        cheap = lay.op in CHEAP_WRITES and fusion.epilogue(r, low) is None
+        if (t := cluster_threads(lay, c, rp.vec, cheap)) and (regs := regs_for(rp, r, low, t)):
             rp = dataclasses.replace(rp, threads=t, regs=regs)
     return rp
 
