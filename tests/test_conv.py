@@ -201,7 +201,10 @@ def _lo(v: torch.Tensor) -> torch.Tensor:
         (dict(d=1, size=(17,), k=5, s=2, p=2), 8),
         (dict(d=3, size=(4, 6, 5), k=2, s=(1, 2, 1), p=1), 8),
         (dict(d=2, k=1, p=0, size=(3, 7)), 8),
-        (dict(d=2, k=3, p=1, cin=40, size=(6, 5)), 64),  # two k tiles a tap, the second 8 channels wide
+        (dict(d=2, k=3, p=1, cin=40, size=(6, 5)), 48),  # 16-channel halves, a tap's third 8 channels wide
+        (dict(d=2, k=3, p=1, cin=72, size=(6, 5)), 80),  # five halves a tap: k tiles straddle taps
+        (dict(d=3, size=(3, 4, 5), k=3, p=1, cin=48, op=0), 48),  # transposed at stride 1 (level 1's 61, 70)
+        (dict(d=2, k=(3, 2), p=1, cin=96, size=(4, 5)), 96),  # three whole k tiles a tap
         (dict(d=2, k=(3, 2), p=(2, 0), dl=(1, 2), cin=32, size=(5, 7)), 32),
         (dict(d=3, size=(3, 4, 5), k=3, p=1, cin=16, op=0), 16),  # transposed at stride 1: channel-inner
         (dict(d=1, size=(20,), k=65, p=32, cin=2), 0),  # 65 taps: more than the window mask holds
@@ -367,6 +370,7 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
         conv_task(tmp_path, "c3", d=3, size=(5, 9, 7), cin=4, cout=72, k=3, expr="self.conv(x) - self.b"),
         conv_task(tmp_path, "t2", cin=32, cout=64, s=2, op=1),  # 72 products an output: the GEMM's
         conv_task(tmp_path, "tw", cin=8, cout=64, k=9, p=4, size=(20, 20)),  # 81 taps: the tap-wise gather
+        conv_task(tmp_path, "h3", d=3, size=(6, 7, 8), cin=48, cout=48, k=3, p=1, op=0),  # 16-channel halves
     ]
     cands = []
     for path in paths:
@@ -377,7 +381,8 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
             if uses_cute(plan_of(p.candidate.source))
         ]
         cands.append(tuned)
-    assert "tap(x, win, (kt + 1) * BK + j, K)" in cands[-1].source
+    assert "tap(x, win, (kt + 1) * BK + j, K)" in cands[4].source
+    assert "constexpr int TAPS = KD * KH * KW, CINP = 48;" in cands[5].source
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for b in builds:
         assert b.status == Status.OK and not b.log, b.log  # not even a warning

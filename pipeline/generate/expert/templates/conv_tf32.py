@@ -29,10 +29,11 @@ up to 128 channels every warpgroup fits in the launch's 168 registers.
 
 Three gathers, by geometry (`cin_pad`, `phased`):
 - channel-inner (most convolutions): K runs over taps, then input channels padded to CINP (4, 8, 16 or a
-  multiple of 32), and the weight is reordered to match. Each k tile then holds whole taps (or 32 channels
-  of one), so a thread tests a tap's validity once, from a bit mask of its window's valid taps built at the
-  start, and reads the tap's channels at a compile-time stride from one base address: a load and two
-  arithmetic instructions per element. On the H200 the tap-wise gather below spent about 37 instructions
+  multiple of 16), and the weight is reordered to match. Each k tile then holds whole taps (or 32 channels
+  of one, or two 16-channel halves each of one tap: 48 channels take 48 columns a tap, not 64), so a
+  thread tests a tap's validity once, from a bit mask of its window's valid taps built at the start, and
+  reads the tap's channels at a compile-time stride from one base address: a load and two arithmetic
+  instructions per element. On the H200 the tap-wise gather below spent about 37 instructions
   per element (constant divisions, 64-bit address arithmetic), and the convolution was gather-bound
   (docs/benchmarks.md). It needs at most 64 taps (per phase, for phases).
 - by phases: the channel-inner gather over each phase's taps (their offsets and bounds in tables).
@@ -208,13 +209,16 @@ def phases(f: ConvForm) -> tuple[Phase, ...]:
 
 
 def cin_pad(f: ConvForm) -> int:
-    """The channel-inner gather's padded input channels (whole taps or whole 32-channel runs per k tile), or 0
-    where it does not apply (the tap-wise gather then) or would more than double the k tiles."""
-    cinp = next((c for c in (4, 8, 16) if f.cin <= c), -(-f.cin // BK) * BK)
-    if strided_transpose(f):
+    """The channel-inner gather's padded input channels (whole taps, or whole 16-channel halves of k tiles), or
+    0 where it does not apply (the tap-wise gather then) or would more than double the k tiles."""
+    small = next((c for c in (4, 8, 16) if f.cin <= c), 0)
+    if strided_transpose(f):  # each phase's k tiles whole multiples of CINP: the weight kernel's tap table
+        cinp = small or -(-f.cin // BK) * BK
         ph = phases(f)
         fits = all(abs(c) < _C for q in ph for _, cs in q.taps for c in cs)
         return cinp if fits and max(len(q.taps) for q in ph) <= MAX_TAPS else 0
+    # past 16 channels, whole 16-channel halves of a k tile: 48 channels take 48 columns a tap, not 64
+    cinp = small or -(-f.cin // 16) * 16
     taps = math.prod(f.kernel)
     if taps > MAX_TAPS or -(-taps * cinp // BK) > 2 * -(-f.k // BK):
         return 0
@@ -349,6 +353,13 @@ def geometry(f: ConvForm) -> str:
     ])  # fmt: skip
 
 
+# A transposed convolution the channel-inner gather takes is one of stride 1 (strided ones gather by phases):
+# its stride is otherwise unused (nvcc warns of it).
+_STRIDE_ONE = (
+    'static_assert(SD == 1 && SH == 1 && SW == 1, "strided transposed convolutions gather by phases");'
+)
+
+
 def _channel_inner(f: ConvForm, words: dict[str, str]) -> tuple[str, ...]:
     """The channel-inner gather's constants (its taps' offsets from a window's corner among them) and code."""
     (_, kh, kw), (dd, dh, dw), (_, ih, iw) = f.kernel, f.dil, f.size
@@ -358,6 +369,7 @@ def _channel_inner(f: ConvForm, words: dict[str, str]) -> tuple[str, ...]:
         for r in range(math.prod(f.kernel))
     ]
     return (
+        *([_STRIDE_ONE] if f.transposed else []),
         f"constexpr int TAPS = KD * KH * KW, CINP = {cin_pad(f)};  // K: taps, then channels padded to CINP",
         "constexpr long long CHW = (long long)ID * IH * IW;  // one input channel",
         f"__constant__ int TAPOFF[TAPS] = {{{', '.join(map(str, offs))}}};  // tap r's offset from a window's corner",
@@ -470,9 +482,20 @@ _TILE = r"""__device__ __forceinline__ const float* opaque(const float* p) {
     asm("" : "+l"(p));
     return p;
 }
-// k tile kt of a window's row of A: whole taps of CINP channels, or 32 channels of one tap (taps tap0...)
+// k tile kt of a window's row of A: whole taps of CINP channels, 32 channels of one tap, or (CINP an odd
+// multiple of 16) two 16-channel halves, each of one tap (taps tap0...)
 __device__ __forceinline__ void gather_tile(const Gather& g, int kt, float (&v)[32], int taps, int tap0) {
-    if constexpr (CINP >= 32) {
+    if constexpr (CINP > 16 && CINP % 32 == 16) {
+        constexpr int H = CINP >= 16 ? CINP / 16 : 1;  // halves per tap (the branch not taken is compiled too)
+        #pragma unroll
+        for (int u = 0; u < 2; ++u) {
+            const int h = kt * 2 + u, r = h / H, c0 = (h % H) * 16;
+            const bool on = r < taps && ((g.mask >> r) & 1);
+            const float* src = opaque(g.row + TAPOFF[tap0 + (r < taps ? r : 0)] + c0 * CHW);
+            #pragma unroll
+            for (int j = 0; j < 16; ++j) v[u * 16 + j] = on && (CIN % 16 == 0 || c0 + j < CIN) ? __ldg(src + j * CHW) : 0.f;
+        }
+    } else if constexpr (CINP >= 32) {
         constexpr int G = CINP >= 32 ? CINP / 32 : 1;  // k tiles per tap (the branch not taken is compiled too)
         const int r = kt / G, c0 = (kt % G) * 32;
         const bool on = r < taps && ((g.mask >> r) & 1);
