@@ -586,6 +586,20 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # 40 and 48 input channels: a k tile's two 16-channel halves gather a tap each (CINP 48, not 64)
+    "conv_halves_f32": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.convt = nn.ConvTranspose3d(48, 40, 3, padding=1)
+                self.conv = nn.Conv2d(40, 64, 3, padding=1)
+            def forward(self, x):
+                y = self.convt(x)
+                return self.conv(y.flatten(1, 2)[:, :40]), y
+        """,
+        "[]",
+    ),
     # ungrouped, stride 5 along the row, 6 x 0.36 products an output: the direct kernel's (KernelBench's 81)
     "sparse_convt_f32": (
         """
@@ -841,6 +855,7 @@ SHAPES = {
     "grouped_conv_f16": ["(2, 12, 301)"],
     "grouped_convt_f32": ["(3, 32, 37, 29)"],
     "convt3d_f32": ["(2, 12, 5, 9, 7)"],
+    "conv_halves_f32": ["(2, 48, 1, 17, 19)"],
     "sparse_convt_f32": ["(3, 6, 13, 29)"],
     "narrow_conv3d_f32": ["(2, 3, 7, 13, 11)"],
     "sdpa_causal": [
