@@ -381,13 +381,21 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
             if uses_cute(plan_of(p.candidate.source))
         ]
         cands.append(tuned)
-    assert "tap(x, win, (kt + 1) * BK + j, K)" in cands[4].source
+    assert "tap(x, win, (kt + GATHERERS) * BK + j, K)" in cands[4].source
     assert "constexpr int TAPS = KD * KH * KW, CINP = 48;" in cands[5].source
+    # tiles of 64 channels or fewer: two gathering warpgroups (512 threads); the 128-channel tile one (384)
+    bns = [next(rp.bn for rp in plan_of(c.source).regions if rp.TAG == "wgmma_conv_3xtf32") for c in cands]
+    assert [template.threads(bn) for bn in bns] == [384, 512, 384, 512, 512, 512], bns
+    for c, bn in zip(cands, bns, strict=True):
+        assert (
+            f"({template.threads(bn)},), (" in c.launcher
+            and f"GATHERERS = {template.gatherers(bn)};" in c.source
+        )
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
-    for b in builds:
+    for b, bn in zip(builds, bns, strict=True):
         assert b.status == Status.OK and not b.log, b.log  # not even a warning
         (k,) = [r for r in b.resources if r.name.endswith("_conv")]
-        assert k.spill_stores == 0 and k.registers <= 168, k
+        assert k.spill_stores == 0 and k.registers <= 65536 // template.threads(bn), k
 
 
 def _gather_loop(sass: str, kernel: str) -> list[str]:
@@ -438,10 +446,10 @@ def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
     # 64 channels: the channel-inner gather; stride 2, transposed: by phases. Each loads the next k tile
     # before it stores this one (and the first before its loop).
     assert (
-        "gather_tile(g, kt + 1, vn, TAPS, 0)" in cands[0].source
-        and "gather_tile(g, 0, v, TAPS, 0)" in cands[0].source
+        "gather_tile(g, kt + GATHERERS, vn, TAPS, 0)" in cands[0].source
+        and "gather_tile(g, wg, v, TAPS, 0)" in cands[0].source
     )
-    assert "gather_tile(g, kt + 1, vn, Q.taps, Q.tap0)" in cands[1].source
+    assert "gather_tile(g, kt + GATHERERS, vn, Q.taps, Q.tap0)" in cands[1].source
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     assert all(b.status == Status.OK for b in builds), [b.log for b in builds]
     conv_sass, convt_sass, gemm_sass = (dump_sass(b.cubin_path) for b in builds)

@@ -16,8 +16,9 @@ phase is a direct-like implicit GEMM over its own taps only (the other taps woul
 many as products in 2-D). The grid runs the phases' tiles one phase after another, and the weight kernel
 lays out each phase's taps as its own run of whole k tiles.
 
-384 threads. Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one output pixel), reads
-its elements straight from the NCDHW input (zero in the padding and past K; consecutive threads read
+384 threads (512 for tiles of 64 channels or fewer: two gathering warpgroups taking alternate k tiles, where
+one left the consumers waiting). Warpgroup 0 gathers: thread t owns row t of each 128 x 32 tile of A (one
+output pixel), reads its elements straight from the NCDHW input (zero in the padding and past K; consecutive threads read
 consecutive pixels, so a warp's loads coalesce at stride 1; no im2col copy in memory), and writes them, and
 their low parts, in the 128-byte swizzled K-major layout the WGMMAs read (16-byte chunk c of row t at chunk
 c ^ (t % 8)). Its thread 0 also issues the TMA loads of the weight tile and of its low part, which the
@@ -66,6 +67,22 @@ if TYPE_CHECKING:
 
 BK = gemm_tf32.BK
 MAX_TILE_N = 128  # the promoted sums double the accumulators: 128 columns is the widest without spills
+# Tiles this narrow or narrower get a second gathering warpgroup (512 threads, 128 registers each): their
+# MMAs take a fraction of a k tile's gather (a 128 x 32 k tile is 4096 loads an SM against 384 cycles of
+# MMA at 32 channels), so the one gathering warpgroup bounded them and the consumers waited.
+TWO_GATHERERS_N = 64
+
+
+def gatherers(bn: int) -> int:
+    """Warpgroups that gather A for a tile of bn output channels: they take alternate k tiles."""
+    return 2 if bn <= TWO_GATHERERS_N else 1
+
+
+def threads(bn: int) -> int:
+    """The block: the gathering warpgroups, then the two consumer warpgroups."""
+    return 128 * (gatherers(bn) + 2)
+
+
 TILE_WIDTHS = (8, 16, 32, 64, 96, 128)
 MAX_STAGES = 8
 
@@ -279,7 +296,7 @@ def render(
         *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the gatherers move the raw fp32 bits",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
-        f"SPLITTERS = 128, PROMOTE = {gemm_tf32.PROMOTE};",
+        f"SPLITTERS = 128, PROMOTE = {gemm_tf32.PROMOTE}, GATHERERS = {gatherers(bn)};",
         geometry(f),
         *gemm_tf32.split_stages(b, smem),
         _STS4,
@@ -293,7 +310,7 @@ def render(
     if into:  # the image's block moved from n * N * P to n * ldo
         at += f" + p / {'Q.pix' if phased(f) else 'P'} * (ldo - (long long)N * P)"
     lines += [
-        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_conv({sig.decls()}) {{',
+        f'extern "C" __global__ void __launch_bounds__({threads(bn)}, 1) kp_{rid}_conv({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
@@ -645,20 +662,20 @@ def body(f: ConvForm) -> str:
         cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
-    if (wg == 0) {
-        const int t = threadIdx.x;
+    if (wg < GATHERERS) {  // gatherer warpgroup wg takes k tiles wg, wg + GATHERERS, ...
+        const int t = threadIdx.x % 128;
 """
         + setup
         + "        float v[BK];\n"
-        + f"        if (ktiles > 0) {{\n            {load.replace('KT', '0').replace('DST', 'v')}\n        }}\n"
-        + r"""        for (int kt = 0; kt < ktiles; ++kt) {
+        + f"        if (wg < ktiles) {{\n            {load.replace('KT', 'wg').replace('DST', 'v')}\n        }}\n"
+        + r"""        for (int kt = wg; kt < ktiles; kt += GATHERERS) {
             // The next tile's loads go out before this one's stores (and the wait for its stage): a
             // gatherer that loaded and stored one tile at a time waited a load's latency every tile, and
             // that bounded the 64-channel convolutions (level 2's per-kernel times, docs/benchmarks.md).
             float vn[BK];
-            if (kt + 1 < ktiles) {
+            if (kt + GATHERERS < ktiles) {
                 """
-        + load.replace("KT", "kt + 1").replace("DST", "vn")
+        + load.replace("KT", "kt + GATHERERS").replace("DST", "vn")
         + r"""
             }
             const int st = kt % STAGES;
@@ -685,7 +702,7 @@ def body(f: ConvForm) -> str:
         return;
     }
 """.replace("K0kt", k0 + "kt")
-        + gemm_tf32.consumers(wait_full=True)
+        + gemm_tf32.consumers(wait_full=True).replace("threadIdx.x - 128)", "threadIdx.x - 128 * GATHERERS)")
         + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM;
     const int n0 = n_blk * BN;"""
@@ -780,7 +797,7 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
             if phased(f)
             else f"        grid = (-(-m // {BM})) * (-(-n // {rp.bn}))"
         ),
-        f"        kernels.kp_{rid}_conv((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
+        f"        kernels.kp_{rid}_conv((grid,), ({threads(rp.bn)},), ({sig.args()}), shared_mem={smem})  # noqa: F821",
         "    return out",
     ]
     return "\n".join(lines)

@@ -1,13 +1,17 @@
-"""Input channels padded to 16-channel halves of a k tile, or to whole 32-channel k tiles, in the implicit-GEMM
-convolution (templates/conv_tf32.py, `cin_pad`), measured through the harness on the GPU.
+"""The implicit-GEMM convolution (templates/conv_tf32.py) as the template writes it now against the forms it
+replaced, measured through the harness on the GPU.
 
-    python benchmarks/conv_halves.py --out DIR TASK.py [TASK.py ...] [--repeat 2]
+    python benchmarks/conv_variants.py --out DIR TASK.py [TASK.py ...] [--repeat 2] [--forms now,whole,one]
 
-For each task (convolutions of 33-48 input channels: KernelBench level 1's 61 and 70 have 48) the expert's
-tuned candidate twice: as the template writes it now (48 channels take 48 columns a tap, a k tile's two
-halves gathered from one tap each) and with the padding rule it replaced (48 channels padded to 64, whole k
-tiles a tap), set here for the generation only. Both are verified and timed against eager `--repeat` times
-in separate passes, so a difference is believed only when the passes agree. Writes DIR/results.json.
+For each task the expert's tuned candidate in each form, the template's rules set here for the generation
+only (the candidates are ordinary sources):
+- `now`: as the template writes it;
+- `whole`: input channels past 16 padded to whole 32-channel k tiles (48 channels took 64 columns a tap),
+  the rule before 16-channel halves (`cin_pad`);
+- `one`: one gathering warpgroup whatever the tile (384 threads), the rule before a second one gathered the
+  alternate k tiles of tiles of 64 channels or fewer (`gatherers`).
+Each is verified and timed against eager `--repeat` times in separate passes, so a difference is believed
+only when the passes agree. Writes DIR/results.json as it goes.
 """
 
 from __future__ import annotations
@@ -36,16 +40,22 @@ def _whole_tiles(f: conv_tf32.ConvForm, new=conv_tf32.cin_pad) -> int:
     return -(-cinp // conv_tf32.BK) * conv_tf32.BK if cinp > 16 else cinp
 
 
-def tuned(path: Path, whole: bool):
+# form -> (template attribute, its value while the form's candidate is generated)
+FORMS = {"now": (), "whole": (("cin_pad", _whole_tiles),), "one": (("TWO_GATHERERS_N", 0),)}
+
+
+def tuned(path: Path, form: str):
     task = probe(path)
-    saved = conv_tf32.cin_pad
-    if whole:
-        conv_tf32.cin_pad = _whole_tiles
+    saved = {name: getattr(conv_tf32, name) for name, _ in FORMS[form]}
+    for name, value in FORMS[form]:
+        setattr(conv_tf32, name, value)
     expert_policy._RENDERED.clear()  # renders are remembered by plan: this one differs in its template
     try:
         props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
     finally:
-        conv_tf32.cin_pad = saved
+        for name, value in saved.items():
+            setattr(conv_tf32, name, value)
+        expert_policy._RENDERED.clear()
     return props[1].candidate
 
 
@@ -54,6 +64,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("tasks", type=Path, nargs="+")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated, of: " + ", ".join(FORMS))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = load(
@@ -62,9 +73,10 @@ def main() -> int:
     results: dict[str, list[dict]] = {}
     with stages.open_pool(cfg) as pool:
         for path in args.tasks:
-            cands = [("halves", tuned(path, False)), ("whole tiles", tuned(path, True))]
-            rows = [{"form": form, "cinp": [ln.strip() for ln in c.source.splitlines() if "CINP = " in ln][:1],
-                     "ours_ms": [], "eager_ms": []} for form, c in cands]  # fmt: skip
+            cands = [(form, tuned(path, form)) for form in args.forms.split(",") if form in FORMS]
+            rows = [{"form": form, "key": c.key, "ours_ms": [], "eager_ms": [],
+                     "geometry": [ln.strip() for ln in c.source.splitlines() if "CINP = " in ln or "GATHERERS =" in ln]}
+                    for form, c in cands]  # fmt: skip
             for _ in range(args.repeat):
                 evals = stages.evaluate_candidates(path, [c for _, c in cands], cfg, pool=pool)
                 for row, r in zip(rows, evals, strict=True):
