@@ -699,10 +699,10 @@ FAMILIES = {
     "attention": {"library", "view", "ew", "softmax"},
     "pooling": {"torch", "ew"},
     "movement": {"torch", "ew", "view"},  # the transposed-back stack input is a view
-    "losses": {"ew", "reduce", "view"},  # the pools are torch-kind regions our pool family claims
+    "losses": {"ew", "reduce", "view", "torch"},  # the fp32 triplet losses: torch-kind regions ours claims
     "kl_div": {"ew", "reduce"},
     "cross_entropy": {"torch", "ew"},  # the loss ours (xent); the clamp of the targets, an int64 op
-    "cosine": {"reduce", "ew"},
+    "cosine": {"reduce", "ew", "torch"},  # over the last dim: torch-kind regions our cosine family claims
     "cross": {
         "ew",
         "view",

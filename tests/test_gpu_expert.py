@@ -242,6 +242,15 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "triplet": (  # one pass over the three inputs, a warp a row (families/triplet.py): mean, none, sum
+        """
+        class Model(nn.Module):
+            def forward(self, a, p, n):
+                return (F.triplet_margin_loss(a, p, n), F.triplet_margin_loss(a, p, n, p=1, reduction="none"),
+                        F.triplet_margin_loss(a, n, p, margin=0.2, reduction="sum"))
+        """,
+        "[]",
+    ),
     "kl_div": (  # elementwise ops and a reduction, batchmean a sum and a division
         """
         class Model(nn.Module):
@@ -834,6 +843,7 @@ SHAPES = {
     "scan": ["(129, 10007)", "(4, 1003, 65)", "(67, 8196)"],
     "folded_scans": ["(129, 10007)", "(4, 1003, 65)", "(67, 8196)"],
     "kl_div": ["(1001, 4097); (1001, 4097)"],
+    "triplet": ["(4097, 1000); (4097, 1000); (4097, 1000)", "(3, 7); (3, 7); (3, 7)"],
     "cross_entropy": ["(4097, 32000); (4097, 32000)", "(3, 5); (3, 5)"],
     "cosine": ["(128, 4096); (128, 4096)", "(3, 5); (3, 5)"],
     "matmul_triangular": [

@@ -23,7 +23,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from pipeline.generate.expert import ops, scans
+from pipeline.generate.expert import fused_losses, ops, scans
 from pipeline.generate.expert.graph import Graph, Node, Ref
 
 
@@ -553,7 +553,10 @@ def _l1_mse(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
 
 def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """triplet_margin_loss (p = 1 or 2, no swap): max(margin + |a - p + eps|_p - |a - n + eps|_p, 0) per
-    row (the norms over the last dim), then the reduction: elementwise ops and row sums."""
+    row (the norms over the last dim), then the reduction: elementwise ops and row sums. None (the node
+    kept whole) where our one-pass kernel takes it (families/triplet.py)."""
+    if not isinstance(fused_losses.triplet(n, by_name), str):
+        return None
     a = n.args
     anchor = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
     margin, p, eps, swap, reduction = [*a[3:], *(None,) * 5][:5]
@@ -802,7 +805,10 @@ def _take_along(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
 def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cosine_similarity(x1, x2, dim, eps) of two same-shaped tensors: the dot product over the norms, each
     norm at least eps (ATen divides each operand by its clamped norm before the sum: the same value up to
-    rounding). Three sums over the dim, each with its product on its loads."""
+    rounding). Three sums over the dim, each with its product on its loads. None (the node kept whole) where
+    our one-pass kernel takes it (families/cosine.py: over the last dim)."""
+    if not isinstance(fused_losses.cosine(n, by_name), str):
+        return None
     a = n.args
     x1, x2 = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
     dim = a[2] if len(a) > 2 else n.kw("dim", 1)
