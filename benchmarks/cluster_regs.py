@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness_forms import time_forms  # noqa: E402  (beside this script)
+
 from pipeline import stages  # noqa: E402
 from pipeline.candidates import make_candidate  # noqa: E402
 from pipeline.config import load  # noqa: E402
@@ -31,7 +33,6 @@ from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
 from pipeline.generate.expert.policy import analyse  # noqa: E402
 from pipeline.generate.expert.render import nvcc_flags, render  # noqa: E402
 from pipeline.tasks import probe  # noqa: E402
-from pipeline.types import Status  # noqa: E402
 
 
 def candidates(path: Path) -> list[tuple[str, object]]:
@@ -80,28 +81,14 @@ def main() -> int:
     with stages.open_pool(cfg) as pool:
         for path in args.tasks:
             cands = candidates(path)
-            rows = [{"form": form, "plan": c.source.splitlines()[0], "ours_ms": [], "eager_ms": [], "floor_ms": None}
-                    for form, c in cands]  # fmt: skip
-            for _ in range(args.repeat):
-                evals = stages.evaluate_candidates(path, [c for _, c in cands], cfg, pool=pool)
-                for row, r in zip(rows, evals, strict=True):
-                    row["status"] = r.verdict.status.value
-                    res = r.build.resources if r.build else ()
-                    row["kernels"] = [
-                        (x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name
-                    ]
-                    m = r.measurement
-                    if r.status != Status.OK or m is None or m.timing is None:
-                        row["reasons"] = list(r.verdict.reasons)
-                        continue
-                    row["ours_ms"].append(m.timing.median_ms)
-                    row["eager_ms"].append(m.baselines["eager"].median_ms)
-                    row["floor_ms"] = m.floor_ms
-            for row in rows:
-                if row["ours_ms"]:
-                    row["vs_eager"] = min(row["eager_ms"]) / min(row["ours_ms"])
-                    if row["floor_ms"]:
-                        row["of_floor"] = row["floor_ms"] / min(row["ours_ms"])
+
+            def note(row: dict, r) -> None:
+                res = r.build.resources if r.build else ()
+                row["kernels"] = [(x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name]
+
+            rows = time_forms(path, cands, cfg, pool, args.repeat, note)
+            for row, (_, c) in zip(rows, cands, strict=True):
+                row["plan"] = c.source.splitlines()[0]
             results[path.stem] = rows
             print(path.stem, [(r["form"], r["ours_ms"], r.get("of_floor")) for r in rows], flush=True)
             (args.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness_forms import time_forms  # noqa: E402  (beside this script)
+
 from pipeline import stages  # noqa: E402
 from pipeline.config import load  # noqa: E402
 from pipeline.generate.base import Context  # noqa: E402
@@ -31,7 +33,6 @@ from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert import policy as expert_policy  # noqa: E402
 from pipeline.generate.expert.templates import conv_tf32  # noqa: E402
 from pipeline.tasks import probe  # noqa: E402
-from pipeline.types import Status  # noqa: E402
 
 
 def _whole_tiles(f: conv_tf32.ConvForm, new=conv_tf32.cin_pad) -> int:
@@ -74,23 +75,11 @@ def main() -> int:
     with stages.open_pool(cfg) as pool:
         for path in args.tasks:
             cands = [(form, tuned(path, form)) for form in args.forms.split(",") if form in FORMS]
-            rows = [{"form": form, "key": c.key, "ours_ms": [], "eager_ms": [],
-                     "geometry": [ln.strip() for ln in c.source.splitlines() if "CINP = " in ln or "GATHERERS =" in ln]}
-                    for form, c in cands]  # fmt: skip
-            for _ in range(args.repeat):
-                evals = stages.evaluate_candidates(path, [c for _, c in cands], cfg, pool=pool)
-                for row, r in zip(rows, evals, strict=True):
-                    row["status"] = r.verdict.status.value
-                    m = r.measurement
-                    if r.status != Status.OK or m is None or m.timing is None:
-                        row["reasons"] = list(r.verdict.reasons)
-                        continue
-                    row["ours_ms"].append(m.timing.median_ms)
-                    row["eager_ms"].append(m.baselines["eager"].median_ms)
-                    row["floor_ms"] = m.floor_ms
-            for row in rows:
-                if row["ours_ms"]:
-                    row["vs_eager"] = min(row["eager_ms"]) / min(row["ours_ms"])
+            rows = time_forms(path, cands, cfg, pool, args.repeat)
+            for row, (_, c) in zip(rows, cands, strict=True):
+                row["geometry"] = [
+                    ln.strip() for ln in c.source.splitlines() if "CINP = " in ln or "GATHERERS =" in ln
+                ]
             results[path.stem] = rows
             print(path.stem, [(r["form"], r["ours_ms"], r.get("vs_eager")) for r in rows], flush=True)
             (args.out / "results.json").write_text(json.dumps(results, indent=1))

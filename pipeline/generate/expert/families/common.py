@@ -6,11 +6,12 @@ epilogue on their stores). Knobs are read by name: a family uses the helpers who
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from pipeline.generate.expert import fusion
-from pipeline.generate.expert.families.base import Edit, RenderError, change, changed, label
-from pipeline.generate.expert.plan import Plan
+from pipeline.generate.expert.families.base import Edit, Family, RenderError, change, changed, label
+from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.fused import Fused
@@ -55,6 +56,46 @@ def vectorize_flag(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
     """vectorize_loads for a plan whose 16-byte path is one switch (`vec`): turn it on."""
     if not rp.vec:
         yield from change("vectorize_loads", plan, rp, vec=True)
+
+
+@dataclass(frozen=True)
+class WarpRowPlan(RegionPlan):
+    """The knobs of a kernel that computes a region PyTorch would (a loss, a similarity) a warp a row: its
+    block, and the 16-byte path (the tuned plan's)."""
+
+    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
+
+    threads: int = 256
+    vec: bool = False  # float4 loads of the rows where their length allows
+
+
+def warp_row_family(
+    knobs: type[WarpRowPlan], ops: Container[str], form: Callable[[Any, Lowered], Any],
+    render_form: Callable[[Region, Any, int, bool], Code], what: str,
+) -> Family:  # fmt: skip
+    """A family for `ops`' torch-kind regions whose `form` (geometry, or why not) our kernel takes, rendered
+    by `render_form(region, form, threads, vec)`. Both plans take our kernel (no library anchor). Edits:
+    vectorize_loads, resize_grid (threads x2 and /2)."""
+    _, claims, declines = torch_region_rules(form, ops)
+
+    def first(r: Region, low: Lowered, tuned: bool) -> WarpRowPlan:
+        return knobs(r.rid, vec=tuned)
+
+    def render(r: Region, rp: WarpRowPlan, low: Lowered, hunter: Any) -> Code:
+        f = form(r.node, low)
+        if isinstance(f, str):
+            raise RenderError(f"region {r.rid} cannot be our {what} kernel: {f}")
+        return render_form(r, f, rp.threads, rp.vec)
+
+    return Family(
+        knobs=knobs,
+        claims=claims,
+        first=first,
+        render=render,
+        declines=declines,
+        edits={"vectorize_loads": vectorize_flag, "resize_grid": resize_grid},
+        order=11,
+    )
 
 
 def feeds_copy(value: str, low: Lowered, max_dim: int | None = None) -> bool:

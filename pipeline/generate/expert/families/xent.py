@@ -8,12 +8,10 @@ vectorize_loads (float4 rows, the tuned plan's), resize_grid (threads x2 and /2)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
-from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import xent
 from pipeline.generate.expert.templates.code import Code
@@ -22,12 +20,8 @@ OPS = ("cross_entropy_loss", "nll_loss", "nll_loss_nd")
 
 
 @dataclass(frozen=True)
-class XentPlan(RegionPlan):
+class XentPlan(common.WarpRowPlan):
     TAG: ClassVar[str] = "xent"
-    SHOWN: ClassVar[tuple[str, ...]] = ("threads",)
-
-    threads: int = 256
-    vec: bool = False  # float4 loads of the rows where C % 4 == 0
 
 
 @dataclass(frozen=True)
@@ -59,26 +53,8 @@ def form(n: Node, low: Lowered) -> Form | str:
     return Form(x.shape[1], ignore, n.op != "cross_entropy_loss", int(reduction))
 
 
-why_not, claims, declines = common.torch_region_rules(form, OPS)
+def _render(r: Region, f: Form, threads: int, vec: bool) -> Code:
+    return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, threads, vec)
 
 
-def first(r: Region, low: Lowered, tuned: bool) -> XentPlan:
-    return XentPlan(r.rid, vec=tuned)
-
-
-def render(r: Region, rp: XentPlan, low: Lowered, hunter: Any) -> Code:
-    f = form(r.node, low)
-    if isinstance(f, str):
-        raise RenderError(f"region {r.rid} cannot be our loss kernel: {f}")
-    return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, rp.threads, rp.vec)
-
-
-FAMILY = Family(
-    knobs=XentPlan,
-    claims=claims,
-    first=first,
-    render=render,
-    declines=declines,
-    edits={"vectorize_loads": common.vectorize_flag, "resize_grid": common.resize_grid},
-    order=11,
-)
+FAMILY = common.warp_row_family(XentPlan, OPS, form, _render, "loss")

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.fused_losses import Cosine
 from pipeline.generate.expert.regions import Region
-from pipeline.generate.expert.templates.code import Code, launch_bounds
-from pipeline.generate.expert.templates.signature import Signature, i64, ptr
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.signature import Signature, i64, ptr, row_kernels
 
 U = 4  # 16-byte loads a lane has in flight per operand
 
@@ -80,12 +80,7 @@ def render(r: Region, f: Cosine, threads: int, vec: bool) -> Code:
     vec = vec and f.cols % 4 == 0
     sig = Signature((ptr("x1", "float", "a"), ptr("x2", "float", "b"), ptr("out", "float", "y", const=False),
                      i64("rows")))  # fmt: skip
-    kernels = [(f"kp_{rid}_rows", "false"), *([(f"kp_{rid}_rows4", "true")] if vec else [])]
-    wrappers = "\n".join(
-        f'extern "C" __global__ void {launch_bounds(threads, 0)} {name}({sig.decls()}) {{\n'
-        f"    kp_{rid}_rows_body<{v}>({sig.names()});\n}}"
-        for name, v in kernels
-    )
+    names, wrappers = row_kernels(rid, sig, threads, vec)
     cuda = _BODY.format(
         rid=rid, cols=f.cols, warps=warps, eps=ops.lit(f.eps), decls=sig.decls(), wrappers=wrappers, u=U
     )
@@ -109,8 +104,9 @@ def render(r: Region, f: Cosine, threads: int, vec: bool) -> Code:
         *launch,
         "    return y",
     ])  # fmt: skip
-    names = tuple(name for name, _ in kernels)
-    return Code(cuda, launcher, f"_cosine_{rid}", names, tuple(x.name for x in r.node.args[:2]), r.outputs)
+    return Code(
+        cuda, launcher, f"_cosine_{rid}", tuple(names), tuple(x.name for x in r.node.args[:2]), r.outputs
+    )
 
 
 __all__ = ["render"]

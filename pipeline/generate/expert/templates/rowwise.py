@@ -305,6 +305,44 @@ def cluster_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     )  # fmt: skip
 
 
+def _cluster_head(name: str, sig: Signature, C: int, red_n: str, pre: Fused | None, post: Fused | None,
+                  cached: bool) -> list[str]:  # fmt: skip
+    """A cluster kernel's start up to its row's segment [c0, c0 + n): this block's rank, the shared statistics
+    (`part`, read by the whole cluster) and, `cached`, the segment's shared-memory cache after them."""
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void {name}({sig.decls()}) {{",
+        *(["    constexpr bool CACHE = true;"] if cached else []),
+        f"    constexpr unsigned C = {C};",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
+        *(
+            ["    float* cache = reinterpret_cast<float*>(part + 1);  // this block's segment of the row"]
+            if cached
+            else []
+        ),
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        "    const unsigned rank = kp_cluster_rank();",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+        "    for (long long r = blockIdx.x / C; r < rows; r += gridDim.x / C) {",
+        "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
+        "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+    ]
+
+
+def _cluster_merge(kind: reduce_ops.Kind, w: str) -> list[str]:
+    """This block's statistics, then the cluster's, merged in rank order through distributed shared memory."""
+    return [
+        f"        acc = block_reduce<{w}>(acc, red, {kind.op}());",
+        "        if (tid == 0) *part = acc;",
+        "        kp_cluster_sync();",
+        "        acc = *kp_cluster_map(part, 0);",
+        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+    ]
+
+
 def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None,
                   post: Fused | None, x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
     """A row over the C blocks of a cluster, block `rank` taking columns [rank * chunk, +chunk): it reads its
@@ -327,31 +365,9 @@ def _cluster_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     ]
     w = "true" if warp else "false"
 
-    # this block's statistics, then the cluster's, merged in rank order
-    stats_pass = [
-        *_read(kind, rp, x_dt, cache=True, batched=True, vec_cache=True),
-        f"        acc = block_reduce<{w}>(acc, red, {kind.op}());",
-        "        if (tid == 0) *part = acc;",
-        "        kp_cluster_sync();",
-        "        acc = *kp_cluster_map(part, 0);",
-        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
-    ]
+    stats_pass = [*_read(kind, rp, x_dt, cache=True, batched=True, vec_cache=True), *_cluster_merge(kind, w)]
     return [
-        "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_cluster({sig.decls()}) {{",
-        "    constexpr bool CACHE = true;",
-        f"    constexpr unsigned C = {C};",
-        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
-        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
-        f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
-        "    float* cache = reinterpret_cast<float*>(part + 1);  // this block's segment of the row",
-        "    const int tid = threadIdx.x, nt = blockDim.x;",
-        "    const unsigned rank = kp_cluster_rank();",
-        pre.lam("pre") if pre else identity("pre"),
-        post.lam("post") if post else identity("post"),
-        "    for (long long r = blockIdx.x / C; r < rows; r += gridDim.x / C) {",
-        "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
-        "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        *_cluster_head(f"kp_{rid}_cluster", sig, C, red_n, pre, post, cached=True),
         "        const long long start = rs + c0, kc = start % V;",
         f"        Acc acc = {kind.init};",
         *(shift if kind.shift else []),
@@ -417,19 +433,7 @@ def _cluster_regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pr
     else:
         push = each(kind.push("acc", "v", "c0 + c"))
     return [
-        "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_cluster_regs({sig.decls()}) {{",
-        f"    constexpr unsigned C = {rp.cluster};",
-        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
-        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
-        f"    Acc* part = red + {red_n};  // this block's statistics, read by the whole cluster",
-        "    const int tid = threadIdx.x, nt = blockDim.x;",
-        "    const unsigned rank = kp_cluster_rank();",
-        pre.lam("pre") if pre else identity("pre"),
-        post.lam("post") if post else identity("post"),
-        "    for (long long r = blockIdx.x / C; r < rows; r += gridDim.x / C) {",
-        "        const long long rs = r * cols, c0 = (long long)rank * chunk;",
-        "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        *_cluster_head(f"kp_{rid}_cluster_regs", sig, rp.cluster, red_n, pre, post, cached=False),
         "        const long long start = rs + c0;",
         "        const int nv = (int)(n / V);  // the launcher: cols and chunk whole vectors, x and y aligned",
         f"        float f[{R}][V];",
@@ -448,11 +452,7 @@ def _cluster_regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pr
             else []
         ),
         *push,
-        f"        acc = block_reduce<{w}>(acc, red, {kind.op}());",
-        "        if (tid == 0) *part = acc;",
-        "        kp_cluster_sync();",
-        "        acc = *kp_cluster_map(part, 0);",
-        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+        *_cluster_merge(kind, w),
         "        kp_cluster_arrive();",
         *stats,
         "#pragma unroll",

@@ -58,6 +58,19 @@ def kernel(bounds: str, name: str, sig: Signature, body: str) -> str:
     return f'extern "C" __global__ void {bounds}\n{name}({sig.decls()}) {{\n    {body}({sig.names()});\n}}'
 
 
+def row_kernels(rid: str, sig: Signature, threads: int, vec: bool) -> tuple[list[str], str]:
+    """A warp-a-row kernel's two forms (families/common.py, warp_row_family): `kp_<rid>_rows` (scalar loads,
+    always: a misaligned input) and, `vec`, `kp_<rid>_rows4` (16-byte loads), each forwarding to
+    `kp_<rid>_rows_body<VEC>`. Their names, and their text."""
+    names = [f"kp_{rid}_rows", *([f"kp_{rid}_rows4"] if vec else [])]
+    text = "\n".join(
+        f'extern "C" __global__ void __launch_bounds__({threads}) {name}({sig.decls()}) {{\n'
+        f"    kp_{rid}_rows_body<{'true' if name.endswith('4') else 'false'}>({sig.names()});\n}}"
+        for name in names
+    )
+    return names, text
+
+
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of a region's kernel and what the launcher checks before it launches it."""

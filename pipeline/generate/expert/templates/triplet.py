@@ -14,8 +14,8 @@ from __future__ import annotations
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.fused_losses import Triplet
 from pipeline.generate.expert.regions import Region
-from pipeline.generate.expert.templates.code import Code, launch_bounds
-from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels
 
 U = 4  # 16-byte loads a lane has in flight per operand (12 in all)
 
@@ -110,12 +110,7 @@ def render(r: Region, f: Triplet, threads: int, vec: bool) -> Code:
     vec = vec and f.cols % 4 == 0
     sig = Signature((ptr("xa", "float", "a"), ptr("xp", "float", "p"), ptr("xn", "float", "n"),
                      ptr("out", "float", "loss", const=False), ptr("part", "float", const=False), i64("rows")))  # fmt: skip
-    kernels = [(f"kp_{rid}_rows", "false"), *([(f"kp_{rid}_rows4", "true")] if vec else [])]
-    wrappers = "\n".join(
-        f'extern "C" __global__ void {launch_bounds(threads, 0)} {name}({sig.decls()}) {{\n'
-        f"    kp_{rid}_rows_body<{v}>({sig.names()});\n}}"
-        for name, v in kernels
-    )
+    names, wrappers = row_kernels(rid, sig, threads, vec)
     cuda = _BODY.format(
         rid=rid, cols=f.cols, warps=warps, margin=ops.lit(f.margin), eps=ops.lit(f.eps),
         p1="true" if f.p == 1.0 else "false", reduce="true" if f.reduction else "false", decls=sig.decls(),
@@ -152,8 +147,10 @@ def render(r: Region, f: Triplet, threads: int, vec: bool) -> Code:
            f"    kernels.kp_{rid}_total((1,), (1024,), ({total.args()}))  # noqa: F821"]),
         "    return loss",
     ])  # fmt: skip
-    names = tuple(name for name, _ in kernels) + (() if f.reduction == 0 else (f"kp_{rid}_total",))
-    return Code(cuda, launcher, f"_triplet_{rid}", names, tuple(x.name for x in r.node.args[:3]), r.outputs)
+    kernel_names = tuple(names) + (() if f.reduction == 0 else (f"kp_{rid}_total",))
+    return Code(
+        cuda, launcher, f"_triplet_{rid}", kernel_names, tuple(x.name for x in r.node.args[:3]), r.outputs
+    )
 
 
 __all__ = ["render"]

@@ -14,8 +14,8 @@ eager writes the log-softmax and reads it again.
 from __future__ import annotations
 
 from pipeline.generate.expert.regions import Region
-from pipeline.generate.expert.templates.code import Code, launch_bounds
-from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr
+from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels
 
 _BODY = r"""namespace kp_{rid} {{
 constexpr int C = {classes}, WARPS = {warps};
@@ -116,12 +116,7 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
     sig = Signature((ptr("x", "float"), ptr("tgt", "long long", "t"), ptr("out", "float", "loss", const=False),
                      ptr("part", "float", const=False), i64("rows")))  # fmt: skip
     # the float4 kernel where the plan asks for it and C allows it; the scalar one always (a misaligned x)
-    kernels = [(f"kp_{rid}_rows", "false"), *([(f"kp_{rid}_rows4", "true")] if vec else [])]
-    wrappers = "\n".join(
-        f'extern "C" __global__ void {launch_bounds(threads, 0)} {name}({sig.decls()}) {{\n'
-        f"    kp_{rid}_rows_body<{v}>({sig.names()});\n}}"
-        for name, v in kernels
-    )
+    names, wrappers = row_kernels(rid, sig, threads, vec)
     cuda = _BODY.format(
         rid=rid, classes=classes, warps=warps, ignore=ignore, nll="true" if nll else "false",
         reduce="true" if reduction else "false", decls=sig.decls(), wrappers=wrappers,
@@ -159,8 +154,8 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
            f"    kernels.kp_{rid}_total((1,), (1024,), ({total.args()}))  # noqa: F821"]),
         "    return loss",
     ])  # fmt: skip
-    names = tuple(name for name, _ in kernels) + (() if reduction == 0 else (f"kp_{rid}_total",))
-    return Code(cuda, launcher, f"_xent_{rid}", names, (x.name, t.name), r.outputs)
+    kernel_names = tuple(names) + (() if reduction == 0 else (f"kp_{rid}_total",))
+    return Code(cuda, launcher, f"_xent_{rid}", kernel_names, (x.name, t.name), r.outputs)
 
 
 __all__ = ["render"]
