@@ -117,6 +117,16 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # over the channels of a conv's output (level 2's Conv3d + Softmax): each column's 16 or 7 rows held in
+    # registers, read once; 100 rows stream
+    "softmax_channels": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return torch.softmax(x, dim=1) * 2, torch.log_softmax(x, dim=1)
+        """,
+        "[]",
+    ),
     "layer_rms": (
         """
         class Model(nn.Module):
@@ -828,6 +838,7 @@ SHAPES = {
     "reduce_mid": ["(3, 1001, 77)", "(5, 33, 7, 3)", "(64, 4096, 512)", "(96, 22, 900)"],  # the last: R short
     "reduce_all": ["(2**24 + 1,)", "(5,)"],
     "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)", "(2, 200003)"],
+    "softmax_channels": ["(4, 16, 9, 33, 20)", "(3, 7, 1001)", "(2, 100, 8, 9)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
     # clusters of 2 (361 KB rows, unaligned), of 8 (LogSoftmax's 1.5 MB), and rows too long for any (4 MB)
     # the last: 256 KB rows, each block's segment in registers (the others' cached in shared memory)

@@ -2,19 +2,21 @@
 dimension, the reduced one walked (and for reductions shared and split) across threads and blocks
 (templates/colwise.py). It hosts elementwise neighbours like the row-wise family.
 
-Edits: fuse_kernels / fuse_epilogue, vectorize_loads (when the inner size allows), coarsen_threads and
-pipeline_loads (unroll x2), more_parallelism (a reduction split over more blocks), coalesce_accesses (more
-threads along the contiguous dimension), resize_grid, increase_occupancy, reduce_registers.
+Edits: fuse_kernels / fuse_epilogue, vectorize_loads (when the inner size allows), coarsen_threads (a
+softmax's column held in registers where it fits, else unroll x2) and pipeline_loads (unroll x2),
+more_parallelism (a reduction split over more blocks), coalesce_accesses (more threads along the contiguous
+dimension), resize_grid, increase_occupancy, reduce_registers (the held column first).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, change
+from pipeline.generate.expert.families.base import Family, change, changed
 from pipeline.generate.expert.families.rowwise import KINDS, MAX_SPLITS
 from pipeline.generate.expert.layout import RowLayout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
@@ -34,6 +36,7 @@ class ColPlan(RegionPlan):
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
     splits: int = 0  # reductions: split the reduced dimension to reach this many blocks per SM (0: never)
     bx: int = 32  # threads along the contiguous inner dimension
+    regs: int = 0  # softmax: a column's rows (all `regs` of them) held in registers, read once; 0: read twice
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -55,7 +58,19 @@ def first(r: Region, low: Lowered, tuned: bool) -> ColPlan:
         return ColPlan(r.rid)
     vmax = common.vec_max(ops.ITEMSIZE.get(lay.in_dtype, 4))
     vec = vmax if lay.inner % vmax == 0 else 1
-    return ColPlan(r.rid, vec=vec, unroll=4, splits=1 if r.kind is RegionKind.REDUCE else 0)
+    rp = ColPlan(r.rid, vec=vec, unroll=4, splits=1 if r.kind is RegionKind.REDUCE else 0)
+    return dataclasses.replace(rp, regs=_column_regs(lay, rp))
+
+
+COLUMN_FLOATS = 64  # floats a thread may hold of its columns' rows (a softmax over a few channels)
+
+
+def _column_regs(lay: RowLayout, rp: ColPlan) -> int:
+    """A softmax's rows a thread holds, where its columns fit COLUMN_FLOATS: each read once (its loads all in
+    flight at once), where the streaming kernel reads them twice, the second time missing L2 on large
+    tensors (a block's columns take MBs). 0 where they do not fit, or for a reduction."""
+    fits = lay.op in ("softmax", "log_softmax") and lay.reduced * rp.vec <= COLUMN_FLOATS
+    return lay.reduced if fits else 0
 
 
 render = common.hosted_render(_layout, colwise.render)
@@ -71,6 +86,31 @@ def _vectorize(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves
 def _parallelism(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:
     if r.kind is RegionKind.REDUCE and (rp.splits * 2 or 1) <= MAX_SPLITS:
         yield from change("more_parallelism", plan, rp, splits=rp.splits * 2 or 1)
+
+
+def _coarsen(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:
+    """A softmax's column held in registers where it fits, then more unrolling."""
+    lay = _layout(r, low)
+    if lay is not None and not rp.regs and (regs := _column_regs(lay, rp)):
+        yield from change("coarsen_threads", plan, rp, regs=regs)
+    yield from common.unroll("coarsen_threads")(plan, rp, r, low)
+
+
+def _registers(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:
+    if rp.regs:
+        yield from change("reduce_registers", plan, rp, regs=0)
+    else:
+        yield from common.fewer_registers(plan, rp, r, low)
+
+
+def _vector_regs(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:
+    """vectorize_loads, its held column dropped where the wider vectors no longer fit."""
+    lay = _layout(r, low)
+    for label, p in _vectorize(plan, rp, r, low):
+        q = p.get(rp.rid)
+        if lay is not None and isinstance(q, ColPlan) and q.regs and not _column_regs(lay, q):
+            p = changed(p, q, regs=0)
+        yield label, p
 
 
 def _coalesce(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:
@@ -89,13 +129,13 @@ FAMILY = Family(
     render=render,
     edits={
         **common.FUSE_EDITS,
-        "vectorize_loads": _vectorize,
-        "coarsen_threads": common.unroll("coarsen_threads"),
+        "vectorize_loads": _vector_regs,
+        "coarsen_threads": _coarsen,
         "more_parallelism": _parallelism,
         "pipeline_loads": common.unroll("pipeline_loads"),
         "resize_grid": common.resize_grid,
         "increase_occupancy": common.increase_occupancy,
-        "reduce_registers": common.fewer_registers,
+        "reduce_registers": _registers,
         "coalesce_accesses": _coalesce,
     },
     order=10,

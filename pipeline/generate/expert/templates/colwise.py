@@ -3,7 +3,8 @@
 Threads run along the contiguous inner dimension (V elements each: 16-byte loads when inner allows) and,
 for reductions, blockDim.y of them share a column, each taking every by-th row, merged by a shared-memory
 tree; the reduced range may be split over gridDim.z blocks whose partial accumulators a second kernel
-merges. Softmax keeps one thread per column (online max and sum, then the write pass).
+merges. Softmax keeps one thread per column (online max and sum, then the write pass); where a column's
+rows fit a thread's registers (`regs`), it reads them once and writes them from there.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def render(region: Region, lay: RowLayout, rp: ColPlan, pre: Fused | None, post:
     lb = launch_bounds(rp.threads, rp.min_blocks)
     variants = [Variant(f"kp_{rid}_v{v}", v) for v in sorted({1, rp.vec})]
     wrappers = [kernel(lb, k.name, sig, f"kp_{rid}_body<{k.vec}>") for k in variants]
+    held = softmax and rp.regs > 0  # the columns' rows in registers (rp.regs of them), where R is that
+    if held:
+        body += _softmax_regs_body(rid, sig, lay, xt, yt, rp.regs, lams)
+        regs_variants = [Variant(f"kp_{rid}_v{k.vec}_regs", k.vec, regs=True) for k in variants]
+        wrappers += [kernel(lb, k.name, sig, f"kp_{rid}_regs_body<{k.vec}>") for k in regs_variants]
+        variants += regs_variants
     combine, combine_sig = "", None
     if splits:
         combine, combine_sig = reduce_ops.combine_kernel(
@@ -213,6 +220,64 @@ def _softmax_body(rid, sig, lay, xt, yt, rp, lams) -> list[str]:
     ]
 
 
+def _softmax_regs_body(rid, sig, lay, xt, yt, rows, lams) -> list[str]:
+    """The softmax of a column of `rows` (compile-time) held in registers: all its loads issued at once,
+    the max, exp and sum over the registers (as the row-wise kernel's register form: NaN spreads, a column
+    of -inf gives NaN, as eager), then written from them: one read and one write an element."""
+    each = [
+        "#pragma unroll",
+        f"        for (int r = 0; r < {rows}; ++r)",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) {",
+    ]
+    if lay.op == "softmax":
+        stats = [
+            *each,
+            "                f[r][e] = expf(f[r][e] - M[e]);",
+            "                S[e] += f[r][e];",
+            "            }",
+        ]
+        f = "f[r][e] * (1.0f / S[e])"
+    else:
+        stats = [*each, "                S[e] += expf(f[r][e] - M[e]);", "            }",
+                 "#pragma unroll", "        for (int e = 0; e < V; ++e) S[e] = logf(S[e]);"]  # fmt: skip
+        f = "f[r][e] - M[e] - S[e]"
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_regs_body({sig.decls()}) {{",
+        *lams,
+        "    const long long col = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * V;",
+        "    if (col >= inner) return;  // no barriers below",
+        "    (void)rps;",
+        "    (void)R;  // the launcher: R is the compiled rows",
+        "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {",
+        f"        const long long base = o * (long long){rows} * inner + col;",
+        f"        float f[{rows}][V], M[V], S[V];",
+        "#pragma unroll",
+        f"        for (int r = 0; r < {rows}; ++r) {{",
+        f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + base + r * inner);",
+        "#pragma unroll",
+        "            for (int e = 0; e < V; ++e) f[r][e] = pre(ld(t.v[e]), base + r * inner + e);",
+        "        }",
+        "#pragma unroll",
+        "        for (int e = 0; e < V; ++e) {",
+        "            M[e] = -CUDART_INF_F;",
+        "            S[e] = 0.0f;",
+        f"            for (int r = 0; r < {rows}; ++r) M[e] = kp_max_nan(M[e], f[r][e]);",
+        "        }",
+        *stats,
+        "#pragma unroll",
+        f"        for (int r = 0; r < {rows}; ++r) {{",
+        f"            Vec<{yt}, V> out;",
+        "#pragma unroll",
+        f"            for (int e = 0; e < V; ++e) out.v[e] = cv<{yt}>(post({f}, base + r * inner + e));",
+        f"            vstore<{yt}, V>(y + base + r * inner, out);",
+        "        }",
+        "    }",
+        "}",
+    ]
+
+
 def _launcher(region, lay, rp, pre, post, inputs, sig, variants, combine, softmax, out_dt, indices_only,
               with_yi) -> str:  # fmt: skip
     rid = region.rid
@@ -260,14 +325,26 @@ def _launcher(region, lay, rp, pre, post, inputs, sig, variants, combine, softma
     lines.append("    grid, block = (gx, gy, splits), (bx, by)")
     smem = "0" if softmax else "bx * by * vec * 16"
     call = "kernels.{}(grid, block, args, shared_mem=" + smem + ")  # noqa: F821"
-    scalar, vector = variants[0], variants[-1]
-    if vector.vec > 1:  # `vec` was worked out above: the inner size and both tensors allow it
-        lines.append("    if vec > 1:")
-        lines.append("        " + call.format(vector.name))
+    streamed = [k for k in variants if not k.regs]
+    held = [k for k in variants if k.regs]
+    scalar, vector = streamed[0], streamed[-1]
+    pad = "    "
+    if held:  # the columns' rows in registers, where R is the rows it was compiled for
+        lines.append(f"    if reduced == {rp.regs}:")
+        if held[-1].vec > 1:
+            lines += [f"        if vec > 1:\n            {call.format(held[-1].name)}", "        else:",
+                      f"            {call.format(held[0].name)}"]  # fmt: skip
+        else:
+            lines.append(f"        {call.format(held[0].name)}")
         lines.append("    else:")
-        lines.append("        " + call.format(scalar.name))
+        pad = "        "
+    if vector.vec > 1:  # `vec` was worked out above: the inner size and both tensors allow it
+        lines.append(f"{pad}if vec > 1:")
+        lines.append(f"{pad}    " + call.format(vector.name))
+        lines.append(f"{pad}else:")
+        lines.append(f"{pad}    " + call.format(scalar.name))
     else:
-        lines.append("    " + call.format(scalar.name))
+        lines.append(pad + call.format(scalar.name))
     if combine:
         lines.append("    if splits > 1:")
         lines.append(
