@@ -1,7 +1,8 @@
-"""Softmax over a dim that is not the last with each column's rows held in registers (families/colwise.py,
-`regs`): read once, all its loads at once, where the streaming kernel reads a column twice. In the CPU
-emulator against eager for softmax and log-softmax (an epilogue fused), float4 and scalar columns, -inf and
-NaN; the streaming kernel for columns too tall and for another R at run time; the edits; sm_90a builds."""
+"""Softmax, and RMS norms written by hand, over a dim that is not the last with each column's rows held in
+registers (families/colwise.py, `regs`): read once, all its loads at once, where the streaming kernel reads
+a column twice. In the CPU emulator against eager for softmax and log-softmax (an epilogue fused), the RMS
+norm's division and rsqrt forms, float4 and scalar columns, -inf and NaN; the streaming kernel for columns
+too tall and for another R at run time; the edits; sm_90a builds."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from test_expert_decompose import needs_gxx
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
 from pipeline.generate.expert import plan_of
+from pipeline.generate.expert.policy import analyse
 from pipeline.types import Status
 
 BODY = """class Model(nn.Module):
@@ -79,3 +81,44 @@ def test_held_columns_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK and not b.log, b.log
         held = [r for r in b.resources if r.name.endswith("_regs")]
         assert len(held) >= 2 and all(r.spill_stores == 0 for r in held), held
+
+
+RMS = """class Model(nn.Module):
+    def forward(self, x):
+        return (x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5),
+                x * torch.rsqrt(torch.mean(x * x, dim=-3, keepdim=True) + 1e-6) * 0.5)"""
+
+
+@needs_gxx
+@pytest.mark.parametrize(
+    ("shape", "vec"), [("2, 16, 5, 12", 4), ("2, 64, 3, 4", 1), ("3, 7, 9, 2", 1), ("2, 80, 8, 1", 4)]
+)
+def test_rms_norms_over_the_channels_written_by_hand_are_one_column_op(tmp_path, shape, vec):
+    """KernelBench's RMSNorm (x / sqrt(mean(x^2, dim=1, keepdim) + eps)) and the rsqrt form: one column op
+    (rms_col) each, its column held in registers (narrower vectors where 16-byte ones would not fit: 64
+    channels take one float a row), where a column reduction and an element-wise pass read x twice."""
+    path = task_file(
+        tmp_path, "rms_" + "".join(c for c in shape if c.isdigit()), RMS, f"[torch.randn({shape})]"
+    )
+    low, why = analyse(path)
+    assert low is not None, why
+    assert [r.node.op for r in low.regions if r.kind.value != "ew"] == ["rms_col"] * 2
+    cand = tuned(path)
+    rows = int(shape.split(", ")[1])
+    held = rows * vec <= 64
+    plans = [rp for rp in plan_of(cand.source).regions if rp.TAG == "col"]
+    assert [(rp.vec, rp.regs) for rp in plans] == [(vec, rows if held else 0)] * 2
+    x = torch.randn(*map(int, shape.split(", "))) * 2
+    x[0, 1, 0] = float("nan")  # its column's norm: NaN over the column, as eager
+    got, launched = _run(cand, x)
+    want = (x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-5),
+            x * torch.rsqrt(torch.mean(x * x, dim=-3, keepdim=True) + 1e-6) * 0.5)  # fmt: skip
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert all(("regs" in k) == held for k in launched), launched
+
+
+def test_a_trailing_rms_norm_stays_the_row_family_s(tmp_path):
+    body = "class Model(nn.Module):\n    def forward(self, x):\n        return x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + 1e-6)"
+    low, why = analyse(task_file(tmp_path, "rms_row", body, "[torch.randn(4, 33)]"))
+    assert low is not None and [r.node.op for r in low.regions] == ["rms_norm"], why

@@ -127,6 +127,15 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # KernelBench's RMSNorm over the channels, written by hand: one column op, its 64 rows in registers
+    "rms_channels": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return x / torch.sqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-5)
+        """,
+        "[]",
+    ),
     "layer_rms": (
         """
         class Model(nn.Module):
@@ -839,6 +848,7 @@ SHAPES = {
     "reduce_all": ["(2**24 + 1,)", "(5,)"],
     "softmax": ["(999, 777)", "(3, 7, 20001)", "(2, 5, 1)", "(37, 4096)", "(2, 200003)"],
     "softmax_channels": ["(4, 16, 9, 33, 20)", "(3, 7, 1001)", "(2, 100, 8, 9)"],
+    "rms_channels": ["(3, 64, 33, 65)", "(2, 80, 100)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
     # clusters of 2 (361 KB rows, unaligned), of 8 (LogSoftmax's 1.5 MB), and rows too long for any (4 MB)
     # the last: 256 KB rows, each block's segment in registers (the others' cached in shared memory)

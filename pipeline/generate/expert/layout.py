@@ -135,6 +135,7 @@ class RowLayout:
     pair: bool = False  # max/min over a dim whose indices nobody reads: returns (values, None)
     correction: float = 1.0
     eps: float = 0.0
+    op_form: str = ""  # rms_col: "div" (x / rms, as written) or "mul" (x * rsqrt)
     has_weight: bool = False
     has_bias: bool = False
     groups: int = 0  # group norm; 0 for instance norm (one group per channel, read at run time)
@@ -219,6 +220,8 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
             reverse=bool(n.kw("reverse")),
             exclusive=bool(n.kw("exclusive")),
             grow=scans.grow(n, x) if region.kind is RegionKind.SCAN else 0,
+            eps=float(n.args[2]) if n.op == "rms_col" else 0.0,
+            op_form=str(n.args[3]) if n.op == "rms_col" else "",
         )
     if region.kind is RegionKind.NORM:
         lay = _norm_layout(n, shape, in_dt, out_dt)

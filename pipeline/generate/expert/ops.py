@@ -435,7 +435,9 @@ def _dims(d: Any) -> tuple[int, ...] | None:
     return tuple(d)
 
 
-SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax"})
+# rms_col: x / sqrt(mean(x^2, dim, keepdim) + eps) over one dim that is not the last (regions._rms_norm_by_hand):
+# a two-pass op over one dim like softmax, taken by the column family
+SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "rms_col"})
 NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm", "l1_norm"})
 SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
 # Library anchors: the GEMM or convolution stays in cuBLAS / cuDNN, everything after it is ours.

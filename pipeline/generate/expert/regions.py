@@ -991,6 +991,15 @@ def _trailing_keepdim(red: ops.Reduction | None, xs: Node, kinds: tuple[str, ...
     return tuple(xs.shape[nd - len(dims) :]) if dims == list(range(nd - len(dims), nd)) else None
 
 
+def _middle_keepdim(red: ops.Reduction | None, xs: Node) -> int | None:
+    """The one dim, not the last, that a keepdim mean reduces (an RMS norm over channels), or None."""
+    if red is None or red.kind != "mean" or not red.keepdim or red.dims is None or not xs.shape:
+        return None
+    nd = len(xs.shape)
+    dims = {d % nd for d in red.dims}
+    return dims.pop() if len(dims) == 1 and max(dims) != nd - 1 else None
+
+
 def _squares(sq: Node | None, x: Ref) -> bool:
     return sq is not None and (
         (sq.op == "pow" and sq.args[1:] == (2,) and sq.args[0] == x)
@@ -1005,7 +1014,8 @@ def _same_float(*nodes: Node) -> bool:
 
 def _rms_norm_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """`x * rsqrt(mean(x^2, trailing dims, keepdim) + eps)`, or `x / sqrt(...)`, as models write RMSNorm by
-    hand (Llama's): one rms_norm over those dims, so the norm family reads each row once, where a reduction
+    hand (Llama's): one rms_norm over those dims (one rms_col over a single dim that is not the last: the
+    channels, KernelBench's RMSNorm), so the norm family reads each row once, where a reduction
     and then an element-wise pass read it twice. A weight multiplied after it stays an element-wise
     neighbour the norm takes on its stores. The square may be pow(x, 2), x * x or square(x); all of one
     float dtype. The reduction's own nodes fall to dead code when nothing else reads them."""
@@ -1025,10 +1035,20 @@ def _rms_norm_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         mean = by_name.get(m.name) if isinstance(m, Ref) else None
         if mean is None or isinstance(eps, (Ref, bool)) or not isinstance(eps, (int, float)) or eps < 0:
             continue
-        shape = _trailing_keepdim(ops.reduction_of(mean), xs, ("mean",))
+        red = ops.reduction_of(mean)
+        shape = _trailing_keepdim(red, xs, ("mean",))
+        col = _middle_keepdim(red, xs) if shape is None else None
         sq = by_name.get(mean.args[0].name) if isinstance(mean.args[0], Ref) else None
-        if shape is None or not _squares(sq, x) or not _same_float(n, xs, sq, mean, add, root):
+        if (
+            (shape is None and col is None)
+            or not _squares(sq, x)
+            or not _same_float(n, xs, sq, mean, add, root)
+        ):
             continue
+        if col is not None:  # over one dim that is not the last (the channels): the column family's
+            return [
+                _mk(n.name, "rms_col", (x, col, float(eps), n.op), n.shape, n.dtype)
+            ]  # x / rms or x * 1/rms
         return [_mk(n.name, "rms_norm", (x, shape, None, float(eps)), n.shape, n.dtype)]
     return None
 

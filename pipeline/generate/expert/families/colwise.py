@@ -59,6 +59,12 @@ def first(r: Region, low: Lowered, tuned: bool) -> ColPlan:
     vmax = common.vec_max(ops.ITEMSIZE.get(lay.in_dtype, 4))
     vec = vmax if lay.inner % vmax == 0 else 1
     rp = ColPlan(r.rid, vec=vec, unroll=4, splits=1 if r.kind is RegionKind.REDUCE else 0)
+    # a two-pass op's column held in registers, with narrower vectors where the widest do not fit (64
+    # channels: one float a row): read once beats 16-byte loads that read every column twice
+    while rp.vec > 1 and lay.op in colwise.TWO_PASS and not _column_regs(lay, rp):
+        rp = dataclasses.replace(rp, vec=rp.vec // 2)
+    if not _column_regs(lay, rp):
+        rp = dataclasses.replace(rp, vec=vec)
     return dataclasses.replace(rp, regs=_column_regs(lay, rp))
 
 
@@ -69,7 +75,7 @@ def _column_regs(lay: RowLayout, rp: ColPlan) -> int:
     """A softmax's rows a thread holds, where its columns fit COLUMN_FLOATS: each read once (its loads all in
     flight at once), where the streaming kernel reads them twice, the second time missing L2 on large
     tensors (a block's columns take MBs). 0 where they do not fit, or for a reduction."""
-    fits = lay.op in ("softmax", "log_softmax") and lay.reduced * rp.vec <= COLUMN_FLOATS
+    fits = lay.op in colwise.TWO_PASS and lay.reduced * rp.vec <= COLUMN_FLOATS
     return lay.reduced if fits else 0
 
 

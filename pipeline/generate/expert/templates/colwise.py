@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import reduce_ops, shapes
@@ -21,11 +22,23 @@ from pipeline.generate.expert.templates.signature import Signature, Variant, i64
 if TYPE_CHECKING:
     from pipeline.generate.expert.families.colwise import ColPlan
 
+TWO_PASS = ("softmax", "log_softmax", "rms_col")
+
+
+def _rms(lay: RowLayout, total: str) -> str:
+    """rms_col's factor from the column's sum of squares: the root to divide by, or its reciprocal root."""
+    mean = f"{total} / (float)R + {ops.lit(lay.eps)}"
+    return (
+        f"(1.0f / sqrtf({mean}))" if lay.op_form == "mul" else f"sqrtf({mean})"
+    )  # rsqrt as ops.py writes it
+
 
 def render(region: Region, lay: RowLayout, rp: ColPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
     kind = reduce_ops.KINDS[lay.op]
-    softmax = lay.op in ("softmax", "log_softmax")
+    softmax = (
+        lay.op in TWO_PASS
+    )  # a write pass after the column's statistics (softmax's, or a sum of squares)
     x_dt = pre.main_dtype if pre else lay.in_dtype
     out_dt = post.out_dtype if post else lay.out_dtype
     indices_only = lay.op in ("argmax", "argmin")
@@ -175,11 +188,19 @@ def _reduce_body(rid, sig, lay, kind, xt, yt, rp, lams, splits, indices_only, wi
 
 
 def _softmax_body(rid, sig, lay, xt, yt, rp, lams) -> list[str]:
-    f = "expf(v - M[e]) * inv[e]" if lay.op == "softmax" else "v - M[e] - L[e]"
-    stats = (
-        "M[e] = acc[e].a; inv[e] = 1.0f / acc[e].b;"
-        if lay.op == "softmax"
-        else "M[e] = acc[e].a; L[e] = logf(acc[e].b);"
+    rms = lay.op == "rms_col"
+    f = {"softmax": "expf(v - M[e]) * inv[e]", "log_softmax": "v - M[e] - L[e]",
+         "rms_col": f"v {'*' if lay.op_form == 'mul' else '/'} M[e]"}[lay.op]  # fmt: skip
+    stats = {
+        "softmax": "M[e] = acc[e].a; inv[e] = 1.0f / acc[e].b;",
+        "log_softmax": "M[e] = acc[e].a; L[e] = logf(acc[e].b);",
+        "rms_col": f"M[e] = {_rms(lay, 'acc[e].a')};",  # M: the root (or its reciprocal)
+    }[lay.op]
+    init = "{0.0f, 0.0f, 0}" if rms else "{-CUDART_INF_F, 0.0f, 0}"
+    push = (
+        "{ const float v = pre(ld(t.v[e]), base + r * inner + e); acc[e].a += v * v; }"
+        if rms
+        else "lse_push(acc[e], pre(ld(t.v[e]), base + r * inner + e));"
     )
     return [
         "template <int V>",
@@ -195,12 +216,12 @@ def _softmax_body(rid, sig, lay, xt, yt, rp, lams) -> list[str]:
         "        (void)inv;",
         "        (void)L;",
         "#pragma unroll",
-        "        for (int e = 0; e < V; ++e) acc[e] = {-CUDART_INF_F, 0.0f, 0};",
+        f"        for (int e = 0; e < V; ++e) acc[e] = {init};",
         f"#pragma unroll {rp.unroll}",
         "        for (long long r = 0; r < R; ++r) {",
         f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + base + r * inner);",
         "#pragma unroll",
-        "            for (int e = 0; e < V; ++e) lse_push(acc[e], pre(ld(t.v[e]), base + r * inner + e));",
+        f"            for (int e = 0; e < V; ++e) {push}",
         "        }",
         "#pragma unroll",
         f"        for (int e = 0; e < V; ++e) {{ {stats} }}",
@@ -230,7 +251,11 @@ def _softmax_regs_body(rid, sig, lay, xt, yt, rows, lams) -> list[str]:
         "#pragma unroll",
         "            for (int e = 0; e < V; ++e) {",
     ]
-    if lay.op == "softmax":
+    if lay.op == "rms_col":  # S: the sum of squares, then the root (or its reciprocal); M unused
+        stats = [*each, "                S[e] += f[r][e] * f[r][e];", "            }",
+                 "#pragma unroll", f"        for (int e = 0; e < V; ++e) S[e] = {_rms(lay, 'S[e]')};"]  # fmt: skip
+        f = f"f[r][e] {'*' if lay.op_form == 'mul' else '/'} S[e]"
+    elif lay.op == "softmax":
         stats = [
             *each,
             "                f[r][e] = expf(f[r][e] - M[e]);",

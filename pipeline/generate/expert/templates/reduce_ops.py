@@ -79,6 +79,7 @@ KINDS: dict[str, Kind] = {
         "{0.0f, 0.0f, 0}", "SumOp", "Acc{{{v} - K, ({v} - K) * ({v} - K), 0}}", "", shift=True, second=True
     ),
     "rms_norm": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{({v}) * ({v}), 0.0f, 0}}", ""),
+    "rms_col": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{({v}) * ({v}), 0.0f, 0}}", ""),  # over a dim not last
     "l1_norm": Kind(
         "{0.0f, 0.0f, 0}", "SumOp", "Acc{{fabsf({v}), 0.0f, 0}}", ""
     ),  # x / sum|x| (expert's own)
