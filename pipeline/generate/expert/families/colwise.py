@@ -3,7 +3,7 @@ dimension, the reduced one walked (and for reductions shared and split) across t
 (templates/colwise.py). It hosts elementwise neighbours like the row-wise family.
 
 Edits: fuse_kernels / fuse_epilogue, vectorize_loads (when the inner size allows), coarsen_threads (a
-softmax's column held in registers where it fits, else unroll x2) and pipeline_loads (unroll x2),
+two-pass op's column held in registers where it fits, else unroll x2) and pipeline_loads (unroll x2),
 more_parallelism (a reduction split over more blocks), coalesce_accesses (more threads along the contiguous
 dimension), resize_grid, increase_occupancy, reduce_registers (the held column first).
 """
@@ -36,7 +36,7 @@ class ColPlan(RegionPlan):
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
     splits: int = 0  # reductions: split the reduced dimension to reach this many blocks per SM (0: never)
     bx: int = 32  # threads along the contiguous inner dimension
-    regs: int = 0  # softmax: a column's rows (all `regs` of them) held in registers, read once; 0: read twice
+    regs: int = 0  # two-pass ops (softmax, rms_col): a column's `regs` rows held in registers; 0: read twice
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -68,11 +68,11 @@ def first(r: Region, low: Lowered, tuned: bool) -> ColPlan:
     return dataclasses.replace(rp, regs=_column_regs(lay, rp))
 
 
-COLUMN_FLOATS = 64  # floats a thread may hold of its columns' rows (a softmax over a few channels)
+COLUMN_FLOATS = 64  # floats a thread may hold of its columns' rows (a softmax or RMS norm over channels)
 
 
 def _column_regs(lay: RowLayout, rp: ColPlan) -> int:
-    """A softmax's rows a thread holds, where its columns fit COLUMN_FLOATS: each read once (its loads all in
+    """A two-pass op's rows a thread holds (softmax, rms_col), where its columns fit COLUMN_FLOATS: each read once (its loads all in
     flight at once), where the streaming kernel reads them twice, the second time missing L2 on large
     tensors (a block's columns take MBs). 0 where they do not fit, or for a reduction."""
     fits = lay.op in colwise.TWO_PASS and lay.reduced * rp.vec <= COLUMN_FLOATS
@@ -95,7 +95,7 @@ def _parallelism(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Mov
 
 
 def _coarsen(plan: Plan, rp: ColPlan, r: Region, low: Lowered) -> common.Moves:
-    """A softmax's column held in registers where it fits, then more unrolling."""
+    """A two-pass op's column held in registers where it fits, then more unrolling."""
     lay = _layout(r, low)
     if lay is not None and not rp.regs and (regs := _column_regs(lay, rp)):
         yield from change("coarsen_threads", plan, rp, regs=regs)
