@@ -386,9 +386,10 @@ def _cluster_regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pr
     """The cluster's row with each block's segment held in registers (`regs` 16-byte vectors a thread, all
     loads issued before any is used) instead of shared memory: the statistics as the shared-memory form
     takes them (softmax's (max, sum of exp) from the segment's max, one exp an element), merged over the
-    cluster the same way, then the segment written from the registers. On the H200 this form ran a 1 MB row
-    4.15 ms against 4.61 cached in shared memory (benchmarks/rownorm_variants.py). The launcher takes it
-    when the row splits into whole vectors, is aligned, and each segment fits."""
+    cluster the same way, then the segment written from the registers. KernelBench's InstanceNorm (1 MB rows)
+    ran 5.09 ms against 5.74 with the segment in shared memory on the H100 (benchmarks/cluster_regs.py;
+    4.15 against 4.61 as a variant on the H200). The launcher takes it when the row splits into whole
+    vectors, is aligned, and each segment fits."""
     stats, f = _stats(lay)
     f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
     xt, yt = ctype(x_dt), ctype(out_dt)
