@@ -14,7 +14,7 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.fused_losses import Cosine
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.signature import Signature, i64, ptr, row_kernels
+from pipeline.generate.expert.templates.signature import Signature, i64, ptr, row_kernels, row_launch
 
 U = 4  # 16-byte loads a lane has in flight per operand
 
@@ -84,12 +84,7 @@ def render(r: Region, f: Cosine, threads: int, vec: bool) -> Code:
     cuda = _BODY.format(
         rid=rid, cols=f.cols, warps=warps, eps=ops.lit(f.eps), decls=sig.decls(), wrappers=wrappers, u=U
     )
-    call = f"((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"
-    launch = (
-        ["    if _aligned((a, b), 4):", f"        kernels.kp_{rid}_rows4{call}", "    else:",
-         f"        kernels.kp_{rid}_rows{call}"]
-        if vec else [f"    kernels.kp_{rid}_rows{call}"]
-    )  # fmt: skip
+    launch = row_launch(rid, sig, threads, vec, "_aligned((a, b), 4)", "    ")
     shape = f.shape
     launcher = "\n".join([
         f"def _cosine_{rid}(sms, a, b):",

@@ -71,6 +71,16 @@ def row_kernels(rid: str, sig: Signature, threads: int, vec: bool) -> tuple[list
     return names, text
 
 
+def row_launch(rid: str, sig: Signature, threads: int, vec: bool, aligned: str, pad: str) -> list[str]:
+    """The launcher lines of row_kernels' pair over `blocks`: the 16-byte kernel where `aligned` (a Python
+    condition on the inputs) holds, else the scalar one; the scalar one alone without `vec`."""
+    call = f"((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"
+    if not vec:
+        return [f"{pad}kernels.kp_{rid}_rows{call}"]
+    return [f"{pad}if {aligned}:", f"{pad}    kernels.kp_{rid}_rows4{call}", f"{pad}else:",
+            f"{pad}    kernels.kp_{rid}_rows{call}"]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of a region's kernel and what the launcher checks before it launches it."""

@@ -15,7 +15,7 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.fused_losses import Triplet
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels, row_launch
 
 U = 4  # 16-byte loads a lane has in flight per operand (12 in all)
 
@@ -119,13 +119,8 @@ def render(r: Region, f: Triplet, threads: int, vec: bool) -> Code:
     total = Signature((ptr("part", "float"), ptr("total", "float", "loss", const=False), i32("blocks"),
                        i64("rows")))  # fmt: skip
 
-    def launch(pad: str) -> list[str]:
-        """The rows kernel: the float4 one where the three inputs are 16-byte aligned (vec), else the scalar one."""
-        call = f"((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"
-        if not vec:
-            return [f"{pad}kernels.kp_{rid}_rows{call}"]
-        return [f"{pad}if _aligned((a, p, n), 4):", f"{pad}    kernels.kp_{rid}_rows4{call}", f"{pad}else:",
-                f"{pad}    kernels.kp_{rid}_rows{call}"]  # fmt: skip
+    def launch(pad: str) -> list[str]:  # the float4 kernel where the three inputs are 16-byte aligned
+        return row_launch(rid, sig, threads, vec, "_aligned((a, p, n), 4)", pad)
 
     shape = (f.rows, f.cols)
     launcher = "\n".join([

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels
+from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels, row_launch
 
 _BODY = r"""namespace kp_{rid} {{
 constexpr int C = {classes}, WARPS = {warps};
@@ -126,13 +126,8 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
     x, t = r.node.args[:2]
     what = "NLL" if nll else "cross-entropy"
 
-    def launch(pad: str) -> list[str]:
-        """The rows kernel's launch: the float4 one where x is 16-byte aligned (vec), else the scalar one."""
-        call = f"((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"
-        if not vec:
-            return [f"{pad}kernels.kp_{rid}_rows{call}"]
-        return [f"{pad}if x.data_ptr() % 16 == 0:", f"{pad}    kernels.kp_{rid}_rows4{call}", f"{pad}else:",
-                f"{pad}    kernels.kp_{rid}_rows{call}"]  # fmt: skip
+    def launch(pad: str) -> list[str]:  # the float4 kernel where x is 16-byte aligned
+        return row_launch(rid, sig, threads, vec, "x.data_ptr() % 16 == 0", pad)
 
     launcher = "\n".join([
         f"def _xent_{rid}(sms, x, t):",
