@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness_forms import time_forms  # noqa: E402  (beside this script)
+from harness_forms import compare  # noqa: E402  (beside this script)
 
-from pipeline import stages  # noqa: E402
 from pipeline.candidates import make_candidate  # noqa: E402
-from pipeline.config import load  # noqa: E402
 from pipeline.generate.base import Context  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert.families.rowwise import CLUSTER_UNROLL, RowPlan, regs_for  # noqa: E402
@@ -73,25 +70,15 @@ def main() -> int:
     ap.add_argument("tasks", type=Path, nargs="+")
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    cfg = load(
-        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
-    )
-    results: dict[str, list[dict]] = {}
-    with stages.open_pool(cfg) as pool:
-        for path in args.tasks:
-            cands = candidates(path)
 
-            def note(row: dict, r) -> None:
-                res = r.build.resources if r.build else ()
-                row["kernels"] = [(x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name]
+    def note(row: dict, r) -> None:
+        res = r.build.resources if r.build else ()
+        row["kernels"] = [(x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name]
 
-            rows = time_forms(path, cands, cfg, pool, args.repeat, note)
-            for row, (_, c) in zip(rows, cands, strict=True):
-                row["plan"] = c.source.splitlines()[0]
-            results[path.stem] = rows
-            print(path.stem, [(r["form"], r["ours_ms"], r.get("of_floor")) for r in rows], flush=True)
-            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    def describe(row: dict, c) -> None:
+        row["plan"] = c.source.splitlines()[0]
+
+    compare(args.out, args.tasks, args.repeat, candidates, 50, 2.0, note, describe)
     return 0
 
 

@@ -15,21 +15,19 @@ so a difference is believed only when both agree. Writes DIR/results.json as it 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import stages  # noqa: E402
-from pipeline.config import load  # noqa: E402
+from harness_forms import compare  # noqa: E402  (beside this script)
+
 from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert.plan import plan_of  # noqa: E402
 from pipeline.generate.expert.templates import conv_tf32  # noqa: E402
 from pipeline.tasks import probe  # noqa: E402
-from pipeline.types import Status  # noqa: E402
 
 BIG = 1 << 30
 # route -> (the plan entry's family, then LIMITS' values while its proposals are made)
@@ -73,49 +71,23 @@ def main() -> int:
     ap.add_argument("--proposals", type=int, default=4, help="first proposals generated a route")
     ap.add_argument("--routes", default=",".join(ROUTES), help="comma-separated, of: " + ", ".join(ROUTES))
     args = ap.parse_args()
-    cfg = load(
-        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
-    )
-    results: dict[str, list[dict]] = {}
-    with stages.open_pool(cfg) as pool:
-        for path in args.tasks:
-            routes = [x for x in args.routes.split(",") if x in ROUTES]
-            cands = [(route, c) for route in routes for c in candidates(path, route, args.proposals)]
-            rows = [
-                {
-                    "route": route,
-                    "edit": c.edit,
-                    "plan": c.source.splitlines()[0],
-                    "ours_ms": [],
-                    "eager_ms": [],
-                }
-                for route, c in cands
-            ]
-            for _ in range(args.repeat):
-                evals = stages.evaluate_candidates(path, [c for _, c in cands], cfg, pool=pool)
-                for row, r in zip(rows, evals, strict=True):
-                    row["status"] = r.verdict.status.value
-                    res = r.build.resources if r.build else ()
-                    row["registers"] = [x.registers for x in res if x.name.endswith(("_dconv", "_conv"))]
-                    m = r.measurement
-                    if r.status != Status.OK or m is None or m.timing is None:
-                        row["reasons"] = list(r.verdict.reasons)
-                        continue
-                    row["ours_ms"].append(m.timing.median_ms)
-                    row["eager_ms"].append(m.baselines["eager"].median_ms)
-            for row in rows:
-                if row["ours_ms"]:
-                    row["vs_eager"] = min(row["eager_ms"]) / min(row["ours_ms"])
-            results[path.stem] = rows
-            best = {
-                route: min(
-                    (min(r["ours_ms"]) for r in rows if r["route"] == route and r["ours_ms"]), default=None
-                )
-                for route in routes
-            }
-            print(f"{path.stem}: best {best}, eager {min((min(r['eager_ms']) for r in rows if r['eager_ms']), default=None)}",
-                  flush=True)  # fmt: skip
-            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    routes = [x for x in args.routes.split(",") if x in ROUTES]
+
+    def note(row: dict, r) -> None:
+        res = r.build.resources if r.build else ()
+        row["registers"] = [x.registers for x in res if x.name.endswith(("_dconv", "_conv"))]
+
+    def describe(row: dict, c) -> None:
+        row.update(route=row["form"], edit=c.edit, plan=c.source.splitlines()[0])
+
+    def forms_of(path: Path) -> list:
+        return [(route, c) for route in routes for c in candidates(path, route, args.proposals)]
+
+    results = compare(args.out, args.tasks, args.repeat, forms_of, 50, 2.0, note, describe)
+    for task, rows in results.items():  # each route's best
+        best = {route: min((min(r["ours_ms"]) for r in rows if r["route"] == route and r["ours_ms"]), default=None)
+                for route in routes}  # fmt: skip
+        print(f"{task}: best {best}", flush=True)
     return 0
 
 

@@ -17,17 +17,14 @@ only when the passes agree. Writes DIR/results.json as it goes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness_forms import time_forms  # noqa: E402  (beside this script)
+from harness_forms import compare  # noqa: E402  (beside this script)
 
-from pipeline import stages  # noqa: E402
-from pipeline.config import load  # noqa: E402
 from pipeline.generate.base import Context  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert import policy as expert_policy  # noqa: E402
@@ -67,22 +64,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated, of: " + ", ".join(FORMS))
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    cfg = load(
-        home=args.out / "home", baselines=("eager",), energy=False, timing_trials=30, timing_budget_s=3.0
-    )
-    results: dict[str, list[dict]] = {}
-    with stages.open_pool(cfg) as pool:
-        for path in args.tasks:
-            cands = [(form, tuned(path, form)) for form in args.forms.split(",") if form in FORMS]
-            rows = time_forms(path, cands, cfg, pool, args.repeat)
-            for row, (_, c) in zip(rows, cands, strict=True):
-                row["geometry"] = [
-                    ln.strip() for ln in c.source.splitlines() if "CINP = " in ln or "GATHERERS =" in ln
-                ]
-            results[path.stem] = rows
-            print(path.stem, [(r["form"], r["ours_ms"], r.get("vs_eager")) for r in rows], flush=True)
-            (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    forms = [form for form in args.forms.split(",") if form in FORMS]
+
+    def describe(row: dict, c) -> None:
+        row["geometry"] = [
+            ln.strip() for ln in c.source.splitlines() if "CINP = " in ln or "GATHERERS =" in ln
+        ]
+
+    compare(args.out, args.tasks, args.repeat, lambda path: [(f, tuned(path, f)) for f in forms], 30, 3.0,
+            describe=describe)  # fmt: skip
     return 0
 
 

@@ -1,14 +1,17 @@
 """Candidates of one task timed through the harness side by side, for the scripts that compare forms of a
-kernel (benchmarks/cluster_regs.py, conv_variants.py): each candidate verified and timed against eager
-`repeat` times, in separate passes over all of them, so a difference is believed only when the passes agree."""
+kernel (benchmarks/cluster_regs.py, conv_variants.py, conv_routes.py): each candidate verified and timed
+against eager `repeat` times, in separate passes over all of them, so a difference is believed only when the
+passes agree. `compare` runs such a script's tasks and writes OUT/results.json as it goes."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline import stages
+from pipeline.config import load
 from pipeline.types import Status
 
 
@@ -38,3 +41,27 @@ def time_forms(path: Path, forms: list[tuple[str, Any]], cfg: Any, pool: Any, re
             if row["floor_ms"]:
                 row["of_floor"] = row["floor_ms"] / min(row["ours_ms"])
     return rows
+
+
+def compare(out: Path, tasks: list[Path], repeat: int, forms_of: Callable[[Path], list[tuple[str, Any]]],
+            timing_trials: int, timing_budget_s: float, note: Callable[[dict, Any], None] | None = None,
+            describe: Callable[[dict, Any], None] | None = None) -> dict[str, list[dict]]:  # fmt: skip
+    """Each task's forms (`forms_of(path)`: (label, candidate) pairs) timed by time_forms in one worker pool;
+    `describe(row, candidate)` adds what a script keeps of each candidate. Prints a line a task and rewrites
+    OUT/results.json after each."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = load(home=out / "home", baselines=("eager",), energy=False, timing_trials=timing_trials,
+               timing_budget_s=timing_budget_s)  # fmt: skip
+    results: dict[str, list[dict]] = {}
+    with stages.open_pool(cfg) as pool:
+        for path in tasks:
+            forms = forms_of(path)
+            rows = time_forms(path, forms, cfg, pool, repeat, note)
+            for row, (_, c) in zip(rows, forms, strict=True):
+                if describe is not None:
+                    describe(row, c)
+            results[path.stem] = rows
+            print(path.stem, [(r["form"], r["ours_ms"], r.get("vs_eager"), r.get("of_floor")) for r in rows],
+                  flush=True)  # fmt: skip
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+    return results
