@@ -28,17 +28,15 @@ TWO_PASS = ("softmax", "log_softmax", "rms_col")
 def _rms(lay: RowLayout, total: str) -> str:
     """rms_col's factor from the column's sum of squares: the root to divide by, or its reciprocal root."""
     mean = f"{total} / (float)R + {ops.lit(lay.eps)}"
-    return (
-        f"(1.0f / sqrtf({mean}))" if lay.op_form == "mul" else f"sqrtf({mean})"
-    )  # rsqrt as ops.py writes it
+    # rsqrt as ops.py writes it
+    return f"(1.0f / sqrtf({mean}))" if lay.op_form == "mul" else f"sqrtf({mean})"
 
 
 def render(region: Region, lay: RowLayout, rp: ColPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
     kind = reduce_ops.KINDS[lay.op]
-    softmax = (
-        lay.op in TWO_PASS
-    )  # a write pass after the column's statistics (softmax's, or a sum of squares)
+    # a write pass after the column's statistics (softmax's, or a sum of squares)
+    softmax = lay.op in TWO_PASS
     x_dt = pre.main_dtype if pre else lay.in_dtype
     out_dt = post.out_dtype if post else lay.out_dtype
     indices_only = lay.op in ("argmax", "argmin")
@@ -350,26 +348,20 @@ def _launcher(region, lay, rp, pre, post, inputs, sig, variants, combine, softma
     lines.append("    grid, block = (gx, gy, splits), (bx, by)")
     smem = "0" if softmax else "bx * by * vec * 16"
     call = "kernels.{}(grid, block, args, shared_mem=" + smem + ")  # noqa: F821"
+
+    def pick(scalar: Variant, vector: Variant, pad: str) -> list[str]:
+        """The pair's vector kernel where `vec` (worked out above: the inner size and both tensors allow
+        it) is over 1, else its scalar one."""
+        if vector.vec == 1:
+            return [pad + call.format(scalar.name)]
+        return [f"{pad}if vec > 1:", f"{pad}    {call.format(vector.name)}", f"{pad}else:",
+                f"{pad}    {call.format(scalar.name)}"]  # fmt: skip
+
     streamed = [k for k in variants if not k.regs]
     held = [k for k in variants if k.regs]
-    scalar, vector = streamed[0], streamed[-1]
-    pad = "    "
     if held:  # the columns' rows in registers, where R is the rows it was compiled for
-        lines.append(f"    if reduced == {rp.regs}:")
-        if held[-1].vec > 1:
-            lines += [f"        if vec > 1:\n            {call.format(held[-1].name)}", "        else:",
-                      f"            {call.format(held[0].name)}"]  # fmt: skip
-        else:
-            lines.append(f"        {call.format(held[0].name)}")
-        lines.append("    else:")
-        pad = "        "
-    if vector.vec > 1:  # `vec` was worked out above: the inner size and both tensors allow it
-        lines.append(f"{pad}if vec > 1:")
-        lines.append(f"{pad}    " + call.format(vector.name))
-        lines.append(f"{pad}else:")
-        lines.append(f"{pad}    " + call.format(scalar.name))
-    else:
-        lines.append(pad + call.format(scalar.name))
+        lines += [f"    if reduced == {rp.regs}:", *pick(held[0], held[-1], "        "), "    else:"]
+    lines += pick(streamed[0], streamed[-1], "        " if held else "    ")
     if combine:
         lines.append("    if splits > 1:")
         lines.append(
