@@ -559,11 +559,7 @@ def _triplet(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         return None
     a = n.args
     anchor = by_name.get(a[0].name) if isinstance(a[0], Ref) else None
-    margin, p, eps, swap, reduction = [*a[3:], *(None,) * 5][:5]
-    margin = 1.0 if margin is None else float(margin)
-    p = 2.0 if p is None else float(p)
-    eps = 1e-6 if eps is None else float(eps)
-    reduction = 1 if reduction is None else reduction
+    margin, p, eps, swap, reduction = fused_losses.triplet_args(n)
     if anchor is None or not anchor.shape or p not in (1.0, 2.0) or swap or reduction not in (0, 1, 2):
         return None
     if n.dtype not in ops.FLOAT_DTYPES:
@@ -811,8 +807,7 @@ def _cosine(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
         return None
     a = n.args
     x1, x2 = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
-    dim = a[2] if len(a) > 2 else n.kw("dim", 1)
-    eps = float(a[3] if len(a) > 3 else n.kw("eps", 1e-8))
+    dim, eps = fused_losses.cosine_args(n)
     if x1 is None or x2 is None or not x1.shape or x1.shape != x2.shape or not isinstance(dim, int):
         return None
     dt, shape, name = n.dtype, x1.shape, n.name
