@@ -46,6 +46,42 @@ class Kernel:
         self._function = function
         self.name = name
         self._dynamic_smem_limit = 48 * 1024
+        self._cluster: int | None = None  # its compile-time cluster width, read at the first launch
+        self._room: dict[tuple, int] = {}
+
+    def _prepare(self, shared_mem: int) -> None:
+        """The opt-ins a launch needs: a dynamic shared-memory carve-out above 48 KB, and a cluster wider
+        than the portable 8 blocks (`__cluster_dims__(16, 1, 1)`), which fails to launch without it."""
+        if shared_mem > self._dynamic_smem_limit:
+            _check(_libcuda().cuFuncSetAttribute(
+                ctypes.c_void_p(self._function.ptr), _MAX_DYNAMIC_SHARED, ctypes.c_int(int(shared_mem))
+            ), self.name, "the shared-memory carve-out")  # fmt: skip
+            self._dynamic_smem_limit = int(shared_mem)
+        if self._cluster is None:
+            width = ctypes.c_int(0)
+            lib = _libcuda()
+            if lib.cuFuncGetAttribute(
+                ctypes.byref(width), _CLUSTER_WIDTH, ctypes.c_void_p(self._function.ptr)
+            ):
+                width.value = 0  # a driver without clusters: none was compiled in
+            if width.value > PORTABLE_CLUSTER:
+                _check(lib.cuFuncSetAttribute(ctypes.c_void_p(self._function.ptr), _NON_PORTABLE_CLUSTER,
+                                              ctypes.c_int(1)), self.name, "a non-portable cluster size")  # fmt: skip
+            self._cluster = width.value
+
+    def active_clusters(self, block, shared_mem: int = 0) -> int:
+        """How many of this kernel's clusters the GPU can run at once with this block and shared memory: 0
+        where none fits (a cluster of 16 needs 16 free SMs of one GPC; not every GPU's GPCs have them)."""
+        key = (_dims(block, "block"), int(shared_mem))
+        if key not in self._room:
+            self._prepare(int(shared_mem))
+            config = _LaunchConfig(max(1, self._cluster or 1), 1, 1, *key[0], int(shared_mem))
+            n = ctypes.c_int(0)
+            err = _libcuda().cuOccupancyMaxActiveClusters(
+                ctypes.byref(n), ctypes.c_void_p(self._function.ptr), ctypes.byref(config)
+            )
+            self._room[key] = 0 if err else n.value
+        return self._room[key]
 
     def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
         import cupy
@@ -54,13 +90,7 @@ class Kernel:
             LAUNCHES.note(args)
         grid, block = _dims(grid, "grid"), _dims(block, "block")
         converted = tuple(_argument(a, i, self.name) for i, a in enumerate(args))
-        if shared_mem > self._dynamic_smem_limit:
-            # Above 48 KB a kernel must opt in to a larger dynamic shared-memory carve-out.
-            driver = cupy.cuda.driver
-            driver.funcSetAttribute(
-                self._function.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared_mem)
-            )
-            self._dynamic_smem_limit = int(shared_mem)
+        self._prepare(int(shared_mem))
         if any(isinstance(a, TensorMap) for a in converted):
             # CuPy has no by-value struct argument; the driver's cuLaunchKernel takes one as raw bytes.
             _launch_raw(self._function.ptr, grid, block, converted, int(shared_mem), self.name)
@@ -110,6 +140,11 @@ class Kernels:
         with open(path, "rb") as f:
             return cls(f.read(), names)
 
+    def active_clusters(self, name: str, block, shared_mem: int = 0) -> int:
+        """Clusters of kernel `name` the GPU holds at once (0: it cannot run one), for a launcher that has a
+        way around a wide cluster."""
+        return getattr(self, name).active_clusters(block, shared_mem)
+
     @staticmethod
     def tensor_map(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
         """The TMA descriptor of a 2- to 5-D tensor, loaded in boxes of box_rows x box_cols over its last two
@@ -153,6 +188,22 @@ def _dims(value, what: str) -> tuple[int, int, int]:
     return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
+PORTABLE_CLUSTER = 8  # blocks a cluster may take without opting in
+# CUfunction_attribute values (cuda.h)
+_MAX_DYNAMIC_SHARED, _CLUSTER_WIDTH, _NON_PORTABLE_CLUSTER = 8, 11, 14
+
+
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig, no attributes: the cluster is the kernel's own
+    _fields_ = [(f, ctypes.c_uint) for f in ("gx", "gy", "gz", "bx", "by", "bz", "smem")] + [
+        ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("nattrs", ctypes.c_uint)
+    ]  # fmt: skip
+
+
+def _check(err: int, name: str, what: str) -> None:
+    if err:
+        raise RuntimeError(f"{name}: the driver refused {what} (CUresult {err})")
+
+
 _TMA_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}  # CUtensorMapDataType
 _SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # bytes -> CUtensorMapSwizzle
 
@@ -162,6 +213,8 @@ def _libcuda():
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
     lib.cuLaunchKernel.restype = ctypes.c_int
+    for f in ("cuFuncGetAttribute", "cuFuncSetAttribute", "cuOccupancyMaxActiveClusters"):
+        getattr(lib, f).restype = ctypes.c_int
     return lib
 
 

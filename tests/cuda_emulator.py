@@ -46,7 +46,7 @@ struct kp_dim3 { unsigned x = 0, y = 0, z = 0; };
 kp_dim3 threadIdx, blockIdx;
 kp_dim3 blockDim, gridDim;
 int kp_lane = 0, kp_warp = 0;
-constexpr int KP_EMU_MAX_CLUSTER = 8;
+constexpr int KP_EMU_MAX_CLUSTER = 16;
 alignas(16) static unsigned char kp_emu_smem[KP_EMU_MAX_CLUSTER][256 * 1024];
 unsigned char* kp_emu_smem_base = kp_emu_smem[0];  // this thread's block's shared memory
 unsigned kp_emu_rank = 0;  // this thread's block within its cluster
@@ -368,6 +368,15 @@ class EmuKernels:
         self._cluster = {k: int(v.split(":")[1]) for k, v in bounds.items()}  # kernel -> blocks a cluster
         self._names = tuple(self._bounds)
         self.launches: list[tuple[str, tuple, tuple, int]] = []
+        self.gpcs = 4  # GPCs of 16 SMs each (0: none, where a cluster of 16 cannot run; see active_clusters)
+        self.asked: list[str] = []  # the kernels active_clusters was asked about
+
+    def active_clusters(self, name: str, block, shared_mem: int = 0) -> int:
+        """The runtime's query, as a GPU of `gpcs` GPCs of 16 SMs, a block an SM, would answer it."""
+        if name not in self._names:
+            raise AttributeError(name)
+        self.asked.append(name)
+        return self.gpcs * (16 // self._cluster[name])
 
     def __getattr__(self, name: str) -> EmuKernel:
         if name.startswith("_") or name not in self._names:
@@ -400,7 +409,7 @@ class EmuKernel:
             or grid[1] > 65535 or grid[2] > 65535 or block[2] > 64 or shared_mem > 227 * 1024
         )  # fmt: skip
         cluster = self.owner._cluster[self.name]
-        bad = bad or grid[0] % cluster != 0 or cluster > 8  # a grid of whole clusters, 8 blocks at most
+        bad = bad or grid[0] % cluster != 0 or cluster > 16  # a grid of whole clusters, 16 blocks at most
         if bad:
             raise ValueError(f"{self.name}: bad launch {grid} {block} smem={shared_mem}")
         threads = block[0] * block[1] * block[2]

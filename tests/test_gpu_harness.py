@@ -236,3 +236,44 @@ def test_the_one_pass_comparison_gives_the_torch_forms_figures(o_dtype):
     assert not fused_stats.usable(g.as_subclass(Sub), g)  # data_ptr() could name memory it does not own
     assert not fused_stats.usable(g[: n - 5].view(-1, 2).t(), g[: n - 5].view(-1, 2).t())  # strided
     assert not fused_stats.usable(g[:4], g)  # sizes differ
+
+
+CLUSTER_16 = r"""
+extern "C" __global__ void __launch_bounds__(128) __cluster_dims__(16, 1, 1) ranks(int* out) {
+    __shared__ int mine;
+    unsigned rank, next;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    if (threadIdx.x == 0) mine = (int)rank;
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+    const unsigned peer = (rank + 1) % 16;  // read the next block's shared memory: the cluster is real
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(next) : "r"((unsigned)__cvta_generic_to_shared(&mine)), "r"(peer));
+    int theirs;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(theirs) : "r"(next));
+    if (threadIdx.x == 0) out[blockIdx.x] = (int)rank * 100 + theirs;
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+"""
+
+
+def test_the_runtime_opts_in_to_a_cluster_of_16_and_says_how_many_fit(tmp_path, home):
+    """A kernel compiled for clusters of 16 blocks (beyond the portable 8): the runtime reads its width,
+    opts in, answers active_clusters (the launchers' guard before a wide cluster) and launches it; each
+    block reads its neighbour's rank through distributed shared memory."""
+    torch = _torch
+    from pipeline import compile as comp
+    from pipeline import runtime
+
+    src = tmp_path / "c16.cu"
+    src.write_text(CLUSTER_16)
+    cubin = tmp_path / "c16.cubin"
+    nvcc = comp.find_nvcc(cfg_for(home))
+    subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True)
+    kernels = runtime.Kernels.from_file(str(cubin), ("ranks",))
+    room = kernels.active_clusters("ranks", (128,))
+    assert room > 0, "this GPU has no room for a cluster of 16: the launchers fall back to a block per row"
+    out = torch.full((64,), -1, dtype=torch.int32, device="cuda")
+    kernels.ranks((64,), (128,), (out,))
+    torch.cuda.synchronize()
+    rank = torch.arange(64, device="cuda", dtype=torch.int32) % 16
+    assert torch.equal(out, rank * 100 + (rank + 1) % 16)
+    print(f"clusters of 16 at once: {room}")

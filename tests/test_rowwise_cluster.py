@@ -28,6 +28,8 @@ from pipeline.types import Kind, Status
 CASES = {
     "log_softmax_odd": ("nn.LogSoftmax(dim=-1)", "y", "2, 45001", 2),  # rows start unaligned
     "softmax_scaled": ("nn.Softmax(dim=-1)", "y * 2", "2, 100000", 4),
+    # 1.2 MB rows: 150 KB a block of 8 fits no block's registers, 75 KB a block of 16 does (a non-portable size)
+    "log_softmax_wide": ("nn.LogSoftmax(dim=-1)", "y", "2, 300000", 16),
     "layer_norm_affine": ("nn.LayerNorm(50000)", "torch.relu(y)", "2, 50000", 2),
     "rms_norm": ("nn.RMSNorm(41000)", "y", "3, 41000", 2),
     "instance_norm": ("nn.InstanceNorm2d(3, affine=True)", "y", "2, 3, 210, 210", 2),
@@ -61,8 +63,8 @@ def _task(folder: Path, name: str) -> Path:
 
 # Rows of whole, aligned vectors (and channels of them): the tuned plan's blocks hold their segments in
 # registers; the others fall back to the segment cached in shared memory.
-IN_REGISTERS = {"group_norm_regs", "instance_norm", "layer_norm_affine", "layer_norm_bf16", "rms_norm",
-                "softmax_scaled"}  # fmt: skip
+IN_REGISTERS = {"group_norm_regs", "instance_norm", "layer_norm_affine", "layer_norm_bf16", "log_softmax_wide",
+                "rms_norm", "softmax_scaled"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -126,8 +128,8 @@ def test_cluster_softmax_statistics_keep_minus_infinity_and_nan_as_pytorch_does(
 
 def test_kernelbench_long_norms_hold_their_segments_in_registers(tmp_path):
     """Level 1's InstanceNorm (1 MB rows, 8 blocks), L1 and L2 norms (256 KB rows, 2 blocks): each block's
-    128 KB segment in registers, compiled for sm_90a without spills;
-    LogSoftmax's 1.5 MB rows (192 KB a block) do not fit and keep the shared-memory segment."""
+    128 KB segment in registers; LogSoftmax's 1.5 MB rows (192 KB a block of 8) over 16 blocks, 96 KB each in
+    registers, asking the runtime for room first; compiled for sm_90a without spills."""
     ops = {  # name -> (forward's expression of x, its shape): KernelBench level 1's 34, 38, 39 and 24
         "instance": ("F.instance_norm(x)", "112, 64, 512, 512"),
         "l1": ("x / torch.sum(torch.abs(x), dim=1, keepdim=True)", "32768, 65536"),
@@ -146,14 +148,31 @@ def test_kernelbench_long_norms_hold_their_segments_in_registers(tmp_path):
     plans = [plan_of(c.source).regions[0] for c in cands]
     # an FMA an element written (instance norm): 256 threads; a division (L1) or a fused epilogue (L2's): 1024
     assert [(rp.cluster, rp.threads, rp.regs) for rp in plans] == [(8, 256, 32), (2, 1024, 8), (2, 1024, 8),
-                                                                    (8, 1024, 0)]  # fmt: skip
-    for c, rp in zip(cands[:3], plans[:3], strict=True):
+                                                                    (16, 256, 24)]  # fmt: skip
+    for c, rp in zip(cands, plans, strict=True):
         assert f"kp_{rp.rid}_cluster_regs_v4(cgrid, ({rp.threads},)" in c.launcher
-    assert "_cluster_regs_" not in cands[3].launcher
-    for b in compile_candidates(cands[:3], Config(home=tmp_path / "home", arch="sm_90a")):
+        assert ("kernels.active_clusters(" in c.launcher) == (rp.cluster > 8)  # 8 is every Hopper's
+    for b in compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")):
         assert b.status == Status.OK and not b.log, b.log
         regs = [r for r in b.resources if "_cluster_regs_" in r.name]
         assert len(regs) == 1 and regs[0].spill_stores == 0 and regs[0].spill_loads == 0, regs
+
+
+@pytest.mark.parametrize("form", ["tuned", "shared"])
+def test_without_room_for_a_cluster_of_16_a_row_takes_a_block(tmp_path, form):
+    """A GPU whose GPCs cannot hold 16 blocks of the kernel (the runtime's active_clusters says 0): the
+    launcher asks before each cluster kernel it could launch, then runs the block per row, still right."""
+    path = _task(tmp_path, "log_softmax_wide")
+    x = load_module(path).get_inputs()[0]
+    cand = tuned(path) if form == "tuned" else tuned_with_edit(path, "reduce_registers")
+    kernels = build(cand.source, tmp_path)
+    kernels.gpcs = 0
+    got = load_model(cand.launcher, kernels, sms=4)()(x)
+    names = [launch[0] for launch in kernels.launches]
+    assert names and not any("_cluster_" in n for n in names), names
+    asked = ["kp_log_softmax_cluster_v4", "kp_log_softmax_cluster_v1"]
+    assert kernels.asked == (["kp_log_softmax_cluster_regs_v4"] if form == "tuned" else []) + asked
+    torch.testing.assert_close(got, torch.log_softmax(x, dim=-1), rtol=1e-4, atol=1e-4)
 
 
 def test_a_row_one_block_can_cache_takes_no_cluster(tmp_path):

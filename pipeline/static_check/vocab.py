@@ -12,7 +12,8 @@ def words(text: str) -> frozenset[str]:
 Path = tuple[str, ...]
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
-RUNTIME_METHODS = frozenset({"tensor_map"})  # helpers of the runtime's `kernels`, not kernel names
+# helpers of the runtime's `kernels`, not kernel names
+RUNTIME_METHODS = frozenset({"tensor_map", "active_clusters"})
 REFERENCE_MODULES = frozenset({"reference", "task", "tasks", "__main__"})
 REFERENCE_NAMES = frozenset({"Model", "get_inputs", "get_init_inputs"})
 MODULE_BASES = frozenset({("torch", "nn", "Module"), ("torch", "nn", "modules", "module", "Module")})

@@ -155,22 +155,27 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         unroll = CLUSTER_UNROLL if ops.ITEMSIZE.get(lay.in_dtype, 4) >= 4 else CLUSTER_UNROLL // 2
         rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=unroll)
         # each block's segment held in registers where it fits (no shared-memory round trip: on the H100
-        # 5.09 against 5.75 ms over 1 MB rows; over 256 KB rows with a division an element, 6.17 and 6.19)
+        # 5.09 against 5.75 ms over 1 MB rows; over 256 KB rows with a division an element, 6.17 and 6.19),
+        # over twice the blocks where that makes it fit: LogSoftmax's 1.5 MB rows, 192 KB a block of 8, are
+        # 96 KB a block of 16 (16 needs a GPC's 16 SMs; the launcher falls back to a block per row without)
         cheap = lay.op in CHEAP_WRITES and fusion.epilogue(r, low) is None
-        if (t := cluster_threads(lay, c, rp.vec, cheap)) and (regs := regs_for(rp, r, low, t)):
-            rp = dataclasses.replace(rp, threads=t, regs=regs)
+        while c <= rowwise.MAX_CLUSTER:
+            wider = dataclasses.replace(rp, cluster=c)
+            if (t := cluster_threads(lay, c, rp.vec, cheap)) and (regs := regs_for(wider, r, low, t)):
+                return dataclasses.replace(wider, threads=t, regs=regs)
+            c *= 2
     return rp
 
 
 def cluster_blocks(lay: RowLayout, r: Region) -> int:
-    """Blocks a cluster for a two-pass op's row that one block cannot cache: the fewest (a power of two, 8
+    """Blocks a cluster for a two-pass op's row that one block cannot cache: the fewest (a power of two, 16
     at most) whose segments fit CLUSTER_SEGMENT; 0 where one block can, or a cluster cannot."""
     if lay.op not in TWO_PASS or r.kind is RegionKind.REDUCE or _short(lay):
         return 0
     row = 4 * lay.reduced  # cached as fp32
     if row <= rowwise.MAX_SMEM_ROW:
         return 0
-    return next((c for c in (2, 4, 8) if row <= c * CLUSTER_SEGMENT), 0)
+    return next((c for c in (2, 4, 8, 16) if row <= c * CLUSTER_SEGMENT), 0)
 
 
 render = common.hosted_render(_layout, rowwise.render)

@@ -9,8 +9,8 @@ partial accumulators in a second small kernel. Two-pass ops over such rows (a La
 rows, 16 of them) split them too: a first kernel writes each block's partial statistics, a second merges a
 row's partials in every block and writes that block's part of the row (two reads and a write per element,
 the whole GPU busy, where a block per row would leave all but 16 SMs idle). A two-pass op whose row is too
-long for one block's shared memory but fits a thread-block cluster's (`cluster`: 2 to 8 blocks, a row of
-up to ~1.5 MB of fp32) spreads each row over a cluster: every block caches its segment in shared memory
+long for one block's shared memory but fits a thread-block cluster's (`cluster`: 2 to 16 blocks, a row of
+up to ~3 MB of fp32; 16 where the GPU has room for so wide a cluster, else a block per row) spreads each row over a cluster: every block caches its segment in shared memory
 while it reads it (`unroll` 16-byte loads in flight a thread), the blocks' statistics are merged through distributed shared memory (in rank order:
 deterministic), and each block writes its segment from its cache: one DRAM read and one write an element,
 where a block per row reads a row of that length twice from DRAM. Where a segment fits the block's
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
 MAX_REGS = 16  # vectors per thread a register-held row may take (64 fp32 registers at 16-byte vectors)
-MAX_CLUSTER = 8  # blocks a cluster: the portable limit (16 needs a non-portable opt-in)
+MAX_CLUSTER = 16  # blocks a cluster: beyond the portable 8, the runtime opts in (not every GPU has room)
+PORTABLE_CLUSTER = 8
 CLUSTER_SMEM = 227 * 1024  # dynamic shared memory a block of a cluster may take (the H100/H200 limit)
 # A cluster's block holding its segment in registers: floats a block may hold (half an SM's 64K registers,
 # the rest for the kernel's own), and floats a thread may (a 256-thread block's 128 of its 255).
@@ -976,29 +977,49 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             f"    chunk = -(-cols // {C})\n    chunk = -(-chunk // {rp.vec}) * {rp.vec}",
             f"    cblock = min({threads}, max(32, 1 << (max(1, -(-chunk // {rp.vec})) - 1).bit_length()))",
             f"    csmem = {cred} + 16 + (chunk + {rp.vec}) * 4  # the segment from kc < {rp.vec} on",
+        ]
+        wide = C > PORTABLE_CLUSTER
+
+        # A cluster wider than 8 runs only where the GPU has room for one (16 free SMs of a GPC): asked of
+        # the runtime before each such kernel; where there is none, the block per row below runs instead.
+        def room(conds: list[str], name: str, block: str, smem: str) -> str:
+            ask = f"kernels.active_clusters({name!r}, ({block},), {smem}) > 0"
+            return " and ".join([*conds, *([ask] if wide else [])])
+
+        lines += [
             f"    if cols * 4 + smem > {MAX_SMEM_ROW} and csmem <= {CLUSTER_SMEM}:",
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
         ]
         if cregs:  # each segment in registers: whole vectors, aligned, and few enough for the plan's block
             V = rp.vec
+            rsmem = f"{cred.replace('cblock', str(threads))} + 16"
+            conds = [f"cols % {V} == 0", f"chunk <= {rp.regs * V * threads}", f"_aligned((x, y), {V})"]
+            conds += [f"(cols // cg) % {V} == 0"] if lay.op == "group_norm" else []
             lines += [
-                f"        if cols % {V} == 0 and chunk <= {rp.regs * V * threads} and _aligned((x, y), {V})"
-                + (f" and (cols // cg) % {V} == 0:" if lay.op == "group_norm" else ":"),
-                f"            kernels.kp_{rid}_cluster_regs_v{V}(cgrid, ({threads},), cargs, shared_mem={cred.replace('cblock', str(threads))} + 16)  # noqa: F821",
+                f"        if {room(conds, f'kp_{rid}_cluster_regs_v{V}', str(threads), rsmem)}:",
+                f"            kernels.kp_{rid}_cluster_regs_v{V}(cgrid, ({threads},), cargs, shared_mem={rsmem})  # noqa: F821",
                 f"            return {ret}",
             ]
         call = "kernels.kp_{}_cluster_v{}(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821"
-        if rp.vec > 1:  # the weight and bias are read one element at a time: x and y alone must align
+        if wide:  # each vector width that may run, while the GPU has room
+            for v in sorted({rp.vec, 1}, reverse=True):
+                conds = [f"_aligned((x, y), {v})"] if v > 1 else []
+                lines += [
+                    f"        if {room(conds, f'kp_{rid}_cluster_v{v}', 'cblock', 'csmem')}:",
+                    f"            {call.format(rid, v)}",
+                    f"            return {ret}",
+                ]
+        elif rp.vec > 1:  # the weight and bias are read one element at a time: x and y alone must align
             lines += [
                 f"        if _aligned((x, y), {rp.vec}):",
                 f"            {call.format(rid, rp.vec)}",
                 "        else:",
                 f"            {call.format(rid, 1)}",
+                f"        return {ret}",
             ]
         else:
-            lines.append(f"        {call.format(rid, 1)}")
-        lines.append(f"        return {ret}")
+            lines += [f"        {call.format(rid, 1)}", f"        return {ret}"]
     if ssig is not None:  # too few rows to fill the GPU: each split across blocks, statistics merged
         lines += [
             f"    splits = 1\n    if rows < sms * {rp.splits}:",
