@@ -72,10 +72,10 @@ class Kernel:
     def active_clusters(self, block, shared_mem: int = 0) -> int:
         """How many of this kernel's clusters the GPU can run at once with this block and shared memory: 0
         where none fits (a cluster of 16 needs 16 free SMs of one GPC; not every GPU's GPCs have them)."""
-        key = (_dims(block, "block"), int(shared_mem))
+        key = ("clusters", _dims(block, "block"), int(shared_mem))
         if key not in self._room:
             self._prepare(int(shared_mem))
-            config = _LaunchConfig(max(1, self._cluster or 1), 1, 1, *key[0], int(shared_mem))
+            config = _LaunchConfig(max(1, self._cluster or 1), 1, 1, *key[1], int(shared_mem))
             n = ctypes.c_int(0)
             err = _libcuda().cuOccupancyMaxActiveClusters(
                 ctypes.byref(n), ctypes.c_void_p(self._function.ptr), ctypes.byref(config)
@@ -83,7 +83,23 @@ class Kernel:
             self._room[key] = 0 if err else n.value
         return self._room[key]
 
-    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+    def active_blocks(self, block, shared_mem: int = 0) -> int:
+        """Blocks of this kernel one SM holds at once with this block and shared memory (its registers,
+        shared memory and threads allow): a cooperative grid may have the SM count times as many."""
+        key = ("blocks", _dims(block, "block"), int(shared_mem))
+        if key not in self._room:
+            self._prepare(int(shared_mem))
+            n = ctypes.c_int(0)
+            err = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                ctypes.byref(n), ctypes.c_void_p(self._function.ptr), ctypes.c_int(_threads(key[1])),
+                ctypes.c_size_t(int(shared_mem)),
+            )  # fmt: skip
+            self._room[key] = 0 if err else n.value
+        return self._room[key]
+
+    def __call__(self, grid, block, args, shared_mem: int = 0, cooperative: bool = False) -> None:
+        """Launch on torch's current stream. `cooperative`: every block of the grid resident at once, or the
+        launch fails (a kernel whose blocks wait on each other through global memory would hang)."""
         import cupy
 
         if LAUNCHES is not None:
@@ -91,9 +107,9 @@ class Kernel:
         grid, block = _dims(grid, "grid"), _dims(block, "block")
         converted = tuple(_argument(a, i, self.name) for i, a in enumerate(args))
         self._prepare(int(shared_mem))
-        if any(isinstance(a, TensorMap) for a in converted):
-            # CuPy has no by-value struct argument; the driver's cuLaunchKernel takes one as raw bytes.
-            _launch_raw(self._function.ptr, grid, block, converted, int(shared_mem), self.name)
+        if cooperative or any(isinstance(a, TensorMap) for a in converted):
+            # CuPy has no by-value struct argument, nor a cooperative launch: the driver's take raw bytes.
+            _launch_raw(self._function.ptr, grid, block, converted, int(shared_mem), self.name, cooperative)
             return
         self._function(grid, block, converted, shared_mem=int(shared_mem), stream=_current_stream(cupy))
 
@@ -144,6 +160,10 @@ class Kernels:
         """Clusters of kernel `name` the GPU holds at once (0: it cannot run one), for a launcher that has a
         way around a wide cluster."""
         return getattr(self, name).active_clusters(block, shared_mem)
+
+    def active_blocks(self, name: str, block, shared_mem: int = 0) -> int:
+        """Blocks of kernel `name` an SM holds at once (0: none), for a launcher sizing a cooperative grid."""
+        return getattr(self, name).active_blocks(block, shared_mem)
 
     @staticmethod
     def tensor_map(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
@@ -213,7 +233,8 @@ def _libcuda():
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
     lib.cuLaunchKernel.restype = ctypes.c_int
-    for f in ("cuFuncGetAttribute", "cuFuncSetAttribute", "cuOccupancyMaxActiveClusters"):
+    for f in ("cuFuncGetAttribute", "cuFuncSetAttribute", "cuOccupancyMaxActiveClusters",
+              "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuLaunchCooperativeKernel"):  # fmt: skip
         getattr(lib, f).restype = ctypes.c_int
     return lib
 
@@ -270,8 +291,15 @@ _C_OF = {numpy.dtype(k): v for k, v in (
 )}  # fmt: skip
 
 
-def _launch_raw(function: int, grid, block, args, shared_mem: int, name: str) -> None:
-    """cuLaunchKernel on torch's current stream with each argument's bytes (structs by value)."""
+def _threads(block: tuple[int, int, int]) -> int:
+    return block[0] * block[1] * block[2]
+
+
+def _launch_raw(
+    function: int, grid, block, args, shared_mem: int, name: str, cooperative: bool = False
+) -> None:
+    """cuLaunchKernel (cuLaunchCooperativeKernel) on torch's current stream with each argument's bytes
+    (structs by value)."""
     holders = []
     for a in args:
         if isinstance(a, TensorMap):
@@ -279,12 +307,13 @@ def _launch_raw(function: int, grid, block, args, shared_mem: int, name: str) ->
         else:
             holders.append(_C_OF[a.dtype].from_buffer_copy(a.tobytes()))
     params = (ctypes.c_void_p * len(holders))(*(ctypes.addressof(h) for h in holders))
-    err = _libcuda().cuLaunchKernel(
-        ctypes.c_void_p(function), *(ctypes.c_uint(v) for v in (*grid, *block, shared_mem)),
-        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), params, None,
-    )  # fmt: skip
+    launch = _libcuda().cuLaunchCooperativeKernel if cooperative else _libcuda().cuLaunchKernel
+    dims = (ctypes.c_uint(v) for v in (*grid, *block, shared_mem))
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    err = launch(ctypes.c_void_p(function), *dims, stream, params, *([] if cooperative else [None]))
     if err:
-        raise RuntimeError(f"{name}: cuLaunchKernel failed with CUresult {err}")
+        how = "cuLaunchCooperativeKernel" if cooperative else "cuLaunchKernel"
+        raise RuntimeError(f"{name}: {how} failed with CUresult {err}")
 
 
 def _argument(a, index: int, kernel: str):

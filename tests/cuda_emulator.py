@@ -10,7 +10,8 @@ runs its clusters one after another, the C blocks of each at once (C * blockDim 
 with its own shared memory and barriers, the cluster's barrier and the mapping of a block's shared memory
 to another's (distributed shared memory) as the kp_cluster_* helpers of templates/rowwise.py define them
 on the GPU. A static `__shared__` array is one for the whole cluster here: cluster kernels take dynamic
-shared memory only.
+shared memory only. A cooperative launch (16 blocks at most) runs its whole grid as one cluster, so a block
+spinning on a global counter (kp_grid_wait) yields to the blocks that will raise it.
 `EmuKernels` stands in for the runtime's `Kernels`, so a generated launcher runs unchanged on CPU tensors.
 Slow: keep shapes small.
 """
@@ -148,6 +149,15 @@ inline void kp_cluster_wait() { kp_wait(kp_cluster_bar, kp_cur->token); }
 template <class T> inline T* kp_cluster_map(T* p, unsigned rank) {
     return reinterpret_cast<T*>(kp_emu_smem[rank] + (reinterpret_cast<unsigned char*>(p) - kp_emu_smem_base));
 }
+// A cooperative grid's blocks run at once as one cluster does: one signals through a global counter, another
+// spins on it (a fiber yielding until the count is reached: no progress while it waits).
+#define KP_GRID_DEFINED 1
+inline void kp_grid_arrive(int* count) { __atomic_fetch_add(count, 1, __ATOMIC_SEQ_CST); }
+inline void kp_grid_wait(const int* count, int target) {
+    while (__atomic_load_n(count, __ATOMIC_SEQ_CST) < target) kp_yield();
+    kp_moved = true;
+}
+template <class T> inline T kp_ld_cg(const T* p) { return *p; }
 inline void __syncwarp(unsigned = 0xffffffffu) { kp_sync(kp_warp_bar[kp_warp]); }
 
 template <class T> inline T kp_shfl(T v, int src, bool valid) {
@@ -314,8 +324,8 @@ def translate(source: str, shim: str = SHIM) -> tuple[str, list[str]]:
         unpack = ", ".join(f"*({_param_type(p)}*)a[{i}]" for i, p in enumerate(params))
         wrappers.append(
             f'extern "C" void {name}__emu(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
-            f"unsigned bz, size_t smem, void** a) {{\n"
-            f"    kp_emu_run(gx, gy, gz, bx, by, bz, smem, {cluster}, [&]() {{ {name}({unpack}); }});\n}}"
+            f"unsigned bz, size_t smem, unsigned coop, void** a) {{\n"
+            f"    kp_emu_run(gx, gy, gz, bx, by, bz, smem, coop ? gx : {cluster}, [&]() {{ {name}({unpack}); }});\n}}"
         )
     return shim + src + "\n" + "\n".join(wrappers) + "\n", names
 
@@ -369,7 +379,9 @@ class EmuKernels:
         self._names = tuple(self._bounds)
         self.launches: list[tuple[str, tuple, tuple, int]] = []
         self.gpcs = 4  # GPCs of 16 SMs each (0: none, where a cluster of 16 cannot run; see active_clusters)
-        self.asked: list[str] = []  # the kernels active_clusters was asked about
+        self.blocks_per_sm = 2  # active_blocks' answer for any kernel
+        self.asked: list[str] = []  # the kernels active_clusters or active_blocks was asked about
+        self.cooperative: list[str] = []  # the kernels launched cooperatively
 
     def active_clusters(self, name: str, block, shared_mem: int = 0) -> int:
         """The runtime's query, as a GPU of `gpcs` GPCs of 16 SMs, a block an SM, would answer it."""
@@ -377,6 +389,12 @@ class EmuKernels:
             raise AttributeError(name)
         self.asked.append(name)
         return self.gpcs * (16 // self._cluster[name])
+
+    def active_blocks(self, name: str, block, shared_mem: int = 0) -> int:
+        if name not in self._names:
+            raise AttributeError(name)
+        self.asked.append(name)
+        return self.blocks_per_sm
 
     def __getattr__(self, name: str) -> EmuKernel:
         if name.startswith("_") or name not in self._names:
@@ -398,7 +416,7 @@ class EmuKernel:
     def __init__(self, owner: EmuKernels, name: str):
         self.owner, self.name = owner, name
 
-    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+    def __call__(self, grid, block, args, shared_mem: int = 0, cooperative: bool = False) -> None:
         import torch
 
         grid = tuple(grid) + (1,) * (3 - len(tuple(grid)))
@@ -410,6 +428,8 @@ class EmuKernel:
         )  # fmt: skip
         cluster = self.owner._cluster[self.name]
         bad = bad or grid[0] % cluster != 0 or cluster > 16  # a grid of whole clusters, 16 blocks at most
+        # a cooperative grid runs as one cluster: 16 blocks at most here, and the GPU's residency on it
+        bad = bad or (cooperative and (grid[0] > 16 or grid[1] * grid[2] > 1 or cluster > 1))
         if bad:
             raise ValueError(f"{self.name}: bad launch {grid} {block} smem={shared_mem}")
         threads = block[0] * block[1] * block[2]
@@ -431,7 +451,8 @@ class EmuKernel:
         flag = ctypes.c_int.in_dll(self.owner._lib, "kp_emu_misaligned")
         error = ctypes.c_int.in_dll(self.owner._lib, "kp_emu_error")
         flag.value = error.value = 0
-        fn(*(ctypes.c_uint(int(v)) for v in (*grid, *block)), ctypes.c_size_t(int(shared_mem)), ptrs)
+        fn(*(ctypes.c_uint(int(v)) for v in (*grid, *block)), ctypes.c_size_t(int(shared_mem)),
+           ctypes.c_uint(int(cooperative)), ptrs)  # fmt: skip
         if flag.value:
             raise RuntimeError(f"{self.name}: misaligned vector access (a GPU would fault)")
         if error.value == 1:
@@ -441,6 +462,8 @@ class EmuKernel:
         if error.value:
             raise RuntimeError(f"{self.name}: the emulator could not map stacks for {grid} x {block}")
         self.owner.launches.append((self.name, grid, block, int(shared_mem)))
+        if cooperative:
+            self.owner.cooperative.append(self.name)
 
 
 def load_model(launcher: str, kernels: EmuKernels, sms: int = 4):

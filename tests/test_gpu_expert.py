@@ -851,8 +851,8 @@ SHAPES = {
     "rms_channels": ["(3, 64, 33, 65)", "(2, 80, 100)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
     # clusters of 2 (361 KB rows, unaligned), of 16 (LogSoftmax's 1.5 MB, unaligned: segments in shared
-    # memory), and rows too long for any (4 MB); 256 KB rows, each block's segment in registers; LogSoftmax's
-    # rows whole: 16 blocks' segments in registers (where the GPU has room for a cluster of 16)
+    # memory), rows too long for any (4 MB: the tiles of a cooperative grid); 256 KB rows, each block's
+    # segment in registers; LogSoftmax's rows whole: 16 blocks' segments in registers (where the GPU has room)
     "long_rows": [
         "(2, 3, 300, 301)",
         "(1, 3, 1, 393215)",
@@ -864,7 +864,8 @@ SHAPES = {
     "layer_rms_4k": ["(1001, 4096)"],
     "rms_by_hand": ["(1001, 4097)", "(2, 3, 4097)"],
     "norms_by_hand": ["(1001, 4097)", "(3, 4096)", "(2, 5, 3)"],
-    "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)"],
+    # the last: 3.6 MB groups over a cooperative grid's tiles, 1.2 MB instances over clusters of 16
+    "group_instance": ["(3, 12, 31, 33)", "(1, 12, 1, 3)", "(2, 12, 600, 501)"],
     "linear_group_norm": ["(33, 1036)", "(1, 1036)"],
     "group_norm_min_bias": ["(300, 1024)", "(5, 1024)"],
     # rows of a multiple of 4 take the tuned plan's warp per row; the others, and the columns, a block or thread

@@ -277,3 +277,44 @@ def test_the_runtime_opts_in_to_a_cluster_of_16_and_says_how_many_fit(tmp_path, 
     rank = torch.arange(64, device="cuda", dtype=torch.int32) % 16
     assert torch.equal(out, rank * 100 + (rank + 1) % 16)
     print(f"clusters of 16 at once: {room}")
+
+
+GRID_WAIT = r"""
+extern "C" __global__ void __launch_bounds__(256) all_arrive(int* count, int* seen) {
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(count, 1);
+        int n;
+        do {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(n) : "l"(count) : "memory");
+        } while (n < (int)gridDim.x);
+        seen[blockIdx.x] = n;
+    }
+}
+"""
+
+
+def test_the_runtime_launches_a_cooperative_grid_of_every_resident_block(tmp_path, home):
+    """active_blocks (blocks an SM holds) sizes a grid whose blocks all wait on each other: launched
+    cooperatively it completes (every block resident at once), as the long rows' tiles rely on."""
+    torch = _torch
+    from pipeline import compile as comp
+    from pipeline import runtime
+
+    src = tmp_path / "grid.cu"
+    src.write_text(GRID_WAIT)
+    cubin = tmp_path / "grid.cubin"
+    subprocess.run(
+        [comp.find_nvcc(cfg_for(home)), "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True
+    )
+    kernels = runtime.Kernels.from_file(str(cubin), ("all_arrive",))
+    per_sm = kernels.active_blocks("all_arrive", (256,))
+    assert per_sm >= 2, per_sm
+    blocks = torch.cuda.get_device_properties(0).multi_processor_count * per_sm
+    count = torch.zeros(1, dtype=torch.int32, device="cuda")
+    seen = torch.zeros(blocks, dtype=torch.int32, device="cuda")
+    kernels.all_arrive((blocks,), (256,), (count, seen), cooperative=True)
+    torch.cuda.synchronize()
+    assert count.item() == blocks and bool((seen == blocks).all())
+    with pytest.raises(RuntimeError, match="cuLaunchCooperativeKernel"):  # more than fit: refused, not hung
+        kernels.all_arrive((blocks * 64,), (256,), (count, seen), cooperative=True)

@@ -2,14 +2,18 @@
 their input: a block (or, for short rows, a warp) per row (templates/rowwise.py). It hosts elementwise
 neighbours: a prologue on its loads, an epilogue on its stores.
 
+A two-pass op's row that no cluster can hold (over 3 MB) is cut into tiles of a persistent cooperative grid
+(`grid_row`, `persistent` blocks an SM): one step's tiles' statistics, while the last step's are written.
+
 Edits: fuse_kernels / fuse_epilogue (a neighbour on its loads / stores), vectorize_loads, coarsen_threads
 (the row, or a cluster block's segment, held in registers when it fits, else unroll x2), pipeline_loads
-(unroll x2), more_parallelism (a
-reduction split over more blocks, else a warp per short row), tile_shared_memory (two-pass ops keep the
+(unroll x2), more_parallelism (a reduction split over more blocks, else a warp per short row),
+tile_shared_memory (two-pass ops keep the
 row in shared memory between the passes: a block's, or a thread-block cluster's for a row too long for
 one), remove_divergence (warp shuffles, then a warp per short row),
-persistent_grid, resize_grid, increase_occupancy, reduce_registers (registers off: a cluster's segments
-then cached in shared memory; else unroll /2, else the occupancy bound).
+persistent_grid, resize_grid, increase_occupancy (a cluster's or a grid's row back to a block per row),
+reduce_registers (registers off: a cluster's segments then cached in shared memory; else unroll /2, else
+the occupancy bound).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ SHORT_ROW = 1024  # a warp per row below this many elements
 LONG_ROW_PASSES = 4  # a reduction's tuned loop is unrolled this far when a row takes that many block passes
 CLUSTER_SEGMENT = 192 * 1024  # bytes of a row one block of a cluster caches, at most (of its 227 KB)
 CLUSTER_UNROLL = 8  # 16-byte loads in flight a thread of a cluster's block (1024 threads: 128 KB an SM)
+GRID_SMS_BLOCKS = 2  # a cooperative grid's blocks an SM for rows no cluster holds (a step's reads stay in L2)
+GRID_THREADS, GRID_UNROLL = 256, 8  # its block: a tile of 8192 fp32 in one batch of 8 vectors a thread
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class RowPlan(RegionPlan):
     warp_rows: bool = False  # one warp per row (short rows)
     smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
     cluster: int = 0  # two-pass ops: a row over this many blocks of a thread-block cluster (0: none)
+    grid_row: bool = False  # two-pass ops: a row no cluster holds over the tiles of a cooperative grid
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -164,7 +171,21 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
             if (t := cluster_threads(lay, c, rp.vec, cheap)) and (regs := regs_for(wider, r, low, t)):
                 return dataclasses.replace(wider, threads=t, regs=regs)
             c *= 2
+    # A row no cluster holds (over 3 MB: GroupNorm's 8 MB groups, a LayerNorm over 4M elements) was read
+    # twice from DRAM (63% of the floor). Over the tiles of a persistent cooperative grid, a step's tiles'
+    # statistics taken while the last step's tiles are written (re-read from L2), it is read once from DRAM.
+    elif grid_rows(lay, r):
+        rp = dataclasses.replace(rp, grid_row=True, threads=GRID_THREADS, unroll=GRID_UNROLL,
+                                 persistent=GRID_SMS_BLOCKS)  # fmt: skip
     return rp
+
+
+def grid_rows(lay: RowLayout, r: Region) -> bool:
+    """A two-pass op whose rows neither a block nor a cluster can cache."""
+    return (
+        lay.op in TWO_PASS and r.kind is not RegionKind.REDUCE and not _short(lay)
+        and 4 * lay.reduced > rowwise.MAX_SMEM_ROW and not cluster_blocks(lay, r)
+    )  # fmt: skip
 
 
 def cluster_blocks(lay: RowLayout, r: Region) -> int:
@@ -245,6 +266,8 @@ def _occupancy(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves
     SM, each reading its row twice), which the search can time against it."""
     if rp.cluster:
         yield from change("increase_occupancy", plan, rp, cluster=0, **({"regs": 0} if rp.regs else {}))
+    elif rp.grid_row:  # a block per row, several an SM (its row read twice)
+        yield from change("increase_occupancy", plan, rp, grid_row=False, persistent=0)
     else:
         yield from common.increase_occupancy(plan, rp, r, low)
 

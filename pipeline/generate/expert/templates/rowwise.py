@@ -15,6 +15,10 @@ while it reads it (`unroll` 16-byte loads in flight a thread), the blocks' stati
 deterministic), and each block writes its segment from its cache: one DRAM read and one write an element,
 where a block per row reads a row of that length twice from DRAM. Where a segment fits the block's
 registers (`regs` vectors a thread, 128 floats at most), it is held there instead: no shared-memory round trip.
+A row no cluster holds (over 3 MB) is cut into the tiles of a persistent cooperative grid (`grid_row`, every
+block resident: the launcher sizes it by the runtime's active_blocks and launches it cooperatively): each step
+a block reads its tile of one row for the statistics and writes its tile of the row before, whose partials
+its blocks published a step ago; that tile is re-read from L2, so DRAM sees one read and one write.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
 
 MAX_SMEM_ROW = 160 * 1024  # bytes of shared memory a cached row (or a block's rows) may take
 MAX_REGS = 16  # vectors per thread a register-held row may take (64 fp32 registers at 16-byte vectors)
+GRID_TILE = 8192  # elements of a row a cooperative grid's block takes, at least (a step's reads stay in L2)
 MAX_CLUSTER = 16  # blocks a cluster: beyond the portable 8, the runtime opts in (not every GPU has room)
 PORTABLE_CLUSTER = 8
 CLUSTER_SMEM = 227 * 1024  # dynamic shared memory a block of a cluster may take (the H100/H200 limit)
@@ -41,6 +46,33 @@ CLUSTER_SMEM = 227 * 1024  # dynamic shared memory a block of a cluster may take
 # the rest for the kernel's own), and floats a thread may (a 256-thread block's 128 of its 255).
 CLUSTER_REG_FLOATS = 32 * 1024
 CLUSTER_THREAD_FLOATS = 128
+
+# A row spread over blocks of a cooperative grid (`grid_row`): a block's statistics published with a release
+# (fence, then the row's counter), the row's counter awaited with an acquire, the partials read past L1
+# (L1 is not coherent with other SMs' writes). Emitted only beside such a kernel; the emulator has its own.
+GRID_HELPERS = r"""#ifndef KP_GRID_DEFINED
+#define KP_GRID_DEFINED
+__device__ __forceinline__ void kp_grid_arrive(int* count) {
+    __threadfence();
+    atomicAdd(count, 1);
+}
+__device__ __forceinline__ void kp_grid_wait(const int* count, int target) {
+    int seen;
+    while (true) {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+        if (seen >= target) break;
+        __nanosleep(64);
+    }
+}
+template <class T>
+__device__ __forceinline__ T kp_ld_cg(const T* p) {
+    static_assert(sizeof(T) == 16, "a 16-byte partial");
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(p));
+    T out;
+    memcpy(&out, &v, 16);
+    return out;
+}
+#endif"""
 
 # Kahan's step, s += x with the add's rounding error kept in c and taken off the next one: emitted only beside
 # a compensated sum (guarded, as the cluster's helpers below), so no other kernel's source changes.
@@ -241,6 +273,13 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
             body += _cluster_regs_body(rid, csig, lay, rp, pre, post, x_dt, out_dt, warp, kind)
             wrappers.append(kernel(f"{lb} __cluster_dims__({rp.cluster}, 1, 1)", f"kp_{rid}_cluster_regs_v{rp.vec}",
                                    csig, f"kp_{rid}_cluster_regs<{rp.vec}>"))  # fmt: skip
+    gsig = None
+    if grid_row_ok(lay, rp, region):
+        gsig = Signature((*params, i64("chunk", "gchunk"), i32("k", "gk"), ptr("ws", "Acc", "gws", const=False),
+                          ptr("count", "int", "gcount", const=False), *(post.params() if post else [])))  # fmt: skip
+        body += [GRID_HELPERS, *_grid_body(rid, gsig, lay, rp, pre, post, x_dt, out_dt, warp, kind)]
+        for v in sorted({1, rp.vec}):
+            wrappers.append(kernel(lb, f"kp_{rid}_grid_v{v}", gsig, f"kp_{rid}_grid<{v}>"))
     split2 = split_two_pass(lay, rp, region)
     ssig = None
     if split2:
@@ -279,12 +318,14 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         ssig,
         csig,
         csig is not None and cluster_regs_ok(lay, rp, region),
+        gsig,
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
         *(f"kp_{rid}_{part}_v{v}" for v in sorted({1, rp.vec}) for part in ("part", "apply") if ssig),
         *(f"kp_{rid}_cluster_v{v}" for v in sorted({1, rp.vec}) if csig),
         *([f"kp_{rid}_cluster_regs_v{rp.vec}"] if csig and cluster_regs_ok(lay, rp, region) else []),
+        *(f"kp_{rid}_grid_v{v}" for v in sorted({1, rp.vec}) if gsig),
     )  # fmt: skip
     return Code(cuda, launcher, f"_r_{rid}", kernels, tuple(v for _, v in inputs),
                 tuple(region.outputs if not post else post.region.outputs))  # fmt: skip
@@ -295,6 +336,15 @@ def split_two_pass(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     return (
         lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind is not RegionKind.REDUCE
         and rp.splits > 0 and not rp.warp_rows
+    )  # fmt: skip
+
+
+def grid_row_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
+    """Whether the plan cuts each row of a two-pass op that no cluster holds into the tiles of a persistent
+    cooperative grid (`persistent` blocks an SM)."""
+    return (
+        lay.op in reduce_ops.TWO_PASS and region.kind is not RegionKind.REDUCE and not rp.warp_rows
+        and rp.grid_row and not rp.cluster and rp.persistent > 0
     )  # fmt: skip
 
 
@@ -341,6 +391,72 @@ def _cluster_merge(kind: reduce_ops.Kind, w: str) -> list[str]:
         "        kp_cluster_sync();",
         "        acc = *kp_cluster_map(part, 0);",
         f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+    ]
+
+
+def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
+               x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
+    """Rows no cluster can hold, over the tiles of a persistent cooperative grid: block b takes tile b % k of
+    rows b / k, b / k + per, ... (per = gridDim.x / k rows a step). Each step it reads its tile of this
+    step's row for the statistics (published to ws, the row's counter raised), then writes its tile of the
+    last step's row: the row's counter awaited (its blocks arrived a step ago, while this one read), every
+    partial merged (a fixed order), the tile re-read, from L2 (one step's reads, a few MB, since). One read
+    from DRAM and one write an element, where a block per row reads a row of 8 MB twice from DRAM."""
+    stats, f = _stats(lay)
+    w = "true" if warp else "false"
+    if lay.op == "group_norm":  # a tile may span several channels
+        write = _channels(lay, f, x_dt, out_dt, "c0", "n")
+    else:
+        f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
+        write = _write_segment("start", "c0", "n", f, x_dt, out_dt)
+    shift = ["            const float K = pre(ld(x[rs]), rs);  // the row's first element, in every tile"]
+    tile = [
+        "            const long long rs = r * cols;",
+        "            const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        "            const long long start = rs + c0;",
+        "            (void)start;",
+    ]
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void kp_{rid}_grid({sig.decls()}) {{",
+        "    constexpr bool CACHE = false;",
+        "    const float* cache = nullptr;",
+        "    (void)cache;",
+        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+        "    const unsigned T = (unsigned)k, ti = blockIdx.x % T;  // tiles a row, this block's",
+        "    const long long per = gridDim.x / T, r0 = blockIdx.x / T, c0 = (long long)ti * chunk;",
+        "    const long long steps = (rows + per - 1) / per;",
+        "    for (long long s = 0; s <= steps; ++s) {",
+        "        if (s < steps && s * per + r0 < rows) {  // this step's row: the tile's statistics",
+        "            const long long r = s * per + r0;",
+        *tile,
+        f"            Acc acc = {kind.init};",
+        *(shift if kind.shift else []),
+        *("    " + t for t in _read(kind, rp, x_dt, batched=rp.unroll > 1)),
+        f"            acc = block_reduce<{w}>(acc, red, {kind.op}());",
+        "            if (tid == 0) {",
+        "                ws[r * T + ti] = acc;",
+        "                kp_grid_arrive(count + r);",
+        "            }",
+        "        }",
+        "        if (s > 0 && (s - 1) * per + r0 < rows) {  // the last step's row: the tile written",
+        "            const long long r = (s - 1) * per + r0;",
+        *tile,
+        "            if (tid == 0) kp_grid_wait(count + r, (int)T);",
+        "            __syncthreads();  // thread 0's acquire orders the block's reads of the partials after it",
+        f"            Acc acc = {kind.init};",
+        f"            for (unsigned i = tid; i < T; i += nt) acc = {kind.op}()(acc, kp_ld_cg(ws + r * T + i));",
+        f"            acc = block_reduce<{w}>(acc, red, {kind.op}());",
+        *(shift if kind.shift else []),
+        *("    " + t for t in stats),
+        *("    " + t for t in write),
+        "        }",
+        "    }",
+        "}",
     ]
 
 
@@ -643,7 +759,7 @@ def regs_ok(lay: RowLayout, rp: RowPlan, region: Region) -> bool:
     """Whether a row can be held in registers between the passes (block-per-row two-pass ops)."""
     return (
         lay.op in reduce_ops.TWO_PASS and lay.op != "group_norm" and region.kind is not RegionKind.REDUCE
-        and not rp.warp_rows and not rp.smem_row and not rp.cluster and 0 < rp.regs <= MAX_REGS
+        and not rp.warp_rows and not rp.smem_row and not rp.cluster and not rp.grid_row and 0 < rp.regs <= MAX_REGS
     )  # fmt: skip
 
 
@@ -937,7 +1053,7 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
 def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
               cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None,
-              csig: Signature | None = None, cregs: bool = False) -> str:  # fmt: skip
+              csig: Signature | None = None, cregs: bool = False, gsig: Signature | None = None) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
@@ -1020,6 +1136,30 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             ]
         else:
             lines += [f"        {call.format(rid, 1)}", f"        return {ret}"]
+    if gsig is not None:  # a row no block caches: over the tiles of a persistent cooperative grid
+        V, T = rp.vec, rp.threads
+        gsmem = f"{'33' if rp.warp_reduce else T} * 16"
+        call = ("            kernels.kp_{}_grid_v{}((gblocks,), ({},), gargs, shared_mem={}, cooperative=True)"
+                "  # noqa: F821")  # fmt: skip
+        lines += [
+            f"    if cols * 4 > {MAX_SMEM_ROW}:",
+            f"        gv = {V} if _aligned((x, y), {V}) else 1",
+            f"        gp = sms * min({rp.persistent}, kernels.active_blocks(f'kp_{rid}_grid_v{{gv}}', ({T},), {gsmem}))",
+            "        if gp > 0:",
+            f"            gk = min(gp, -(-cols // {GRID_TILE}))  # tiles a row",
+            f"            gchunk = -(-cols // gk)\n            gchunk = -(-gchunk // {V}) * {V}\n            gk = -(-cols // gchunk)",
+            "            gblocks = min(rows, gp // gk) * gk  # whole rows a step",
+            "            gcount = torch.zeros((rows,), dtype=torch.int32, device=x.device)  # tiles done a row",
+            "            gws = torch.empty((rows * gk * 2,), dtype=torch.int64, device=x.device)  # 16-byte partials",
+            f"            gargs = ({gsig.args()},)",
+        ]
+        if V > 1:
+            lines += [
+                f"            if gv == {V}:",
+                "    " + call.format(rid, V, T, gsmem),
+                "            else:",
+            ]
+        lines += ["    " * (V > 1) + call.format(rid, 1, T, gsmem), f"            return {ret}"]
     if ssig is not None:  # too few rows to fill the GPU: each split across blocks, statistics merged
         lines += [
             f"    splits = 1\n    if rows < sms * {rp.splits}:",
