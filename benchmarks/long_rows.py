@@ -1,0 +1,90 @@
+"""Forms of a long-row op (two passes over rows one block cannot cache), measured through the harness on the GPU.
+
+    python benchmarks/long_rows.py --out DIR TASK.py [TASK.py ...] [--repeat 2]
+
+For each task, candidates of the same lowering (templates/rowwise.py), each verified and timed against eager
+(L2 flushed, median of the harness's trials) `--repeat` times in separate passes, so a difference is
+believed only when the passes agree:
+  - the expert's tuned plan;
+  - a cluster of 16 whose blocks hold their segments in registers (rows of 1-2 MB, LogSoftmax's 1.5 MB):
+    against the cluster of 8 caching its segments in shared memory it replaced, and the block per row;
+  - the tiles of a persistent cooperative grid (rows over 3 MB, GroupNorm's 8 MB groups, LayerNorm over
+    4M elements) at 1, 2 and 4 blocks an SM and 512 threads: against the block per row it replaced (the
+    split two-pass kernels, where the plan has them, for few rows).
+Writes DIR/results.json as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness_forms import compare  # noqa: E402  (beside this script)
+
+from pipeline.candidates import make_candidate  # noqa: E402
+from pipeline.generate.base import Context  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.generate.expert.families.rowwise import CLUSTER_UNROLL, RowPlan  # noqa: E402
+from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
+from pipeline.generate.expert.policy import analyse  # noqa: E402
+from pipeline.generate.expert.render import nvcc_flags, render  # noqa: E402
+from pipeline.tasks import probe  # noqa: E402
+
+
+def candidates(path: Path) -> list[tuple[str, object]]:
+    task = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
+    plan = plan_of(tuned.source)
+    low, why = analyse(path)
+    if low is None:
+        raise SystemExit(f"{path}: {why}")
+    rows = [rp for rp in plan.regions if isinstance(rp, RowPlan) and (rp.cluster or rp.grid_row)]
+    if not rows:
+        raise SystemExit(f"{path}: the tuned plan spreads no row over a cluster or a grid")
+
+    def variant(label: str, **knobs) -> tuple[str, object]:
+        p = Plan(tuple(dataclasses.replace(rp, **knobs) if rp in rows else rp for rp in plan.regions))
+        source, launcher = render(low, p)
+        return label, make_candidate(task.id, source, launcher, nvcc_flags(p), parent=None, edit=label)
+
+    forms = [("tuned", tuned)]
+    if any(rp.cluster > 8 for rp in rows):
+        forms.append(
+            variant("cluster of 8, shared memory", cluster=8, regs=0, threads=1024, unroll=CLUSTER_UNROLL)
+        )
+    if any(rp.grid_row for rp in rows):
+        forms += [variant(f"grid, {b} block{'s' * (b > 1)} an SM", persistent=b) for b in (1, 4)]
+        forms.append(variant("grid, 512 threads, 4 vectors a thread", threads=512, unroll=4))
+    forms.append(
+        variant("block per row", cluster=0, regs=0, grid_row=False, persistent=0, threads=1024, unroll=1)
+    )
+    return forms
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("tasks", type=Path, nargs="+")
+    ap.add_argument("--repeat", type=int, default=2)
+    args = ap.parse_args()
+
+    def note(row: dict, r) -> None:
+        res = r.build.resources if r.build else ()
+        row["kernels"] = [
+            (x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name or "_grid" in x.name
+        ]
+
+    def describe(row: dict, c) -> None:
+        row["plan"] = c.source.splitlines()[0]
+
+    compare(args.out, args.tasks, args.repeat, candidates, 50, 2.0, note, describe)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
