@@ -60,9 +60,9 @@ def candidates(path: Path) -> list[tuple[str, object]]:
     if any(rp.grid_row for rp in rows):
         forms += [variant(f"grid, {b} block{'s' * (b > 1)} an SM", persistent=b) for b in (1, 4)]
         forms.append(variant("grid, 512 threads, 4 vectors a thread", threads=512, unroll=4))
-    forms.append(
-        variant("block per row", cluster=0, regs=0, grid_row=False, persistent=0, threads=1024, unroll=1)
-    )
+    # before: a block per row, or (a plan with splits, few rows) each row split over blocks: read twice
+    before = {"cluster": 0, "regs": 0, "grid_row": False, "persistent": 0, "threads": 1024, "unroll": 1}
+    forms.append(variant("block per row or split", **before))
     return forms
 
 
