@@ -10,8 +10,9 @@ rows, 16 of them) split them too: a first kernel writes each block's partial sta
 row's partials in every block and writes that block's part of the row (two reads and a write per element,
 the whole GPU busy, where a block per row would leave all but 16 SMs idle). A two-pass op whose row is too
 long for one block's shared memory but fits a thread-block cluster's (`cluster`: 2 to 16 blocks, a row of
-up to ~3 MB of fp32; 16 where the GPU has room for so wide a cluster, else a block per row) spreads each row over a cluster: every block caches its segment in shared memory
-while it reads it (`unroll` 16-byte loads in flight a thread), the blocks' statistics are merged through distributed shared memory (in rank order:
+up to ~3 MB of fp32; 16 where the GPU has room for so wide a cluster, else a block per row) spreads each row
+over a cluster: every block caches its segment in shared memory while it reads it (`unroll` 16-byte loads
+in flight a thread), the blocks' statistics are merged through distributed shared memory (in rank order:
 deterministic), and each block writes its segment from its cache: one DRAM read and one write an element,
 where a block per row reads a row of that length twice from DRAM. Where a segment fits the block's
 registers (`regs` vectors a thread, 128 floats at most), it is held there instead: no shared-memory round trip.
