@@ -36,6 +36,7 @@ PRIORITY = (
     "use_wgmma",
     "use_tensor_cores",
     "use_tma",
+    "use_intrinsics",
 )
 # Edits this policy never makes, with the reason a user sees when the profiler suggests them.
 NOT_APPLICABLE = {

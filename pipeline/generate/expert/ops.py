@@ -119,6 +119,26 @@ _UNARY_CALL = {
     "special_ndtr": "normcdff({0})",
     "special_ndtri": "normcdfinvf({0})",
 }
+# use_intrinsics: the special-function unit's approximations (templates/common.py ON_USE) where a plan asks:
+# lg2.approx / ex2.approx and a multiply, ~6 instructions where logf's polynomial is ~30 (expf ~8). Their
+# errors (2^-22 absolute in log2, 2 ulp in ex2, the exponent's product rounded) are far inside the fp32
+# tolerance (rtol 1e-3, a norm of 1e-4) and near eager's own error against float64.
+FAST_CALL = {
+    "log": "kp_log_fast({0})",
+    "log2": "kp_log2_fast({0})",
+    "log10": "(kp_log2_fast({0}) * 0.30102999566398120f)",
+    "exp": "kp_exp_fast({0})",
+    "exp2": "kp_exp2_fast({0})",
+    "sigmoid": "(1.0f / (1.0f + kp_exp_fast(-({0}))))",
+    "silu": "(({0}) / (1.0f + kp_exp_fast(-({0}))))",
+}
+
+
+def has_fast(nodes) -> bool:
+    """Whether any of the nodes computes what use_intrinsics would approximate."""
+    return any(n.op in FAST_CALL for n in nodes)
+
+
 _IDENTITY = {"alias", "clone", "detach", "lift_fresh_copy", "positive", "contiguous"}
 _COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
 _BINARY_CALL = {
@@ -245,13 +265,15 @@ def _arg(n: Node, i: int, key: str, default: Any) -> Any:
     return n.kw(key, default)
 
 
-def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False) -> str:
+def ew_expr(n: Node, val: Callable[[Any], str], mufu: bool = False, fast: bool = False) -> str:
     """The fp32 C expression computing node n; `val` maps a Ref or a Python scalar to a C expression.
 
     mufu: tanh (and the tanh GELU) by the hardware's approximate tanh (kp_tanh_mufu, kp_gelu_tanh_mufu, which
     the caller defines), for results rounded to 16 bits anyway: its error, about 2^-11, is below their
-    precision."""
+    precision. fast: logs and exponentials by the special-function unit (FAST_CALL)."""
     op, a = n.op, n.args
+    if fast and op in FAST_CALL:
+        return FAST_CALL[op].format(val(a[0]))
     if mufu and op == "tanh":
         return f"kp_tanh_mufu({val(a[0])})"
     if mufu and op == "gelu" and _arg(n, 1, "approximate", "none") == "tanh":

@@ -86,8 +86,12 @@ class PipeUtilisation:
                 f"The FMA pipe is busy {busy['fma']:.0f}% of active cycles: while SMs are busy they run at the "
                 "FP32 arithmetic limit; only fewer FLOPs per result make that part faster."
             )
-            advice = "Cut FP32 work per output (algebraic simplification, reuse of shared subexpressions)."
-            edits = ()
+            advice = (
+                "Cut FP32 work per output (algebraic simplification, reuse of shared subexpressions); a "
+                "log or exp computed by its libm polynomial can go to the special-function unit "
+                "(lg2.approx / ex2.approx, as __logf and __expf do) within fp32 tolerance."
+            )
+            edits = ("use_intrinsics",)
             room = min(room, 0.2)  # at a real roofline, whatever the task's tensor-core floor says
         severity = capped(0.15 + 0.3 * room, cls)
         return [finding(self.name, severity, evidence, diagnosis, advice, edits, round(room * 0.3, 2))]

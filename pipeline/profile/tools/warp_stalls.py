@@ -40,7 +40,8 @@ REASONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "barrier": ("warps wait at __syncthreads for the slowest warp of the block", "balance work across warps, use "
                 "fewer barriers (warp shuffles for reductions), double-buffer tiles", ("pipeline_loads",)),
     "math_pipe_throttle": ("a math pipe is saturated", "move the contraction to tensor cores or cut redundant "
-                           "arithmetic", ("use_tensor_cores",)),
+                           "arithmetic (a libm log or exp to the special-function unit)",
+                           ("use_tensor_cores", "use_intrinsics")),
     "wait": ("fixed-latency dependencies: each instruction waits on the one before", "give each thread "
              "independent work to interleave (several outputs per thread)", ("coarsen_threads",)),
     "gmma": ("warps wait on warpgroup MMA completion (WARPGROUP.DEPBAR)", "keep more MMAs in flight: deeper "

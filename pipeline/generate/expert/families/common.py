@@ -5,11 +5,12 @@ epilogue on their stores). Knobs are read by name: a family uses the helpers who
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert import fusion
+from pipeline.generate.expert import fusion, ops
 from pipeline.generate.expert.families.base import Edit, Family, RenderError, change, changed, label
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
@@ -245,7 +246,8 @@ def settle_fusions(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
 
 
 def fused_neighbours(r: Region, rp: Any, low: Lowered) -> tuple[Fused | None, Fused | None]:
-    """The prologue and epilogue the entry asks for; RenderError when the graph no longer offers them."""
+    """The prologue and epilogue the entry asks for (their logs and exponentials by the special-function unit
+    where it asks for intrinsics); RenderError when the graph no longer offers them."""
     pre, post = fusion.neighbours(r, low)
     pre = pre if rp.prologue else None
     post = post if rp.epilogue else None
@@ -253,7 +255,23 @@ def fused_neighbours(r: Region, rp: Any, low: Lowered) -> tuple[Fused | None, Fu
         rp.epilogue and (post is None or post.region.rid != rp.epilogue)
     ):
         raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
+    if getattr(rp, "intrinsics", False):
+        pre, post = (dataclasses.replace(f, fast=True) if f else None for f in (pre, post))
     return pre, post
+
+
+def use_intrinsics(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
+    """The logs and exponentials the region's kernel computes (its own elementwise ops, or its fused
+    neighbours') by the special-function unit: where an fp32 polynomial per element makes the kernel issue
+    as many instructions as it moves bytes (KL divergence's two logf an element: ~45 instructions)."""
+    if getattr(rp, "intrinsics", True) or r.rid in plan.fused():  # a fused region: its host decides
+        return
+    absorbed = set(rp.absorbed())
+    nodes = [
+        n for x in low.regions if x.rid in absorbed or (x is r and r.kind is RegionKind.EW) for n in x.nodes
+    ]
+    if ops.has_fast(nodes):
+        yield from change("use_intrinsics", plan, rp, intrinsics=True)
 
 
 def hosted_render(

@@ -33,6 +33,7 @@ class EwPlan(RegionPlan):
     persistent: int = 0  # blocks per SM for a persistent grid-stride grid; 0: a block per piece of work
     sm_share: int = 0  # percent of the SMs the persistent grid spans (lower_power); 0: all
     min_blocks: int = 0  # __launch_bounds__ minimum blocks per SM (caps registers for occupancy)
+    intrinsics: bool = False  # logs and exponentials by the special-function unit (use_intrinsics)
 
 
 def claims(r: Region, low: Lowered) -> bool:
@@ -98,6 +99,7 @@ FAMILY = Family(
         "resize_grid": common.resize_grid,
         "increase_occupancy": common.increase_occupancy,
         "reduce_registers": common.fewer_registers,
+        "use_intrinsics": common.use_intrinsics,
     },
     order=0,
 )

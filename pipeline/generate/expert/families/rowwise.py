@@ -61,6 +61,7 @@ class RowPlan(RegionPlan):
     smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
     cluster: int = 0  # two-pass ops: a row over this many blocks of a thread-block cluster (0: none)
     grid_row: bool = False  # two-pass ops: a row no cluster holds over the tiles of a cooperative grid
+    intrinsics: bool = False  # fused neighbours' logs and exponentials by the special-function unit
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
 
@@ -297,6 +298,7 @@ FAMILY = Family(
         "resize_grid": _resize,
         "increase_occupancy": _occupancy,
         "reduce_registers": _registers,
+        "use_intrinsics": common.use_intrinsics,
     },
     order=10,
     settle=common.settle_fusions,

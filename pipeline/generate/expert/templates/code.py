@@ -47,9 +47,10 @@ def torch_dtype(dtype: str) -> str:
     return f"torch.{dtype}"
 
 
-def chain_function(region: Region, operands: list[str], mufu: bool = False) -> str:
+def chain_function(region: Region, operands: list[str], mufu: bool = False, fast: bool = False) -> str:
     """The region's elementwise ops as one fp32 device function: operand values in, output values out
-    (mufu: tanh by the approximate hardware instruction, see ops.ew_expr). A region with positional ops
+    (mufu: tanh by the approximate hardware instruction; fast: logs and exponentials by the special-function
+    unit; see ops.ew_expr). A region with positional ops
     (ops.POSITIONAL) takes the element's row and column in its last two dims first."""
     names = {n.name for n in region.nodes}
     index = {name: i for i, name in enumerate(operands)}
@@ -67,7 +68,7 @@ def chain_function(region: Region, operands: list[str], mufu: bool = False) -> s
     # is eager's value; other chains keep fp32 between their ops
     stepped = any(n.op in ops.STEPS for n in region.nodes)
     for n in region.nodes:
-        expr = ops.ew_expr(n, val, mufu)
+        expr = ops.ew_expr(n, val, mufu, fast)
         if stepped and n.dtype in ops.ROUNDED:
             expr = ops.ROUNDED[n.dtype].format(expr)
         lines.append(f"    const float v_{n.name} = {expr};  // {n.target}")

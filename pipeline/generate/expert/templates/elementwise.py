@@ -177,7 +177,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
             f"// region {rid}: fused elementwise ({summary}); "
             + ("one flat row" if lay.k == lay.ndim else f"rows x cols with cols the last {lay.k} dims"),
             "namespace {",
-            chain_function(region, [o.name for o in ops_]),
+            chain_function(region, [o.name for o in ops_], fast=rp.intrinsics),
             "",
             *body,
             "}  // namespace",

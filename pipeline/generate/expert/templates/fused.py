@@ -54,6 +54,7 @@ class Fused:
     out_dtype: str
     main_dtype: str
     inner: tuple[int, ...] = ()  # per extra operand: the elements a COL one's value holds for (1: trailing)
+    fast: bool = False  # logs and exponentials by the special-function unit (the host plan's use_intrinsics)
 
     def params(self) -> list[Param]:
         """The host kernel's parameters for the extra operands (the launcher's names for them alike)."""
@@ -75,7 +76,8 @@ class Fused:
 
     def chain(self) -> str:
         wrap = any(cls is Bcast.COL for _, _, cls in self.extra)
-        return "\n".join([*([WRAP] if wrap else []), chain_function(self.region, list(self.region.inputs))])
+        chain = chain_function(self.region, list(self.region.inputs), fast=self.fast)
+        return "\n".join([*([WRAP] if wrap else []), chain])
 
     def lam(self, name: str) -> str:
         args = []
