@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import keyword
 import math
 from typing import Any
 
@@ -135,6 +136,11 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
     ]
     lines += ["        super().__init__()", "        self.sms = 0  # SM count, read on the first call"]
     lines += _state(g)
+    used = {i for r in low.regions for i in r.inputs} | set(g.output_names())
+    reads = [p for p in g.params if p.name in used]
+    if len(reads) >= HELD_STATE and len(_holders(g)) > 1:
+        held = [h for h in _holders(g).values() if h != "self"]
+        lines.append(f"        self._kp_holders = ({', '.join(held)},)  # the forward reads their tensors")
     args = ", ".join(g.forward_args)
     lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
     first = g.inputs[0].name if g.inputs else None
@@ -151,13 +157,7 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
             "        if not self.sms:",
             f"            self.sms = torch.cuda.get_device_properties({first}.device).multi_processor_count",
         ]
-    used = {i for r in low.regions for i in r.inputs} | set(g.output_names())
-    for p in g.params:
-        if p.name in used:
-            getter = (
-                "get_parameter" if any(s.key == p.args[0] and s.parameter for s in g.state) else "get_buffer"
-            )
-            lines.append(f"        v_{p.name} = self.{getter}({p.args[0]!r})")
+    lines += _state_reads(g, reads)
     calls = {c.at or rid: c for rid, c in codes.items()}
     needed = _needed(low, fused, codes)
     sunk = _sunk(low, codes)
@@ -222,6 +222,41 @@ def _needed(low: Lowered, fused: set[str], codes: dict[str, Code]) -> set[str]:
     return needed
 
 
+HELD_STATE = 16  # parameters and buffers from which the forward reads them through their holders
+
+
+def _holders(g: Graph) -> dict[str, str]:
+    """The module holding each dotted prefix of the state's keys, as _state names it (self, m0, m1, ...)."""
+    holders: dict[str, str] = {"": "self"}
+    for s in g.state:
+        parts = s.key.split(".")
+        for i in range(1, len(parts)):
+            holders.setdefault(".".join(parts[:i]), f"m{len(holders) - 1}")
+    return holders
+
+
+def _state_reads(g: Graph, params: list) -> list[str]:
+    """The forward's reads of the reference's parameters and buffers. get_parameter / get_buffer resolve a
+    dotted name anew, ~10 us each on the host (a SwinV2's 221 took 2 ms of every call, its GPU idle
+    meanwhile); with many, each is read from its holder module, kept in `_kp_holders` (a plain tuple: not
+    registered, not in the state dict), as an attribute: ~0.5 us, and always the holder's current tensor."""
+    holders = _holders(g)
+    index = {h: i for i, h in enumerate(v for v in holders.values() if v != "self")}
+    lines = []
+    for p in params:
+        key = p.args[0]
+        owner, _, leaf = key.rpartition(".")
+        if len(params) >= HELD_STATE and leaf.isidentifier() and not keyword.iskeyword(leaf):
+            h = holders[owner]
+            lines.append(
+                f"        v_{p.name} = {'self' if h == 'self' else f'self._kp_holders[{index[h]}]'}.{leaf}"
+            )
+        else:
+            getter = "get_parameter" if any(s.key == key and s.parameter for s in g.state) else "get_buffer"
+            lines.append(f"        v_{p.name} = self.{getter}({key!r})")
+    return lines
+
+
 def _state(g: Graph) -> list[str]:
     """The reference's parameters and buffers under the same names, so the harness copies its weights in."""
     if not g.state:
@@ -229,16 +264,9 @@ def _state(g: Graph) -> list[str]:
     lines = [
         "        # the reference's parameters and buffers, same names and shapes (its weights are copied in)"
     ]
-    holders: dict[str, str] = {"": "self"}
-    order: list[str] = []
-    for s in g.state:
-        parts = s.key.split(".")
-        for i in range(1, len(parts)):
-            path = ".".join(parts[:i])
-            if path not in holders:
-                holders[path] = f"m{len(holders) - 1}"
-                order.append(path)
-                lines.append(f"        {holders[path]} = nn.Module()")
+    holders = _holders(g)
+    order = [path for path in holders if path]
+    lines += [f"        {holders[path]} = nn.Module()" for path in order]
     for s in g.state:
         owner, _, leaf = s.key.rpartition(".")
         t = f"torch.zeros({s.shape!r}, dtype=torch.{s.dtype})"
