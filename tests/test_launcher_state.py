@@ -68,3 +68,24 @@ def test_holder_reads_use_the_weights_loaded_in_place_or_assigned(tmp_path, assi
         state = {k: v.clone() for k, v in ref.state_dict().items()}
         model.load_state_dict(state, assign=assign)
         torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
+
+
+BCAST = """class Model(nn.Module):
+    def forward(self, a, b, c):
+        return torch.relu(a) * b + c"""
+
+
+@needs_gxx
+@pytest.mark.parametrize("shapes", ["(37, 301), (37, 301), (37, 301)", "(37, 301), (301,), (37, 1)"])
+def test_elementwise_launchers_skip_broadcast_shapes_where_operands_agree(tmp_path, shapes):
+    """torch.broadcast_shapes costs 12-25 us a call on the host: a launcher of several operands takes the
+    first's shape where they agree, and broadcasts where they do not (the emulated result says which ran)."""
+    from test_expert import _emulate
+
+    inputs = ", ".join(f"torch.randn{s}" for s in shapes.replace("), (", ")|(").split("|"))
+    path = task_file(tmp_path, "bcast", BCAST, f"[{inputs}]")
+    cand = tuned(path)
+    line = next(ln.strip() for ln in cand.launcher.splitlines() if ln.strip().startswith("shape = "))
+    assert line.startswith("shape = a0.shape if a1.shape == a0.shape and a2.shape == a0.shape else"), line
+    assert check_launcher(cand.launcher).ok
+    _emulate(path, [cand], 1e-6)

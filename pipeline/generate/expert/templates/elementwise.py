@@ -227,7 +227,12 @@ def _launcher(
     lines = [f"def _r_{rid}(sms, {', '.join(a)}{', out=None' if into else ''}):"]
     # one_hot's compare widens its (..., 1) index to the class count: the one dim no operand has
     widened = [f"({n.shape[-1]},)" for n in region.nodes if n.op == "one_hot_eq" and n.shape][:1]
-    lines.append(f"    shape = torch.broadcast_shapes({', '.join([*(f'{x}.shape' for x in a), *widened])})")
+    shapes = ", ".join([*(f"{x}.shape" for x in a), *widened])
+    if len(a) > 1 and not widened:  # torch.broadcast_shapes costs 12-25 us of host time a call: skipped
+        same = " and ".join(f"{x}.shape == a0.shape" for x in a[1:])  # where the operands agree
+        lines.append(f"    shape = a0.shape if {same} else torch.broadcast_shapes({shapes})")
+    else:
+        lines.append(f"    shape = torch.broadcast_shapes({shapes})")
     lines += [
         "    nd = len(shape)",
         "    split = 0" if lay.k == lay.ndim else f"    split = max(0, nd - {lay.k})",
