@@ -72,10 +72,21 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
     # most of a float-only build's nvcc time
     half = any(HALF_TYPES.search(c.cuda) or HALF_TYPES.search(c.launcher) for c in codes.values())
     head = [header(plan), HALF_DEFINE, PRELUDE] if half else [header(plan), PRELUDE]
-    head += [text for name, text in ON_USE.items() if any(f"{name}(" in c.cuda for c in codes.values())]
+    head += on_use([c.cuda for c in codes.values()])
     tail = [GATHER, GATHER_HALF] if half else [GATHER]
     cuda = "\n".join([*head, *(c.cuda for c in codes.values()), *tail]) + "\n"
     return cuda, _launcher(low, plan, codes, half)
+
+
+def on_use(texts: list[str]) -> list[str]:
+    """The ON_USE helpers the kernels call, and those these call in turn (ON_USE lists a callee before its
+    callers, so each is defined before its first use)."""
+    used: set[str] = set()
+    while True:
+        grown = {n for n in ON_USE if any(f"{n}(" in t for t in (*texts, *(ON_USE[u] for u in used)))}
+        if grown == used:
+            return [text for name, text in ON_USE.items() if name in used]
+        used = grown
 
 
 def uses_cute(plan: Plan) -> bool:

@@ -14,13 +14,13 @@ HALF_TYPES = re.compile(
 )
 HALF_DEFINE = "#define KP_HALF_TYPES"
 
-# Helpers written into a source after the prelude only when one of its kernels calls them (render.py): the
-# prelude's text is in every source, so a change there changes every candidate's key, and the run logs the
-# replay tests answer from (recorded on the GPU) would no longer match.
+# Helpers written into a source after the prelude only when one of its kernels (or another such helper)
+# calls them (render.on_use): the prelude's text is in every source, so a change there changes every
+# candidate's key, and the run logs the replay tests answer from (recorded on the GPU) would no longer match.
 ON_USE: dict[str, str] = {
     # use_intrinsics (ops.FAST_CALL): the special-function unit's log2 and 2^x (subnormals kept: no .ftz),
-    # what --use_fast_math makes of logf and expf; the CPU emulator computes them exactly. Each stands
-    # alone: a helper is emitted only when a kernel's own text calls it
+    # what --use_fast_math makes of logf and expf; the CPU emulator computes them exactly. A callee comes
+    # before its callers: render.on_use emits what the emitted helpers call
     "kp_log2_fast": r"""__device__ __forceinline__ float kp_log2_fast(float x) {
 #ifdef KP_EMULATED
     return log2f(x);
@@ -31,13 +31,7 @@ ON_USE: dict[str, str] = {
 #endif
 }""",
     "kp_log_fast": r"""__device__ __forceinline__ float kp_log_fast(float x) {
-#ifdef KP_EMULATED
-    return log2f(x) * 0.69314718055994531f;
-#else
-    float r;
-    asm("lg2.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
-    return r * 0.69314718055994531f;
-#endif
+    return kp_log2_fast(x) * 0.69314718055994531f;
 }""",
     "kp_exp2_fast": r"""__device__ __forceinline__ float kp_exp2_fast(float x) {
 #ifdef KP_EMULATED
@@ -49,13 +43,7 @@ ON_USE: dict[str, str] = {
 #endif
 }""",
     "kp_exp_fast": r"""__device__ __forceinline__ float kp_exp_fast(float x) {
-#ifdef KP_EMULATED
-    return exp2f(x * 1.4426950408889634f);
-#else
-    float r;
-    asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
-    return r;
-#endif
+    return kp_exp2_fast(x * 1.4426950408889634f);
 }""",
     # mish: tanh(log1p(e)) = n / (n + 2) with n = e (e + 2), e = exp(x): one expf and a division where the
     # prelude's kp_mish makes three library calls (expf, log1pf, tanhf). Its error matches PyTorch's own
