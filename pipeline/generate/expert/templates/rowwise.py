@@ -395,6 +395,33 @@ def _cluster_merge(kind: reduce_ops.Kind, w: str) -> list[str]:
     ]
 
 
+def _block_start(name: str, sig: Signature, pre: Fused | None, post: Fused | None, smem: bool,
+                 uncached: bool) -> list[str]:  # fmt: skip
+    """A device function's start where a block takes a row (or its part): the template and signature, no
+    cache (`uncached`: the row read again from global memory), the shared reduction buffer (`smem`), the
+    thread's index and count, and the fused prologue and epilogue as lambdas."""
+    return [
+        "template <int V>",
+        f"__device__ __forceinline__ void {name}({sig.decls()}) {{",
+        *(
+            ["    constexpr bool CACHE = false;", "    const float* cache = nullptr;", "    (void)cache;"]
+            if uncached
+            else []
+        ),
+        *(
+            [
+                "    extern __shared__ __align__(16) unsigned char kp_smem[];",
+                "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+            ]
+            if smem
+            else []
+        ),
+        "    const int tid = threadIdx.x, nt = blockDim.x;",
+        pre.lam("pre") if pre else identity("pre"),
+        post.lam("post") if post else identity("post"),
+    ]
+
+
 def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
                x_dt: str, out_dt: str, warp: bool, kind: reduce_ops.Kind) -> list[str]:  # fmt: skip
     """Rows no cluster can hold, over the tiles of a persistent cooperative grid: block b takes tile b % k of
@@ -418,16 +445,7 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
         "            (void)start;",
     ]
     return [
-        "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_grid({sig.decls()}) {{",
-        "    constexpr bool CACHE = false;",
-        "    const float* cache = nullptr;",
-        "    (void)cache;",
-        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
-        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
-        "    const int tid = threadIdx.x, nt = blockDim.x;",
-        pre.lam("pre") if pre else identity("pre"),
-        post.lam("post") if post else identity("post"),
+        *_block_start(f"kp_{rid}_grid", sig, pre, post, smem=True, uncached=True),
         "    const unsigned T = (unsigned)k, ti = blockIdx.x % T;  // tiles a row, this block's",
         "    const long long per = gridDim.x / T, r0 = blockIdx.x / T, c0 = (long long)ti * chunk;",
         "    const long long steps = (rows + per - 1) / per;",
@@ -715,9 +733,6 @@ def _split_bodies(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
     stats, f = _stats(lay)
     f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
     head = [
-        "    const int tid = threadIdx.x, nt = blockDim.x;",
-        pre.lam("pre") if pre else identity("pre"),
-        post.lam("post") if post else identity("post"),
         "    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {",
         "        const long long rs = r * cols, c0 = blockIdx.y * chunk;",
         "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
@@ -728,10 +743,7 @@ def _split_bodies(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "        const float K = pre(ld(x[rs]), rs);  // the row's first element, the same in every split"
     ]
     return [
-        "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_part({sig.decls()}) {{",
-        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
-        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
+        *_block_start(f"kp_{rid}_part", sig, pre, post, smem=True, uncached=False),
         *head,
         f"        Acc acc = {kind.init};",
         *(shift if kind.shift else []),
@@ -740,11 +752,7 @@ def _split_bodies(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fu
         "        if (tid == 0) ws[blockIdx.y * rows + r] = acc;",
         "    }",
         "}",
-        "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_apply({sig.decls()}) {{",
-        "    constexpr bool CACHE = false;",
-        "    const float* cache = nullptr;",
-        "    (void)cache;",
+        *_block_start(f"kp_{rid}_apply", sig, pre, post, smem=False, uncached=True),
         *head,
         "        Acc acc = ws[r];",
         f"        for (int s = 1; s < nsplit; ++s) acc = {kind.op}()(acc, ws[(long long)s * rows + r]);",
@@ -848,13 +856,7 @@ def _regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
             wb_loads.append(f"                const Vec<{wt}, V> {p}v = vload<{wt}, V>({p} + j * V);")
             f = f.replace(f"ld({p}[c])", f"ld({p}v.v[e])")
     return [
-        "template <int V>",
-        f"__device__ __forceinline__ void kp_{rid}_regs({sig.decls()}) {{",
-        "    extern __shared__ __align__(16) unsigned char kp_smem[];",
-        "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
-        "    const int tid = threadIdx.x, nt = blockDim.x;",
-        pre.lam("pre") if pre else identity("pre"),
-        post.lam("post") if post else identity("post"),
+        *_block_start(f"kp_{rid}_regs", sig, pre, post, smem=True, uncached=False),
         "    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {",
         "        const long long rs = r * cols, nv = cols / V;",
         f"        float f[{R}][V];",
