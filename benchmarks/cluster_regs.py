@@ -12,35 +12,25 @@ passes, so a difference is believed only when the passes agree. Writes DIR/resul
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from harness_forms import compare  # noqa: E402  (beside this script)
+from expert_plans import tuned  # noqa: E402  (the tests' helper: the expert's tuned candidate)
+from harness_forms import compare, kernel_note, lowered, parser, plan_form, plan_line  # noqa: E402
 
-from pipeline.candidates import make_candidate  # noqa: E402
-from pipeline.generate.base import Context  # noqa: E402
-from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert.families.rowwise import CLUSTER_UNROLL, RowPlan, regs_for  # noqa: E402
 from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
-from pipeline.generate.expert.policy import analyse  # noqa: E402
-from pipeline.generate.expert.render import nvcc_flags, render  # noqa: E402
-from pipeline.tasks import probe  # noqa: E402
 
 
 def candidates(path: Path) -> list[tuple[str, object]]:
     """The tuned candidate, the same cluster with its segments in registers at each block size they fit,
     and the shared-memory plan."""
-    task = probe(path)
-    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
-    plan = plan_of(tuned.source)
-    low, why = analyse(path)
-    if low is None:
-        raise SystemExit(f"{path}: {why}")
+    base = tuned(path)
+    plan, low = plan_of(base.source), lowered(path)
     region = {r.rid: r for r in low.regions}
 
     def variant(label: str, in_regs: bool, **knobs: int) -> tuple[str, object] | None:
@@ -54,31 +44,17 @@ def candidates(path: Path) -> list[tuple[str, object]]:
                         return None  # the segment does not fit this block's registers
                     rp = dataclasses.replace(rp, regs=regs)
             rps.append(rp)
-        p = Plan(tuple(rps))
-        source, launcher = render(low, p)
-        return label, make_candidate(task.id, source, launcher, nvcc_flags(p), parent=None, edit=label)
+        return plan_form(base.task_id, low, Plan(tuple(rps)), label)
 
-    forms = [("tuned", tuned)]
+    forms = [("tuned", base)]
     forms += [v for t in (256, 512, 1024) if (v := variant(f"registers, {t} threads", True, threads=t))]
     forms.append(variant("shared", False, threads=1024, unroll=CLUSTER_UNROLL))
-    return [f for i, f in enumerate(forms) if i == 0 or f[1].key != tuned.key]  # the tuned one once
+    return [f for i, f in enumerate(forms) if i == 0 or f[1].key != base.key]  # the tuned one once
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("tasks", type=Path, nargs="+")
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
-
-    def note(row: dict, r) -> None:
-        res = r.build.resources if r.build else ()
-        row["kernels"] = [(x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name]
-
-    def describe(row: dict, c) -> None:
-        row["plan"] = c.source.splitlines()[0]
-
-    compare(args.out, args.tasks, args.repeat, candidates, 50, 2.0, note, describe)
+    args = parser(__doc__).parse_args()
+    compare(args.out, args.tasks, args.repeat, candidates, 50, 2.0, kernel_note("_cluster"), plan_line)
     return 0
 
 

@@ -14,14 +14,13 @@ so a difference is believed only when both agree. Writes DIR/results.json as it 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness_forms import compare  # noqa: E402  (beside this script)
+from harness_forms import compare, parser  # noqa: E402  (beside this script)
 
 from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
@@ -64,10 +63,7 @@ def candidates(path: Path, route: str, n: int) -> list:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("tasks", type=Path, nargs="+")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap = parser(__doc__)
     ap.add_argument("--proposals", type=int, default=4, help="first proposals generated a route")
     ap.add_argument("--routes", default=",".join(ROUTES), help="comma-separated, of: " + ", ".join(ROUTES))
     args = ap.parse_args()

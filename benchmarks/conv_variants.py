@@ -16,14 +16,13 @@ only when the passes agree. Writes DIR/results.json as it goes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness_forms import compare  # noqa: E402  (beside this script)
+from harness_forms import compare, parser  # noqa: E402  (beside this script)
 
 from pipeline.generate.base import Context  # noqa: E402
 from pipeline.generate.expert import ExpertPolicy  # noqa: E402
@@ -58,10 +57,7 @@ def tuned(path: Path, form: str):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("tasks", type=Path, nargs="+")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap = parser(__doc__)
     ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated, of: " + ", ".join(FORMS))
     args = ap.parse_args()
     forms = [form for form in args.forms.split(",") if form in FORMS]

@@ -11,24 +11,19 @@ unit instead. A task whose tuned plan takes no such edit is reported and skipped
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from expert_plans import tuned, tuned_with_edit  # noqa: E402  (the tests' helpers: the same candidates)
-from harness_forms import compare  # noqa: E402  (beside this script)
+from harness_forms import compare, parser, plan_line  # noqa: E402  (beside this script)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
+    ap = parser(__doc__)
     ap.add_argument("--edit", required=True)
-    ap.add_argument("tasks", type=Path, nargs="+")
-    ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
 
     def forms(path: Path) -> list[tuple[str, object]]:
@@ -38,10 +33,7 @@ def main() -> int:
             return [("tuned", base)]
         return [("tuned", base), (args.edit, edited)]
 
-    def describe(row: dict, c) -> None:
-        row["plan"] = c.source.splitlines()[0]
-
-    compare(args.out, args.tasks, args.repeat, forms, 50, 2.0, None, describe)
+    compare(args.out, args.tasks, args.repeat, forms, 50, 2.0, None, plan_line)
     return 0
 
 

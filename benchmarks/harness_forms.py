@@ -1,18 +1,64 @@
 """Candidates of one task timed through the harness side by side, for the scripts that compare forms of a
-kernel (benchmarks/cluster_regs.py, conv_variants.py, conv_routes.py): each candidate verified and timed
+kernel (benchmarks/cluster_regs.py, long_rows.py, edit_forms.py, conv_variants.py, conv_routes.py): each candidate verified and timed
 against eager `repeat` times, in separate passes over all of them, so a difference is believed only when the
 passes agree. `compare` runs such a script's tasks and writes OUT/results.json as it goes."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pipeline import stages
+from pipeline.candidates import make_candidate
 from pipeline.config import load
+from pipeline.generate.expert.plan import Plan
+from pipeline.generate.expert.policy import analyse
+from pipeline.generate.expert.regions import Lowered
+from pipeline.generate.expert.render import nvcc_flags, render
 from pipeline.types import Status
+
+
+def parser(doc: str | None = None) -> argparse.ArgumentParser:
+    """The arguments every forms script takes: --out DIR, the task files, --repeat (passes)."""
+    ap = argparse.ArgumentParser(description=doc)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("tasks", type=Path, nargs="+")
+    ap.add_argument("--repeat", type=int, default=2)
+    return ap
+
+
+def lowered(path: Path) -> Lowered:
+    """The task as the expert lowers it; the script stops, saying why, where it does not."""
+    low, why = analyse(path)
+    if low is None:
+        raise SystemExit(f"{path}: {why}")
+    return low
+
+
+def plan_form(task_id: str, low: Lowered, plan: Plan, label: str) -> tuple[str, Any]:
+    """(label, the candidate the expert renders for `plan`)."""
+    source, launcher = render(low, plan)
+    return label, make_candidate(task_id, source, launcher, nvcc_flags(plan), parent=None, edit=label)
+
+
+def plan_line(row: dict, c: Any) -> None:
+    """`describe` keeping each candidate's plan (its source's first line)."""
+    row["plan"] = c.source.splitlines()[0]
+
+
+def kernel_note(*marks: str) -> Callable[[dict, Any], None]:
+    """`note` keeping (name, registers, spill stores) of the kernels whose names hold one of `marks`."""
+
+    def note(row: dict, r: Any) -> None:
+        res = r.build.resources if r.build else ()
+        row["kernels"] = [
+            (x.name, x.registers, x.spill_stores) for x in res if any(m in x.name for m in marks)
+        ]
+
+    return note
 
 
 def time_forms(path: Path, forms: list[tuple[str, Any]], cfg: Any, pool: Any, repeat: int,

@@ -16,43 +16,32 @@ Writes DIR/results.json as it goes.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from harness_forms import compare  # noqa: E402  (beside this script)
+from expert_plans import tuned  # noqa: E402  (the tests' helper: the expert's tuned candidate)
+from harness_forms import compare, kernel_note, lowered, parser, plan_form, plan_line  # noqa: E402
 
-from pipeline.candidates import make_candidate  # noqa: E402
-from pipeline.generate.base import Context  # noqa: E402
-from pipeline.generate.expert import ExpertPolicy  # noqa: E402
 from pipeline.generate.expert.families.rowwise import CLUSTER_UNROLL, RowPlan  # noqa: E402
 from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
-from pipeline.generate.expert.policy import analyse  # noqa: E402
-from pipeline.generate.expert.render import nvcc_flags, render  # noqa: E402
-from pipeline.tasks import probe  # noqa: E402
 
 
 def candidates(path: Path) -> list[tuple[str, object]]:
-    task = probe(path)
-    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
-    plan = plan_of(tuned.source)
-    low, why = analyse(path)
-    if low is None:
-        raise SystemExit(f"{path}: {why}")
+    base = tuned(path)
+    plan, low = plan_of(base.source), lowered(path)
     rows = [rp for rp in plan.regions if isinstance(rp, RowPlan) and (rp.cluster or rp.grid_row)]
     if not rows:
         raise SystemExit(f"{path}: the tuned plan spreads no row over a cluster or a grid")
 
     def variant(label: str, **knobs) -> tuple[str, object]:
         p = Plan(tuple(dataclasses.replace(rp, **knobs) if rp in rows else rp for rp in plan.regions))
-        source, launcher = render(low, p)
-        return label, make_candidate(task.id, source, launcher, nvcc_flags(p), parent=None, edit=label)
+        return plan_form(base.task_id, low, p, label)
 
-    forms = [("tuned", tuned)]
+    forms = [("tuned", base)]
     if any(rp.cluster > 8 for rp in rows):
         forms.append(
             variant("cluster of 8, shared memory", cluster=8, regs=0, threads=1024, unroll=CLUSTER_UNROLL)
@@ -67,22 +56,10 @@ def candidates(path: Path) -> list[tuple[str, object]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("tasks", type=Path, nargs="+")
-    ap.add_argument("--repeat", type=int, default=2)
-    args = ap.parse_args()
-
-    def note(row: dict, r) -> None:
-        res = r.build.resources if r.build else ()
-        row["kernels"] = [
-            (x.name, x.registers, x.spill_stores) for x in res if "_cluster" in x.name or "_grid" in x.name
-        ]
-
-    def describe(row: dict, c) -> None:
-        row["plan"] = c.source.splitlines()[0]
-
-    compare(args.out, args.tasks, args.repeat, candidates, 50, 2.0, note, describe)
+    args = parser(__doc__).parse_args()
+    compare(
+        args.out, args.tasks, args.repeat, candidates, 50, 2.0, kernel_note("_cluster", "_grid"), plan_line
+    )
     return 0
 
 
