@@ -1,5 +1,6 @@
 """Test helpers: a task's tuned candidate, and that candidate with one edit made on every region that takes
-it (what the search reaches in several steps, e.g. a doubled cluster for each long-row region)."""
+it (what the search reaches in several steps, e.g. a doubled cluster for each long-row region); a task of
+one module applied to its input."""
 
 from __future__ import annotations
 
@@ -31,3 +32,18 @@ def tuned_with_edit(path: Path, edit: str) -> Candidate:
         plan = next((p for label, p in legal_edits(plan, low) if label.startswith(f"{edit}({rid}:")), plan)
     source, launcher = render(low, plan)
     return make_candidate(t.id, source, launcher, nvcc_flags(plan), parent=base.key, edit=edit)
+
+
+def op_task(folder: Path, name: str, module: str, ret: str, shape: str, dtype: str = "") -> Path:
+    """A task file whose model applies `module` (an nn expression) to x, y, and returns `ret` (of y); its
+    input torch.randn(shape) * 3 + 2, cast to `dtype` where one is given."""
+    x = f"torch.randn({shape}) * 3 + 2"
+    path = folder / f"{name}.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.op = {module}\n\n    def forward(self, x):\n"
+        f"        y = self.op(x)\n        return {ret}\n\n\n"
+        f"def get_inputs():\n    return [{f'({x}).to(torch.{dtype})' if dtype else x}]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    return path

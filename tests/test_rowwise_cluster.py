@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_emulator import build, load_model
-from expert_plans import tuned, tuned_with_edit
+from expert_plans import op_task, tuned, tuned_with_edit
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
@@ -50,15 +50,7 @@ CASES = {
 
 def _task(folder: Path, name: str) -> Path:
     mod, ret, shape, _, *dtype = CASES[name]
-    path = folder / f"{name}.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
-        f"        super().__init__()\n        self.op = {mod}\n\n    def forward(self, x):\n"
-        f"        y = self.op(x)\n        return {ret}\n\n\n"
-        f"def get_inputs():\n    return [(torch.randn({shape}) * 3 + 2).to(torch.{dtype[0] if dtype else 'float32'})]\n\n\n"
-        "def get_init_inputs():\n    return []\n"
-    )
-    return path
+    return op_task(folder, name, mod, ret, shape, *dtype)
 
 
 # Rows of whole, aligned vectors (and channels of them): the tuned plan's blocks hold their segments in

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from cuda_emulator import build, load_model
-from expert_plans import tuned
+from expert_plans import op_task, tuned
 
 from pipeline.compile import compile_candidates
 from pipeline.config import Config
@@ -36,15 +36,7 @@ CASES = {
 
 
 def _task(folder: Path, name: str) -> Path:
-    mod, ret, shape = CASES[name]
-    path = folder / f"{name}.py"
-    path.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
-        f"        super().__init__()\n        self.op = {mod}\n\n    def forward(self, x):\n"
-        f"        y = self.op(x)\n        return {ret}\n\n\n"
-        f"def get_inputs():\n    return [torch.randn({shape}) * 3 + 2]\n\n\ndef get_init_inputs():\n    return []\n"
-    )
-    return path
+    return op_task(folder, name, *CASES[name])
 
 
 def _grid(path: Path):
