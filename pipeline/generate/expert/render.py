@@ -146,11 +146,12 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
         f"    def __init__(self{', ' if g.init_params else ''}{g.init_params}):",
     ]
     lines += ["        super().__init__()", "        self.sms = 0  # SM count, read on the first call"]
-    lines += _state(g)
+    holders = _holders(g)
+    lines += _state(g, holders)
     used = {i for r in low.regions for i in r.inputs} | set(g.output_names())
     reads = [p for p in g.params if p.name in used]
-    if len(reads) >= HELD_STATE and len(_holders(g)) > 1:
-        held = [h for h in _holders(g).values() if h != "self"]
+    if len(reads) >= HELD_STATE and len(holders) > 1:
+        held = [h for h in holders.values() if h != "self"]
         lines.append(f"        self._kp_holders = ({', '.join(held)},)  # the forward reads their tensors")
     args = ", ".join(g.forward_args)
     lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
@@ -168,7 +169,7 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
             "        if not self.sms:",
             f"            self.sms = torch.cuda.get_device_properties({first}.device).multi_processor_count",
         ]
-    lines += _state_reads(g, reads)
+    lines += _state_reads(g, reads, holders)
     calls = {c.at or rid: c for rid, c in codes.items()}
     needed = _needed(low, fused, codes)
     sunk = _sunk(low, codes)
@@ -246,12 +247,11 @@ def _holders(g: Graph) -> dict[str, str]:
     return holders
 
 
-def _state_reads(g: Graph, params: list) -> list[str]:
+def _state_reads(g: Graph, params: list, holders: dict[str, str]) -> list[str]:
     """The forward's reads of the reference's parameters and buffers. get_parameter / get_buffer resolve a
     dotted name anew, ~10 us each on the host (a SwinV2's 221 took 2 ms of every call, its GPU idle
     meanwhile); with many, each is read from its holder module, kept in `_kp_holders` (a plain tuple: not
     registered, not in the state dict), as an attribute: ~0.5 us, and always the holder's current tensor."""
-    holders = _holders(g)
     index = {h: i for i, h in enumerate(v for v in holders.values() if v != "self")}
     lines = []
     for p in params:
@@ -268,14 +268,13 @@ def _state_reads(g: Graph, params: list) -> list[str]:
     return lines
 
 
-def _state(g: Graph) -> list[str]:
+def _state(g: Graph, holders: dict[str, str]) -> list[str]:
     """The reference's parameters and buffers under the same names, so the harness copies its weights in."""
     if not g.state:
         return []
     lines = [
         "        # the reference's parameters and buffers, same names and shapes (its weights are copied in)"
     ]
-    holders = _holders(g)
     order = [path for path in holders if path]
     lines += [f"        {holders[path]} = nn.Module()" for path in order]
     for s in g.state:
