@@ -8,13 +8,16 @@ standalone file of the best candidate. A launcher sees a global `kernels` (a `Ke
 Tensors become device pointers; scalars must carry their C type (numpy.int32, numpy.float32, ...), since a
 bare Python int could be meant as int or long long and a wrong guess silently corrupts every later argument.
 A TMA descriptor (`kernels.tensor_map(t, box_rows, box_cols)`) is passed by value to a kernel parameter
-declared `const __grid_constant__ CUtensorMap`.
+declared `const __grid_constant__ CUtensorMap`. `kernels.graphed(self, self._kp_forward, args)` runs a
+forward through a CUDA graph (`Graphs`): one launch a call instead of one per kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
+import weakref
 
 import numpy
 import torch
@@ -166,6 +169,14 @@ class Kernels:
         return getattr(self, name).active_blocks(block, shared_mem)
 
     @staticmethod
+    def graphed(owner: torch.nn.Module, forward, args: tuple):
+        """forward(*args) replayed from a CUDA graph captured for these arguments' form (see `Graphs`)."""
+        graphs = _GRAPHS.get(owner)
+        if graphs is None:
+            graphs = _GRAPHS[owner] = Graphs(owner)
+        return graphs(forward, args)
+
+    @staticmethod
     def tensor_map(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
         """The TMA descriptor of a 2- to 5-D tensor, loaded in boxes of box_rows x box_cols over its last two
         dims (one element deep along the leading ones)."""
@@ -186,6 +197,129 @@ class Kernels:
             self._kernels[name] = kernel
         return kernel
 
+
+class _Form:
+    """One form of a forward's arguments: how often it was seen, then its graph and static tensors."""
+
+    __slots__ = ("failed", "graph", "inputs", "outputs", "seen")
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.graph = None
+        self.inputs: list = []
+        self.outputs = None
+        self.failed: str | None = None
+
+
+class Graphs:
+    """A module's forward replayed from CUDA graphs: the host then issues one launch a call, where a launcher
+    of hundreds of small kernels spends longer issuing them than the GPU running them.
+
+    A graph holds pointers, not values, so each form of the arguments (every tensor's shape, strides, dtype
+    and device; every other argument's value) has its own, captured on the form's second call (the first
+    runs eagerly: it loads the kernels and creates the libraries' handles, none of which a capture may do).
+    A call copies its tensors into the form's static inputs, replays, and returns copies of the outputs, so
+    no result is overwritten by the next call. The module's parameters and buffers are read in place: their
+    values may change between calls, their storage may not (a storage that moved drops every graph).
+
+    Forward runs eagerly, never captured, while gradients are on, while the harness logs launches (its
+    profile check reads each launch's arguments), for arguments that are not all CUDA tensors and plain
+    values, and for a form whose capture failed (`failed` says why: a synchronising call, a launch a graph
+    cannot hold). Forward must not write into its inputs: the graph would write into the static copies."""
+
+    FORMS = 4  # graphs kept a module: each holds its intermediates' memory
+
+    def __init__(self, owner: torch.nn.Module) -> None:
+        self._owner = weakref.ref(owner)
+        self.forms: dict[tuple, _Form] = {}
+        self._state: list[tuple[torch.Tensor, int]] | None = None
+        self._stream = None
+
+    def __call__(self, forward, args: tuple):
+        key = None if LAUNCHES is not None or torch.is_grad_enabled() else _form_key(args)
+        if key is None:
+            return forward(*args)
+        if not self._state_holds():
+            self.forms.clear()
+        form = self.forms.get(key)
+        if form is None:
+            while len(self.forms) >= self.FORMS:
+                self.forms.pop(next(iter(self.forms)))
+            form = self.forms[key] = _Form()
+        form.seen += 1
+        if form.failed is not None or form.seen < 2:
+            return forward(*args)
+        if form.graph is None:
+            self._capture(form, forward, args)
+            if form.failed is not None:
+                return forward(*args)
+        for static, a in zip(form.inputs, args, strict=True):
+            if static is not None:
+                static.copy_(a)
+        form.graph.replay()
+        return _copies(form.outputs)
+
+    def _state_holds(self) -> bool:
+        """Whether every parameter and buffer is where the graphs read it (recorded on the first call)."""
+        owner = self._owner()
+        if owner is None:
+            return False
+        if self._state is None:
+            tensors = itertools.chain(owner.parameters(), owner.buffers())
+            self._state = [(t, t.data_ptr()) for t in tensors]
+            return True
+        if all(t.data_ptr() == p for t, p in self._state):
+            return True
+        self._state = None
+        return self._state_holds()
+
+    def _capture(self, form: _Form, forward, args: tuple) -> None:
+        form.inputs = [torch.empty_like(a) if isinstance(a, torch.Tensor) else None for a in args]
+        static = [a if s is None else s.copy_(a) for s, a in zip(form.inputs, args, strict=True)]
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # warmed on the capture's stream first: its library handles and workspaces exist before capture
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                forward(*static)
+            torch.cuda.current_stream().wait_stream(self._stream)
+            with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
+                form.outputs = forward(*static)
+        except Exception as e:  # the form runs eagerly from now on; the reason stays for whoever asks
+            form.failed = f"{type(e).__name__}: {str(e)[:300]}"
+            form.inputs, form.outputs = [], None
+            torch.cuda.synchronize()
+            return
+        form.graph = graph
+
+
+def _form_key(args: tuple) -> tuple | None:
+    """What a graph is specific to in the arguments, or None where no graph applies."""
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if not a.is_cuda or a.requires_grad:
+                return None
+            key.append((tuple(a.shape), a.stride(), a.dtype, a.device.index))
+        elif a is None or isinstance(a, (bool, int, float, str)):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+def _copies(out):
+    """The graph's outputs as new tensors (the next replay overwrites the static ones)."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)):
+        return type(out)(_copies(o) for o in out)
+    return out
+
+
+_GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 _streams: dict[int, object] = {}
 

@@ -382,6 +382,7 @@ class EmuKernels:
         self.blocks_per_sm = 2  # active_blocks' answer for any kernel
         self.asked: list[str] = []  # the kernels active_clusters or active_blocks was asked about
         self.cooperative: list[str] = []  # the kernels launched cooperatively
+        self.graph_calls = 0  # forwards run through `graphed`
 
     def active_clusters(self, name: str, block, shared_mem: int = 0) -> int:
         """The runtime's query, as a GPU of `gpcs` GPCs of 16 SMs, a block an SM, would answer it."""
@@ -395,6 +396,11 @@ class EmuKernels:
             raise AttributeError(name)
         self.asked.append(name)
         return self.blocks_per_sm
+
+    def graphed(self, owner, forward, args):
+        """The runtime's CUDA-graph replay has no CPU form: the forward runs as written (and is counted)."""
+        self.graph_calls += 1
+        return forward(*args)
 
     def __getattr__(self, name: str) -> EmuKernel:
         if name.startswith("_") or name not in self._names:

@@ -55,6 +55,21 @@ def cfg_for(home):
 
 # name -> (Model source, init args); each runs on every shape of SHAPES[name]
 FAMILIES = {
+    # many small launches: the tuned plan replays forward from a CUDA graph (runtime.Graphs)
+    "graph": (
+        """
+        class Model(nn.Module):
+            def __init__(self, width):
+                super().__init__()
+                self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(6))
+                self.scales = nn.Parameter(torch.randn(6, width))
+            def forward(self, x):
+                for i, n in enumerate(self.norms):
+                    x = torch.softmax(n(x) * self.scales[i], dim=-1) + x
+                return x.sum(dim=-1)
+        """,
+        "[129]",
+    ),
     "chain": (
         """
         class Model(nn.Module):
@@ -851,6 +866,7 @@ FAMILIES["movement_bf16"] = FAMILIES["movement"]  # 8 elements a 16-byte piece
 FAMILIES["pads_bf16"] = FAMILIES["pads"]  # the fill rounded to bf16
 FAMILIES["resample_bf16"] = FAMILIES["resample"]
 SHAPES = {
+    "graph": ["(3, 37, 129)"],
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
     "bf16": ["(1001, 1003)"],
@@ -1075,6 +1091,8 @@ def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, 
     assert_ok(cands, results, hybrid=name in GEMMS | CONVS | DIRECT | ATTENTION | GATHERS)
     if name in GEMMS | CONVS | DIRECT | ATTENTION:  # the tuned plan runs our kernel
         assert any(ours(c) for c in cands)
+    if name == "graph":
+        assert any(plan_of(c.source).graph for c in cands)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)

@@ -318,3 +318,94 @@ def test_the_runtime_launches_a_cooperative_grid_of_every_resident_block(tmp_pat
     assert count.item() == blocks and bool((seen == blocks).all())
     with pytest.raises(RuntimeError, match="cuLaunchCooperativeKernel"):  # more than fit: refused, not hung
         kernels.all_arrive((blocks * 64,), (256,), (count, seen), cooperative=True)
+
+
+AXPB = r"""
+extern "C" __global__ void axpb(const float* x, const float* w, float* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = x[i] * w[i % 64] + 0.5f;
+}
+"""
+
+
+def test_a_forward_replayed_from_a_cuda_graph_computes_what_it_computes_eagerly(tmp_path, home):
+    """runtime.Graphs: the second call of a form captures, later ones replay; each call's inputs are its own
+    (fresh values each time), outputs are not overwritten by the next call, a weight changed in place is
+    read, a weight whose storage moved drops the graphs, and a forward a capture cannot hold (it
+    synchronises) runs eagerly with the reason kept."""
+    import numpy
+
+    torch = _torch
+    from pipeline import compile as comp
+    from pipeline import runtime
+
+    src = tmp_path / "axpb.cu"
+    src.write_text(AXPB)
+    cubin = tmp_path / "axpb.cubin"
+    subprocess.run(
+        [comp.find_nvcc(cfg_for(home)), "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True
+    )
+    kernels = runtime.Kernels.from_file(str(cubin), ("axpb",))
+
+    class Deep(torch.nn.Module):
+        def __init__(self, sync: bool = False):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, device="cuda"))
+            self.sync = sync
+
+        def forward(self, x, scale):
+            return kernels.graphed(self, self.body, (x, scale))
+
+        def body(self, x, scale):
+            for _ in range(20):  # twenty launches and a library op between them
+                out = torch.empty_like(x)
+                kernels.axpb(((x.numel() + 255) // 256,), (256,), (x, self.w, out, numpy.int64(x.numel())))
+                x = torch.tanh(out) * scale
+                if self.sync:
+                    torch.cuda.synchronize()
+            return x, x.sum()
+
+        def eager(self, x, scale):
+            with torch.no_grad():
+                for _ in range(20):
+                    x = torch.tanh(x * self.w.repeat(x.numel() // 64).view(x.shape) + 0.5) * scale
+            return x, x.sum()
+
+    model = Deep()
+    graphs = lambda m: runtime._GRAPHS[m]  # noqa: E731
+    with torch.no_grad():
+        outs = []
+        for call in range(4):
+            x = torch.randn(1000, 64, device="cuda")
+            got = model(x, 0.9)
+            want = model.eager(x, 0.9)
+            torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-3)
+            outs.append((got[0], want[0]))
+            (form,) = graphs(model).forms.values()
+            assert (form.graph is not None) == (call >= 1) and form.failed is None, form.failed
+        for got, want in outs:  # none overwritten by a later replay
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        x = torch.randn(1000, 64, device="cuda")
+        model.w.mul_(-1.5)  # in place: the graph reads it
+        torch.testing.assert_close(model(x, 0.9)[0], model.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
+        model.w.data = torch.randn(64, device="cuda")  # moved: the graphs go, the next calls capture again
+        for _ in range(3):
+            torch.testing.assert_close(model(x, 0.9)[0], model.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
+        assert next(iter(graphs(model).forms.values())).graph is not None
+        y = torch.randn(3, 640, device="cuda")  # another form, another graph; the scale is part of it
+        for _ in range(2):
+            torch.testing.assert_close(model(y, 1.1)[0], model.eager(y, 1.1)[0], rtol=1e-5, atol=1e-5)
+        assert len(graphs(model).forms) == 2
+    # with gradients on (the weight requires them) forward runs eagerly: no new form
+    torch.testing.assert_close(model(y, 0.7)[0].detach(), model.eager(y, 0.7)[0], rtol=1e-5, atol=1e-5)
+    assert len(graphs(model).forms) == 2
+
+    syncing = Deep(sync=True)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1000, 64, device="cuda")
+            torch.testing.assert_close(syncing(x, 0.9)[0], syncing.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
+    (form,) = graphs(syncing).forms.values()
+    assert form.graph is None and form.failed, "a synchronising forward was captured"
+    print(f"capture refused, as it should be: {form.failed}")

@@ -190,6 +190,7 @@ def _propagate_tensors(launcher: Launcher, reachable: list[Scope]) -> None:
             for node in s.nodes:
                 if not isinstance(node, ast.Call):
                     continue
+                node = _unwrapped(launcher, node, s)
                 callee = _callee(launcher, node, s)
                 if callee is None:
                     continue
@@ -201,6 +202,16 @@ def _propagate_tensors(launcher: Launcher, reachable: list[Scope]) -> None:
                     if param not in target.kernel_params and launcher.resolve(arg, s) == ("kernels",):
                         target.kernel_params.add(param)
                         changed = True
+
+
+def _unwrapped(launcher: Launcher, call: ast.Call, s: Scope) -> ast.Call:
+    """`kernels.graphed(self, fn, (a, b))` read as the call `fn(a, b)` it makes (the runtime replays it from
+    a CUDA graph), so fn's parameters are known tensors like those of any helper forward calls."""
+    if len(call.args) == 3 and not call.keywords and launcher.resolve(call.func, s) == ("kernels", "graphed"):
+        held = call.args[2]
+        args = list(held.elts) if isinstance(held, (ast.Tuple, ast.List)) else [ast.Starred(held, ast.Load())]
+        return ast.Call(func=call.args[1], args=args, keywords=[])
+    return call
 
 
 def _passed(call: ast.Call, positional: list[str], names: set[str]) -> list[tuple[str, ast.expr]]:

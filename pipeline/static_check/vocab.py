@@ -13,7 +13,7 @@ Path = tuple[str, ...]
 FUNCS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 # helpers of the runtime's `kernels`, not kernel names
-RUNTIME_METHODS = frozenset({"tensor_map", "active_clusters", "active_blocks"})
+RUNTIME_METHODS = frozenset({"tensor_map", "active_clusters", "active_blocks", "graphed"})
 REFERENCE_MODULES = frozenset({"reference", "task", "tasks", "__main__"})
 REFERENCE_NAMES = frozenset({"Model", "get_inputs", "get_init_inputs"})
 MODULE_BASES = frozenset({("torch", "nn", "Module"), ("torch", "nn", "modules", "module", "Module")})

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from pipeline.generate.expert.families import FAMILIES, edit_names, family_of, owner
 from pipeline.generate.expert.families.base import Edit
 from pipeline.generate.expert.plan import Plan, RegionPlan
-from pipeline.generate.expert.regions import Lowered, Region
+from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 
 # The order edits are tried in: fusions first (they remove whole kernels), then the access pattern, the
 # grid, occupancy, and taking a GEMM from cuBLAS last. A family's edit not listed here comes after these.
@@ -37,6 +37,7 @@ PRIORITY = (
     "use_tensor_cores",
     "use_tma",
     "use_intrinsics",
+    "capture_graph",
 )
 # Edits this policy never makes, with the reason a user sees when the profiler suggests them.
 NOT_APPLICABLE = {
@@ -56,6 +57,12 @@ NOT_APPLICABLE = {
 ENERGY = ("lower_power",)
 
 
+GRAPH_EDIT = "capture_graph"  # the whole forward, not a region: no family makes it
+# Regions launched a call (ours and the library's) from which the tuned plan replays forward from a CUDA
+# graph: each costs the host 5-30 us of Python and a launch, more than a small kernel runs on the GPU.
+GRAPH_LAUNCHES = 16
+
+
 def base_plan(low: Lowered, tuned: bool) -> Plan:
     """The plain plan (each family's plainest parameters, nothing fused beyond elementwise chains) or the
     tuned one (16-byte vectors, warp shuffles, several accesses in flight, neighbours fused, GEMMs ours)."""
@@ -65,12 +72,18 @@ def base_plan(low: Lowered, tuned: bool) -> Plan:
         for r, f in claimed:
             if f.order == order and r.rid not in plan.fused():  # a fused region's host decides for it
                 plan = f.settle(plan, r, low, tuned)
-    return plan
+    return plan.with_graph(True) if tuned and launched(low, plan) >= GRAPH_LAUNCHES else plan
+
+
+def launched(low: Lowered, plan: Plan) -> int:
+    """Regions that launch work in a call of the plan's launcher (not views, not those fused into others)."""
+    fused = plan.fused()
+    return sum(1 for r in low.regions if r.kind is not RegionKind.VIEW and r.rid not in fused)
 
 
 def for_arch(plan: Plan, arch: str) -> Plan:
     """The plan without the entries whose kernels do not run on `arch` (those regions go to the library)."""
-    return Plan(tuple(rp for rp in plan.regions if owner(rp).runs_on(arch)), plan.version)
+    return Plan(tuple(rp for rp in plan.regions if owner(rp).runs_on(arch)), plan.version, plan.graph)
 
 
 def _weight(r: Region, low: Lowered) -> int:
@@ -89,7 +102,7 @@ def legal_edits(
     """Every legal single edit of the plan, suggested edits first, each distinct plan once. `blind`: no
     advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an ablation). `energy`:
     the objective counts joules, so the ENERGY edits are made too, right after the suggested ones."""
-    vocab = [e for e in edit_names() if energy or e not in ENERGY]
+    vocab = [e for e in (*edit_names(), GRAPH_EDIT) if energy or e not in ENERGY]
     if blind is not None:
         order = sorted(vocab)
         blind.shuffle(order)
@@ -109,6 +122,11 @@ def legal_edits(
     seen = {plan.to_json()}
     out: list[tuple[str, Plan]] = []
     for edit in order:
+        if edit == GRAPH_EDIT:
+            if not plan.graph and (p := plan.with_graph(True)).to_json() not in seen:
+                seen.add(p.to_json())
+                out.append((edit, p))
+            continue
         for r, rp, edits in live:
             if edit not in edits:
                 continue
@@ -130,4 +148,5 @@ def safer(plan: Plan, parent: Plan | None) -> Plan:
             regions.append(rp)
         elif (plain := owner(rp).plainest(rp)) is not None:
             regions.append(plain)
-    return Plan(tuple(regions), plan.version)
+    # the graph too, unless the parent had it: a capture the runtime could not make would have run eagerly
+    return Plan(tuple(regions), plan.version, plan.graph and parent is not None and parent.graph)

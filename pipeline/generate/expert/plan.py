@@ -55,6 +55,10 @@ class RegionPlan:
 class Plan:
     regions: tuple[RegionPlan, ...]
     version: int = VERSION
+    graph: bool = False  # forward replayed from a CUDA graph (runtime.Graphs): one launch a call
+
+    def with_graph(self, graph: bool) -> Plan:
+        return Plan(self.regions, self.version, graph)
 
     def get(self, rid: str) -> RegionPlan | None:
         return self._by_rid.get(rid)
@@ -73,13 +77,13 @@ class Plan:
         return frozenset(x for r in self.regions for x in r.absorbed())
 
     def replace(self, rp: RegionPlan) -> Plan:
-        return Plan(tuple(rp if r.rid == rp.rid else r for r in self.regions), self.version)
+        return Plan(tuple(rp if r.rid == rp.rid else r for r in self.regions), self.version, self.graph)
 
     def add(self, rp: RegionPlan) -> Plan:
         """The plan with rp added (a region that had no entry: a GEMM taken from cuBLAS)."""
         if self.get(rp.rid) is not None:
             return self.replace(rp)
-        return Plan((*self.regions, rp), self.version)
+        return Plan((*self.regions, rp), self.version, self.graph)
 
     def fused(self) -> frozenset[str]:
         """Regions computed inside another region's kernel."""
@@ -87,7 +91,10 @@ class Plan:
 
     def to_json(self) -> str:
         regions = [{"rid": r.rid, "family": r.TAG, **r.changed()} for r in self.regions]
-        return json.dumps({"v": self.version, "regions": regions}, separators=(",", ":"), sort_keys=True)
+        graph = {"graph": True} if self.graph else {}  # absent when off: older plans keep their text
+        return json.dumps(
+            {"v": self.version, "regions": regions, **graph}, separators=(",", ":"), sort_keys=True
+        )
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -99,7 +106,7 @@ class Plan:
             knobs = by_tag(r["family"]).knobs
             known = {f.name for f in dataclasses.fields(knobs)}
             regions.append(knobs(**{k: v for k, v in r.items() if k in known}))
-        return cls(tuple(regions), int(data.get("v", VERSION)))
+        return cls(tuple(regions), int(data.get("v", VERSION)), bool(data.get("graph", False)))
 
 
 def header(plan: Plan) -> str:

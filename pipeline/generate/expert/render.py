@@ -154,7 +154,17 @@ def _model(low: Lowered, plan: Plan, codes: dict[str, Code]) -> list[str]:
         held = [h for h in holders.values() if h != "self"]
         lines.append(f"        self._kp_holders = ({', '.join(held)},)  # the forward reads their tensors")
     args = ", ".join(g.forward_args)
-    lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
+    if plan.graph:  # forward replays the body below from a CUDA graph (runtime.Graphs)
+        lines += [
+            "",
+            f"    def forward(self{', ' if args else ''}{args}):",
+            f"        return kernels.graphed(self, self._kp_forward, ({args}{',' if len(g.forward_args) == 1 else ''}))"
+            "  # noqa: F821",
+            "",
+            f"    def _kp_forward(self{', ' if args else ''}{args}):",
+        ]
+    else:
+        lines += ["", f"    def forward(self{', ' if args else ''}{args}):"]
     first = g.inputs[0].name if g.inputs else None
     for name, value in g.scalars:  # specialized at capture, as torch.export does
         # Compared inside a tuple: a bare `s != 3.14` reads as a tensor op to the static check (an argument

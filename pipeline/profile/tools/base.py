@@ -21,7 +21,7 @@ EDITS = frozenset({
     "vectorize_loads", "coalesce_accesses", "tile_shared_memory", "use_tensor_cores", "use_wgmma",
     "fuse_epilogue", "reduce_registers", "increase_occupancy", "fix_bank_conflicts", "use_tma",
     "coarsen_threads", "persistent_grid", "fuse_kernels", "avoid_local_arrays", "remove_divergence",
-    "more_parallelism", "resize_grid", "pipeline_loads", "lower_power", "use_intrinsics",
+    "more_parallelism", "resize_grid", "pipeline_loads", "lower_power", "use_intrinsics", "capture_graph",
 })  # fmt: skip
 
 ALL_BOUNDS = frozenset(Bound)

@@ -67,7 +67,8 @@ class LaunchOverhead:
             severity = min(0.9, queued_idle)
         return [
             finding(
-                self.name, severity, evidence, diagnosis, advice, ("fuse_kernels",), round(queued_idle, 2)
+                self.name, severity, evidence, diagnosis, advice, ("fuse_kernels", "capture_graph"),
+                round(queued_idle, 2),
             )
         ]
 

@@ -248,7 +248,7 @@ def _fused(plan: Plan, r: Region, low: Lowered) -> Plan | None:
     # Wide heads take 8 warps: half the staged K and V a thread, so the prefetch fits in registers.
     rp = AttnPlan(r.rid, warps=4 if max(m.form.d, m.form.dv) <= 64 else 8, **m.absorbs)
     gone = set(m.absorbs.values())
-    return Plan(tuple(x for x in plan.regions if x.rid not in gone), plan.version).add(rp)
+    return Plan(tuple(x for x in plan.regions if x.rid not in gone), plan.version, plan.graph).add(rp)
 
 
 def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
