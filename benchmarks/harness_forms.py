@@ -79,7 +79,8 @@ def time_forms(path: Path, forms: list[tuple[str, Any]], cfg: Any, pool: Any, re
                 row["reasons"] = list(r.verdict.reasons)
                 continue
             row["ours_ms"].append(m.timing.median_ms)
-            row["eager_ms"].append(m.baselines["eager"].median_ms)
+            for mode, t in m.baselines.items():  # eager, and the torch.compile modes asked for
+                row.setdefault(f"{mode}_ms", []).append(t.median_ms)
             row["floor_ms"] = m.floor_ms
     for row in rows:
         if row["ours_ms"]:
@@ -91,12 +92,14 @@ def time_forms(path: Path, forms: list[tuple[str, Any]], cfg: Any, pool: Any, re
 
 def compare(out: Path, tasks: list[Path], repeat: int, forms_of: Callable[[Path], list[tuple[str, Any]]],
             timing_trials: int, timing_budget_s: float, note: Callable[[dict, Any], None] | None = None,
-            describe: Callable[[dict, Any], None] | None = None) -> dict[str, list[dict]]:  # fmt: skip
+            describe: Callable[[dict, Any], None] | None = None,
+            baselines: tuple[str, ...] = ("eager",)) -> dict[str, list[dict]]:  # fmt: skip
     """Each task's forms (`forms_of(path)`: (label, candidate) pairs) timed by time_forms in one worker pool;
-    `describe(row, candidate)` adds what a script keeps of each candidate. Prints a line a task and rewrites
+    `describe(row, candidate)` adds what a script keeps of each candidate; `baselines`: eager and any
+    torch.compile modes to time beside them (each kept as MODE_ms). Prints a line a task and rewrites
     OUT/results.json after each."""
     out.mkdir(parents=True, exist_ok=True)
-    cfg = load(home=out / "home", baselines=("eager",), energy=False, timing_trials=timing_trials,
+    cfg = load(home=out / "home", baselines=baselines, energy=False, timing_trials=timing_trials,
                timing_budget_s=timing_budget_s)  # fmt: skip
     results: dict[str, list[dict]] = {}
     with stages.open_pool(cfg) as pool:

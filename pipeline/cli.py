@@ -156,7 +156,10 @@ def eval_cmd(
         bool, typer.Option("--energy/--no-energy", help="measure energy per call (NVML)")
     ] = True,
     baselines: Annotated[
-        str, typer.Option(help="comma-separated: eager, compile, max-autotune-no-cudagraphs, or none")
+        str,
+        typer.Option(
+            help="comma-separated: eager, compile, max-autotune-no-cudagraphs, reduce-overhead, or none"
+        ),
     ] = "eager,compile,max-autotune-no-cudagraphs",
     trials: Annotated[int | None, typer.Option(min=1, help="verification trials")] = None,
     device: Annotated[str | None, typer.Option(help="cuda, or cpu for Python stand-ins")] = None,
@@ -180,7 +183,7 @@ def eval_cmd(
 
 def _modes(text: str) -> tuple[str, ...]:
     modes = tuple(m.strip() for m in text.split(",") if m.strip() and m.strip() != "none")
-    unknown = set(modes) - {"eager", "compile", "max-autotune-no-cudagraphs"}
+    unknown = set(modes) - set(config_mod.CHOICES["baselines"])
     if unknown:
         raise ValueError(f"unknown baseline mode(s): {', '.join(sorted(unknown))}")
     return modes

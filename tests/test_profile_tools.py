@@ -322,3 +322,13 @@ def test_stage1_naive_matmul_is_far_from_the_tensor_core_roofline():
     assert cls.achieved_flops < 0.05 * ev.ceilings.tf32_flops
     assert cls.fraction_of_floor < 0.05
     assert cls.bound != Bound.LAUNCH
+
+
+def test_launch_overhead_suggests_fusing_and_a_cuda_graph_on_many_tiny_launches():
+    """The recorded 256 launches a call: launch_overhead names both fixes the expert can make, fusing the
+    kernels and replaying the call from a CUDA graph (the capture_graph edit)."""
+    from pipeline.profile.tools.launch_overhead import LaunchOverhead
+
+    ev = recorded("many_small_launches")
+    (f,) = LaunchOverhead().analyze(ev, classify(ev))
+    assert f.edits == ("fuse_kernels", "capture_graph") and "CUDA graph" in f.advice

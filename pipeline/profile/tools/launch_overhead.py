@@ -67,7 +67,12 @@ class LaunchOverhead:
             severity = min(0.9, queued_idle)
         return [
             finding(
-                self.name, severity, evidence, diagnosis, advice, ("fuse_kernels", "capture_graph"),
+                self.name,
+                severity,
+                evidence,
+                diagnosis,
+                advice,
+                ("fuse_kernels", "capture_graph"),
                 round(queued_idle, 2),
             )
         ]
