@@ -47,15 +47,6 @@ REFUSED = {
     "level3/41_GRUBidirectional": NOTHING_OURS,
     "level3/42_GRUBidirectionalHidden": NOTHING_OURS,
 }
-try:
-    import einops  # noqa: F401  (the Mamba tasks import it; kernelpro does not depend on it)
-except ImportError:
-    REFUSED |= {"level3/48_Mamba2ReturnY": NOT_READ, "level3/49_Mamba2ReturnFinalState": NOT_READ}
-    UNSURE: set[str] = set()
-else:  # read where einops is installed; whether they are written is not settled here
-    UNSURE = {"level3/48_Mamba2ReturnY", "level3/49_Mamba2ReturnFinalState"}
-
-
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, tuple[bool, str]]:
     """supports() of every task, once, in a process a core."""
@@ -77,9 +68,7 @@ def test_every_task_gets_a_launcher_that_passes_the_static_check_or_one_line_why
             wrong[key] = f"the reason is not one line: {why!r}"
         elif TUNED_BROKEN in why:  # the tuned plan's launcher, rendered and checked by supports() too
             wrong[key] = why
-        elif not ok and key in UNSURE:
-            wrong.update({} if why.startswith((NOT_READ, NOTHING_OURS)) else {key: f"refused: {why}"})
-        elif key not in UNSURE and ok == (key in REFUSED):
+        elif ok == (key in REFUSED):
             wrong[key] = f"{'written' if ok else 'refused'} against the list: {why}"
         elif not ok and not why.startswith(REFUSED[key]):
             wrong[key] = f"refused for another reason than listed: {why}"
