@@ -70,6 +70,17 @@ FAMILIES = {
         """,
         "[129]",
     ),
+    # cummax / cummin over 64-bit keys: values and indices along the last dim and a middle one
+    "cummax": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                a, i = torch.cummax(x, dim=-1)
+                b, j = torch.cummin(torch.round(x * 2), dim=1)
+                return a, i, b, j
+        """,
+        "[]",
+    ),
     "chain": (
         """
         class Model(nn.Module):
@@ -867,6 +878,7 @@ FAMILIES["pads_bf16"] = FAMILIES["pads"]  # the fill rounded to bf16
 FAMILIES["resample_bf16"] = FAMILIES["resample"]
 SHAPES = {
     "graph": ["(3, 37, 129)"],
+    "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
     "bf16": ["(1001, 1003)"],

@@ -47,6 +47,8 @@ REFUSED = {
     "level3/41_GRUBidirectional": NOTHING_OURS,
     "level3/42_GRUBidirectionalHidden": NOTHING_OURS,
 }
+
+
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, tuple[bool, str]]:
     """supports() of every task, once, in a process a core."""

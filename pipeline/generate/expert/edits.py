@@ -61,6 +61,7 @@ GRAPH_EDIT = "capture_graph"  # the whole forward, not a region: no family makes
 # Regions launched a call (ours and the library's) from which the tuned plan replays forward from a CUDA
 # graph: each costs the host 5-30 us of Python and a launch, more than a small kernel runs on the GPU.
 GRAPH_LAUNCHES = 16
+GRAPH_OFFER = 4  # launched regions from which capture_graph is offered unasked (the profile may ask below)
 
 
 def base_plan(low: Lowered, tuned: bool) -> Plan:
@@ -102,6 +103,7 @@ def legal_edits(
     """Every legal single edit of the plan, suggested edits first, each distinct plan once. `blind`: no
     advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an ablation). `energy`:
     the objective counts joules, so the ENERGY edits are made too, right after the suggested ones."""
+    suggested = tuple(suggested)
     vocab = [e for e in (*edit_names(), GRAPH_EDIT) if energy or e not in ENERGY]
     if blind is not None:
         order = sorted(vocab)
@@ -109,6 +111,7 @@ def legal_edits(
     else:
         first = [e for e in suggested if e in vocab] + [e for e in ENERGY if e in vocab]
         order = list(dict.fromkeys(first + list(PRIORITY) + list(vocab)))
+    wanted = set(suggested)
     fused = plan.fused()
     live: list[tuple[Region, RegionPlan | None, Mapping[str, Edit]]] = []
     for r in low.regions:
@@ -122,8 +125,9 @@ def legal_edits(
     seen = {plan.to_json()}
     out: list[tuple[str, Plan]] = []
     for edit in order:
-        if edit == GRAPH_EDIT:
-            if not plan.graph and (p := plan.with_graph(True)).to_json() not in seen:
+        if edit == GRAPH_EDIT:  # where the profile asks for it, or unasked where there are launches to save
+            asked = edit in wanted or launched(low, plan) >= GRAPH_OFFER
+            if asked and not plan.graph and (p := plan.with_graph(True)).to_json() not in seen:
                 seen.add(p.to_json())
                 out.append((edit, p))
             continue

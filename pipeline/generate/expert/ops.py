@@ -461,7 +461,14 @@ def _dims(d: Any) -> tuple[int, ...] | None:
 # a two-pass op over one dim like softmax, taken by the column family
 SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "rms_col"})
 NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm", "l1_norm"})
-SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
+# Scans the flips and concatenations around them fold into (scans.py): reverse and exclusive forms.
+FOLDABLE_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
+# cummax / cummin's (values, indices), taken apart by their getitems into a scan each (regions.py): the
+# running max / min of 64-bit keys, the value's order in the high word and its position in the low, so that
+# a tie goes to the later position and a NaN wins from where it appears, as PyTorch's do.
+KEYED_SCANS = {"cummax": ("cummax", 0), "cummin": ("cummin", 0), "cummax_index": ("cummax", 1),
+               "cummin_index": ("cummin", 1)}  # fmt: skip
+SCANS = FOLDABLE_SCANS | frozenset(KEYED_SCANS)
 # Library anchors: the GEMM or convolution stays in cuBLAS / cuDNN, everything after it is ours.
 GEMMS = frozenset({"linear", "matmul", "mm", "bmm", "addmm", "baddbmm"})
 CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})

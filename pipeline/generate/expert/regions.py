@@ -1110,6 +1110,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         return []  # a tuple its getitems take apart: each becomes an expand of its own operand
     if n.op in ("var_mean", "std_mean") and n.overload in ("dim", "correction"):
         return []  # a pair its getitems take apart: each becomes a reduction of its own
+    if n.op in ("cummax", "cummin") and n.overload == "default":
+        return []  # a pair its getitems take apart: each becomes a scan of its own (ops.KEYED_SCANS)
     if n.op == "getitem" and isinstance(a[0], Ref) and f"{a[0].name}__out{a[1]}" in by_name:  # a lowered cell
         return [_mk(n.name, "alias", (Ref(f"{a[0].name}__out{a[1]}"),), n.shape, n.dtype)]
     if n.op in ("lstm_cell", "gru_cell") and (cell := _rnn_cell(n, by_name)):
@@ -1129,6 +1131,9 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
         if src is not None and src.op == "broadcast_tensors":
             operand = src.args[0][int(a[1])]
             return [_mk(n.name, "expand", (operand, n.shape), n.shape, n.dtype)]
+        if src is not None and src.op in ("cummax", "cummin") and src.overload == "default":
+            op = src.op if int(a[1]) == 0 else f"{src.op}_index"
+            return [dataclasses.replace(src, name=n.name, op=op, shape=n.shape, dtype=n.dtype)]
         if src is not None and src.op in ("var_mean", "std_mean") and src.overload in ("dim", "correction"):
             if int(a[1]) == 0:  # the spread: var.dim / var.correction of the same arguments
                 spread = src.op.removesuffix("_mean")
@@ -1412,7 +1417,9 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[RegionKind, str]:
         return RegionKind.SOFTMAX, ""
     if n.op in ("layer_norm", "rms_norm", "group_norm", "instance_norm", "l1_norm") and floating:
         return RegionKind.NORM, ""
-    if n.op in ops.SCANS and floating:
+    if n.op in ops.SCANS and (
+        floating or (n.op in ops.KEYED_SCANS and src is not None and src.dtype in ops.FLOAT_DTYPES)
+    ):
         return RegionKind.SCAN, ""
     dtypes = {d for d in (n.dtype, src.dtype if src else None) if d and d not in ops.FLOAT_DTYPES}
     known = (

@@ -322,6 +322,9 @@ def _torch_call(n: Node, low: Lowered, first: str | None) -> str:
     view = _view(n, a, low)
     if view is not None:
         return view
+    if n.op in ops.KEYED_SCANS:  # one of cummax / cummin's pair (regions.py): no ATen op of its own
+        op, item = ops.KEYED_SCANS[n.op]
+        return f"torch.{op}({a[0]}, {a[1]})[{item}]"
     if n.op in ops.SCANS and (n.kw("reverse") or n.kw("exclusive")):  # folded (scans.py): no ATen op
         return scans.torch_expr(n, a[0], scans.grow(n, low.by_name[n.args[0].name]))
     kw = "".join(f", {k}={_lit(v, low, first)}" for k, v in n.kwargs)

@@ -80,7 +80,7 @@ def _flip_dims(n: Node) -> frozenset[int] | None:
 
 def _fold_node(n: Node, by_name: dict[str, Node], users: dict[str, int]) -> list[Node]:
     floating = n.dtype in ops.FLOAT_DTYPES
-    if n.op in ops.SCANS and floating and n.shape and not n.kw("exclusive"):
+    if n.op in ops.FOLDABLE_SCANS and floating and n.shape and not n.kw("exclusive"):
         f = _src(n, by_name)
         dims = _flip_dims(f) if f is not None else None
         if f is not None and dims is not None and users.get(f.name) == 1:

@@ -6,7 +6,7 @@ epilogue on their stores). Knobs are read by name: a family uses the helpers who
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -233,16 +233,24 @@ def fuse(epilogue_first: bool) -> Edit:
 FUSE_EDITS: dict[str, Edit] = {"fuse_kernels": fuse(False), "fuse_epilogue": fuse(True)}
 
 
-def settle_fusions(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
-    """The tuned plan takes the first free prologue, then the first free epilogue."""
-    rp = plan.get(r.rid)
-    if not tuned or rp is None:
+def settling(edits: Mapping[str, Edit]) -> Callable[[Plan, Region, Lowered, bool], Plan]:
+    """A settle function: the tuned plan takes the first free prologue, then the first free epilogue, that
+    `edits` (a family's fusions) offer."""
+
+    def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
+        rp = plan.get(r.rid)
+        if not tuned or rp is None:
+            return plan
+        for apply in edits.values():
+            for _, p in apply(plan, plan.get(r.rid), r, low):
+                plan = p
+                break
         return plan
-    for apply in FUSE_EDITS.values():
-        for _, p in apply(plan, plan.get(r.rid), r, low):
-            plan = p
-            break
-    return plan
+
+    return settle
+
+
+settle_fusions = settling(FUSE_EDITS)
 
 
 def fused_neighbours(r: Region, rp: Any, low: Lowered) -> tuple[Fused | None, Fused | None]:

@@ -1,5 +1,5 @@
-"""Scans (cumsum, cumprod, logcumsumexp; inclusive or exclusive, from either end: scans.py folds them) along any
-dimension: a block per row along the last one, a thread per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
+"""Scans (cumsum, cumprod, logcumsumexp; inclusive or exclusive, from either end: scans.py folds them; cummax and
+cummin, values or indices, over 64-bit keys) along any dimension: a block per row along the last one, a thread per column along the others (templates/scan.py). It hosts elementwise neighbours like the row-wise family.
 
 Edits: fuse_kernels / fuse_epilogue, coarsen_threads (vectors a lane of a warp per row, else items per
 thread, x2), tile_shared_memory (chunks staged in shared memory by a block per row: coalesced accesses for
@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, change
+from pipeline.generate.expert.families.base import Edit, Family, change
 from pipeline.generate.expert.layout import row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
@@ -43,12 +44,29 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> ScanPlan:
-    """Tuned: a warp per row with eight vectors a lane in flight where the rows allow it, else eight
-    consecutive items per thread."""
-    return ScanPlan(r.rid, items=8, vec_rows=8) if tuned else ScanPlan(r.rid)
+    """Tuned: a warp per row with eight vectors a lane in flight where the rows allow it, else (and for a
+    keyed scan, which has no warp-per-row form) eight consecutive items per thread."""
+    return ScanPlan(r.rid, items=8, vec_rows=0 if _keyed(r) else 8) if tuned else ScanPlan(r.rid)
 
 
 render = common.hosted_render(row_layout, scan.render)
+
+
+def _keyed(r: Region) -> bool:
+    """cummax / cummin: their stores decode a key (a value or a position), with no epilogue to host."""
+    return r.node.op in ops.KEYED_SCANS
+
+
+def _fuse(name: str) -> Edit:
+    def apply(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
+        for label, p in common.FUSE_EDITS[name](plan, rp, r, low):
+            if not (_keyed(r) and p.get(r.rid).epilogue):  # type: ignore[union-attr]
+                yield label, p
+
+    return apply
+
+
+FUSE = {name: _fuse(name) for name in common.FUSE_EDITS}
 
 
 def _coarsen(plan: Plan, rp: ScanPlan, r: Region, low: Lowered) -> common.Moves:
@@ -80,7 +98,7 @@ FAMILY = Family(
     first=first,
     render=render,
     edits={
-        **common.FUSE_EDITS,
+        **FUSE,
         "coarsen_threads": _coarsen,
         "tile_shared_memory": _stage,
         "persistent_grid": common.persistent_grid,
@@ -89,5 +107,5 @@ FAMILY = Family(
         "reduce_registers": _registers,
     },
     order=10,
-    settle=common.settle_fusions,
+    settle=common.settling(FUSE),
 )

@@ -1,5 +1,5 @@
 """Scans (cumsum, cumprod, logcumsumexp) along one dimension: inclusive or exclusive, from either end (scans.py folds
-the reference's flips and concatenations into these).
+the reference's flips and concatenations into these); cummax and cummin, their values or their indices.
 
 Along the last dimension: a block per row walks it in chunks of blockDim.x * ITEMS; each thread scans
 its ITEMS consecutive elements in registers, a warp-shuffle scan and one shared-memory round over the
@@ -11,6 +11,10 @@ one 4-byte load a thread in flight and met two barriers a chunk), scans each vec
 independent shuffle scans over the lanes give each vector its prefix; no barrier at all.
 Along any other dimension: a thread per column walks down it, so every warp access is one contiguous run.
 
+cummax / cummin scan 64-bit keys instead of floats (ops.KEYED_SCANS): the running max of (the value's
+order, its position), so the later of equal values wins and a NaN wins from where it appears (PyTorch's
+rule); the store decodes the value or the position. Block per row and column walk only.
+
 Both walk the scan's own order, position c of Lo outputs: an exclusive scan takes input c - 1 there (the
 identity at 0), a reverse one reads and writes from the far end (L - 1 - k, Lo - 1 - c). Only the
 indices change: the carries, the shuffles and the compensated sums are the inclusive scan's.
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.layout import RowLayout
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import shapes
@@ -40,8 +45,11 @@ _COMBINE = {
 }
 
 
+_KEYED = ("0ull", "kp_{rid}_kmax({}, {})")
+
+
 def combine(op: str, rid: str) -> tuple[str, Callable[[str, str], str]]:
-    ident, form = _COMBINE[op]
+    ident, form = _KEYED if op in ops.KEYED_SCANS else _COMBINE[op]
     form = form.replace("{rid}", rid)
     return ident, lambda a, b: form.format(a, b)
 
@@ -59,6 +67,29 @@ def _lae(rid: str) -> list[str]:
     ]
 
 
+def _keys(rid: str, op: str) -> list[str]:
+    """A value's key (its order in the high word, min scans inverted, a NaN above everything, both zeros
+    equal; position k in the low word), the larger of two keys, and a key's value back."""
+    low = ops.KEYED_SCANS[op][0] == "cummin"
+    return [
+        f"__device__ __forceinline__ unsigned long long kp_{rid}_key(float f, long long k) {{",
+        "    unsigned u = __float_as_uint(f == 0.0f ? 0.0f : f);",
+        "    u ^= (u >> 31) ? 0xffffffffu : 0x80000000u;  // unsigned order = float order",
+        f"    u = f != f ? 0xffffffffu : {'~u' if low else 'u'};",
+        "    return ((unsigned long long)u << 32) | (unsigned long long)k;",
+        "}",
+        f"__device__ __forceinline__ unsigned long long kp_{rid}_kmax(unsigned long long a, unsigned long long b) {{",
+        "    return a > b ? a : b;",
+        "}",
+        f"__device__ __forceinline__ float kp_{rid}_kval(unsigned long long key) {{",
+        "    unsigned u = (unsigned)(key >> 32);",
+        "    if (u == 0xffffffffu) return __uint_as_float(0x7fc00000u);",
+        *(["    u = ~u;"] if low else []),
+        "    return __uint_as_float(u ^ ((u >> 31) ? 0x80000000u : 0xffffffffu));",
+        "}",
+    ]
+
+
 def stages(threads: int, items: int) -> bool:
     """Whether a chunk can go through shared memory: several items a thread, static shared memory < 48 KB."""
     return items > 1 and threads * items <= 8192
@@ -66,7 +97,9 @@ def stages(threads: int, items: int) -> bool:
 
 def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post: Fused | None) -> Code:
     rid = region.rid
-    prod = lay.op != "cumsum"  # no compensated carry: products, log-sum-exp
+    prod = lay.op != "cumsum"  # no compensated carry: products, log-sum-exp, keys
+    keyed = lay.op in ops.KEYED_SCANS
+    st = "unsigned long long" if keyed else "float"  # the scan's state
     ident, comb = combine(lay.op, rid)
     xt = ctype(pre.main_dtype if pre else lay.in_dtype)
     out_dt = post.out_dtype if post else lay.out_dtype
@@ -80,6 +113,13 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     lams = [pre.lam("pre") if pre else identity("pre"), post.lam("post") if post else identity("post")]
     load = f"{valid} ? pre(ld(x[rs + {src}]), rs + {src}) : {ident}"
     store = f"y[ro + {dst}] = cv<{yt}>(post({{}}, ro + {dst}));"
+    if keyed:  # no reverse, no exclusive form: k is the position along the dim; no epilogue (the family)
+        load = f"{valid} ? kp_{rid}_key(pre(ld(x[rs + {src}]), rs + {src}), {src}) : {ident}"
+        store = (
+            f"y[ro + {dst}] = (long long)(({{}}) & 0xffffffffull);"
+            if ops.KEYED_SCANS[lay.op][1]
+            else f"y[ro + {dst}] = cv<{yt}>(kp_{rid}_kval({{}}));"
+        )
     direct_load = [
         "#pragma unroll",
         "            for (int i = 0; i < ITEMS; ++i) {",
@@ -128,13 +168,14 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
     ]
     row = [
         *(_lae(rid) if lay.op == "logcumsumexp" else []),
+        *(_keys(rid, lay.op) if keyed else []),
         f"__device__ __forceinline__ void kp_{rid}_row_body({sig.decls()}) {{",
         f"    constexpr int ITEMS = {rp.items};",
-        "    __shared__ float warp_tot[32];",
+        f"    __shared__ {st} warp_tot[32];",
         *(
             [
                 f"    constexpr int THREADS = {rp.threads};",
-                "    __shared__ float stage[THREADS * ITEMS + THREADS * ITEMS / 32];",
+                f"    __shared__ {st} stage[THREADS * ITEMS + THREADS * ITEMS / 32];",
             ]
             if staged
             else []
@@ -144,35 +185,35 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "    (void)inner;",
         "    for (long long r = blockIdx.x; r < outer; r += gridDim.x) {  // block-uniform",
         "        const long long rs = r * L, ro = r * Lo;",
-        f"        float carry = {ident};",
+        f"        {st} carry = {ident};",
         *([] if prod else ["        float carry_c = 0.0f;  // the running sum's lost low bits"]),
         "        for (long long c0 = 0; c0 < Lo; c0 += (long long)blockDim.x * ITEMS) {",
         "            const long long base = c0 + (long long)tid * ITEMS;",
-        "            float v[ITEMS];",
+        f"            {st} v[ITEMS];",
         *(staged_load if staged else direct_load),
         "#pragma unroll",
         f"            for (int i = 1; i < ITEMS; ++i) v[i] = {comb('v[i - 1]', 'v[i]')};",
-        "            float t = v[ITEMS - 1];  // inclusive scan of the thread totals across the warp",
+        f"            {st} t = v[ITEMS - 1];  // inclusive scan of the thread totals across the warp",
         "#pragma unroll",
         "            for (int o = 1; o < 32; o <<= 1) {",
-        "                const float n = __shfl_up_sync(0xffffffffu, t, o);",
+        f"                const {st} n = __shfl_up_sync(0xffffffffu, t, o);",
         f"                if (lane >= o) t = {comb('t', 'n')};",
         "            }",
         "            if (lane == 31) warp_tot[warp] = t;",
         "            __syncthreads();",
         "            if (warp == 0) {  // inclusive scan of the warp totals",
-        f"                float w = lane < warps ? warp_tot[lane] : {ident};",
+        f"                {st} w = lane < warps ? warp_tot[lane] : {ident};",
         "#pragma unroll",
         "                for (int o = 1; o < 32; o <<= 1) {",
-        "                    const float n = __shfl_up_sync(0xffffffffu, w, o);",
+        f"                    const {st} n = __shfl_up_sync(0xffffffffu, w, o);",
         f"                    if (lane >= o) w = {comb('w', 'n')};",
         "                }",
         "                warp_tot[lane] = w;",
         "            }",
         "            __syncthreads();",
-        "            float e = __shfl_up_sync(0xffffffffu, t, 1);  // exclusive within the warp",
+        f"            {st} e = __shfl_up_sync(0xffffffffu, t, 1);  // exclusive within the warp",
         f"            if (lane == 0) e = {ident};",
-        f"            const float prefix = {comb(comb('carry', f'(warp > 0 ? warp_tot[warp - 1] : {ident})'), 'e')};",
+        f"            const {st} prefix = {comb(comb('carry', f'(warp > 0 ? warp_tot[warp - 1] : {ident})'), 'e')};",
         *(staged_store if staged else direct_store),
         *(
             [f"            carry = {comb('carry', 'warp_tot[warps - 1]')};"]
@@ -197,7 +238,7 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "    if (col >= inner) return;",
         "    for (long long o = blockIdx.y; o < outer; o += gridDim.y) {",
         "        const long long base = o * L * inner + col, obase = o * Lo * inner + col;",
-        f"        float acc = {ident};",
+        f"        {st} acc = {ident};",
         *([] if prod else ["        float comp = 0.0f;  // the column sum's lost low bits"]),
         "#pragma unroll 1",  # each step needs the last: unrolling the walk buys nothing
         "        for (long long c = 0; c < Lo; ++c) {",
@@ -205,7 +246,9 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         "            if (k >= 0 && k < L) {" if lay.exclusive else "            {",
         f"                const long long i = base + {src} * inner;",
         *(
-            [f"                acc = {comb('acc', 'pre(ld(x[i]), i)')};"]
+            [f"                acc = {comb('acc', f'kp_{rid}_key(pre(ld(x[i]), i), {src})')};"]
+            if keyed
+            else [f"                acc = {comb('acc', 'pre(ld(x[i]), i)')};"]
             if prod
             else [  # compensated (Kahan) summation down the column
                 "                const float y_ = pre(ld(x[i]), i) - comp, t_ = acc + y_;",
@@ -215,12 +258,14 @@ def render(region: Region, lay: RowLayout, rp: ScanPlan, pre: Fused | None, post
         ),
         "            }",
         f"            const long long j = obase + {dst} * inner;",
-        f"            y[j] = cv<{yt}>(post(acc, j));",
+        f"            {store.replace(f'ro + {dst}', 'j').format('acc')}"
+        if keyed
+        else f"            y[j] = cv<{yt}>(post(acc, j));",
         "        }",
         "    }",
         "}",
     ]
-    vec_rows = rp.vec_rows > 0 and xt == "float" and yt == "float"
+    vec_rows = rp.vec_rows > 0 and xt == "float" and yt == "float" and not keyed
     if vec_rows:
         row += _warp_rows(rid, sig, lay, rp.vec_rows, lams, prod)
     lb = launch_bounds(rp.threads, rp.min_blocks)
