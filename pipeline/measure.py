@@ -118,6 +118,9 @@ def measure(
     except Exception as e:
         st = Status.LAUNCH_ERROR if verify.cuda_alive() else Status.CRASH
         raise verify.raised(e, "timing runs", st) from None
+    from pipeline import runtime
+
+    out.reasons += [f"{reasons.NOTE}: {n}" for n in runtime.graph_notes(session.candidate)]
     hidden = timing.hidden_work(out.timing)
     if hidden:
         out.status = Status.REJECTED

@@ -295,6 +295,17 @@ class Graphs:
         form.graph = graph
 
 
+def graph_notes(owner) -> list[str]:
+    """What became of a module's graphs, for a report: replayed, or why a form ran eagerly."""
+    graphs = _GRAPHS.get(owner) if isinstance(owner, torch.nn.Module) else None
+    if graphs is None:
+        return []
+    replayed = sum(f.graph is not None for f in graphs.forms.values())
+    notes = [f"forward replayed from a CUDA graph ({replayed} argument form(s))"] if replayed else []
+    return notes + [f"a CUDA graph capture failed, forward ran eagerly: {f.failed}"
+                    for f in graphs.forms.values() if f.failed]  # fmt: skip
+
+
 def _form_key(args: tuple) -> tuple | None:
     """What a graph is specific to in the arguments, or None where no graph applies."""
     key = []

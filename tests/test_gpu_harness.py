@@ -408,4 +408,6 @@ def test_a_forward_replayed_from_a_cuda_graph_computes_what_it_computes_eagerly(
             torch.testing.assert_close(syncing(x, 0.9)[0], syncing.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
     (form,) = graphs(syncing).forms.values()
     assert form.graph is None and form.failed, "a synchronising forward was captured"
+    assert runtime.graph_notes(model) == ["forward replayed from a CUDA graph (2 argument form(s))"]
+    assert runtime.graph_notes(syncing)[0].startswith("a CUDA graph capture failed, forward ran eagerly")
     print(f"capture refused, as it should be: {form.failed}")
