@@ -1,5 +1,5 @@
 """Cross-entropy and NLL losses over (N, C) fp32 logits (log-probabilities for NLL) and int64 class targets,
-without class weights or label smoothing, any ignore_index and reduction, in one pass over the logits
+without class weights, with or without label smoothing (cross-entropy), any ignore_index and reduction, in one pass over the logits
 (templates/xent.py): the fused log-softmax, pick and mean that issue 15 asks of a loss. Eager runs a
 log-softmax (written and read back), then the NLL. Both plans take our kernel (no library anchor). Edits:
 vectorize_loads (float4 rows, the tuned plan's), resize_grid (threads x2 and /2).
@@ -30,6 +30,7 @@ class Form:
     ignore: int
     nll: bool
     reduction: int
+    smoothing: float = 0.0
 
 
 def form(n: Node, low: Lowered) -> Form | str:
@@ -46,15 +47,17 @@ def form(n: Node, low: Lowered) -> Form | str:
         return "not (N, C) scores and (N,) targets"
     if x.dtype != "float32" or t.dtype != "int64" or t.shape != x.shape[:1]:
         return f"{x.dtype} scores or {t.dtype} targets (fp32 and int64 only)"
-    if weight is not None or smoothing or reduction not in (0, 1, 2) or not isinstance(ignore, int):
-        return "class weights, label smoothing or an unknown reduction"
+    if weight is not None or reduction not in (0, 1, 2) or not isinstance(ignore, int):
+        return "class weights or an unknown reduction"
+    if not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing <= 1.0:
+        return f"a label smoothing of {smoothing!r}"
     if not 1 <= x.shape[1] < 2**31 or abs(ignore) >= 2**62:
         return "an empty class dim"
-    return Form(x.shape[1], ignore, n.op != "cross_entropy_loss", int(reduction))
+    return Form(x.shape[1], ignore, n.op != "cross_entropy_loss", int(reduction), float(smoothing))
 
 
 def _render(r: Region, f: Form, threads: int, vec: bool) -> Code:
-    return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, threads, vec)
+    return xent.render(r, f.classes, f.ignore, f.nll, f.reduction, threads, vec, f.smoothing)
 
 
 FAMILY = common.warp_row_family(XentPlan, OPS, form, _render, "loss")

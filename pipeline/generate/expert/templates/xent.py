@@ -4,7 +4,8 @@ A warp a row: its lanes walk the row's C values (16 bytes at a time where the pl
 16-byte aligned; the scalar kernel otherwise) with online
 softmax statistics (a running max and the sum of exp(x - max)), merge them across the warp, and the loss
 is logsumexp - x[t] (cross-entropy) or -x[t] (NLL: log-probabilities given), 0 for a target equal to
-ignore_index; a target outside [0, C) faults the kernel, as eager's device assert does. Without a
+ignore_index; with label smoothing e, logsumexp - (1 - e) x[t] - (e / C) sum(x) (PyTorch's (1 - e) NLL +
+(e / C) times the negated sum of the log-probabilities: the lanes add the row's sum beside its statistics); a target outside [0, C) faults the kernel, as eager's device assert does. Without a
 reduction each row's loss is stored. With one, each block adds its rows' losses and kept targets (in a
 fixed order) into one partial, and a second one-block kernel adds the partials in order: the sum, or
 the sum over the kept count (NaN when every target is ignored, as eager). The logits are read once, where
@@ -20,7 +21,8 @@ from pipeline.generate.expert.templates.signature import Signature, i32, i64, pt
 _BODY = r"""namespace kp_{rid} {{
 constexpr int C = {classes}, WARPS = {warps};
 constexpr long long IGN = {ignore}LL;
-constexpr bool NLL = {nll}, REDUCE = {reduce};
+constexpr bool NLL = {nll}, REDUCE = {reduce}, SMOOTH = {smooth};
+constexpr float EPS = {eps};  // label smoothing
 }}  // namespace kp_{rid}
 template <bool VEC>
 __device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
@@ -31,6 +33,7 @@ __device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
     for (long long row = (long long)blockIdx.x * WARPS + warp; row < rows; row += (long long)gridDim.x * WARPS) {{
         const float* xr = x + row * C;
         Acc s{{-CUDART_INF_F, 0.0f, 0}};
+        float sx = 0.0f;  // the row's sum (label smoothing only)
         if (!NLL) {{
             if (VEC) {{  // C % 4 == 0 and 16-byte rows: float4 loads
                 const float4* xv = reinterpret_cast<const float4*>(xr);
@@ -38,12 +41,19 @@ __device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
                 for (int c = lane; c < C / 4; c += 32) {{
                     const float4 v = xv[c];
                     lse_push(s, v.x); lse_push(s, v.y); lse_push(s, v.z); lse_push(s, v.w);
+                    if (SMOOTH) sx += (v.x + v.y) + (v.z + v.w);
                 }}
             }} else {{
 #pragma unroll 4
-                for (int c = lane; c < C; c += 32) lse_push(s, xr[c]);
+                for (int c = lane; c < C; c += 32) {{
+                    lse_push(s, xr[c]);
+                    if (SMOOTH) sx += xr[c];
+                }}
             }}
             s = warp_allreduce(s, LseOp());
+            if (SMOOTH)
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) sx += __shfl_xor_sync(0xffffffffu, sx, o);
         }}
         const long long t = tgt[row];
         if (lane == 0) {{
@@ -56,7 +66,7 @@ __device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
                 const long long tc = t;
 #endif
                 const float lse = s.a == -CUDART_INF_F ? -CUDART_INF_F : s.a + logf(s.b);
-                loss = (NLL ? 0.0f : lse) - xr[tc];
+                loss = SMOOTH ? lse - (1.0f - EPS) * xr[tc] - (EPS / C) * sx : (NLL ? 0.0f : lse) - xr[tc];
                 kept = 1.0f;
             }}
             if (REDUCE) {{
@@ -108,8 +118,9 @@ extern "C" __global__ void __launch_bounds__(1024) kp_{rid}_total(const float* _
 """
 
 
-def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, threads: int, vec: bool) -> Code:
-    """reduction: 0 none, 1 mean, 2 sum (ATen's numbering)."""
+def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, threads: int, vec: bool,
+           smoothing: float = 0.0) -> Code:  # fmt: skip
+    """reduction: 0 none, 1 mean, 2 sum (ATen's numbering); smoothing: cross-entropy's label smoothing."""
     rid = r.rid
     warps = threads // 32
     vec = vec and classes % 4 == 0
@@ -120,11 +131,12 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
     cuda = _BODY.format(
         rid=rid, classes=classes, warps=warps, ignore=ignore, nll="true" if nll else "false",
         reduce="true" if reduction else "false", decls=sig.decls(), wrappers=wrappers,
+        smooth="true" if smoothing else "false", eps=f"{float(smoothing)!r}f",
         mean="true" if reduction == 1 else "false",
     )  # fmt: skip
     total = Signature((ptr("part", "float"), ptr("total", "float", "loss", const=False), i32("blocks")))
     x, t = r.node.args[:2]
-    what = "NLL" if nll else "cross-entropy"
+    what = "NLL" if nll else f"cross-entropy{f' (label smoothing {smoothing:g})' if smoothing else ''}"
 
     def launch(pad: str) -> list[str]:  # the float4 kernel where x is 16-byte aligned
         return row_launch(rid, sig, threads, vec, "x.data_ptr() % 16 == 0", pad)
