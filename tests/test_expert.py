@@ -502,6 +502,18 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "count_nonzero": (  # the fp32 sum of x != 0 stored as int64 (NaN counts, as in eager), any dims
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                n = torch.where(x.abs() > 2.5, float("nan"), x.round())  # zeros and NaN
+                return (torch.count_nonzero(n), torch.count_nonzero(n, dim=1), torch.count_nonzero(n, dim=(0, 2)),
+                        torch.count_nonzero(n > 0, dim=-1))
+        """,
+        "[torch.randn(6, 9, 5)]",
+        "[]",
+        0.0,
+    ),
     "norms_p": (  # vector norms of other orders: |x|^p summed (the power on the loads), then the root
         """
         class Model(nn.Module):
@@ -728,6 +740,7 @@ FAMILIES = {
     "outer": {"ew", "view"},
     "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
+    "count_nonzero": {"ew", "reduce"},
     "diagonal": {"view", "reduce", "ew"},
     "batch_stats": {"reduce", "ew", "view"},
     "interpolate": {"torch", "ew"},

@@ -81,6 +81,15 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "count_nonzero": (  # the fp32 sum of x != 0, stored as int64
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                n = x.round()
+                return torch.count_nonzero(n), torch.count_nonzero(n, dim=1), torch.count_nonzero(n, dim=(0, 2))
+        """,
+        "[]",
+    ),
     "chain": (
         """
         class Model(nn.Module):
@@ -880,6 +889,7 @@ FAMILIES["resample_bf16"] = FAMILIES["resample"]
 SHAPES = {
     "graph": ["(3, 37, 129)"],
     "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
+    "count_nonzero": ["(33, 1001, 67)"],
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
     "bf16": ["(1001, 1003)"],

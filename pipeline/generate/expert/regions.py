@@ -654,6 +654,34 @@ def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _mk(name, "ne", (Ref(f"{name}_red"), 0.0), n.shape, "bool", "Scalar")]
 
 
+def _count_nonzero(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """count_nonzero (over every dim, a dim or dims) as the fp32 sum of x != 0 (NaN counts), stored as int64:
+    exact while a reduction adds fewer than 2^24 ones."""
+    a = n.args
+    x = by_name.get(a[0].name) if a and isinstance(a[0], Ref) else None
+    if x is None or x.shape is None or n.shape is None or n.dtype != "int64":
+        return None
+    if (
+        x.dtype not in (*ops.FLOAT_DTYPES, "bool")
+        or math.prod(x.shape) // max(1, math.prod(n.shape)) >= 1 << 24
+    ):
+        return None
+    dims = ops._dims(ops._arg(n, 1, "dim", None))
+    if n.overload != "default" and not dims:
+        return None
+    name, shape = n.name, x.shape
+    out: list[Node] = []
+    src: Ref = a[0]
+    if x.dtype != "bool":
+        out.append(_mk(f"{name}_true", "ne", (src, 0.0), shape, "bool", "Scalar"))
+        src = Ref(out[-1].name)
+    out.append(_cast(f"{name}_f", src, shape, "float32"))
+    red = _reduced_over(name, "sum", Ref(out[-1].name), dims, False, n.shape, "float32",
+                        {**by_name, **{m.name: m for m in out}})  # fmt: skip
+    last = max(i for i, m in enumerate(red) if m.op == "sum")  # a split's partials stay fp32; views follow
+    return out + red[:last] + [dataclasses.replace(m, dtype="int64") for m in red[last:]]
+
+
 def _pairwise(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """pairwise_distance(x1, x2, p, eps, keepdim) of same-shaped operands, p = 1, 2 or inf: the norm of
     x1 - x2 + eps over the last dim, a row reduction with the difference on its loads."""
@@ -1150,6 +1178,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
         return lowered
     if n.op == "linalg_vector_norm" and (lowered := _norm_p(n, by_name)):
+        return lowered
+    if n.op == "count_nonzero" and (lowered := _count_nonzero(n, by_name)):
         return lowered
     if n.op in ("any", "all") and (lowered := _any_all(n, by_name)):
         return lowered
