@@ -502,6 +502,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "cdist": (  # p = 2 as PyTorch's mm form: the squared norms as reductions, the dot products a GEMM
+        """
+        class Model(nn.Module):
+            def forward(self, x, y, a, b):
+                return torch.cdist(x, y), torch.cdist(a, b) * 0.5, torch.cdist(x, x)
+        """,
+        "[torch.randn(40, 7), torch.randn(33, 7), torch.randn(3, 30, 16), torch.randn(3, 27, 16)]",
+        "[]",
+        1e-4,  # cdist(x, x)'s zero diagonal comes out as sqrt of fp32 rounding, as eager's mm form gives it
+    ),
     "count_nonzero": (  # the fp32 sum of x != 0 stored as int64 (NaN counts, as in eager), any dims
         """
         class Model(nn.Module):
@@ -741,6 +751,7 @@ FAMILIES = {
     "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
     "count_nonzero": {"ew", "reduce"},
+    "cdist": {"ew", "reduce", "view", "library"},
     "diagonal": {"view", "reduce", "ew"},
     "batch_stats": {"reduce", "ew", "view"},
     "interpolate": {"torch", "ew"},

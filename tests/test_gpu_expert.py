@@ -81,6 +81,15 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # cdist (p = 2) as PyTorch's mm form: squared norms, one GEMM (3xTF32 in the tuned plan), the root
+    "cdist_mm": (
+        """
+        class Model(nn.Module):
+            def forward(self, x, y):
+                return torch.cdist(x, y)
+        """,
+        "[]",
+    ),
     "count_nonzero": (  # the fp32 sum of x != 0, stored as int64
         """
         class Model(nn.Module):
@@ -890,6 +899,7 @@ SHAPES = {
     "graph": ["(3, 37, 129)"],
     "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
     "count_nonzero": ["(33, 1001, 67)"],
+    "cdist_mm": ["(4, 1000, 64); (4, 777, 64)", "(999, 128); (1001, 128)"],
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
     "bf16": ["(1001, 1003)"],

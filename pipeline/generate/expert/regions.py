@@ -654,6 +654,51 @@ def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _mk(name, "ne", (Ref(f"{name}_red"), 0.0), n.shape, "bool", "Scalar")]
 
 
+def _cdist(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """cdist(x1, x2) with p = 2 over (P, M) and (R, M) points (one batch dim or none), as PyTorch computes it
+    past 25 points: sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)), the dot products one GEMM (ours: 3xTF32 in fp32),
+    the squared norms row reductions. "donot_use_mm_for_euclid_dist" and other p stay PyTorch's."""
+    a = n.args
+    x1, x2 = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    p = float(ops._arg(n, 2, "p", 2.0))
+    mode = ops._arg(n, 3, "compute_mode", None)
+    if x1 is None or x2 is None or not x1.shape or not x2.shape or n.shape is None or p != 2.0:
+        return None
+    if mode not in (None, 0, 1) or {x1.dtype, x2.dtype, n.dtype} != {"float32"}:
+        return None  # 1: use_mm_for_euclid_dist, 0: ..._if_necessary (None), 2: donot_use_mm
+    nd = len(x1.shape)
+    if (
+        nd not in (2, 3)
+        or len(x2.shape) != nd
+        or x1.shape[:-2] != x2.shape[:-2]
+        or x1.shape[-1] != x2.shape[-1]
+    ):
+        return None
+    m, rows, dt, name = x1.shape[-1], x2.shape[-2], "float32", n.name
+    out: list[Node] = []
+
+    def mk(tag: str, op: str, args: tuple, shape: tuple, overload: str = "default") -> Ref:
+        out.append(_mk(f"{name}_{tag}", op, args, shape, dt, overload))
+        return Ref(out[-1].name)
+
+    sq1 = mk("sq1", "mul", (a[0], a[0]), x1.shape, "Tensor")
+    n1 = mk("n1", "sum", (sq1, (-1,), True), (*x1.shape[:-1], 1), _OVERLOAD["sum"])
+    sq2 = mk("sq2", "mul", (a[1], a[1]), x2.shape, "Tensor")
+    n2 = mk("n2", "sum", (sq2, (-1,), False), x2.shape[:-1], _OVERLOAD["sum"])
+    n2r = mk("n2r", "unsqueeze", (n2, nd - 2), (*x2.shape[:-2], 1, rows))
+    x2t = mk("x2t", "transpose", (a[1], -1, -2), (*x2.shape[:-2], m, rows), "int")
+    gemm = "gemm_mm" if nd == 2 else "gemm_bmm"
+    out.append(dataclasses.replace(_mk(f"{name}_ab", gemm, (a[0], x2t), n.shape, dt),
+                                   target="aten.mm.default" if nd == 2 else "aten.bmm.default"))  # fmt: skip
+    ab = Ref(out[-1].name)
+    s12 = mk("s12", "add", (n1, n2r), n.shape, "Tensor")
+    d2 = mk("d2", "sub", (s12, ab), n.shape, "Tensor")
+    out[-1] = dataclasses.replace(out[-1], kwargs=(("alpha", 2.0),))  # |a|^2 + |b|^2 - 2 a.b
+    pos = mk("pos", "clamp_min", (d2, 0.0), n.shape)
+    out.append(_mk(name, "sqrt", (pos,), n.shape, dt))
+    return out
+
+
 def _count_nonzero(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """count_nonzero (over every dim, a dim or dims) as the fp32 sum of x != 0 (NaN counts), stored as int64:
     exact while a reduction adds fewer than 2^24 ones."""
@@ -1178,6 +1223,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
         return lowered
     if n.op == "linalg_vector_norm" and (lowered := _norm_p(n, by_name)):
+        return lowered
+    if n.op == "cdist" and (lowered := _cdist(n, by_name)):
         return lowered
     if n.op == "count_nonzero" and (lowered := _count_nonzero(n, by_name)):
         return lowered
