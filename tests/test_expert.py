@@ -750,7 +750,7 @@ FAMILIES = {
     "outer": {"ew", "view"},
     "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
-    "count_nonzero": {"ew", "reduce"},
+    "count_nonzero": {"ew", "reduce", "view"},
     "cdist": {"ew", "reduce", "view", "library"},
     "diagonal": {"view", "reduce", "ew"},
     "batch_stats": {"reduce", "ew", "view"},
@@ -1231,6 +1231,7 @@ def test_every_template_instantiation_passes_static_check_and_compiles(cases, tm
                 "cells",
                 "more_lowered",
                 "losses_more",
+                "cdist",
             }
             and not ours
             else Kind.CUSTOM
