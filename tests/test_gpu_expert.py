@@ -90,6 +90,18 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # bitonic sorts in shared memory: a median, a nanmedian (NaN rows), a stable argsort, a top-k
+    "medians": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                n = torch.where(x < -1.0, float("nan"), x)
+                m = torch.median(x, dim=-1)
+                return (m.values, torch.nanmedian(n, dim=-1).values, torch.argsort(x, dim=-1, stable=True),
+                        torch.topk(x, 5, dim=-1).values)
+        """,
+        "[]",
+    ),
     "count_nonzero": (  # the fp32 sum of x != 0, stored as int64
         """
         class Model(nn.Module):
@@ -899,6 +911,7 @@ SHAPES = {
     "graph": ["(3, 37, 129)"],
     "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
     "count_nonzero": ["(33, 1001, 67)"],
+    "medians": ["(7, 33, 999)", "(2, 4096)"],
     "cdist_mm": ["(4, 1000, 64); (4, 777, 64)", "(999, 128); (1001, 128)"],
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],

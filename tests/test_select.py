@@ -101,7 +101,11 @@ MEDIANS = """class Model(nn.Module):
         a = torch.median(x, dim=1)
         b = torch.kthvalue(x, 3, dim=0, keepdim=True)
         c = x.median(-1, keepdim=True)
-        return a.values, a.indices, b.values, b.indices, c.values, torch.median(x[:3, :5])"""
+        n = torch.where(x < -1.0, float("nan"), x)
+        n = torch.cat((n[:4], n[4:5] * float("nan"), n[5:]))  # a row of NaN: its nanmedian is NaN
+        d = torch.nanmedian(n, dim=1)
+        return (a.values, a.indices, b.values, b.indices, c.values, torch.median(x[:3, :5]), d.values, d.indices,
+                torch.nanmedian(n[:3, :7]))"""
 
 
 @needs_gxx
@@ -124,8 +128,10 @@ def test_emulated_medians_and_kth_values_match_eager(tmp_path, dtype):
             assert o.shape == n.shape and o.dtype == n.dtype, (cand.edit, i, o.shape, n.shape)
             if o.dtype != torch.int64:
                 assert torch.equal(o.nan_to_num(9.0), n.nan_to_num(9.0)), (cand.edit, i, o, n)
-        for vi, ii, d in ((0, 1, 1), (2, 3, 0)):  # the indices point at the values (ties may differ)
-            picked = torch.gather(x, d, out[ii] if out[ii].dim() == x.dim() else out[ii].unsqueeze(d))
+        nx = torch.where(x < -1.0, float("nan"), x)
+        nx[4] = float("nan")
+        for src, vi, ii, d in ((x, 0, 1, 1), (x, 2, 3, 0), (nx, 6, 7, 1)):  # indices point at the values
+            picked = torch.gather(src, d, out[ii] if out[ii].dim() == src.dim() else out[ii].unsqueeze(d))
             assert torch.equal(picked.reshape(out[vi].shape).nan_to_num(9.0), out[vi].nan_to_num(9.0)), (
                 cand.edit
             )

@@ -1,5 +1,5 @@
 """Sorting and selection (templates/select.py): torch.sort, argsort (stable or not: ours is the stable
-order), topk, median (of a dim or of the whole tensor) and kthvalue along one dim of rows of at most 4096
+order), topk, median and nanmedian (of a dim or of the whole tensor) and kthvalue along one dim of rows of at most 4096
 elements, fp32, fp16 and bf16, where they were left to PyTorch (the top-k of a MoE router, a sort of
 scores). Longer rows stay PyTorch's (a multi-block sort).
 Both plans take our kernel (no library anchor to keep). Edits: resize_grid (threads x2 and /2).
@@ -20,7 +20,7 @@ from pipeline.generate.expert.templates import select
 from pipeline.generate.expert.templates.code import Code
 
 DTYPES = ("float32", "float16", "bfloat16")
-OPS = ("topk", "sort", "argsort", "median", "kthvalue")
+OPS = ("topk", "sort", "argsort", "median", "nanmedian", "kthvalue")
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class SelectPlan(RegionPlan):
 
 @dataclass(frozen=True)
 class Form:
-    op: str  # topk, sort, argsort, median, kthvalue, median_all
+    op: str  # topk, sort, argsort, median, nanmedian, kthvalue, median_all, nanmedian_all
     length: int  # the row along dim
     k: int  # elements written a row
     dim: int
@@ -55,11 +55,11 @@ def form(n: Node, low: Lowered) -> Form | str:
         return (
             f"{x.dtype if x else 'unknown'} values of shape {x.shape if x else None} (ours: fp32, fp16, bf16)"
         )
-    if n.op == "median" and n.overload == "default":  # of every element
+    if n.op in ("median", "nanmedian") and n.overload == "default":  # of every element
         if not 1 <= math.prod(x.shape) <= select.MAX_ROW:
             return f"{math.prod(x.shape)} elements (our kernel sorts rows of 1 to {select.MAX_ROW})"
-        return Form("median_all", math.prod(x.shape), 1, 0, False, (math.prod(x.shape) - 1) // 2)
-    if n.op in ("median", "kthvalue"):
+        return Form(f"{n.op}_all", math.prod(x.shape), 1, 0, False, (math.prod(x.shape) - 1) // 2)
+    if n.op in ("median", "nanmedian", "kthvalue"):
         rank = _arg(n, 1, "k", None) if n.op == "kthvalue" else None
         dim = _arg(n, 2 if n.op == "kthvalue" else 1, "dim", -1)
         keep = _arg(n, 3 if n.op == "kthvalue" else 2, "keepdim", False)

@@ -23,7 +23,7 @@ MAX_ROW = 4096
 
 _BODY = r"""namespace kp_{rid} {{
 constexpr int L = {length}, P = {padded}, K = {k}, START = {start};
-constexpr bool DESC = {desc}, MEDIAN = {median};
+constexpr bool DESC = {desc}, MEDIAN = {median}, NAN_MEDIAN = {nanmedian};
 // The unsigned order of the key is the float order; NaN above +inf; -0.0 equal to +0.0.
 __device__ __forceinline__ unsigned int sort_key(float v) {{
     if (v != v) return DESC ? 0u : 0xffffffffu;
@@ -63,9 +63,12 @@ extern "C" __global__ void {bounds} kp_{rid}_select({decls}) {{
         __shared__ int from;
         if (threadIdx.x == 0) from = START;
         __syncthreads();
-        if (MEDIAN)  // a NaN in the row: the median is its first NaN (NaN keys sort last, before the padding)
+        // A NaN in the row (NaN keys sort last, before the padding), at j: the median is that first NaN; the
+        // nanmedian is the median of the j values before it ((j - 1) / 2, 0 for a row of NaN: a NaN)
+        if (MEDIAN || NAN_MEDIAN)
             for (int j = threadIdx.x; j < L; j += blockDim.x)
-                if (keys[j] == 0xffffffffu && ids[j] < L && (j == 0 || keys[j - 1] != 0xffffffffu)) from = j;
+                if (keys[j] == 0xffffffffu && ids[j] < L && (j == 0 || keys[j - 1] != 0xffffffffu))
+                    from = NAN_MEDIAN ? (j - 1) / 2 : j;
         __syncthreads();
         for (int j = threadIdx.x; j < K; j += blockDim.x) {{
             const int src = ids[from + j];
@@ -79,8 +82,8 @@ extern "C" __global__ void {bounds} kp_{rid}_select({decls}) {{
 
 def render(r: Region, op: str, dtype: str, length: int, k: int, dim: int, desc: bool, threads: int, start: int = 0,
            keep: bool = True) -> Code:  # fmt: skip
-    """op: "topk", "sort", "median" or "kthvalue" (values and indices), "argsort" (indices), "median_all"
-    (the value of the flattened tensor's median). keep: the dim stays (its k elements), else it is dropped."""
+    """op: "topk", "sort", "median", "nanmedian" or "kthvalue" (values and indices), "argsort" (indices),
+    "median_all" or "nanmedian_all" (the value of the flattened tensor's median). keep: the dim stays (its k elements), else it is dropped."""
     rid = r.rid
     t = ctype(dtype)
     padded = 1 << max(1, (length - 1).bit_length())
@@ -93,17 +96,19 @@ def render(r: Region, op: str, dtype: str, length: int, k: int, dim: int, desc: 
     store = "            vals[row * K + j] = xr[src];\n" if values else ""
     cuda = _BODY.format(rid=rid, length=length, padded=padded, k=k, desc="true" if desc else "false", t=t,
                         bounds=launch_bounds(threads, 0), decls=sig.decls(), store=store, start=start,
-                        median="true" if op.startswith("median") else "false")  # fmt: skip
+                        median="true" if op.startswith("median") else "false",
+                        nanmedian="true" if op.startswith("nanmedian") else "false")  # fmt: skip
     x = r.node.args[0]
-    flat = op == "median_all"  # the whole tensor is the row
-    if op == "median_all":
+    flat = op.endswith("median_all")  # the whole tensor is the row
+    if flat:
         ret = "vals.reshape(())"
     elif keep:
         ret = "vals.movedim(-1, d), idx.movedim(-1, d)" if values else "idx.movedim(-1, d)"
     else:
         ret = "vals.squeeze(-1), idx.squeeze(-1)"
     what = {"topk": f"the top {k}", "sort": "a sort", "argsort": "an argsort", "median": "the median",
-            "median_all": "the median", "kthvalue": f"the value of rank {start + 1}"}[op]  # fmt: skip
+            "median_all": "the median", "nanmedian": "the median of the numbers",
+            "nanmedian_all": "the median of the numbers", "kthvalue": f"the value of rank {start + 1}"}[op]  # fmt: skip
     launcher = "\n".join([
         f"def _select_{rid}(sms, x):",
         f'    """{what} of rows of {length} ({"descending" if desc else "ascending"}) by a bitonic sort in '
