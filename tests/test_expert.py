@@ -502,6 +502,17 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "multi_margin": (  # the target's score by a one-hot row sum, the hinge of the others, over C, reduced
+        """
+        class Model(nn.Module):
+            def forward(self, x, t):
+                return (F.multi_margin_loss(x, t), F.multi_margin_loss(x, t, p=2, margin=0.5, reduction="sum"),
+                        F.multi_margin_loss(x * 3, t, reduction="none"))
+        """,
+        "[torch.randn(37, 11), torch.randint(0, 11, (37,))]",
+        "[]",
+        1e-5,
+    ),
     "cdist": (  # p = 2 as PyTorch's mm form: the squared norms as reductions, the dot products a GEMM
         """
         class Model(nn.Module):
@@ -752,6 +763,7 @@ FAMILIES = {
     "any_all": {"ew", "reduce", "view"},
     "count_nonzero": {"ew", "reduce", "view"},
     "cdist": {"ew", "reduce", "view", "library"},
+    "multi_margin": {"ew", "reduce", "view"},
     "diagonal": {"view", "reduce", "ew"},
     "batch_stats": {"reduce", "ew", "view"},
     "interpolate": {"torch", "ew"},

@@ -81,6 +81,16 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # multi_margin_loss lowered: the target's score by a one-hot row sum, the others' hinge, over C
+    "multi_margin": (
+        """
+        class Model(nn.Module):
+            def forward(self, x, u):
+                t = u.argmax(1)
+                return F.multi_margin_loss(x, t), F.multi_margin_loss(x, t, p=2, margin=0.5, reduction="none")
+        """,
+        "[]",
+    ),
     # cdist (p = 2) as PyTorch's mm form: squared norms, one GEMM (3xTF32 in the tuned plan), the root
     "cdist_mm": (
         """
@@ -913,6 +923,7 @@ SHAPES = {
     "count_nonzero": ["(33, 1001, 67)"],
     "medians": ["(7, 33, 999)", "(2, 4096)"],
     "cdist_mm": ["(4, 1000, 64); (4, 777, 64)", "(999, 128); (1001, 128)"],
+    "multi_margin": ["(4097, 1000); (4097, 1000)", "(3, 5); (3, 5)"],
     "chain": ["(1000, 777)", "(3, 5, 4099)", "(7,)", "(2**25 + 3,)"],
     "broadcast": ["(5, 33, 17, 19)", "(1, 33, 1, 19)"],
     "bf16": ["(1001, 1003)"],

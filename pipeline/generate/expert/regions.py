@@ -654,6 +654,51 @@ def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [*out, _mk(name, "ne", (Ref(f"{name}_red"), 0.0), n.shape, "bool", "Scalar")]
 
 
+def _multi_margin(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """multi_margin_loss(x, y, p, margin) over (N, C) scores and (N,) int64 targets, no class weights: each
+    row's sum over j != y of max(0, margin - x[y] + x[j])^p, over C; then the reduction. x[y] is the row's
+    sum of x where its column is the target (one_hot_eq: a positional element-wise test)."""
+    a = n.args
+    x, t = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
+    p, margin, weight, reduction = [*a[2:6], *(None,) * 4][:4]
+    p = n.kw("p", 1) if p is None else p
+    margin = n.kw("margin", 1.0) if margin is None else margin
+    weight = n.kw("weight", None) if weight is None else weight
+    reduction = n.kw("reduction", 1) if reduction is None else reduction
+    if x is None or t is None or x.shape is None or t.shape is None or len(x.shape) != 2:
+        return None
+    if x.dtype != "float32" or t.dtype != "int64" or t.shape != x.shape[:1] or weight is not None:
+        return None
+    if p not in (1, 2) or not isinstance(margin, (int, float)) or reduction not in (0, 1, 2):
+        return None
+    (rows, classes), name, dt = x.shape, n.name, "float32"
+    if classes >= 2**24:
+        return None
+    out: list[Node] = []
+
+    def mk(tag: str, op: str, args: tuple, shape: tuple, dtype: str = dt, overload: str = "default") -> Ref:
+        out.append(_mk(f"{name}_{tag}", op, args, shape, dtype, overload))
+        return Ref(out[-1].name)
+
+    col = mk("t", "reshape", (a[1], (rows, 1)), (rows, 1), "int64")
+    eq = mk("eq", "one_hot_eq", (col,), x.shape, "bool")
+    hot = mk("hot", "_to_copy", (eq,), x.shape)
+    out[-1] = dataclasses.replace(out[-1], kwargs=(("dtype", ("dtype", dt)),))
+    picked = mk("xy_each", "mul", (a[0], hot), x.shape, dt, "Tensor")
+    xy = mk("xy", "sum", (picked, (1,), True), (rows, 1), dt, _OVERLOAD["sum"])
+    gap = mk("gap", "sub", (a[0], xy), x.shape, dt, "Tensor")
+    hinge = mk(
+        "hinge", "clamp_min", (mk("shift", "add", (gap, float(margin)), x.shape, dt, "Scalar"), 0.0), x.shape
+    )
+    if p == 2:
+        hinge = mk("sq", "mul", (hinge, hinge), x.shape, dt, "Tensor")
+    other = mk("other", "rsub", (hot, 1.0), x.shape, dt, "Scalar")  # 1 - one-hot: j != y
+    kept = mk("kept", "mul", (hinge, other), x.shape, dt, "Tensor")
+    total = mk("row", "sum", (kept, (1,), False), (rows,), dt, _OVERLOAD["sum"])
+    per = mk("per", "div", (total, float(classes)), (rows,), dt, "Scalar")
+    return [*out, _reduced(n, per, reduction, dt)]
+
+
 def _cdist(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cdist(x1, x2) with p = 2 over (P, M) and (R, M) points (one batch dim or none), as PyTorch computes it
     past 25 points: sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)), the dot products one GEMM (ours: 3xTF32 in fp32),
@@ -1223,6 +1268,8 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     if n.op in ("l1_loss", "mse_loss") and n.shape is not None and (lowered := _l1_mse(n, by_name)):
         return lowered
     if n.op == "linalg_vector_norm" and (lowered := _norm_p(n, by_name)):
+        return lowered
+    if n.op == "multi_margin_loss" and (lowered := _multi_margin(n, by_name)):
         return lowered
     if n.op == "cdist" and (lowered := _cdist(n, by_name)):
         return lowered
