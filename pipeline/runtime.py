@@ -220,7 +220,8 @@ class Graphs:
     runs eagerly: it loads the kernels and creates the libraries' handles, none of which a capture may do).
     A call copies its tensors into the form's static inputs, replays, and returns copies of the outputs, so
     no result is overwritten by the next call. The module's parameters and buffers are read in place: their
-    values may change between calls, their storage may not (a storage that moved drops every graph).
+    values may change between calls; a storage that moved, or a tensor replaced by another (and freed),
+    drops every graph.
 
     Forward runs eagerly, never captured, while gradients are on, while the harness logs launches (its
     profile check reads each launch's arguments), for arguments that are not all CUDA tensors and plain
@@ -232,14 +233,14 @@ class Graphs:
     def __init__(self, owner: torch.nn.Module) -> None:
         self._owner = weakref.ref(owner)
         self.forms: dict[tuple, _Form] = {}
-        self._state: list[tuple[torch.Tensor, int]] | None = None
+        self._state: list[tuple[weakref.ref, int]] | None = None
         self._stream = None
 
     def __call__(self, forward, args: tuple):
         key = None if LAUNCHES is not None or torch.is_grad_enabled() else _form_key(args)
         if key is None:
             return forward(*args)
-        if not self._state_holds():
+        if self._state_moved():
             self.forms.clear()
         form = self.forms.get(key)
         if form is None:
@@ -259,19 +260,20 @@ class Graphs:
         form.graph.replay()
         return _copies(form.outputs)
 
-    def _state_holds(self) -> bool:
-        """Whether every parameter and buffer is where the graphs read it (recorded on the first call)."""
+    def _state_moved(self) -> bool:
+        """Whether a parameter or buffer is no longer where the graphs read it: its storage moved, or the
+        tensor was replaced and freed (held by weak references, so a replaced one is not kept alive)."""
         owner = self._owner()
         if owner is None:
             return False
-        if self._state is None:
-            tensors = itertools.chain(owner.parameters(), owner.buffers())
-            self._state = [(t, t.data_ptr()) for t in tensors]
-            return True
-        if all(t.data_ptr() == p for t, p in self._state):
-            return True
-        self._state = None
-        return self._state_holds()
+        if self._state is not None and all(
+            (t := ref()) is not None and t.data_ptr() == ptr for ref, ptr in self._state
+        ):
+            return False
+        moved = self._state is not None
+        tensors = itertools.chain(owner.parameters(), owner.buffers())
+        self._state = [(weakref.ref(t), t.data_ptr()) for t in tensors]
+        return moved
 
     def _capture(self, form: _Form, forward, args: tuple) -> None:
         form.inputs = [torch.empty_like(a) if isinstance(a, torch.Tensor) else None for a in args]

@@ -389,10 +389,17 @@ def test_a_forward_replayed_from_a_cuda_graph_computes_what_it_computes_eagerly(
         x = torch.randn(1000, 64, device="cuda")
         model.w.mul_(-1.5)  # in place: the graph reads it
         torch.testing.assert_close(model(x, 0.9)[0], model.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
-        model.w.data = torch.randn(64, device="cuda")  # moved: the graphs go, the next calls capture again
-        for _ in range(3):
-            torch.testing.assert_close(model(x, 0.9)[0], model.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
-        assert next(iter(graphs(model).forms.values())).graph is not None
+        for move in (
+            "data",
+            "replace",
+        ):  # the storage moved, or the parameter replaced (load_state_dict's assign)
+            if move == "data":
+                model.w.data = torch.randn(64, device="cuda")
+            else:
+                model.w = torch.nn.Parameter(torch.randn(64, device="cuda"))
+            for _ in range(3):  # the graphs go; the next calls capture again, each right
+                torch.testing.assert_close(model(x, 0.9)[0], model.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
+            assert next(iter(graphs(model).forms.values())).graph is not None
         y = torch.randn(3, 640, device="cuda")  # another form, another graph; the scale is part of it
         for _ in range(2):
             torch.testing.assert_close(model(y, 1.1)[0], model.eager(y, 1.1)[0], rtol=1e-5, atol=1e-5)

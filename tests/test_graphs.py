@@ -136,3 +136,28 @@ def test_the_graphed_launcher_matches_the_reference_emulated(tmp_path):
             x = module.get_inputs()[0]
             torch.testing.assert_close(model(x), ref(x), rtol=1e-4, atol=1e-4)
     assert kernels.graph_calls == 2
+
+
+def test_the_graphs_see_a_weight_moved_or_replaced_and_key_their_argument_forms():
+    """runtime.Graphs' bookkeeping, which needs no GPU: a weight changed in place keeps the graphs, one whose
+    storage moved or that was replaced (and freed) drops them; a form is every tensor's shape, strides,
+    dtype and device and every other argument's value, and nothing graphs a CPU tensor or one needing
+    gradients."""
+    from pipeline.runtime import Graphs, _copies, _form_key
+
+    m = torch.nn.Linear(4, 4)
+    g = Graphs(m)
+    assert not g._state_moved() and not g._state_moved()  # recorded, then unchanged
+    with torch.no_grad():
+        m.bias.mul_(2)  # in place: the same storage
+    assert not g._state_moved()
+    m.weight.data = torch.randn(4, 4)
+    assert g._state_moved() and not g._state_moved()  # moved once, then recorded anew
+    m.weight = torch.nn.Parameter(torch.randn(4, 4))  # replaced: the old one is freed
+    assert g._state_moved()
+    assert _form_key((torch.randn(3),)) is None  # a CPU tensor
+    assert _form_key((1, 2.5, None, "a")) == ((int, 1), (float, 2.5), (type(None), None), (str, "a"))
+    assert _form_key(([1],)) is None  # not a plain value
+    x = torch.randn(2, 3)
+    y, (z,) = _copies((x, [x]))
+    assert torch.equal(y, x) and y.data_ptr() != x.data_ptr() and z.data_ptr() != x.data_ptr()
