@@ -152,5 +152,5 @@ def safer(plan: Plan, parent: Plan | None) -> Plan:
             regions.append(rp)
         elif (plain := owner(rp).plainest(rp)) is not None:
             regions.append(plain)
-    # the graph too, unless the parent had it: a capture the runtime could not make would have run eagerly
+    # the graph only where the parent replayed one too: the repair goes back to the parent's forward
     return Plan(tuple(regions), plan.version, plan.graph and parent is not None and parent.graph)
