@@ -126,6 +126,31 @@ def _mk(name: str, op: str, args: tuple, shape, dtype, overload: str = "default"
     return Node(name, op, overload, args, tuple(kw.items()), shape, dtype, f"expert.{op}")
 
 
+class _Steps:
+    """A decomposition's nodes in order, each named `{name}_{tag}`, of dtype `dt` unless told otherwise."""
+
+    def __init__(self, name: str, dt: str) -> None:
+        self.name, self.dt, self.nodes = name, dt, []
+
+    def add(self, tag: str, op: str, args: tuple, shape: tuple, overload: str = "default",
+            dtype: str | None = None, **kw: object) -> Ref:  # fmt: skip
+        return self.node(_mk(f"{self.name}_{tag}", op, args, shape, dtype or self.dt, overload, **kw))
+
+    def node(self, m: Node) -> Ref:
+        self.nodes.append(m)
+        return Ref(m.name)
+
+
+def _truth_as_float(name: str, src: Ref, x: Node) -> list[Node]:
+    """x's truth as fp32 0.0 / 1.0 (x != 0, so NaN is true; a bool x as it is), the loads of a reduction
+    that tests every element (any, all, count_nonzero)."""
+    out: list[Node] = []
+    if x.dtype != "bool":
+        out.append(_mk(f"{name}_true", "ne", (src, 0.0), x.shape, "bool", "Scalar"))
+        src = Ref(out[-1].name)
+    return [*out, _cast(f"{name}_f", src, x.shape, "float32")]
+
+
 def _bias_view(name: str, bias: Ref, channels: int, spatial: int, dtype: str) -> Node:
     """bias (C,) seen as (C, 1, ..., 1) so that it broadcasts over an NC... tensor."""
     shape = (channels,) + (1,) * spatial
@@ -641,13 +666,8 @@ def _any_all(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     if n.overload != "default" and not dims:
         return None
     keep = bool(ops._arg(n, 2, "keepdim", False))
-    name, shape = n.name, x.shape
-    out: list[Node] = []
-    src: Ref = a[0]
-    if x.dtype != "bool":
-        out.append(_mk(f"{name}_true", "ne", (src, 0.0), shape, "bool", "Scalar"))
-        src = Ref(out[-1].name)
-    out.append(_cast(f"{name}_f", src, shape, "float32"))
+    name = n.name
+    out = _truth_as_float(name, a[0], x)
     kind = "amax" if n.op == "any" else "amin"
     out += _reduced_over(f"{name}_red", kind, Ref(out[-1].name), dims, keep, n.shape, "float32",
                          {**by_name, **{m.name: m for m in out}})  # fmt: skip
@@ -674,35 +694,29 @@ def _multi_margin(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     (rows, classes), name, dt = x.shape, n.name, "float32"
     if classes >= 2**24:
         return None
-    out: list[Node] = []
-
-    def mk(tag: str, op: str, args: tuple, shape: tuple, dtype: str = dt, overload: str = "default") -> Ref:
-        out.append(_mk(f"{name}_{tag}", op, args, shape, dtype, overload))
-        return Ref(out[-1].name)
-
-    col = mk("t", "reshape", (a[1], (rows, 1)), (rows, 1), "int64")
-    eq = mk("eq", "one_hot_eq", (col,), x.shape, "bool")
-    hot = mk("hot", "_to_copy", (eq,), x.shape)
-    out[-1] = dataclasses.replace(out[-1], kwargs=(("dtype", ("dtype", dt)),))
-    picked = mk("xy_each", "mul", (a[0], hot), x.shape, dt, "Tensor")
-    xy = mk("xy", "sum", (picked, (1,), True), (rows, 1), dt, _OVERLOAD["sum"])
-    gap = mk("gap", "sub", (a[0], xy), x.shape, dt, "Tensor")
-    hinge = mk(
-        "hinge", "clamp_min", (mk("shift", "add", (gap, float(margin)), x.shape, dt, "Scalar"), 0.0), x.shape
-    )
+    st = _Steps(name, dt)
+    col = st.add("t", "reshape", (a[1], (rows, 1)), (rows, 1), dtype="int64")
+    eq = st.add("eq", "one_hot_eq", (col,), x.shape, dtype="bool")
+    hot = st.node(_cast(f"{name}_hot", eq, x.shape, dt))
+    picked = st.add("xy_each", "mul", (a[0], hot), x.shape, "Tensor")
+    xy = st.add("xy", "sum", (picked, (1,), True), (rows, 1), _OVERLOAD["sum"])
+    gap = st.add("gap", "sub", (a[0], xy), x.shape, "Tensor")
+    shift = st.add("shift", "add", (gap, float(margin)), x.shape, "Scalar")
+    hinge = st.add("hinge", "clamp_min", (shift, 0.0), x.shape)
     if p == 2:
-        hinge = mk("sq", "mul", (hinge, hinge), x.shape, dt, "Tensor")
-    other = mk("other", "rsub", (hot, 1.0), x.shape, dt, "Scalar")  # 1 - one-hot: j != y
-    kept = mk("kept", "mul", (hinge, other), x.shape, dt, "Tensor")
-    total = mk("row", "sum", (kept, (1,), False), (rows,), dt, _OVERLOAD["sum"])
-    per = mk("per", "div", (total, float(classes)), (rows,), dt, "Scalar")
-    return [*out, _reduced(n, per, reduction, dt)]
+        hinge = st.add("sq", "mul", (hinge, hinge), x.shape, "Tensor")
+    other = st.add("other", "rsub", (hot, 1.0), x.shape, "Scalar")  # 1 - one-hot: j != y
+    kept = st.add("kept", "mul", (hinge, other), x.shape, "Tensor")
+    total = st.add("row", "sum", (kept, (1,), False), (rows,), _OVERLOAD["sum"])
+    per = st.add("per", "div", (total, float(classes)), (rows,), "Scalar")
+    return [*st.nodes, _reduced(n, per, reduction, dt)]
 
 
 def _cdist(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     """cdist(x1, x2) with p = 2 over (P, M) and (R, M) points (one batch dim or none), as PyTorch computes it
-    past 25 points (or always, with use_mm_for_euclid_dist): sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)), the dot products one GEMM (ours: 3xTF32 in fp32),
-    the squared norms row reductions. "donot_use_mm_for_euclid_dist" and other p stay PyTorch's."""
+    past 25 points (or always, with use_mm_for_euclid_dist): sqrt(max(|a|^2 + |b|^2 - 2 a.b, 0)), the dot
+    products one GEMM (ours: 3xTF32 in fp32), the squared norms row reductions.
+    "donot_use_mm_for_euclid_dist" and other p stay PyTorch's."""
     a = n.args
     x1, x2 = (by_name.get(r.name) if isinstance(r, Ref) else None for r in a[:2])
     p = float(ops._arg(n, 2, "p", 2.0))
@@ -722,28 +736,20 @@ def _cdist(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     m, rows, dt, name = x1.shape[-1], x2.shape[-2], "float32", n.name
     if mode in (None, 0) and x1.shape[-2] <= 25 and rows <= 25:
         return None  # PyTorch takes the exact differences there, with no cancellation to match
-    out: list[Node] = []
-
-    def mk(tag: str, op: str, args: tuple, shape: tuple, overload: str = "default") -> Ref:
-        out.append(_mk(f"{name}_{tag}", op, args, shape, dt, overload))
-        return Ref(out[-1].name)
-
-    sq1 = mk("sq1", "mul", (a[0], a[0]), x1.shape, "Tensor")
-    n1 = mk("n1", "sum", (sq1, (-1,), True), (*x1.shape[:-1], 1), _OVERLOAD["sum"])
-    sq2 = mk("sq2", "mul", (a[1], a[1]), x2.shape, "Tensor")
-    n2 = mk("n2", "sum", (sq2, (-1,), False), x2.shape[:-1], _OVERLOAD["sum"])
-    n2r = mk("n2r", "unsqueeze", (n2, nd - 2), (*x2.shape[:-2], 1, rows))
-    x2t = mk("x2t", "transpose", (a[1], -1, -2), (*x2.shape[:-2], m, rows), "int")
+    st = _Steps(name, dt)
+    sq1 = st.add("sq1", "mul", (a[0], a[0]), x1.shape, "Tensor")
+    n1 = st.add("n1", "sum", (sq1, (-1,), True), (*x1.shape[:-1], 1), _OVERLOAD["sum"])
+    sq2 = st.add("sq2", "mul", (a[1], a[1]), x2.shape, "Tensor")
+    n2 = st.add("n2", "sum", (sq2, (-1,), False), x2.shape[:-1], _OVERLOAD["sum"])
+    n2r = st.add("n2r", "unsqueeze", (n2, nd - 2), (*x2.shape[:-2], 1, rows))
+    x2t = st.add("x2t", "transpose", (a[1], -1, -2), (*x2.shape[:-2], m, rows), "int")
     gemm = "gemm_mm" if nd == 2 else "gemm_bmm"
-    out.append(dataclasses.replace(_mk(f"{name}_ab", gemm, (a[0], x2t), n.shape, dt),
-                                   target="aten.mm.default" if nd == 2 else "aten.bmm.default"))  # fmt: skip
-    ab = Ref(out[-1].name)
-    s12 = mk("s12", "add", (n1, n2r), n.shape, "Tensor")
-    d2 = mk("d2", "sub", (s12, ab), n.shape, "Tensor")
-    out[-1] = dataclasses.replace(out[-1], kwargs=(("alpha", 2.0),))  # |a|^2 + |b|^2 - 2 a.b
-    pos = mk("pos", "clamp_min", (d2, 0.0), n.shape)
-    out.append(_mk(name, "sqrt", (pos,), n.shape, dt))
-    return out
+    ab = st.node(dataclasses.replace(_mk(f"{name}_ab", gemm, (a[0], x2t), n.shape, dt),
+                                     target="aten.mm.default" if nd == 2 else "aten.bmm.default"))  # fmt: skip
+    s12 = st.add("s12", "add", (n1, n2r), n.shape, "Tensor")
+    d2 = st.add("d2", "sub", (s12, ab), n.shape, "Tensor", alpha=2.0)  # |a|^2 + |b|^2 - 2 a.b
+    pos = st.add("pos", "clamp_min", (d2, 0.0), n.shape)
+    return [*st.nodes, _mk(name, "sqrt", (pos,), n.shape, dt)]
 
 
 def _count_nonzero(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
@@ -761,13 +767,8 @@ def _count_nonzero(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     dims = ops._dims(ops._arg(n, 1, "dim", None))
     if n.overload != "default" and not dims:
         return None
-    name, shape = n.name, x.shape
-    out: list[Node] = []
-    src: Ref = a[0]
-    if x.dtype != "bool":
-        out.append(_mk(f"{name}_true", "ne", (src, 0.0), shape, "bool", "Scalar"))
-        src = Ref(out[-1].name)
-    out.append(_cast(f"{name}_f", src, shape, "float32"))
+    name = n.name
+    out = _truth_as_float(name, a[0], x)
     red = _reduced_over(name, "sum", Ref(out[-1].name), dims, False, n.shape, "float32",
                         {**by_name, **{m.name: m for m in out}})  # fmt: skip
     last = max(i for i, m in enumerate(red) if m.op == "sum")  # a split's partials stay fp32; views follow
