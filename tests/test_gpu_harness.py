@@ -255,20 +255,25 @@ extern "C" __global__ void __launch_bounds__(128) __cluster_dims__(16, 1, 1) ran
 """
 
 
+def _cubin_kernels(tmp_path, home, source: str, name: str):
+    """`source` (one kernel, `name`) compiled for sm_90a with the project's nvcc, loaded by the runtime."""
+    from pipeline import compile as comp
+    from pipeline import runtime
+
+    src, cubin = tmp_path / f"{name}.cu", tmp_path / f"{name}.cubin"
+    src.write_text(source)
+    subprocess.run(
+        [comp.find_nvcc(cfg_for(home)), "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True
+    )
+    return runtime.Kernels.from_file(str(cubin), (name,))
+
+
 def test_the_runtime_opts_in_to_a_cluster_of_16_and_says_how_many_fit(tmp_path, home):
     """A kernel compiled for clusters of 16 blocks (beyond the portable 8): the runtime reads its width,
     opts in, answers active_clusters (the launchers' guard before a wide cluster) and launches it; each
     block reads its neighbour's rank through distributed shared memory."""
     torch = _torch
-    from pipeline import compile as comp
-    from pipeline import runtime
-
-    src = tmp_path / "c16.cu"
-    src.write_text(CLUSTER_16)
-    cubin = tmp_path / "c16.cubin"
-    nvcc = comp.find_nvcc(cfg_for(home))
-    subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True)
-    kernels = runtime.Kernels.from_file(str(cubin), ("ranks",))
+    kernels = _cubin_kernels(tmp_path, home, CLUSTER_16, "ranks")
     room = kernels.active_clusters("ranks", (128,))
     assert room > 0, "this GPU has no room for a cluster of 16: the launchers fall back to a block per row"
     out = torch.full((64,), -1, dtype=torch.int32, device="cuda")
@@ -298,16 +303,7 @@ def test_the_runtime_launches_a_cooperative_grid_of_every_resident_block(tmp_pat
     """active_blocks (blocks an SM holds) sizes a grid whose blocks all wait on each other: launched
     cooperatively it completes (every block resident at once), as the long rows' tiles rely on."""
     torch = _torch
-    from pipeline import compile as comp
-    from pipeline import runtime
-
-    src = tmp_path / "grid.cu"
-    src.write_text(GRID_WAIT)
-    cubin = tmp_path / "grid.cubin"
-    subprocess.run(
-        [comp.find_nvcc(cfg_for(home)), "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True
-    )
-    kernels = runtime.Kernels.from_file(str(cubin), ("all_arrive",))
+    kernels = _cubin_kernels(tmp_path, home, GRID_WAIT, "all_arrive")
     per_sm = kernels.active_blocks("all_arrive", (256,))
     assert per_sm >= 2, per_sm
     blocks = torch.cuda.get_device_properties(0).multi_processor_count * per_sm
@@ -336,16 +332,9 @@ def test_a_forward_replayed_from_a_cuda_graph_computes_what_it_computes_eagerly(
     import numpy
 
     torch = _torch
-    from pipeline import compile as comp
     from pipeline import runtime
 
-    src = tmp_path / "axpb.cu"
-    src.write_text(AXPB)
-    cubin = tmp_path / "axpb.cubin"
-    subprocess.run(
-        [comp.find_nvcc(cfg_for(home)), "-arch=sm_90a", "-cubin", "-o", str(cubin), str(src)], check=True
-    )
-    kernels = runtime.Kernels.from_file(str(cubin), ("axpb",))
+    kernels = _cubin_kernels(tmp_path, home, AXPB, "axpb")
 
     class Deep(torch.nn.Module):
         def __init__(self, sync: bool = False):
