@@ -97,6 +97,14 @@ inline float sinpif(float x) { return (float)std::sin(M_PI * std::fmod((double)x
 inline float cospif(float x) { return (float)std::cos(M_PI * std::fmod((double)x, 2.0)); }
 inline float normcdff(float x) { return (float)(0.5 * std::erfc(-(double)x / std::sqrt(2.0))); }
 inline float normcdfinvf(float p) { return (float)(std::sqrt(2.0) * (double)erfinvf(2.0f * p - 1.0f)); }
+// Round-to-nearest arithmetic the templates spell out so nvcc neither fuses nor approximates it: IEEE ops here.
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+// The emulated threads run one at a time and switch only at barriers and shuffles: a read-modify-write is
+// atomic as it stands.
+template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
 
 // A GPU faults on a misaligned vector access; x86 does not, so the emulator counts them instead.
 // kp_emu_error: 1 when threads wait at a barrier the others never reach, 2 when no stacks could be mapped.
