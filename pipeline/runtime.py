@@ -281,6 +281,10 @@ class Graphs:
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         graph = torch.cuda.CUDAGraph()
+        # A capture that fails ends before PyTorch takes its CUDA generator out of capture mode: every later
+        # random op in this process would then raise. Its state as it was goes back in on a failure.
+        rng = torch.cuda.default_generators[torch.cuda.current_device()]
+        before = rng.clone_state() if hasattr(rng, "clone_state") else None
         try:
             # warmed on the capture's stream first: its library handles and workspaces exist before capture
             self._stream.wait_stream(torch.cuda.current_stream())
@@ -292,6 +296,8 @@ class Graphs:
         except Exception as e:  # the form runs eagerly from now on; the reason stays for whoever asks
             form.failed = f"{type(e).__name__}: {str(e)[:300]}"
             form.inputs, form.outputs = [], None
+            if before is not None:
+                rng.graphsafe_set_state(before)
             torch.cuda.synchronize()
             return
         form.graph = graph

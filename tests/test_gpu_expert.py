@@ -1382,3 +1382,34 @@ def test_rows_picked_by_an_index_tensor_verify_as_our_copies(pool, home, tmp_pat
     cands = proposals(path)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=False)
+
+
+def test_scatters_verify_as_our_kernels(pool, home, tmp_path):
+    """scatter_add, scatter_reduce(sum), index_add, index_put (accumulating over repeated rows, and storing
+    at distinct ones) as our atomics (families/scatter.py); the indices int64 inputs."""
+    path = tmp_path / "scatters.py"
+    path.write_text(
+        HEADER
+        + textwrap.dedent(
+            """
+            class Model(nn.Module):
+                def forward(self, x, idx, src, rows, v, once):
+                    y = x.clone()
+                    y[once] = v[: once.shape[0]] * 2
+                    return (x.scatter_add(1, idx, src), torch.scatter_reduce(x, 1, idx, src, reduce="sum"),
+                            x.index_add(0, rows, v, alpha=0.5), x.index_put((rows,), v, accumulate=True), y)
+
+
+            def get_inputs():
+                return [torch.randn(1001, 333), torch.randint(0, 333, (1001, 777)), torch.randn(1001, 777),
+                        torch.randint(0, 1001, (4099,)), torch.randn(4099, 333), torch.randperm(1001)[:517]]
+
+
+            def get_init_inputs():
+                return []
+            """
+        ).lstrip()
+    )
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=False)

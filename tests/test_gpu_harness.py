@@ -319,7 +319,9 @@ def test_the_runtime_launches_a_cooperative_grid_of_every_resident_block(tmp_pat
 AXPB = r"""
 extern "C" __global__ void axpb(const float* x, const float* w, float* out, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = x[i] * w[i % 64] + 0.5f;
+    // rounded after the product and after the sum, as eager's mul and add: a fused multiply-add would differ in
+    // the last bit, which twenty tanh layers can grow past any tolerance
+    if (i < n) out[i] = __fadd_rn(__fmul_rn(x[i], w[i % 64]), 0.5f);
 }
 """
 
@@ -399,7 +401,7 @@ def test_a_forward_replayed_from_a_cuda_graph_computes_what_it_computes_eagerly(
 
     syncing = Deep(sync=True)
     with torch.no_grad():
-        for _ in range(3):
+        for _ in range(3):  # random inputs after the failed capture: PyTorch's generator left usable
             x = torch.randn(1000, 64, device="cuda")
             torch.testing.assert_close(syncing(x, 0.9)[0], syncing.eager(x, 0.9)[0], rtol=1e-5, atol=1e-5)
     (form,) = graphs(syncing).forms.values()
