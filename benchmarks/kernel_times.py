@@ -4,8 +4,11 @@ torch.profiler (CUPTI device times), with the reference's weights copied in and 
 call.
 
     python3 benchmarks/kernel_times.py LOG [LOG ...] --suite DIR [--which best|all] [--calls 10] [--out F.json]
+    python3 benchmarks/kernel_times.py TASK.py [TASK.py ...] [--compile] ...
 
-DIR holds the task files (a log records the path it ran from, which may be another machine's). Prints a
+DIR holds the task files (a log records the path it ran from, which may be another machine's). A task file
+in place of a log profiles the expert's tuned candidate of it as the code now writes it. --compile adds
+torch.compile's (default mode) kernels beside eager's. Prints a
 table per task: each kernel's mean time a call, its share, the sum, and a call's median time by CUDA events
 (L2 not flushed), eager's the same way. Run on the GPU machine. The candidates are our own recorded
 ones, run in this process, not in the sandboxed worker.
@@ -23,6 +26,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from pipeline import events as ev  # noqa: E402
 from pipeline.runlog import Event, read_events  # noqa: E402
@@ -80,8 +84,9 @@ def _table(title: str, times: dict[str, float], wall: float) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("logs", nargs="+", type=Path)
-    ap.add_argument("--suite", type=Path, required=True, help="folder of the task files")
+    ap.add_argument("logs", nargs="+", type=Path, help="run logs, or task files (their tuned candidate)")
+    ap.add_argument("--suite", type=Path, default=None, help="folder of the logs' task files")
+    ap.add_argument("--compile", action="store_true", help="torch.compile's kernels too")
     ap.add_argument("--which", choices=("best", "all"), default="best")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
@@ -98,8 +103,15 @@ def main() -> int:
     reference_precision()  # as the harness runs eager and hybrids: no TF32 in cuBLAS or cuDNN
     report: list[dict[str, Any]] = []
     for log in args.logs:
-        task_id, cands = recorded(read_events(log), args.which)
-        task_path = args.suite / f"{task_id}.py"
+        if log.suffix == ".py":
+            from expert_plans import tuned  # the tests' helper: the expert's tuned candidate
+
+            task_id, task_path, cands = log.stem, log, [("tuned", tuned(log))]
+        else:
+            if args.suite is None:
+                ap.error("--suite is needed to find a log's task file")
+            task_id, cands = recorded(read_events(log), args.which)
+            task_path = args.suite / f"{task_id}.py"
         task = load_module(task_path)
         torch.manual_seed(0)
         ref = task.Model(*task.get_init_inputs()).cuda().eval()
@@ -110,6 +122,10 @@ def main() -> int:
             "candidates": [],
         }
         print(f"== {task_id}\n{_table('eager', kernels, wall)}", flush=True)
+        if args.compile:
+            times, wall = kernel_times(torch.compile(ref), task, args.calls)
+            entry["compile"] = {"kernels": times, "wall_ms": wall}
+            print(_table("torch.compile", times, wall), flush=True)
         builds = compile_candidates([c for _, c in cands], Config(home=args.home, arch="sm_90a"))
         for (edit, c), b in zip(cands, builds, strict=True):
             if b.status.value != "ok":

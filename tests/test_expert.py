@@ -535,6 +535,31 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         0.0,
     ),
+    "bins": (  # histc in shared-memory histograms; bucketize / searchsorted by eager's binary search
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.register_buffer("edges", torch.linspace(-2.0, 2.0, 9))
+            def forward(self, x):
+                return (torch.histc(x, bins=7, min=-1.5, max=2.0), torch.bucketize(x, self.edges),
+                        torch.searchsorted(self.edges, x * 2.0, right=True).float() * x)
+        """,
+        "[torch.randn(5, 33)]",
+        "[]",
+        1e-5,
+    ),
+    "scatters": (  # a copy of the destination, then one atomic add an element (index_put: a store)
+        """
+        class Model(nn.Module):
+            def forward(self, x, idx, rows):
+                return (x.scatter_add(1, idx, x[:, :6] * 2), x.index_add(0, rows, x[:4], alpha=0.5),
+                        x.index_put((rows,), x[:4] + 1, accumulate=True))
+        """,
+        "[torch.randn(5, 9), torch.randint(0, 9, (5, 6)), torch.randint(0, 5, (4,))]",
+        "[]",
+        1e-5,
+    ),
     "norms_p": (  # vector norms of other orders: |x|^p summed (the power on the loads), then the root
         """
         class Model(nn.Module):
@@ -762,6 +787,8 @@ FAMILIES = {
     "norms_p": {"ew", "reduce"},
     "any_all": {"ew", "reduce", "view"},
     "count_nonzero": {"ew", "reduce", "view"},
+    "bins": {"torch", "ew"},  # histc and the searches: torch-kind regions the bins family claims
+    "scatters": {"torch", "ew", "view"},
     "cdist": {"ew", "reduce", "view", "library"},
     "multi_margin": {"ew", "reduce", "view"},
     "diagonal": {"view", "reduce", "ew"},
