@@ -1,6 +1,6 @@
 """Ops no template covers, replaced by PyTorch's own decomposition of them where that leaves fewer regions to
 PyTorch (policy._decompose): the expert then writes tasks it refused (a lone glu, nan_to_num, pixel_shuffle,
-a margin loss), and its kernels compute what PyTorch does, NaN and infinities included (CPU emulator). A
+a margin loss, pairwise_distance through a norm that decomposes in turn), and its kernels compute what PyTorch does, NaN and infinities included (CPU emulator). A
 decomposition into ops we lack is not taken. Also what the expert took up beside them: constants of an
 operand's shape (zeros_like, ones_like, full_like) in the element-wise kernels, adaptive average pools whose
 windows tile the input as plain pools, var_mean and std_mean as two reductions, and 16-bit matrix-vector
@@ -39,8 +39,10 @@ DECOMPOSED = {
     "addmv": ("torch.addmv(x[:, 0], x, x[0, :130])", "torch.randn(130, 130)"),
     "dot": ("torch.dot(x[0], x[1])", X),
     "logaddexp": ("torch.logaddexp(x, x * 0.5)", X),
+    # a composite op export keeps whole, written in another one (a norm) that decomposes in its turn
+    "pairwise_distance": ("F.pairwise_distance(x[:18], x[18:36], p=3.0, eps=1e-3)", X),
 }
-EMULATED = ("glu", "nan_to_num", "pixel_shuffle", "bce_logits", "addmv")
+EMULATED = ("glu", "nan_to_num", "pixel_shuffle", "bce_logits", "addmv", "pairwise_distance")
 
 
 def _task(tmp_path, name: str, expr: str, inputs: str):

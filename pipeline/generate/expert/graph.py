@@ -262,9 +262,30 @@ def _decomposed_names() -> frozenset[str]:
     return frozenset(str(op) for op in _decompositions())
 
 
+@functools.cache
+def _composite(target: str) -> Any:
+    """The ATen op (\"aten.pairwise_distance.default\") when PyTorch writes it in other ATen ops (a
+    CompositeImplicitAutograd kernel, which export may keep whole), else None."""
+    parts = target.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return None
+    torch = _torch()
+    op = getattr(getattr(torch.ops.aten, parts[1], None), parts[2], None)
+    if op is None or not torch._C._dispatch_has_kernel_for_dispatch_key(
+        op.name(), "CompositeImplicitAutograd"
+    ):
+        return None
+    return op
+
+
 def decomposable(targets: Iterable[str]) -> frozenset[str]:
-    """Those of the ops (\"aten.glu.default\") that PyTorch decomposes into other ATen ops."""
-    return frozenset(t for t in targets if t in _decomposed_names() and not recurrent.unrolls(t))
+    """Those of the ops (\"aten.glu.default\") that PyTorch decomposes into other ATen ops: a table's
+    decomposition, or the op's own composite kernel."""
+    return frozenset(
+        t
+        for t in targets
+        if (t in _decomposed_names() or _composite(t) is not None) and not recurrent.unrolls(t)
+    )
 
 
 def _decomposed(ep: Any, decompose: frozenset[str]) -> Any:
@@ -272,6 +293,10 @@ def _decomposed(ep: Any, decompose: frozenset[str]) -> Any:
     comes back in its functional form (dropout -> clone, batch_norm -> its no-training op), which capture
     reads as before."""
     table = {op: fn for op, fn in _decompositions().items() if str(op) in decompose}
+    for t in decompose:
+        op = _composite(t)
+        if op is not None and op not in table:
+            table[op] = op.decompose
     return ep.run_decompositions(table) if table else ep
 
 

@@ -235,19 +235,24 @@ def _left(low: Lowered) -> list[str]:
 def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
     """The task with each op no template covers replaced by PyTorch's own decomposition of it (glu, logit,
     nan_to_num, outer, pixel_shuffle, the margin losses, ...), where that leaves fewer regions to PyTorch:
-    the parts are ops our kernels compute. A decomposition into ops we lack is not taken."""
+    the parts are ops our kernels compute. A decomposition into ops we lack is not taken, unless those
+    decompose in turn (pairwise_distance into a norm, the norm into ours)."""
     done: frozenset[str] = frozenset()
     notes: list[str] = []
     left = _left(low)
-    for _ in range(3):  # a decomposition may bring ops that decompose further
+    best, best_left = low, len(left)
+    cur = low
+    for _ in range(4):  # a decomposition may bring ops that decompose further
         more = decomposable(left) - done
         if not more:
             break
         try:
             other = prepare(_capture(path, source, task_id, done | more))
             left_other = _left(other)
-            worse = len(left_other) >= len(left)
-            if not worse:  # a part PyTorch keeps must still be writable (aten.scalar_tensor is not)
+            worse = len(left_other) > len(left) or (
+                len(left_other) == len(left) and not decomposable(left_other) - done - more
+            )
+            if not worse and len(left_other) < best_left:  # a part PyTorch keeps must still be writable
                 worse = not check_launcher(render(other, edits.base_plan(other, False))[1]).ok
         except Exception:  # an optional step: whatever fails in it, the task stays as it was read
             break
@@ -257,8 +262,10 @@ def _decompose(path: str, source: str, task_id: str, low: Lowered) -> Lowered:
         notes.append(
             f"{', '.join(sorted(more))} decomposed by PyTorch's own rule into ops our kernels compute"
         )
-        low, left = dataclasses.replace(other, notes=(*other.notes, *notes)), left_other
-    return low
+        cur, left = dataclasses.replace(other, notes=(*other.notes, *notes)), left_other
+        if len(left) < best_left:
+            best, best_left = cur, len(left)
+    return best
 
 
 def analyse(path: str | Path) -> tuple[Lowered | None, str]:
