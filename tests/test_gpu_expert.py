@@ -1413,3 +1413,36 @@ def test_scatters_verify_as_our_kernels(pool, home, tmp_path):
     cands = proposals(path)
     results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
     assert_ok(cands, results, hybrid=False)
+
+
+def test_weighted_and_spatial_losses_verify_as_our_kernels(pool, home, tmp_path):
+    """Cross-entropy and NLL with class weights (rows, a warp each) and over (N, C, H, W) scores (a thread a
+    position, families/xent.py), ignored targets among them."""
+    path = tmp_path / "weighted_losses.py"
+    path.write_text(
+        HEADER
+        + textwrap.dedent(
+            """
+            class Model(nn.Module):
+                def __init__(self, classes):
+                    super().__init__()
+                    self.register_buffer("w", torch.rand(classes) + 0.25)
+                def forward(self, x, t, s, u):
+                    return (F.cross_entropy(x, t, weight=self.w), F.nll_loss(F.log_softmax(x, 1), t, weight=self.w,
+                            reduction="none"), F.cross_entropy(s, u), F.cross_entropy(s, u, weight=self.w,
+                            reduction="sum"), F.cross_entropy(s, u, label_smoothing=0.1, reduction="none"))
+
+
+            def get_inputs():
+                return [torch.randn(4097, 1001), torch.where(torch.rand(4097) < 0.1, -100, torch.randint(0, 1001, (4097,))),
+                        torch.randn(5, 1001, 33, 17), torch.randint(0, 1001, (5, 33, 17))]
+
+
+            def get_init_inputs():
+                return [1001]
+            """
+        ).lstrip()
+    )
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=False)

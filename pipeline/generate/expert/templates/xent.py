@@ -21,7 +21,7 @@ from pipeline.generate.expert.templates.signature import Signature, i32, i64, pt
 _BODY = r"""namespace kp_{rid} {{
 constexpr int C = {classes}, WARPS = {warps};
 constexpr long long IGN = {ignore}LL;
-constexpr bool NLL = {nll}, REDUCE = {reduce}, SMOOTH = {smooth};
+constexpr bool NLL = {nll}, REDUCE = {reduce}, SMOOTH = {smooth}, WEIGHTED = {weighted};
 constexpr float EPS = {eps};  // label smoothing
 }}  // namespace kp_{rid}
 template <bool VEC>
@@ -67,7 +67,8 @@ __device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
 #endif
                 const float lse = s.a == -CUDART_INF_F ? -CUDART_INF_F : s.a + logf(s.b);
                 loss = SMOOTH ? lse - (1.0f - EPS) * xr[tc] - (EPS / C) * sx : (NLL ? 0.0f : lse) - xr[tc];
-                kept = 1.0f;
+                kept = WEIGHTED ? w[tc] : 1.0f;  // a weighted mean divides by the kept targets' weights
+                if (WEIGHTED) loss *= kept;
             }}
             if (REDUCE) {{
                 wsum += loss;
@@ -92,6 +93,65 @@ __device__ __forceinline__ void kp_{rid}_rows_body({decls}) {{
         part[2 * blockIdx.x] = a;
         part[2 * blockIdx.x + 1] = b;
     }}
+}}
+// (N, C, d...) scores, (N, d...) targets: a thread a position, its C values S apart (adjacent threads read
+// adjacent positions: coalesced), the same loss; the block's losses added in a fixed tree.
+__device__ __forceinline__ void kp_{rid}_cols_body({decls}) {{
+    using namespace kp_{rid};
+    __shared__ float ta[{threads}], tb[{threads}];
+    float wsum = 0.0f, wcnt = 0.0f;
+    for (long long pos = (long long)blockIdx.x * blockDim.x + threadIdx.x; pos < rows;
+         pos += (long long)gridDim.x * blockDim.x) {{
+        const float* xp = x + (pos / S) * C * S + pos % S;
+        Acc s{{-CUDART_INF_F, 0.0f, 0}};
+        float sx = 0.0f;
+        if (!NLL)
+#pragma unroll 4
+            for (int c = 0; c < C; ++c) {{
+                const float v = xp[(long long)c * S];
+                lse_push(s, v);
+                if (SMOOTH) sx += v;
+            }}
+        const long long t = tgt[pos];
+        float loss = 0.0f, kept = 0.0f;
+        if (t != IGN) {{
+#ifdef KP_EMULATED
+            const long long tc = t < 0 ? 0 : t >= C ? C - 1 : t;
+#else
+            if (t < 0 || t >= C) __trap();
+            const long long tc = t;
+#endif
+            const float xt = xp[tc * S];
+            const float lse = s.a == -CUDART_INF_F ? -CUDART_INF_F : s.a + logf(s.b);
+            loss = SMOOTH ? lse - (1.0f - EPS) * xt - (EPS / C) * sx : (NLL ? 0.0f : lse) - xt;
+            kept = WEIGHTED ? w[tc] : 1.0f;
+            if (WEIGHTED) loss *= kept;
+        }}
+        if (REDUCE) {{
+            wsum += loss;
+            wcnt += kept;
+        }} else {{
+            out[pos] = loss;
+        }}
+    }}
+    if (!REDUCE) return;
+    ta[threadIdx.x] = wsum;
+    tb[threadIdx.x] = wcnt;
+    __syncthreads();
+    for (int h = {threads} / 2; h > 0; h >>= 1) {{
+        if ((int)threadIdx.x < h) {{
+            ta[threadIdx.x] += ta[threadIdx.x + h];
+            tb[threadIdx.x] += tb[threadIdx.x + h];
+        }}
+        __syncthreads();
+    }}
+    if (threadIdx.x == 0) {{
+        part[2 * blockIdx.x] = ta[0];
+        part[2 * blockIdx.x + 1] = tb[0];
+    }}
+}}
+extern "C" __global__ void __launch_bounds__({threads}) kp_{rid}_cols({decls}) {{
+    kp_{rid}_cols_body({names});
 }}
 {wrappers}
 // The partials in a fixed order (a tree over 1024 threads): the result does not depend on timing.
@@ -119,38 +179,65 @@ extern "C" __global__ void __launch_bounds__(1024) kp_{rid}_total(const float* _
 
 
 def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, threads: int, vec: bool,
-           smoothing: float = 0.0) -> Code:  # fmt: skip
-    """reduction: 0 none, 1 mean, 2 sum (ATen's numbering); smoothing: cross-entropy's label smoothing."""
+           smoothing: float = 0.0, weighted: bool = False, spatial: bool = False) -> Code:  # fmt: skip
+    """reduction: 0 none, 1 mean, 2 sum (ATen's numbering); smoothing: cross-entropy's label smoothing;
+    weighted: class weights (a third operand); spatial: (N, C, d...) scores and (N, d...) targets."""
     rid = r.rid
     warps = threads // 32
-    vec = vec and classes % 4 == 0
-    sig = Signature((ptr("x", "float"), ptr("tgt", "long long", "t"), ptr("out", "float", "loss", const=False),
-                     ptr("part", "float", const=False), i64("rows")))  # fmt: skip
+    vec = vec and classes % 4 == 0 and not spatial
+    sig = Signature((ptr("x", "float"), ptr("tgt", "long long", "t"), ptr("w", "float", "w" if weighted else "x"),
+                     ptr("out", "float", "loss", const=False), ptr("part", "float", const=False), i64("rows"),
+                     i64("S")))  # fmt: skip
     # the float4 kernel where the plan asks for it and C allows it; the scalar one always (a misaligned x)
     names, wrappers = row_kernels(rid, sig, threads, vec)
+    if spatial:
+        names = [f"kp_{rid}_cols"]
     cuda = _BODY.format(
         rid=rid, classes=classes, warps=warps, ignore=ignore, nll="true" if nll else "false",
         reduce="true" if reduction else "false", decls=sig.decls(), wrappers=wrappers,
         smooth="true" if smoothing else "false", eps=f"{float(smoothing)!r}f",
-        mean="true" if reduction == 1 else "false",
+        mean="true" if reduction == 1 else "false", weighted="true" if weighted else "false",
+        threads=threads, names=sig.names(),
     )  # fmt: skip
     total = Signature((ptr("part", "float"), ptr("total", "float", "loss", const=False), i32("blocks")))
     x, t = r.node.args[:2]
+    w = r.node.args[2] if len(r.node.args) > 2 and r.node.args[2] is not None else r.node.kw("weight", None)
     what = "NLL" if nll else f"cross-entropy{f' (label smoothing {smoothing:g})' if smoothing else ''}"
+    what += " with class weights" if weighted else ""
 
     def launch(pad: str) -> list[str]:  # the float4 kernel where x is 16-byte aligned
+        if spatial:
+            return [f"{pad}kernels.kp_{rid}_cols((blocks,), ({threads},), ({sig.args()}))  # noqa: F821"]
         return row_launch(rid, sig, threads, vec, "x.data_ptr() % 16 == 0", pad)
 
+    if spatial:
+        head = [
+            f"    if x.dim() < 3 or x.shape[1] != {classes} or t.shape != x.shape[:1] + x.shape[2:]:",
+            f"        raise ValueError(f'kernelpro expert: (N, {classes}, d...) scores and (N, d...) targets "
+            "expected, not {tuple(x.shape)} and {tuple(t.shape)}')",
+            "    x, t = _contig(x), _contig(t)",
+            "    S = t[0].numel() if t.dim() else 1",
+            "    rows = t.numel()",
+            f"    blocks = max(1, min(-(-rows // {threads}), sms * {max(1, 2048 // threads)}))",
+        ]
+        shape = "t.shape"
+    else:
+        head = [
+            f"    if x.dim() != 2 or x.shape[1] != {classes} or t.shape != x.shape[:1]:",
+            f"        raise ValueError(f'kernelpro expert: (N, {classes}) logits and (N,) targets expected, not "
+            "{tuple(x.shape)} and {tuple(t.shape)}')",
+            "    x, t = _contig(x), _contig(t)",
+            "    rows, S = x.shape[0], 1",
+            f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
+        ]
+        shape = "(rows,)"
     launcher = "\n".join([
-        f"def _xent_{rid}(sms, x, t):",
-        f'    """{what} over rows of {classes} in one pass, a warp a row ({threads} threads a block)."""',
-        f"    if x.dim() != 2 or x.shape[1] != {classes} or t.shape != x.shape[:1]:",
-        f"        raise ValueError(f'kernelpro expert: (N, {classes}) logits and (N,) targets expected, not "
-        "{tuple(x.shape)} and {tuple(t.shape)}')",
-        "    x, t = _contig(x), _contig(t)",
-        "    rows = x.shape[0]",
-        f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
-        *(["    loss = torch.empty((rows,), dtype=torch.float32, device=x.device)",
+        f"def _xent_{rid}(sms, x, t{', w' if weighted else ''}):",
+        f'    """{what} over {"positions" if spatial else "rows"} of {classes} classes in one pass, a '
+        f'{"thread a position" if spatial else "warp a row"} ({threads} threads a block)."""',
+        *head,
+        *(["    w = _contig(w)"] if weighted else []),
+        *([f"    loss = torch.empty({shape}, dtype=torch.float32, device=x.device)",
            "    part = loss",
            "    if rows:",
            *launch("        ")]
@@ -162,7 +249,8 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
         "    return loss",
     ])  # fmt: skip
     kernel_names = tuple(names) + (() if reduction == 0 else (f"kp_{rid}_total",))
-    return Code(cuda, launcher, f"_xent_{rid}", kernel_names, (x.name, t.name), r.outputs)
+    args = (x.name, t.name, *([w.name] if weighted else []))
+    return Code(cuda, launcher, f"_xent_{rid}", kernel_names, args, r.outputs)
 
 
 __all__ = ["render"]
