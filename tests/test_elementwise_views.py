@@ -56,6 +56,25 @@ def test_strided_operands_are_read_in_place(tmp_path, name):
     _emulate(path, [plain], 1e-6)  # the plain plan (one element a thread) reads them in place too
 
 
+@needs_gxx
+def test_a_copied_view_is_gathered_once_and_an_expanded_operand_read_by_broadcast(tmp_path):
+    """x.permute(...).contiguous(): the launcher's gather is the copy (no second copy kernel after it); an
+    expand feeding an elementwise op (F.normalize's divisor) is read at its own shape, not gathered."""
+    body = (
+        "w = x.view(2, 3, 4, 5, 6).permute(0, 2, 1, 4, 3).contiguous()\n"
+        "        return w, x / x.abs().sum(-1, keepdim=True).expand_as(x)"
+    )
+    path = task_file(tmp_path, "copied", f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
+                     "[torch.randn(2, 12, 30)]")  # fmt: skip
+    task = probe(path)
+    cands = [
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    ]
+    launched = _emulate(path, cands, 1e-6)
+    assert sum(k.startswith("kp_gather") for k in launched) == len(cands), launched  # the permuted view's
+    assert not any("contiguous" in k for k in launched), launched
+
+
 def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
     """The launcher's helpers: _run_split picks the longest rows every operand holds as evenly spaced runs
     (none shorter than asked), _runs reads one in place or gathers it."""

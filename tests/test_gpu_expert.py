@@ -126,6 +126,19 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # strided views made contiguous by our gather (templates/code.py's _contig): 6-D windows, transposes, a
+    # bool and an int64 view; the dims merged, 4 elements a thread, vector copies where rows are contiguous
+    "gathers": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                B, H, W, C = x.shape
+                w = x.view(B, H // 3, 3, W // 5, 5, C).permute(0, 1, 3, 2, 4, 5)
+                return (torch.softmax(w, dim=-1), F.layer_norm(x.permute(0, 3, 1, 2), (H, W)),
+                        torch.cumsum(x.transpose(1, 2), dim=-1), (x.mT > 0).float().sum(-1), torch.argmax(x.mT, dim=-1))
+        """,
+        "[]",
+    ),
     "count_nonzero": (  # the fp32 sum of x != 0, stored as int64
         """
         class Model(nn.Module):
@@ -935,6 +948,7 @@ SHAPES = {
     "graph": ["(3, 37, 129)"],
     "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
     "bins": ["(1000, 777)", "(3,)", "(2**24 + 3,)"],
+    "gathers": ["(4, 63, 65, 129)", "(2, 3, 5, 4)"],
     "count_nonzero": ["(33, 1001, 67)"],
     "medians": ["(7, 33, 999)", "(2, 4096)"],
     "cdist_mm": ["(4, 1000, 64); (4, 777, 64)", "(999, 128); (1001, 128)"],

@@ -140,6 +140,7 @@ def has_fast(nodes) -> bool:
 
 
 _IDENTITY = {"alias", "clone", "detach", "lift_fresh_copy", "positive", "contiguous"}
+IDENTITY = frozenset(_IDENTITY)  # ops that pass their one operand through unchanged
 _COMPARE = {"gt": ">", "lt": "<", "ge": ">=", "le": "<=", "eq": "==", "ne": "!="}
 _BINARY_CALL = {
     "maximum": "kp_max({0}, {1})",

@@ -102,6 +102,7 @@ def lower(graph: Graph) -> Lowered:
         for m in lowered:
             nodes.append(m)
             by_name[m.name] = m
+    nodes = _unexpanded(nodes, by_name)
     # Dead code: values nothing returned depends on (a layer computed and never used) are not computed.
     live = set(graph.output_names())
     for n in reversed(nodes):
@@ -120,6 +121,37 @@ def lower(graph: Graph) -> Lowered:
 
 # ---------------------------------------------------------------------------------------------------------
 # Lowering
+
+
+def _unexpanded(nodes: list[Node], by_name: dict[str, Node]) -> list[Node]:
+    """An elementwise op reading an expand (F.normalize's divisor, expand_as, broadcast_tensors' parts) reads
+    the expand's source instead: it broadcasts by itself, and the kernels read a smaller operand by its own
+    broadcast rule, where an expanded view was gathered into a full-size copy first (114 MB a call of
+    SwinV2's copies). Only where another operand of the op has the op's full shape, so the region's operands
+    still span its output; not for positional ops, which index the element."""
+    for i, n in enumerate(nodes):
+        if not ops.is_elementwise(n) or n.op in ops.POSITIONAL or n.shape is None:
+            continue
+        refs = [a for a in n.args if isinstance(a, Ref)]
+        args, changed = list(n.args), False
+        for j, a in enumerate(n.args):
+            e = by_name.get(a.name) if isinstance(a, Ref) else None
+            if e is None or e.op != "expand" or e.shape != n.shape or not isinstance(e.args[0], Ref):
+                continue
+            src = by_name.get(e.args[0].name)
+            full = any(
+                r.name != a.name and (o := by_name.get(r.name)) is not None and o.shape == n.shape
+                for r in refs
+            )
+            if src is None or src.shape is None or e.dtype != src.dtype or not full:
+                continue
+            if broadcast(tuple(src.shape), tuple(n.shape)) != tuple(n.shape):
+                continue
+            args[j], changed = e.args[0], True
+        if changed:
+            nodes[i] = dataclasses.replace(n, args=tuple(args))
+            by_name[n.name] = nodes[i]
+    return nodes
 
 
 def _mk(name: str, op: str, args: tuple, shape, dtype, overload: str = "default", **kw) -> Node:

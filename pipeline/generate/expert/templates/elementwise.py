@@ -211,6 +211,19 @@ def _into(region: Region, lay: EwLayout) -> str:
     return lay.outputs[0][1]
 
 
+def _copy_only(region: Region, lay: EwLayout) -> bool:
+    """A region that only copies its one operand, dtype and shape kept (clone, contiguous, alias): where the
+    operand is a strided view, the launcher's gather into a fresh tensor is the whole result, not a copy
+    followed by a second one."""
+    return (
+        len(lay.operands) == 1
+        and len(lay.outputs) == 1
+        and not region.inplace
+        and all(n.op in ops.IDENTITY and n.dtype == region.nodes[0].dtype for n in region.nodes)
+        and lay.operands[0].cls in _VECTOR
+    )
+
+
 def _launcher(
     region: Region,
     lay: EwLayout,
@@ -225,6 +238,11 @@ def _launcher(
     inplace = dict(region.inplace)
     a = [f"a{i}" for i in range(len(ops_))]
     lines = [f"def _r_{rid}(sms, {', '.join(a)}{', out=None' if into else ''}):"]
+    if _copy_only(region, lay):  # a strided view's copy (x.permute(...).contiguous()): the gather is the copy
+        lines += [
+            f"    if not a0.is_contiguous(){' and out is None' if into else ''}:",
+            "        return _contig(a0)",
+        ]
     # one_hot's compare widens its (..., 1) index to the class count: the one dim no operand has
     widened = [f"({n.shape[-1]},)" for n in region.nodes if n.op == "one_hot_eq" and n.shape][:1]
     shapes = ", ".join([*(f"{x}.shape" for x in a), *widened])
