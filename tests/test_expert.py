@@ -1539,7 +1539,9 @@ MAX_EMULATED = 24
 
 def test_expand_as_is_a_view_so_f_normalize_leaves_nothing_to_pytorch(tmp_path):
     """F.normalize decomposes into a norm, clamp_min, expand_as and a division: the expand_as is a view of
-    ours (it was a region left to PyTorch between our kernels: 24 of them in level 3's SwinV2)."""
+    ours (it was a region left to PyTorch between our kernels: 24 of them in level 3's SwinV2), and since
+    the division and the addition broadcast by themselves, they read the unexpanded operands (regions.
+    _unexpanded): no expand is left, so none is gathered into a full-size copy."""
     body = """
         class Model(nn.Module):
             def forward(self, q, k):
@@ -1548,7 +1550,7 @@ def test_expand_as_is_a_view_so_f_normalize_leaves_nothing_to_pytorch(tmp_path):
     path = task_file(tmp_path, "normalize", body, "[torch.randn(4, 3, 7, 33), torch.randn(3, 1, 33)]")
     low = prepare(capture(path))
     assert [r.kind for r in low.regions if r.kind in (RegionKind.TORCH, RegionKind.LIBRARY)] == []
-    assert [n.op for n in low.nodes if n.name.startswith("expand_as")] == ["expand", "expand"]
+    assert [n.op for n in low.nodes if n.op == "expand"] == []
     _emulate(path, [p.candidate for p in ExpertPolicy().propose(ctx(path), 2)], 1e-5)
 
 

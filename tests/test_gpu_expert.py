@@ -126,8 +126,8 @@ FAMILIES = {
         """,
         "[]",
     ),
-    # strided views made contiguous by our gather (templates/code.py's _contig): 6-D windows, transposes, a
-    # bool and an int64 view; the dims merged, 4 elements a thread, vector copies where rows are contiguous
+    # strided views made contiguous by our gather (templates/code.py's _contig) or read in place: 6-D
+    # windows, transposes, a comparison of a transposed view
     "gathers": (
         """
         class Model(nn.Module):

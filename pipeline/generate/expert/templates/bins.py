@@ -147,8 +147,8 @@ def search(r: Region, dtype: str, seq_dtype: str, length: int, per_row: bool, ri
     rid, t, b = r.rid, ctype(dtype), ctype(seq_dtype)
     staged = staged and not per_row and length <= MAX_STAGED
     o = ctype(out_dtype)
-    sig = Signature((ptr("x", t, "xf"), ptr("seq", b, "sf"), ptr("out", o, const=False), i64("n"), i64("len", str(max(1, length))),
-                     i64("per_row")))  # fmt: skip
+    sig = Signature((ptr("x", t, "xf"), ptr("seq", b, "sf"), ptr("out", o, const=False), i64("n"),
+                     i64("len", str(max(1, length))), i64("per_row")))  # fmt: skip
     cuda = _SEARCH.format(rid=rid, b=b, o=o, right="true" if right else "false",
                           staged="true" if staged else "false", length=max(1, length),
                           bounds=launch_bounds(threads, 0), decls=sig.decls())  # fmt: skip

@@ -89,25 +89,16 @@ def _contig(t):
     """t as a contiguous tensor; a strided view (a transpose, a broadcast) is gathered by our own kernel."""
     if t.is_contiguous():
         return t
-    if t.dim() > 8 or t.dtype not in _GATHERED:  # the kernel's dims: at most 8 before they are merged
+    if t.dim() > 8 or t.dtype not in _GATHERED:
         return t.contiguous()
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     n = t.numel()
     if n == 0:
         return out
-    dims = []  # the view's dims with runs laid out as one merged: (size, stride), outermost first
-    for size, stride in zip(t.shape, t.stride()):
-        if size == 1:
-            continue
-        if dims and dims[-1][1] == size * stride:
-            dims[-1] = (dims[-1][0] * size, stride)
-        else:
-            dims.append((size, stride))
-    dims = dims or [(1, 1)]
-    sizes = [d[0] for d in dims] + [1] * (8 - len(dims))
-    strides = [d[1] for d in dims] + [0] * (8 - len(dims))
-    args = (t, out, numpy.int64(n), numpy.int32(len(dims)), *(numpy.int64(v) for v in (*sizes, *strides)))
-    grid = (max(1, min(-(-n // 1024), MAX_GRID_Y * 32)),)
+    sizes = [*t.shape, *[1] * (8 - t.dim())]
+    strides = [*t.stride(), *[0] * (8 - t.dim())]
+    args = (t, out, numpy.int64(n), numpy.int32(t.dim()), *(numpy.int64(v) for v in (*sizes, *strides)))
+    grid = (max(1, min(-(-n // 256), MAX_GRID_Y * 32)),)
     if t.dtype == torch.float32:
         kernels.kp_gather_f32(grid, (256,), args)  # noqa: F821
     elif t.dtype == torch.float16:
@@ -314,14 +305,7 @@ def _batch_stride(out, shape, dtype):
 
 
 def _gather_kernels(*types: tuple[str, str]) -> str:
-    """Our own kernels for making strided views contiguous (see _contig), one per (tag, C type).
-
-    The launcher merges the view's dims first (a run of dims laid out as one is one dim), so most views are
-    2 to 4 dims. A thread copies 4 consecutive elements: their source offsets are found by one walk of the
-    dims (32-bit divisions where the count fits, as it nearly always does), then stepped along the innermost
-    dim; where that dim is contiguous in the source and every offset a multiple of 4, the 4 are one vector
-    load and one vector store. The walk per element, in 64 bits over 8 dims, is what made these copies
-    slow: 1.9 ms of SwinV2's 6.2 on the GPU."""
+    """Our own kernels for making strided views contiguous (see _contig), one per (tag, C type)."""
     return "\n".join(
         f"""extern "C" __global__ void __launch_bounds__(256)
 kp_gather_{tag}(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long n, int nd,
@@ -329,64 +313,17 @@ kp_gather_{tag}(const {ct}* __restrict__ src, {ct}* __restrict__ dst, long long 
 {" ".join(f"long long t{d}," for d in range(8)).rstrip(",")}) {{
     const long long size[8] = {{{", ".join(f"s{d}" for d in range(8))}}};
     const long long stride[8] = {{{", ".join(f"t{d}" for d in range(8))}}};
-    long long inner = size[0], step = stride[0];  // the innermost dim's (unrolled: no local arrays)
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {{
+        long long rest = i, off = 0;
 #pragma unroll
-    for (int d = 1; d < 8; ++d)
-        if (d == nd - 1) inner = size[d], step = stride[d];
-    bool vec = step == 1 && inner % 4 == 0 && reinterpret_cast<uintptr_t>(src) % (4 * sizeof({ct})) == 0;
-#pragma unroll
-    for (int d = 0; d < 7; ++d)
-        if (d < nd - 1) vec = vec && stride[d] % 4 == 0;
-    const bool narrow = n <= 0xffffffffLL;
-    for (long long i = 4 * ((long long)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 4LL * gridDim.x * blockDim.x) {{
-        // the first element's source offset and its index along the innermost dim
-        long long off = 0, k = 0;
-        if (narrow) {{
-            unsigned int rest = (unsigned int)i;
-#pragma unroll
-            for (int d = 7; d >= 0; --d) {{
-                if (d < nd) {{
-                    const unsigned int sz = (unsigned int)size[d], q = rest / sz, r = rest - q * sz;
-                    if (d == nd - 1) k = r;
-                    off += (long long)r * stride[d];
-                    rest = q;
-                }}
-            }}
-        }} else {{
-            long long rest = i;
-#pragma unroll
-            for (int d = 7; d >= 0; --d) {{
-                if (d < nd) {{
-                    const long long q = rest / size[d], r = rest - q * size[d];
-                    if (d == nd - 1) k = r;
-                    off += r * stride[d];
-                    rest = q;
-                }}
+        for (int d = 7; d >= 0; --d) {{
+            if (d < nd) {{
+                const long long q = rest / size[d];
+                off += (rest - q * size[d]) * stride[d];
+                rest = q;
             }}
         }}
-        if (vec && i + 4 <= n) {{
-            kp::vstore<{ct}, 4>(dst + i, kp::vload<{ct}, 4>(src + off));
-            continue;
-        }}
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {{
-            const long long e = i + j;
-            if (e >= n) break;
-            if (k + j < inner) {{
-                dst[e] = src[off + j * step];
-            }} else {{  // past the innermost dim's end: this element's offset walked afresh
-                long long rest = e, o = 0;
-#pragma unroll
-                for (int d = 7; d >= 0; --d) {{
-                    if (d < nd) {{
-                        const long long q = rest / size[d];
-                        o += (rest - q * size[d]) * stride[d];
-                        rest = q;
-                    }}
-                }}
-                dst[e] = src[o];
-            }}
-        }}
+        dst[i] = src[off];
     }}
 }}
 """

@@ -23,7 +23,8 @@ template <int VEC>
 __device__ __forceinline__ void kp_{rid}_copy_body(const float* __restrict__ x, float* __restrict__ out, long long n) {{
     const long long stride = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (long long i = first; i < n / VEC; i += stride) kp::vstore<float, VEC>(out + i * VEC, kp::vload<float, VEC>(x + i * VEC));
+    for (long long i = first; i < n / VEC; i += stride)
+        kp::vstore<float, VEC>(out + i * VEC, kp::vload<float, VEC>(x + i * VEC));
     for (long long i = n / VEC * VEC + first; i < n; i += stride) out[i] = x[i];
 }}
 extern "C" __global__ void {bounds} kp_{rid}_copy(const float* __restrict__ x, float* __restrict__ out, long long n) {{
@@ -59,8 +60,8 @@ def render(r: Region, dim: int, per_row: bool, accumulate: bool, alpha: float, t
     ))  # fmt: skip
     value = "src[i]" if alpha == 1 else f"src[i] * {ops.lit(alpha)}"
     cuda = _BODY.format(rid=rid, accumulate="true" if accumulate else "false", per_row="true" if per_row else "false",
-                        wrap="true" if r.node.op == "index_put" else "false", value=value, bounds=launch_bounds(threads, 0),
-                        decls=sig.decls())  # fmt: skip
+                        wrap="true" if r.node.op == "index_put" else "false", value=value,
+                        bounds=launch_bounds(threads, 0), decls=sig.decls())  # fmt: skip
     node = r.node
     if node.op == "index_put":
         x, index, src = node.args[0], node.args[1][0], node.args[2]
