@@ -560,6 +560,16 @@ CASES: dict[str, tuple[str, str, str, float]] = {
         "[]",
         1e-5,
     ),
+    "fold": (  # col2im: the blocks that cover a pixel summed by its thread
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return F.fold(x, (5, 6), (2, 3), padding=1, stride=(1, 2)) * 2
+        """,
+        "[torch.randn(2, 18, 18)]",
+        "[]",
+        1e-5,
+    ),
     "norms_p": (  # vector norms of other orders: |x|^p summed (the power on the loads), then the root
         """
         class Model(nn.Module):
@@ -789,6 +799,7 @@ FAMILIES = {
     "count_nonzero": {"ew", "reduce", "view"},
     "bins": {"torch", "ew"},  # histc and the searches: torch-kind regions the bins family claims
     "scatters": {"torch", "ew", "view"},
+    "fold": {"torch", "ew"},
     "cdist": {"ew", "reduce", "view", "library"},
     "multi_margin": {"ew", "reduce", "view"},
     "diagonal": {"view", "reduce", "ew"},

@@ -57,10 +57,11 @@ def test_ops_without_a_template_are_written_through_pytorchs_decomposition(tmp_p
 
 
 def test_a_decomposition_into_ops_we_lack_is_not_taken(tmp_path):
-    # col2im (F.fold) decomposes into index_put at computed positions (integer ops): more regions left to
-    # PyTorch. (linalg_cross, the example before, has a lowering of its own now.)
-    ok, why = supports(_task(tmp_path, "fold", "F.fold(x, (4, 4), (3, 3))", "torch.randn(2, 36, 4)"))
-    assert not ok and "aten.col2im.default left to PyTorch" in why and "aten.index" not in why, why
+    # grid_sample decomposes into index arithmetic and gathers at computed positions (integer ops): more
+    # regions left to PyTorch. (linalg_cross and col2im, the examples before, have kernels of their own now.)
+    expr = "F.grid_sample(x, torch.tanh(x[:, :2].permute(0, 2, 3, 1)), align_corners=False)"
+    ok, why = supports(_task(tmp_path, "grid_sample", expr, "torch.randn(2, 4, 6, 6)"))
+    assert ok and "aten.grid_sampler.default left to PyTorch" in why and "aten.index" not in why, why
 
 
 @needs_gxx

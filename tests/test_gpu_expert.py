@@ -139,6 +139,16 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # col2im: blocks summed into their planes by a thread a pixel; a strided, dilated one over a slice
+    "fold": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                return F.fold(x, (33, 35), 3, padding=1), F.fold(x[..., :306], (33, 35), 3, dilation=2, padding=2,
+                                                               stride=2)
+        """,
+        "[]",
+    ),
     "count_nonzero": (  # the fp32 sum of x != 0, stored as int64
         """
         class Model(nn.Module):
@@ -949,6 +959,7 @@ SHAPES = {
     "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
     "bins": ["(1000, 777)", "(3,)", "(2**24 + 3,)"],
     "gathers": ["(4, 63, 65, 129)", "(2, 3, 5, 4)"],
+    "fold": ["(4, 72, 1155)", "(1, 9, 1155)"],
     "count_nonzero": ["(33, 1001, 67)"],
     "medians": ["(7, 33, 999)", "(2, 4096)"],
     "cdist_mm": ["(4, 1000, 64); (4, 777, 64)", "(999, 128); (1001, 128)"],
