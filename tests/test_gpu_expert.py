@@ -1382,13 +1382,18 @@ def test_the_power_edit_verifies_as_our_kernels(pool, home, task_id):
     assert_ok(cands, results, hybrid=False)
 
 
+def verify_ours(pool, home, path: Path, text: str) -> None:
+    """A whole task file (model and inputs, dedented) written at `path`: its first proposals and their edits
+    verify, all our own kernels."""
+    path.write_text(HEADER + textwrap.dedent(text).lstrip())
+    cands = proposals(path)
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=False)
+
+
 def test_rows_picked_by_an_index_tensor_verify_as_our_copies(pool, home, tmp_path):
     """embedding, x[:, i], index_select and gather (families/movement.py): the index an int64 input, bf16."""
-    path = tmp_path / "takes.py"
-    path.write_text(
-        HEADER
-        + textwrap.dedent(
-            """
+    body = """
             class Model(nn.Module):
                 def forward(self, i, w):
                     return (F.embedding(i, w), w[:, i[0]], torch.index_select(w, 0, i.flatten()[:5]) * 2,
@@ -1402,21 +1407,13 @@ def test_rows_picked_by_an_index_tensor_verify_as_our_copies(pool, home, tmp_pat
             def get_init_inputs():
                 return []
             """
-        ).lstrip()
-    )
-    cands = proposals(path)
-    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
-    assert_ok(cands, results, hybrid=False)
+    verify_ours(pool, home, tmp_path / "takes.py", body)
 
 
 def test_scatters_verify_as_our_kernels(pool, home, tmp_path):
     """scatter_add, scatter_reduce(sum), index_add, index_put (accumulating over repeated rows, and storing
     at distinct ones) as our atomics (families/scatter.py); the indices int64 inputs."""
-    path = tmp_path / "scatters.py"
-    path.write_text(
-        HEADER
-        + textwrap.dedent(
-            """
+    body = """
             class Model(nn.Module):
                 def forward(self, x, idx, src, rows, v, once):
                     y = x.clone()
@@ -1433,21 +1430,13 @@ def test_scatters_verify_as_our_kernels(pool, home, tmp_path):
             def get_init_inputs():
                 return []
             """
-        ).lstrip()
-    )
-    cands = proposals(path)
-    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
-    assert_ok(cands, results, hybrid=False)
+    verify_ours(pool, home, tmp_path / "scatters.py", body)
 
 
 def test_weighted_and_spatial_losses_verify_as_our_kernels(pool, home, tmp_path):
     """Cross-entropy and NLL with class weights (rows, a warp each) and over (N, C, H, W) scores (a thread a
     position, families/xent.py), ignored targets among them."""
-    path = tmp_path / "weighted_losses.py"
-    path.write_text(
-        HEADER
-        + textwrap.dedent(
-            """
+    body = """
             class Model(nn.Module):
                 def __init__(self, classes):
                     super().__init__()
@@ -1466,8 +1455,4 @@ def test_weighted_and_spatial_losses_verify_as_our_kernels(pool, home, tmp_path)
             def get_init_inputs():
                 return [1001]
             """
-        ).lstrip()
-    )
-    cands = proposals(path)
-    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
-    assert_ok(cands, results, hybrid=False)
+    verify_ours(pool, home, tmp_path / "weighted_losses.py", body)

@@ -146,6 +146,33 @@ def torch_region_rules(
     return why_not, claims, declines
 
 
+def torch_family(
+    knobs: type[RegionPlan],
+    ops_: Container[str],
+    form: Callable[[Any, Lowered], Any],
+    emit: Callable[[Region, Any, Any, Lowered], Code],
+    what: str,
+    edits: Mapping[str, Edit] | None = None,
+    order: int = 16,
+) -> Family:
+    """A family of one kernel for regions PyTorch would compute (torch_region_rules): both plans take the
+    knobs' defaults, `emit(region, entry, form, lowered)` writes the code of a node whose `form` is not a
+    reason, and resize_grid is its edit unless `edits` names others. `what` names the kernel in errors."""
+    _, claims, declines = torch_region_rules(form, ops_)
+
+    def first(r: Region, low: Lowered, tuned: bool) -> RegionPlan:
+        return knobs(r.rid)
+
+    def render(r: Region, rp: Any, low: Lowered, hunter: Any) -> Code:
+        f = form(r.node, low)
+        if isinstance(f, str):
+            raise RenderError(f"region {r.rid} cannot be our {what}: {f}")
+        return emit(r, rp, f, low)
+
+    return Family(knobs=knobs, claims=claims, first=first, render=render, declines=declines,
+                  edits=edits if edits is not None else {"resize_grid": resize_grid}, order=order)  # fmt: skip
+
+
 def persistent_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:
     if not rp.persistent:
         yield from change("persistent_grid", plan, rp, persistent=blocks_per_sm(rp.threads))

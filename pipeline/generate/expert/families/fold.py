@@ -10,7 +10,6 @@ from typing import Any, ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -76,27 +75,9 @@ def form(n: Node, low: Lowered) -> Form | str:
     return Form(rows // (kernel[0] * kernel[1]), out, kernel, dilation, padding, stride)
 
 
-why_not, claims, declines = common.torch_region_rules(form, OPS)
-
-
-def first(r: Region, low: Lowered, tuned: bool) -> FoldPlan:
-    return FoldPlan(r.rid)
-
-
-def render(r: Region, rp: FoldPlan, low: Lowered, hunter: Any) -> Code:
-    f = form(r.node, low)
-    if isinstance(f, str):
-        raise RenderError(f"region {r.rid} cannot be our fold: {f}")
+def _emit(r: Region, rp: FoldPlan, f: Form, low: Lowered) -> Code:
     dtype = low.by_name[r.node.args[0].name].dtype or "float32"
     return fold.render(r, dtype, f.channels, f.out, f.kernel, f.dilation, f.padding, f.stride, rp.threads)
 
 
-FAMILY = Family(
-    knobs=FoldPlan,
-    claims=claims,
-    first=first,
-    render=render,
-    declines=declines,
-    edits={"resize_grid": common.resize_grid},
-    order=16,
-)
+FAMILY = common.torch_family(FoldPlan, OPS, form, _emit, "fold")

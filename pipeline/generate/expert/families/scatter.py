@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -96,26 +95,8 @@ def form(n: Node, low: Lowered) -> Form | str:
     return Form(dim, per_row, accumulate, float(alpha))
 
 
-why_not, claims, declines = common.torch_region_rules(form, OPS)
-
-
-def first(r: Region, low: Lowered, tuned: bool) -> ScatterPlan:
-    return ScatterPlan(r.rid)
-
-
-def render(r: Region, rp: ScatterPlan, low: Lowered, hunter: Any) -> Code:
-    f = form(r.node, low)
-    if isinstance(f, str):
-        raise RenderError(f"region {r.rid} cannot be our scatter: {f}")
+def _emit(r: Region, rp: ScatterPlan, f: Form, low: Lowered) -> Code:
     return scatter.render(r, f.dim, f.per_row, f.accumulate, f.alpha, rp.threads)
 
 
-FAMILY = Family(
-    knobs=ScatterPlan,
-    claims=claims,
-    first=first,
-    render=render,
-    declines=declines,
-    edits={"resize_grid": common.resize_grid},
-    order=16,
-)
+FAMILY = common.torch_family(ScatterPlan, OPS, form, _emit, "scatter")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
@@ -85,27 +84,9 @@ def form(n: Node, low: Lowered) -> Form | str:
     return Form(n.op, length, k, dim, desc)
 
 
-why_not, claims, declines = common.torch_region_rules(form, OPS)
-
-
-def first(r: Region, low: Lowered, tuned: bool) -> SelectPlan:
-    return SelectPlan(r.rid)
-
-
-def render(r: Region, rp: SelectPlan, low: Lowered, hunter: Any) -> Code:
-    f = form(r.node, low)
-    if isinstance(f, str):
-        raise RenderError(f"region {r.rid} cannot be our sort: {f}")
+def _emit(r: Region, rp: SelectPlan, f: Form, low: Lowered) -> Code:
     dtype = low.by_name[r.node.args[0].name].dtype or "float32"
     return select.render(r, f.op, dtype, f.length, f.k, f.dim, f.desc, rp.threads, f.start, f.keep)
 
 
-FAMILY = Family(
-    knobs=SelectPlan,
-    claims=claims,
-    first=first,
-    render=render,
-    declines=declines,
-    edits={"resize_grid": common.resize_grid},
-    order=16,
-)
+FAMILY = common.torch_family(SelectPlan, OPS, form, _emit, "sort")
