@@ -75,6 +75,23 @@ def test_a_copied_view_is_gathered_once_and_an_expanded_operand_read_by_broadcas
     assert not any("contiguous" in k for k in launched), launched
 
 
+@needs_gxx
+def test_an_op_of_expands_alone_keeps_one_so_its_shape_stays(tmp_path):
+    """Two operands both expanded from (N, 1) to (N, C): reading both at (N, 1) would give an (N, 1) result,
+    so one stays expanded (gathered); x + expand(y) + expand(y) reads y by broadcast twice."""
+    body = (
+        "a = x[:, :1].expand(-1, 30)\n        b = (x[:, 1:2] * 2.0).expand(-1, 30)\n"
+        "        c = x[:, 2:3].expand_as(x)\n        return a + b, x + c + c"
+    )
+    path = task_file(tmp_path, "expands", f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
+                     "[torch.randn(7, 30)]")  # fmt: skip
+    task = probe(path)
+    cands = [
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    ]
+    _emulate(path, cands, 1e-6)
+
+
 def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
     """The launcher's helpers: _run_split picks the longest rows every operand holds as evenly spaced runs
     (none shorter than asked), _runs reads one in place or gathers it."""

@@ -132,16 +132,19 @@ def _unexpanded(nodes: list[Node], by_name: dict[str, Node]) -> list[Node]:
     for i, n in enumerate(nodes):
         if not ops.is_elementwise(n) or n.op in ops.POSITIONAL or n.shape is None:
             continue
-        refs = [a for a in n.args if isinstance(a, Ref)]
         args, changed = list(n.args), False
         for j, a in enumerate(n.args):
             e = by_name.get(a.name) if isinstance(a, Ref) else None
             if e is None or e.op != "expand" or e.shape != n.shape or not isinstance(e.args[0], Ref):
                 continue
             src = by_name.get(e.args[0].name)
+            # against the operands as they now stand: of two expands of (4, 1) to (4, 5), one stays
             full = any(
-                r.name != a.name and (o := by_name.get(r.name)) is not None and o.shape == n.shape
-                for r in refs
+                k != j
+                and isinstance(r, Ref)
+                and (o := by_name.get(r.name)) is not None
+                and o.shape == n.shape
+                for k, r in enumerate(args)
             )
             if src is None or src.shape is None or e.dtype != src.dtype or not full:
                 continue
