@@ -35,20 +35,22 @@ CASES = {
 }
 
 
+def _first_two(tmp_path, name: str, body: str, shape: str):
+    """A task whose forward over x (torch.randn of `shape`) is `body`, and the expert's plain and tuned
+    candidates of it."""
+    path = task_file(tmp_path, name, f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
+                     f"[torch.randn{shape}]")  # fmt: skip
+    task = probe(path)
+    return path, [
+        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    ]
+
+
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_strided_operands_are_read_in_place(tmp_path, name):
     body, shape, gathers, vector = CASES[name]
-    path = task_file(
-        tmp_path,
-        name,
-        f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
-        f"[torch.randn{shape}]",
-    )
-    task = probe(path)
-    plain, tuned = (
-        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
-    )
+    path, (plain, tuned) = _first_two(tmp_path, name, body, shape)
     launched = _emulate(path, [tuned], 1e-6)
     assert sum(k.startswith("kp_gather") for k in launched) == gathers, launched
     chains = [k for k in launched if not k.startswith("kp_gather")]
@@ -64,12 +66,7 @@ def test_a_copied_view_is_gathered_once_and_an_expanded_operand_read_by_broadcas
         "w = x.view(2, 3, 4, 5, 6).permute(0, 2, 1, 4, 3).contiguous()\n"
         "        return w, x / x.abs().sum(-1, keepdim=True).expand_as(x)"
     )
-    path = task_file(tmp_path, "copied", f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
-                     "[torch.randn(2, 12, 30)]")  # fmt: skip
-    task = probe(path)
-    cands = [
-        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
-    ]
+    path, cands = _first_two(tmp_path, "copied", body, "(2, 12, 30)")
     launched = _emulate(path, cands, 1e-6)
     assert sum(k.startswith("kp_gather") for k in launched) == len(cands), launched  # the permuted view's
     assert not any("contiguous" in k for k in launched), launched
@@ -83,12 +80,7 @@ def test_an_op_of_expands_alone_keeps_one_so_its_shape_stays(tmp_path):
         "a = x[:, :1].expand(-1, 30)\n        b = (x[:, 1:2] * 2.0).expand(-1, 30)\n"
         "        c = x[:, 2:3].expand_as(x)\n        return a + b, x + c + c"
     )
-    path = task_file(tmp_path, "expands", f"class Model(nn.Module):\n    def forward(self, x):\n        {body}",
-                     "[torch.randn(7, 30)]")  # fmt: skip
-    task = probe(path)
-    cands = [
-        p.candidate for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
-    ]
+    path, cands = _first_two(tmp_path, "expands", body, "(7, 30)")
     _emulate(path, cands, 1e-6)
 
 

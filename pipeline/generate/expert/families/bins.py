@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.families.base import Family, RenderError, change
-from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.families.base import RenderError, change
+from pipeline.generate.expert.graph import Node
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import bins
@@ -51,23 +51,15 @@ class Search:
     seq_dtype: str
 
 
-def _arg(n: Node, i: int, key: str, default: Any) -> Any:
-    return n.args[i] if len(n.args) > i else n.kw(key, default)
-
-
-def _node(ref: Any, low: Lowered) -> Node | None:
-    return low.by_name.get(ref.name) if isinstance(ref, Ref) else None
-
-
 def form(n: Node, low: Lowered) -> Histc | Search | str:
     """What our kernel computes for this node, else why not."""
     if n.op not in OPS:
         return "not a histogram or a search"
     if n.op == "histc":
-        x = _node(n.args[0], low)
+        x = common.operand(n.args[0], low)
         if x is None or x.dtype != "float32" or n.dtype != "float32":
             return f"{x.dtype if x else 'unknown'} values (ours: fp32)"
-        nb, lo, hi = _arg(n, 1, "bins", 100), _arg(n, 2, "min", 0), _arg(n, 3, "max", 0)
+        nb, lo, hi = ops._arg(n, 1, "bins", 100), ops._arg(n, 2, "min", 0), ops._arg(n, 3, "max", 0)
         if not isinstance(nb, int) or not 1 <= nb <= 1 << 24:
             return f"{nb} bins"
         if not all(
@@ -80,7 +72,7 @@ def form(n: Node, low: Lowered) -> Histc | Search | str:
     if n.overload != "Tensor":
         return "a scalar searched"
     seq_ref, x_ref = (n.args[0], n.args[1]) if n.op == "searchsorted" else (n.args[1], n.args[0])
-    seq, x = _node(seq_ref, low), _node(x_ref, low)
+    seq, x = common.operand(seq_ref, low), common.operand(x_ref, low)
     if x is None or seq is None or x.dtype not in ops.FLOAT_DTYPES or seq.dtype not in SEQ_DTYPES:
         return "values or boundaries of a type ours does not compare (ours: float values, float or int boundaries)"
     if n.dtype not in ("int64", "int32") or not seq.shape or x.shape is None:
@@ -100,19 +92,13 @@ def form(n: Node, low: Lowered) -> Histc | Search | str:
     return Search(seq.shape[-1], per_row, right, seq.dtype or "float32")
 
 
-why_not, claims, declines = common.torch_region_rules(form, OPS)
-
-
 def first(r: Region, low: Lowered, tuned: bool) -> BinsPlan:
     f = form(r.node, low)
     # a histogram too large for shared memory counts in global atomics
     return BinsPlan(r.rid, shared=not isinstance(f, Histc) or f.bins <= bins.MAX_PRIVATE_BINS)
 
 
-def render(r: Region, rp: BinsPlan, low: Lowered, hunter: Any) -> Code:
-    f = form(r.node, low)
-    if isinstance(f, str):
-        raise RenderError(f"region {r.rid} cannot be our binning: {f}")
+def _emit(r: Region, rp: BinsPlan, f: Histc | Search, low: Lowered) -> Code:
     if isinstance(f, Histc):
         if rp.shared and f.bins * rp.copies > bins.MAX_PRIVATE_BINS:
             raise RenderError(f"region {r.rid}: {rp.copies} copies of {f.bins} bins exceed shared memory")
@@ -142,12 +128,12 @@ def shared_memory(plan: Plan, rp: BinsPlan, r: Region, low: Lowered) -> Iterator
         yield from change("tile_shared_memory", plan, rp, shared=not rp.shared)
 
 
-FAMILY = Family(
-    knobs=BinsPlan,
-    claims=claims,
-    first=first,
-    render=render,
-    declines=declines,
+FAMILY = common.torch_family(
+    BinsPlan,
+    OPS,
+    form,
+    _emit,
+    "binning",
     edits={"resize_grid": common.resize_grid, "tile_shared_memory": shared_memory},
-    order=16,
+    first=first,
 )

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from pipeline.generate.expert import fusion, ops
 from pipeline.generate.expert.families.base import Edit, Family, RenderError, change, changed, label
+from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates.code import Code
@@ -154,13 +155,15 @@ def torch_family(
     what: str,
     edits: Mapping[str, Edit] | None = None,
     order: int = 16,
+    first: Callable[[Region, Lowered, bool], RegionPlan] | None = None,
 ) -> Family:
     """A family of one kernel for regions PyTorch would compute (torch_region_rules): both plans take the
-    knobs' defaults, `emit(region, entry, form, lowered)` writes the code of a node whose `form` is not a
-    reason, and resize_grid is its edit unless `edits` names others. `what` names the kernel in errors."""
+    knobs' defaults (or `first`'s entry), `emit(region, entry, form, lowered)` writes the code of a node
+    whose `form` is not a reason, and resize_grid is its edit unless `edits` names others. `what` names the
+    kernel in errors."""
     _, claims, declines = torch_region_rules(form, ops_)
 
-    def first(r: Region, low: Lowered, tuned: bool) -> RegionPlan:
+    def defaults(r: Region, low: Lowered, tuned: bool) -> RegionPlan:
         return knobs(r.rid)
 
     def render(r: Region, rp: Any, low: Lowered, hunter: Any) -> Code:
@@ -169,8 +172,13 @@ def torch_family(
             raise RenderError(f"region {r.rid} cannot be our {what}: {f}")
         return emit(r, rp, f, low)
 
-    return Family(knobs=knobs, claims=claims, first=first, render=render, declines=declines,
+    return Family(knobs=knobs, claims=claims, first=first or defaults, render=render, declines=declines,
                   edits=edits if edits is not None else {"resize_grid": resize_grid}, order=order)  # fmt: skip
+
+
+def operand(ref: Any, low: Lowered) -> Node | None:
+    """The node a node's argument names, or None for a constant or an unknown value."""
+    return low.by_name.get(ref.name) if isinstance(ref, Ref) else None
 
 
 def persistent_grid(plan: Plan, rp: Any, r: Region, low: Lowered) -> Moves:

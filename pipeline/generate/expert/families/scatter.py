@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
-from pipeline.generate.expert.graph import Node, Ref
+from pipeline.generate.expert.graph import Node
 from pipeline.generate.expert.plan import RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region
 from pipeline.generate.expert.templates import scatter
@@ -35,24 +36,21 @@ class Form:
     alpha: float = 1.0
 
 
-def _arg(n: Node, i: int, key: str, default: Any) -> Any:
-    return n.args[i] if len(n.args) > i else n.kw(key, default)
-
-
-def _node(ref: Any, low: Lowered) -> Node | None:
-    return low.by_name.get(ref.name) if isinstance(ref, Ref) else None
-
-
 def _operands(n: Node, low: Lowered) -> tuple[Node | None, Node | None, Node | None, Any]:
     """(destination, index, source, dim) of the node."""
     if n.op == "index_put":
         indices = n.args[1] if len(n.args) > 1 else ()
         index = indices[0] if isinstance(indices, tuple | list) and len(indices) == 1 else None
-        return _node(n.args[0], low), _node(index, low), _node(_arg(n, 2, "values", None), low), 0
+        return (
+            common.operand(n.args[0], low),
+            common.operand(index, low),
+            common.operand(ops._arg(n, 2, "values", None), low),
+            0,
+        )
     return (
-        _node(n.args[0], low),
-        _node(_arg(n, 2, "index", None), low),
-        _node(_arg(n, 3, "src", None), low),
+        common.operand(n.args[0], low),
+        common.operand(ops._arg(n, 2, "index", None), low),
+        common.operand(ops._arg(n, 3, "src", None), low),
         n.args[1],
     )
 
@@ -85,13 +83,13 @@ def form(n: Node, low: Lowered) -> Form | str:
     if not per_row and tuple(index.shape) != tuple(src.shape):
         return f"an index of shape {index.shape} for a source of {src.shape} (ours: the same)"
     if n.op == "scatter_reduce" and (
-        _arg(n, 4, "reduce", None) != "sum" or not _arg(n, 5, "include_self", True)
+        ops._arg(n, 4, "reduce", None) != "sum" or not ops._arg(n, 5, "include_self", True)
     ):
         return "a reduce other than a sum over the destination"
-    alpha = _arg(n, 4, "alpha", 1) if n.op == "index_add" else 1
+    alpha = ops._arg(n, 4, "alpha", 1) if n.op == "index_add" else 1
     if not isinstance(alpha, int | float) or isinstance(alpha, bool):
         return "a non-constant alpha"
-    accumulate = bool(_arg(n, 3, "accumulate", False)) if n.op == "index_put" else True
+    accumulate = bool(ops._arg(n, 3, "accumulate", False)) if n.op == "index_put" else True
     return Form(dim, per_row, accumulate, float(alpha))
 
 

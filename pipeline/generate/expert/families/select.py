@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
 from pipeline.generate.expert.graph import Node, Ref
 from pipeline.generate.expert.plan import RegionPlan
@@ -41,10 +42,6 @@ class Form:
     keep: bool = True  # the dim stays in the output (of k elements), else it is dropped
 
 
-def _arg(n: Node, i: int, key: str, default: Any) -> Any:
-    return n.args[i] if len(n.args) > i else n.kw(key, default)
-
-
 def form(n: Node, low: Lowered) -> Form | str:
     """What our kernel computes for this node, else why not."""
     if n.op not in OPS:
@@ -59,9 +56,9 @@ def form(n: Node, low: Lowered) -> Form | str:
             return f"{math.prod(x.shape)} elements (our kernel sorts rows of 1 to {select.MAX_ROW})"
         return Form(f"{n.op}_all", math.prod(x.shape), 1, 0, False, (math.prod(x.shape) - 1) // 2)
     if n.op in ("median", "nanmedian", "kthvalue"):
-        rank = _arg(n, 1, "k", None) if n.op == "kthvalue" else None
-        dim = _arg(n, 2 if n.op == "kthvalue" else 1, "dim", -1)
-        keep = _arg(n, 3 if n.op == "kthvalue" else 2, "keepdim", False)
+        rank = ops._arg(n, 1, "k", None) if n.op == "kthvalue" else None
+        dim = ops._arg(n, 2 if n.op == "kthvalue" else 1, "dim", -1)
+        keep = ops._arg(n, 3 if n.op == "kthvalue" else 2, "keepdim", False)
         if not isinstance(dim, int) or not -len(x.shape) <= dim < len(x.shape) or not isinstance(keep, bool):
             return "the dim is not a constant"
         length = x.shape[dim]
@@ -70,11 +67,11 @@ def form(n: Node, low: Lowered) -> Form | str:
             return f"rows of {length} (our kernel sorts rows of 1 to {select.MAX_ROW} in shared memory)"
         return Form(n.op, length, 1, dim, False, start, keep)
     stable = n.overload == "stable"  # dim and descending are keywords there
-    dim = n.kw("dim", -1) if stable else _arg(n, 2 if n.op == "topk" else 1, "dim", -1)
+    dim = n.kw("dim", -1) if stable else ops._arg(n, 2 if n.op == "topk" else 1, "dim", -1)
     if n.op == "topk":
-        k, desc = _arg(n, 1, "k", None), _arg(n, 3, "largest", True)
+        k, desc = ops._arg(n, 1, "k", None), ops._arg(n, 3, "largest", True)
     else:
-        k, desc = None, (n.kw("descending", False) if stable else _arg(n, 2, "descending", False))
+        k, desc = None, (n.kw("descending", False) if stable else ops._arg(n, 2, "descending", False))
     if not isinstance(dim, int) or not isinstance(desc, bool) or not -len(x.shape) <= dim < len(x.shape):
         return "the dim or the direction is not a constant"
     length = x.shape[dim]
