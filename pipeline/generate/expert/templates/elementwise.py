@@ -94,7 +94,7 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
         return [f"float {outs_decl};", f"kp_{rid}_f({args});"]
 
     full = [i for i, o in enumerate(ops_) if o.cls in _VECTOR]
-    rowed = bool(into) or strided  # rows of their own strides, which may be short
+    rowed = _rowed(lay, into, strided)
     # a fresh output's row: its own (rq) in a given tensor, else rs; one written in place: its operand's row
     row_of = [("rq" if into else "rs") if p.startswith("q") else start(int(p[1:])) for p in store_ptr]
     body = [
@@ -196,6 +196,14 @@ def _flat(lay: EwLayout) -> bool:
     return lay.k == lay.ndim and all(o.cls in _VECTOR or o.cls is Bcast.SCALAR for o in lay.operands)
 
 
+def _rowed(lay: EwLayout, into: str, strided: bool) -> bool:
+    """Whether short rows share a block (the kernel's y, _rows_grid): rows of their own strides, or a
+    layout split at a row or column operand, whose rows may be as short as a head's 32 elements (an
+    F.normalize over heads, its norm read by broadcast: a block a row left 248 of 256 threads idle,
+    SwinV2's 24 took 1.26 ms on the H100). Chains over one flat row keep the one-dimensional block."""
+    return bool(into) or strided or any(o.cls in _INDEXED for o in lay.operands)
+
+
 def _into(region: Region, lay: EwLayout) -> str:
     """The dtype of the one fresh output when the launcher may write it into a given tensor (out=), else "":
     an output of the operands' broadcast shape (one_hot's widened compare is not), none written in place,
@@ -288,7 +296,7 @@ def _launcher(
     ret = ", ".join(outs)
     lines.append(f"    if rows * cols == 0:\n        return {ret}")
     lines.append(f"    args = ({sig.args()},)")
-    rowed = bool(into) or strided  # rows of their own strides: short rows share a block (the kernel's y)
+    rowed = _rowed(lay, into, strided)
     grid_args = f"{grid_sms(rp.sm_share)}, rows, cols, {rp.vec}, {rp.threads}, {rp.unroll}, {rp.persistent}"
     lines.append(f"    grid, block = _rows_grid({grid_args})" if rowed else f"    grid = _grid({grid_args})")
     vec_tensors = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR] + [
