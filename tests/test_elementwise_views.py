@@ -178,5 +178,7 @@ def test_a_row_operand_over_short_rows_shares_a_block(tmp_path):
     model = load_model(tuned.launcher, kernels, sms=64)(*r.module.get_init_inputs())
     with torch.no_grad():
         model(*r.inputs)
-    rowed = [(name, block) for name, _, block, _ in kernels.launches if len(tuple(block)) > 1 and block[1] > 1]
+    rowed = [
+        (name, block) for name, _, block, _ in kernels.launches if len(tuple(block)) > 1 and block[1] > 1
+    ]
     assert rowed and all(tuple(block)[:2] == (8, 32) for _, block in rowed), kernels.launches
