@@ -30,8 +30,32 @@ CASES = {
     "middle_slice": ("return torch.relu(x[:, 8:40]) * x[:, :32]", "(4, 48, 64)", 0, True),
     # a transpose is no rows of runs: gathered, as before
     "transposed": ("return x.mT * 2.0 + x", "(4, 600, 600)", 1, True),
-    # short rows (a component of (6, 3, 40)): gathered into one flat row, which keeps the blocks busy
-    "short_rows": ("return x[:, 0] * x[:, 1] - x[:, 2]", "(6, 3, 40)", 3, True),
+    # short rows (a component of (6, 3, 40)): runs of 40 at a stride of 120, several rows to a block
+    "short_rows": ("return x[:, 0] * x[:, 1] - x[:, 2]", "(6, 3, 40)", 0, True),
+    # runs shorter than two sectors: gathered into one flat row
+    "shortest_rows": ("return x[:, 0] * x[:, 1] - x[:, 2]", "(6, 3, 12)", 3, True),
+    # q, k and v of a permuted projection: rows of a head's 32 whose starts are batch, head and token, three
+    # runs of row dims none of which steps evenly after another
+    "heads": (
+        "q, k, v = x.view(2, 7, 3, 4, 32).permute(2, 0, 3, 1, 4)\n        return q * 2.0 + k * v",
+        "(2, 7, 384)",
+        0,
+        True,
+    ),
+    # a window partition keeping channels last: runs of 24 (a window row's 3 x 8), rows in three runs
+    "window_rows": (
+        "w = x.view(2, 4, 3, 4, 3, 8).permute(0, 1, 3, 2, 4, 5)\n        return w * 2.0 + 1.0",
+        "(2, 12, 12, 8)",
+        0,
+        True,
+    ),
+    # windows transposed within: runs of 16 channels, rows in five runs of dims, more than the kernel's three
+    "windows_transposed": (
+        "w = x.view(2, 4, 3, 4, 3, 16).permute(0, 3, 1, 4, 2, 5)\n        return w * 2.0 + 1.0",
+        "(2, 12, 12, 16)",
+        1,
+        True,
+    ),
 }
 
 
@@ -85,8 +109,8 @@ def test_an_op_of_expands_alone_keeps_one_so_its_shape_stays(tmp_path):
 
 
 def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
-    """The launcher's helpers: _run_split picks the longest rows every operand holds as evenly spaced runs
-    (none shorter than asked), _runs reads one in place or gathers it."""
+    """The launcher's helpers: _run_split picks the longest rows every operand holds as runs whose starts
+    three row strides reach (none shorter than asked), _rows_in_place reads each in place or gathers it."""
     import math
 
     import numpy
@@ -95,18 +119,35 @@ def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
 
     scope = {"torch": torch, "math": math, "numpy": numpy}
     exec(LAUNCHER_HELPERS + ROWS_HELPERS, scope)
-    run_split, runs = scope["_run_split"], scope["_runs"]
+    run_split, in_place = scope["_run_split"], scope["_rows_in_place"]
     x = torch.randn(4, 6, 10)
     half = x[..., :5]  # rows of 5 at a stride of 10, from the first split of the last dim
     assert run_split((x[..., 5:], half), (4, 6, 5), 1) == 2 and run_split((half,), (4, 6, 5), 8) == 0
     assert run_split((x[:, 1:4],), (4, 3, 10), 1) == 1  # a slice of the middle dim: runs of 30 a stride of 60
     assert run_split((x, x + 1), (4, 6, 10), 1) == 0  # contiguous: one flat row
-    assert run_split((x.mT,), (4, 10, 6), 1) == 0  # a transpose: gathered
+    assert run_split((x.mT,), (4, 10, 6), 2) == 0  # a transpose: runs of one element, gathered
     assert run_split((x[:1],), (4, 6, 10), 1) == 1  # broadcast along the batch: a row stride of 0
-    t, ld = runs(x[:, 1:4], (4, 3, 10), 1)
-    assert ld == 60 and t.data_ptr() == x[:, 1].data_ptr()
-    t, ld = runs(x[:1], (4, 6, 10), 1)
+    (t,), rn1, rn2, ((lf, le, ld),) = in_place((x[:, 1:4],), (4, 3, 10), 1)
+    assert (rn1, rn2, ld) == (1, 4, 60) and t.data_ptr() == x[:, 1].data_ptr()
+    (t,), rn1, rn2, ((lf, le, ld),) = in_place((x[:1],), (4, 6, 10), 1)
     assert ld == 0 and t.shape == (4, 6, 10)
+    # heads of a permuted projection: rows (batch, head, token) at strides (2688, 32, 384), each row's start
+    # reached from its index as the kernel computes it
+    q = torch.randn(2, 7, 3, 4, 32).permute(2, 0, 3, 1, 4)[1]
+    assert run_split((q,), tuple(q.shape), 16) == 3 and run_split((q,), tuple(q.shape), 33) == 0
+    (t,), rn1, rn2, ((lf, le, ld),) = in_place((q,), tuple(q.shape), 3)
+    assert t.data_ptr() == q.data_ptr() and (rn1, rn2) == (4, 7)
+    base = q.storage_offset()
+    for r in range(2 * 4 * 7):
+        i2, i1, i0 = r % rn2, (r // rn2) % rn1, r // rn2 // rn1
+        assert base + i0 * lf + i1 * le + i2 * ld == q[i0, i1, i2].storage_offset()
+    # two operands whose row dims merge differently: each keeps its own strides over the shared split
+    y = torch.randn(8, 7, 32)
+    (a, b), rn1, rn2, (sa, sb) = in_place((q, y.view(2, 4, 7, 32)), tuple(q.shape), 3)
+    assert a.data_ptr() == q.data_ptr() and b.data_ptr() == y.data_ptr() and sb == (896, 224, 32), (sa, sb)
+    # five runs of row dims: none (the launcher gathers it: the emulated case windows_transposed)
+    w = torch.randn(2, 4, 3, 4, 3, 16).permute(0, 3, 1, 4, 2, 5)
+    assert scope["_row_groups"]((w,), tuple(w.shape), 5) is None and run_split((w,), tuple(w.shape), 16) == 0
 
 
 def test_a_chain_of_fresh_operands_takes_no_row_strides(tmp_path):
@@ -119,7 +160,7 @@ def test_a_chain_of_fresh_operands_takes_no_row_strides(tmp_path):
         body = f"class Model(nn.Module):\n    def forward(self, x):\n        return {expr}"
         task = probe(task_file(tmp_path, name, body, "[torch.randn(64, 2048)]"))
         for p in ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2):
-            assert "ld0" not in p.candidate.source and "_runs(" not in p.candidate.launcher, (
+            assert "ld0" not in p.candidate.source and "_rows_in_place(" not in p.candidate.launcher, (
                 name,
                 p.candidate.edit,
             )

@@ -127,14 +127,16 @@ FAMILIES = {
         "[]",
     ),
     # operands read by broadcast over short rows (F.normalize's divisor over heads of 32 or 33): a block
-    # takes several rows (templates/elementwise.py's _rowed)
+    # takes several rows (templates/elementwise.py's _rowed); heads of a permuted projection read in place
     "head_norms": (
         """
         class Model(nn.Module):
             def forward(self, x):
                 B, N, C = x.shape
                 q = x.view(B, N, 4, C // 4).transpose(1, 2)
-                return F.normalize(q, dim=-1) * 2.0, x / x.abs().sum(-1, keepdim=True).expand_as(x) - 1.0
+                h, k, v = x.view(B, N, 3, 4, C // 12).permute(2, 0, 3, 1, 4)
+                return (F.normalize(q, dim=-1) * 2.0, x / x.abs().sum(-1, keepdim=True).expand_as(x) - 1.0,
+                        h * 2.0 + k * v)
         """,
         "[]",
     ),
@@ -971,7 +973,7 @@ SHAPES = {
     "cummax": ["(3, 7, 4099)", "(5, 1000, 3)"],
     "bins": ["(1000, 777)", "(3,)", "(2**24 + 3,)"],
     "gathers": ["(4, 63, 65, 129)", "(2, 3, 5, 4)"],
-    "head_norms": ["(3, 37, 132)", "(5, 999, 128)"],
+    "head_norms": ["(3, 37, 396)", "(5, 999, 384)"],
     "fold": ["(4, 72, 1155)", "(1, 9, 1155)"],
     "count_nonzero": ["(33, 1001, 67)"],
     "medians": ["(7, 33, 999)", "(2, 4096)"],

@@ -123,7 +123,7 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> s
     if any("_reshape(" in ln for ln in model):
         lines.append(RESHAPE_HELPERS)
     sinking = any(c.into or c.sinks for c in codes.values())
-    if sinking or any("_runs(" in c.launcher or "_rows_grid(" in c.launcher for c in codes.values()):
+    if sinking or any("_rows_in_place(" in c.launcher or "_rows_grid(" in c.launcher for c in codes.values()):
         lines.append(ROWS_HELPERS)
     if sinking:
         lines.append(SINK_HELPERS)

@@ -49,9 +49,11 @@ def first(r: Region, low: Lowered, tuned: bool) -> EwPlan:
     return EwPlan(r.rid, vec=common.vec_max(ew_layout(r, low).max_itemsize))
 
 
-# Views whose result may be rows of evenly spaced runs of their source, not one contiguous block (a getitem
+# Views whose result may be rows of contiguous runs of their source, not one contiguous block (a getitem
 # is looked through: of a split it is one of its parts, of a tuple-valued op a fresh tensor)
-_STRIDED_VIEWS = frozenset({"select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind"})
+_STRIDED_VIEWS = frozenset(
+    {"select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "permute", "transpose"}
+)
 
 
 def _viewed(name: str, low: Lowered) -> bool:

@@ -219,16 +219,44 @@ def _row_stride(t, split):
     return run if ldq is None else ldq
 
 
-def _runs(t, shape, split):
-    """(t seen at `shape`, its row stride) where it is rows of evenly spaced contiguous runs at `split` (a
-    chunk, a slice, a selected component, a broadcast along the rows: read in place), else (a contiguous
-    gathered copy, the row length)."""
-    if tuple(t.shape) != tuple(shape):
-        t = t.expand(shape)
-    ld = _row_stride(t, split)
-    if ld is None:
-        return _contig(t), math.prod(shape[split:])
-    return t, ld
+def _row_groups(ts, shape, split):
+    """(rn1, rn2, [(lf, le, ld) of each t]) when every t of ts, seen at `shape` as rows x cols split at
+    `split`, has each row one contiguous run and its row starts at i0 * lf + i1 * le + i2 * ld for the one
+    split of the row index r = (i0 * rn1 + i1) * rn2 + i2 all of them share, else None: the row dims merged
+    where every t's strides allow, at most three runs of them left (q of a permuted qkv: batch, head, token)."""
+    ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
+    for t in ts:
+        run = 1
+        for d in range(len(shape) - 1, split - 1, -1):
+            if shape[d] != 1 and t.stride(d) != run:
+                return None
+            run *= shape[d]
+    groups = []  # [size, strides of each t], outermost first
+    for d in range(split):
+        if shape[d] == 1:
+            continue
+        st = [t.stride(d) for t in ts]
+        if groups and all(g == x * shape[d] for g, x in zip(groups[-1][1], st)):
+            groups[-1] = [groups[-1][0] * shape[d], st]
+        else:
+            groups.append([shape[d], st])
+    if len(groups) > 3:
+        return None
+    groups = [[1, [0] * len(ts)]] * (3 - len(groups)) + groups
+    return groups[1][0], groups[2][0], [tuple(g[1][k] for g in groups) for k in range(len(ts))]
+
+
+def _rows_in_place(ts, shape, split):
+    """(ts, rn1, rn2, their row strides) as _row_groups gives them: each t read in place where its rows are
+    runs, else gathered into a contiguous copy (and all of them gathered when together they need more than
+    three runs of row dims)."""
+    ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
+    ts = [t if _row_groups((t,), shape, split) else _contig(t) for t in ts]
+    g = _row_groups(ts, shape, split)
+    if g is None:
+        ts = [_contig(t) for t in ts]
+        g = _row_groups(ts, shape, split)
+    return (tuple(ts), *g)
 
 
 def _rows_grid(sms, rows, cols, vec, threads, unroll, persistent):
@@ -249,15 +277,15 @@ def _rows_grid(sms, rows, cols, vec, threads, unroll, persistent):
 
 
 def _run_split(ts, shape, least):
-    """The first split at which every tensor of ts (seen at `shape`) is rows of evenly spaced contiguous
-    runs of at least `least` elements, or 0 (the strided ones gathered, one flat row)."""
+    """The first split at which the tensors of ts (seen at `shape`) are rows of contiguous runs of at least
+    `least` elements that _row_groups reaches, or 0 (the strided ones gathered, one flat row)."""
     ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
     if all(t.is_contiguous() for t in ts):
         return 0
     for s in range(len(shape) + 1):
         if math.prod(shape[s:]) < least:
             break
-        if all(_row_stride(t, s) is not None for t in ts):
+        if _row_groups(ts, shape, s) is not None:
             return s
     return 0
 '''

@@ -38,8 +38,8 @@ _INDEXED = (Bcast.ROW, Bcast.COL)  # operands indexed through (inner, mid) sizes
 def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, strided: bool = False) -> Code:
     """sinkable: the region's one output feeds a cat or stack, which may hand the launcher a slice to write
     into (out=); only then do the kernel and launcher take the output's row stride. strided: an operand is
-    a view that may be rows of runs (a chunk, a slice): a flat chain then reads each whole operand at its
-    own row stride (ld<i>)."""
+    a view that may be rows of runs (a chunk, a slice, a head): the chain then reads each whole operand at
+    its own row strides (lf<i>, le<i>, ld<i>: up to three runs of row dims)."""
     rid = region.rid
     into = _into(region, lay) if sinkable else ""
     inplace = dict(region.inplace)  # output -> input it overwrites
@@ -59,11 +59,13 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
             params.append(ptr(f"q{j}", ctype(dt), const=False))
             store_ptr.append(f"q{j}")
     params += [i64("rows"), i64("cols"), *([i64("ldq")] if into else [])]
-    # A flat chain reads each whole operand at its own row stride: a strided view that is rows of
-    # contiguous runs (a chunk, a selected component) is read in place, not gathered into a copy first.
-    strided = strided and _flat(lay)
+    # A chain reads each whole operand at its own row strides: a strided view whose rows are contiguous
+    # runs (a chunk, a selected component, a head of a permuted projection) is read in place, not gathered
+    # into a copy first. A row starts at i0 * lf + i1 * le + i2 * ld, r = (i0 * rn1 + i1) * rn2 + i2.
+    strided = strided and any(o.cls in _VECTOR for o in ops_)
     if strided:
-        params += [i64(f"ld{i}") for i, o in enumerate(ops_) if o.cls in _VECTOR]
+        params += [i64("rn1"), i64("rn2")]
+        params += [i64(f"{s}{i}") for i, o in enumerate(ops_) if o.cls in _VECTOR for s in ("lf", "le", "ld")]
     where = ops.positional(region.nodes)  # rows x N (layout.ew_layout): pr = r % M, pc = c
     if where:
         params.append(i64("pm", "shape[-2]"))
@@ -111,7 +113,8 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
         else "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
         *(["        const long long rq = r * ldq;  // a fresh output's row start"] if into else []),
-        *([f"        const long long ra{i} = r * ld{i};" for i in full] if strided else []),
+        *(["        const long long i2 = r % rn2, i1 = (r / rn2) % rn1, i0 = r / rn2 / rn1;"] if strided else []),
+        *([f"        const long long ra{i} = i0 * lf{i} + i1 * le{i} + i2 * ld{i};" for i in full] if strided else []),
         *(["        const long long pr = r % pm;  // the row in its matrix"] if where else []),
     ]
     body += [
@@ -267,20 +270,20 @@ def _launcher(
         lines += ["    ldq = None", "    if out is not None:",
                   f"        split, ldq = _out_rows(out, shape, torch.{into})"]  # fmt: skip
     full = [f"a{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR]
-    if strided and full:  # rows where every strided operand is rows of runs, long enough to keep at least
-        # half of a block busy (a block takes a row's vectors; shorter rows are gathered into one flat row)
-        pick = f"split = _run_split(({', '.join(full)},), shape, {max(64, rp.vec * rp.threads // 2)})"
+    if strided and lay.k == lay.ndim:  # a flat chain's rows: where every strided operand's are runs of at
+        # least two sectors (short rows share a block; shorter runs are gathered into one flat row)
+        pick = f"split = _run_split(({', '.join(full)},), shape, {max(16, 4 * rp.vec)})"
         lines += ["    if ldq is None:", f"        {pick}"] if into else [f"    {pick}"]
     lines.append("    rows, cols = math.prod(shape[:split]), math.prod(shape[split:])")
     if into:
         lines.append("    ldq = cols if ldq is None else ldq")
+    if strided:  # each read in place where its rows are runs, else gathered
+        strides = ", ".join(f"(lf{i}, le{i}, ld{i})" for i, o in enumerate(ops_) if o.cls in _VECTOR)
+        lines.append(f"    ({', '.join(full)},), rn1, rn2, ({strides},) = _rows_in_place(({', '.join(full)},), shape, split)")
     for i, o in enumerate(ops_):
         if o.cls in _VECTOR:
-            lines.append(
-                f"    a{i}, ld{i} = _runs(a{i}, shape, split)"
-                if strided
-                else f"    a{i} = _full(a{i}, shape)"
-            )
+            if not strided:
+                lines.append(f"    a{i} = _full(a{i}, shape)")
         elif o.cls is Bcast.SCALAR:
             lines.append(f"    a{i} = _scalar(a{i})")
         else:
@@ -308,7 +311,7 @@ def _launcher(
         # (with rows of their own strides: every row of every tensor starting on a vector)
         lds = [
             *(["ldq"] if into else []),
-            *(f"ld{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR and strided),
+            *(f"{s}{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR and strided for s in ("lf", "le", "ld")),
         ]
         rows_align = (
             f" and (rows == 1 or (cols % {vector.vec} == 0 and all(v % {vector.vec} == 0 for v in ({', '.join(lds)},))))"
