@@ -113,8 +113,16 @@ def render(region: Region, lay: EwLayout, rp: EwPlan, sinkable: bool = False, st
         else "    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {",
         "        const long long rs = r * cols;",
         *(["        const long long rq = r * ldq;  // a fresh output's row start"] if into else []),
-        *(["        const long long i2 = r % rn2, i1 = (r / rn2) % rn1, i0 = r / rn2 / rn1;"] if strided else []),
-        *([f"        const long long ra{i} = i0 * lf{i} + i1 * le{i} + i2 * ld{i};" for i in full] if strided else []),
+        *(
+            ["        const long long i2 = r % rn2, i1 = (r / rn2) % rn1, i0 = r / rn2 / rn1;"]
+            if strided
+            else []
+        ),
+        *(
+            [f"        const long long ra{i} = i0 * lf{i} + i1 * le{i} + i2 * ld{i};" for i in full]
+            if strided
+            else []
+        ),
         *(["        const long long pr = r % pm;  // the row in its matrix"] if where else []),
     ]
     body += [
@@ -279,7 +287,9 @@ def _launcher(
         lines.append("    ldq = cols if ldq is None else ldq")
     if strided:  # each read in place where its rows are runs, else gathered
         strides = ", ".join(f"(lf{i}, le{i}, ld{i})" for i, o in enumerate(ops_) if o.cls in _VECTOR)
-        lines.append(f"    ({', '.join(full)},), rn1, rn2, ({strides},) = _rows_in_place(({', '.join(full)},), shape, split)")
+        lines.append(
+            f"    ({', '.join(full)},), rn1, rn2, ({strides},) = _rows_in_place(({', '.join(full)},), shape, split)"
+        )
     for i, o in enumerate(ops_):
         if o.cls in _VECTOR:
             if not strided:
@@ -311,7 +321,12 @@ def _launcher(
         # (with rows of their own strides: every row of every tensor starting on a vector)
         lds = [
             *(["ldq"] if into else []),
-            *(f"{s}{i}" for i, o in enumerate(ops_) if o.cls in _VECTOR and strided for s in ("lf", "le", "ld")),
+            *(
+                f"{s}{i}"
+                for i, o in enumerate(ops_)
+                if o.cls in _VECTOR and strided
+                for s in ("lf", "le", "ld")
+            ),
         ]
         rows_align = (
             f" and (rows == 1 or (cols % {vector.vec} == 0 and all(v % {vector.vec} == 0 for v in ({', '.join(lds)},))))"
