@@ -223,3 +223,47 @@ def test_a_row_operand_over_short_rows_shares_a_block(tmp_path):
         (name, block) for name, _, block, _ in kernels.launches if len(tuple(block)) > 1 and block[1] > 1
     ]
     assert rowed and all(tuple(block)[:2] == (8, 32) for _, block in rowed), kernels.launches
+
+
+@needs_gxx
+@pytest.mark.parametrize(
+    ("body", "shape", "gathers"),
+    [
+        # F.normalize of q and k of a permuted projection (heads of 32, and of 33 off the vector alignment):
+        # the norms' rows read where they lie, as the division's
+        (
+            "q, k, v = x.view(2, 7, 3, 4, -1).permute(2, 0, 3, 1, 4)\n"
+            "        return F.normalize(q, dim=-1) * 2.0, F.normalize(k, dim=-1)",
+            "(2, 7, 384)",
+            0,
+        ),
+        (
+            "q, k, v = x.view(3, 5, 3, 4, -1).permute(2, 0, 3, 1, 4)\n        return F.normalize(k, dim=-1)",
+            "(3, 5, 396)",
+            0,
+        ),
+        # a transposed view's rows are no runs: gathered, as before
+        ("return torch.linalg.vector_norm(x.mT, dim=-1)", "(3, 40, 24)", 1),
+    ],
+)
+def test_a_reduction_of_a_strided_view_reads_its_rows_in_place(tmp_path, body, shape, gathers):
+    path, cands = _first_two(tmp_path, "norms", body, shape)
+    for c in cands:
+        launched = _emulate(path, [c], 1e-5)
+        assert sum(k.startswith("kp_gather") for k in launched) == gathers, launched
+
+
+@needs_gxx
+def test_an_operand_broadcast_along_no_run_of_dims_is_read_in_place(tmp_path):
+    """A window mask (windows, N, N) added to scores (batch, windows, heads, N, N): broadcast over batch and
+    heads, its rows of N x N are runs at strides (0, N * N, 0), read in place where it was expanded to the
+    scores' size and gathered first."""
+    body = (
+        "s = x.view(2, 4, 3, 5, 20)\n"
+        "        m = torch.tanh(x[:4])\n"
+        "        return torch.softmax(s + m.unsqueeze(1), dim=-1)"
+    )
+    path, cands = _first_two(tmp_path, "mask", body, "(24, 5, 20)")
+    for c in cands:
+        launched = _emulate(path, [c], 1e-6)
+        assert not any(k.startswith("kp_gather") for k in launched), launched

@@ -24,6 +24,26 @@ SM_THREADS = 2048  # resident threads per SM that the occupancy knobs aim for
 Moves = Iterator[tuple[str, Plan]]
 
 
+# Views whose result may be rows of contiguous runs of their source, not one contiguous block (a getitem
+# is looked through: of a split it is one of its parts, of a tuple-valued op a fresh tensor)
+STRIDED_VIEWS = frozenset(
+    {"select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "permute", "transpose"}
+)
+
+
+def strided_view(name: str, low: Lowered) -> bool:
+    """Whether a value is a strided view of another (through any views on the way), not a fresh tensor."""
+    seen = 0
+    node = low.by_name.get(name)
+    while node is not None and node.op in ops.VIEWS and seen < 64:
+        if node.op in STRIDED_VIEWS:
+            return True
+        src = node.args[0] if node.args else None
+        node = low.by_name.get(src.name) if isinstance(src, Ref) else None
+        seen += 1
+    return False
+
+
 def vec_max(itemsize: int) -> int:
     """Elements of one 16-byte access."""
     return max(1, min(8, 16 // itemsize))

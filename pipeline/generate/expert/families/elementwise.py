@@ -11,11 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import common
 from pipeline.generate.expert.families.base import Family, change
-from pipeline.generate.expert.graph import Ref
-from pipeline.generate.expert.layout import ew_layout
+from pipeline.generate.expert.layout import Bcast, ew_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import elementwise
@@ -49,29 +47,11 @@ def first(r: Region, low: Lowered, tuned: bool) -> EwPlan:
     return EwPlan(r.rid, vec=common.vec_max(ew_layout(r, low).max_itemsize))
 
 
-# Views whose result may be rows of contiguous runs of their source, not one contiguous block (a getitem
-# is looked through: of a split it is one of its parts, of a tuple-valued op a fresh tensor)
-_STRIDED_VIEWS = frozenset(
-    {"select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "permute", "transpose"}
-)
-
-
-def _viewed(name: str, low: Lowered) -> bool:
-    """Whether a value is a strided view of another (through any views on the way), not a fresh tensor."""
-    seen = 0
-    node = low.by_name.get(name)
-    while node is not None and node.op in ops.VIEWS and seen < 64:
-        if node.op in _STRIDED_VIEWS:
-            return True
-        src = node.args[0] if node.args else None
-        node = low.by_name.get(src.name) if isinstance(src, Ref) else None
-        seen += 1
-    return False
-
-
 def render(r: Region, rp: EwPlan, low: Lowered, hunter: object) -> Code:
     lay = ew_layout(r, low)
-    strided = any(_viewed(o.name, low) for o in lay.operands)
+    # a strided view, or an operand broadcast along dims that are no run (a window mask over batch and
+    # heads): each read at its own row strides where its rows are runs, not expanded and gathered first
+    strided = any(o.cls is Bcast.DENSE or common.strided_view(o.name, low) for o in lay.operands)
     return elementwise.render(r, lay, rp, sinkable=common.output_feeds_copy(r, None, low), strided=strided)
 
 

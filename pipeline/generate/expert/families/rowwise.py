@@ -19,16 +19,19 @@ the occupancy bound).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeline.generate.expert import fusion, ops
 from pipeline.generate.expert.families import common
 from pipeline.generate.expert.families.base import Family, change
+from pipeline.generate.expert.graph import Ref
 from pipeline.generate.expert.layout import RowLayout, row_layout
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import rowwise
+from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.reduce_ops import TWO_PASS
 
 KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
@@ -200,7 +203,15 @@ def cluster_blocks(lay: RowLayout, r: Region) -> int:
     return next((c for c in (2, 4, 8, 16) if row <= c * CLUSTER_SEGMENT), 0)
 
 
-render = common.hosted_render(_layout, rowwise.render)
+_plain = common.hosted_render(_layout, rowwise.render)
+_strided = common.hosted_render(_layout, functools.partial(rowwise.render, strided=True))
+
+
+def render(r: Region, rp: RowPlan, low: Lowered, hunter: object) -> Code:
+    """A reduction of a strided view (a head of a permuted qkv: F.normalize's norm) reads it in place."""
+    src = r.node.args[0] if r.node.args else None
+    strided = r.kind is RegionKind.REDUCE and isinstance(src, Ref) and common.strided_view(src.name, low)
+    return (_strided if strided else _plain)(r, rp, low, hunter)
 
 
 def _vectorize(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:

@@ -209,10 +209,11 @@ def _flat(lay: EwLayout) -> bool:
 
 def _rowed(lay: EwLayout, into: str, strided: bool) -> bool:
     """Whether short rows share a block (the kernel's y, _rows_grid): rows of their own strides, or a
-    layout split at a row or column operand, whose rows may be as short as a head's 32 elements (an
-    F.normalize over heads, its norm read by broadcast: a block a row left 248 of 256 threads idle,
-    SwinV2's 24 took 1.26 ms on the H100). Chains over one flat row keep the one-dimensional block."""
-    return bool(into) or strided or any(o.cls in _INDEXED for o in lay.operands)
+    layout split at a row operand, whose rows may be as short as a head's 32 elements (an F.normalize over
+    heads, its norm read by broadcast: a block a row left 248 of 256 threads idle, SwinV2's 24 took 1.26 ms
+    on the H100). Not for column operands alone: the layout keeps their rows long, and the 2-D loop around
+    their 64-bit index division spilled (ptxas, an MoE block's router division)."""
+    return bool(into) or strided or any(o.cls is Bcast.ROW for o in lay.operands)
 
 
 def _into(region: Region, lay: EwLayout) -> str:

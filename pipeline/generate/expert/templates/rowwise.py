@@ -164,12 +164,27 @@ __device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V]) {
 #endif"""
 
 
-def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None) -> Code:
+def render(
+    region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None, strided: bool = False
+) -> Code:
+    """strided: the input may be a strided view (a head of a permuted qkv); a reduction that runs only the
+    block- or warp-per-row kernel then reads its rows in place at three row strides (elementwise.py's rows),
+    where the launcher gathered a contiguous copy first."""
     rid = region.rid
     kind = reduce_ops.KINDS[lay.op]
     two_pass = lay.op in reduce_ops.TWO_PASS
     is_reduce = region.kind is RegionKind.REDUCE
     splits = is_reduce and rp.splits > 0 and not rp.warp_rows
+    in_place = (
+        strided
+        and is_reduce
+        and not splits
+        and not pre
+        and not regs_ok(lay, rp, region)
+        and not cluster_ok(lay, rp, region)
+        and not grid_row_ok(lay, rp, region)
+        and not split_two_pass(lay, rp, region)
+    )
     x_dt = pre.main_dtype if pre else lay.in_dtype
     out_dt = post.out_dtype if post else lay.out_dtype
     warp = rp.warp_reduce or rp.warp_rows
@@ -191,6 +206,8 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         params.append(i64("chunk"))
     if lay.op == "group_norm":
         params += [i64("groups"), i64("cg")]
+    if in_place:  # x's row r starts at i0 * xf + i1 * xe + i2 * xd, r = (i0 * rn1 + i1) * rn2 + i2
+        params += [i64("rn1"), i64("rn2"), i64("xf"), i64("xe"), i64("xd")]
     sig = Signature((*params, *(post.params() if post else [])))
 
     body = [
@@ -230,13 +247,23 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         body += ["        const long long c0 = 0, n = cols;"]
     body += [
         "        const long long start = rs + c0;",
+        *(
+            [
+                "        const long long i2 = r % rn2, i1 = (r / rn2) % rn1, i0 = r / rn2 / rn1;",
+                "        const long long xs = i0 * xf + i1 * xe + i2 * xd + c0;  // the row's start in x",
+            ]
+            if in_place
+            else []
+        ),
         f"        Acc acc = {kind.init};",
     ]
     if kind.shift:
-        body.append("        const float K = pre(ld(x[rs]), rs);  // shift: the row's first element")
+        xrow = "xs" if in_place else "rs"
+        body.append(f"        const float K = pre(ld(x[{xrow}]), rs);  // shift: the row's first element")
     # batched: measured on reductions (a whole-tensor one 5.68 -> 5.26 ms); two-pass ops keep the recorded
     # form (their replay fixtures were recorded with it) until they are re-measured
-    body += _read(kind, rp, x_dt, cache, batched=is_reduce and rp.unroll > 1, compensated=is_reduce)
+    body += _read(kind, rp, x_dt, cache, batched=is_reduce and rp.unroll > 1, compensated=is_reduce,
+                  xat="xs" if in_place else "start")  # fmt: skip
     if rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
@@ -320,6 +347,7 @@ def render(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post:
         csig,
         csig is not None and cluster_regs_ok(lay, rp, region),
         gsig,
+        in_place,
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
@@ -619,13 +647,15 @@ def _read(
     batched: bool = False,
     vec_cache: bool = False,
     compensated: bool = False,
+    xat: str = "start",
 ) -> list[str]:
     """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
     with `cache`, each also goes to the shared-memory copy of the row (when CACHE). `batched`: a thread
     issues its `unroll` vector loads before it uses any (the pragma alone left one load in flight, and a
     cluster's block, alone on its SM, waited on DRAM for each). `vec_cache` (with `batched`): column c is
     cached at kc + c, the vectors' copies stored 16 bytes at a time. `compensated`: a sum's adds are Kahan's
-    (reduce_ops.Kind.push)."""
+    (reduce_ops.Kind.push). `xat`: where the row starts in x (`start` unless x is read at its own strides);
+    the prologue and the columns' indices stay the row's place in the logical rows x cols."""
     slot = "kc + c" if vec_cache else "c"
     kahan = compensated and kind.op == "SumOp"
     push = [
@@ -650,15 +680,15 @@ def _read(
             if kahan
             else []
         ),
-        "        const long long head = head_of<V>(start, n);",
+        f"        const long long head = head_of<V>({xat}, n);",
         "        const long long nv = (n - head) / V;",
         "        for (long long c = tid; c < head; c += nt) {",
-        *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
+        *[f"            {t.replace('RAW', f'ld(x[{xat} + c])')}" for t in push],
         "        }",
     ]
     tail = [
         "        for (long long c = head + nv * V + tid; c < n; c += nt) {",
-        *[f"            {t.replace('RAW', 'ld(x[start + c])')}" for t in push],
+        *[f"            {t.replace('RAW', f'ld(x[{xat} + c])')}" for t in push],
         "        }",
     ]
     if batched:
@@ -669,7 +699,7 @@ def _read(
             f"            Vec<{xt}, V> t_[{U}];",
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u)",
-            f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + start + head + (j0 + u * nt) * V);",
+            f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + {xat} + head + (j0 + u * nt) * V);",
             *(["            float cm_ = -CUDART_INF_F;  // the batch's max"] if lse else []),
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u) {{",
@@ -694,7 +724,7 @@ def _read(
         *head,
         f"#pragma unroll {rp.unroll}",
         "        for (long long j = tid; j < nv; j += nt) {",
-        f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + start + head + j * V);",
+        f"            const Vec<{xt}, V> t = vload<{xt}, V>(x + {xat} + head + j * V);",
         "#pragma unroll",
         "            for (int e = 0; e < V; ++e) {",
         "                const long long c = head + j * V + e;",
@@ -1056,16 +1086,20 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
 def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None,
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
               cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None,
-              csig: Signature | None = None, cregs: bool = False, gsig: Signature | None = None) -> str:  # fmt: skip
+              csig: Signature | None = None, cregs: bool = False, gsig: Signature | None = None,
+              in_place: bool = False) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
     if pre:
         lines += pre.prepare("x.shape")
-    lines.append("    x = _contig(x)")
+    if not in_place:
+        lines.append("    x = _contig(x)")
     wb = [p for p in ("w", "b") if p in names]
     lines += [f"    {p} = _contig({p})" for p in wb]
     lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
+    if in_place:  # rows read where they lie when they are runs, else gathered
+        lines.append("    (x,), rn1, rn2, ((xf, xe, xd),) = _rows_in_place((x,), shape, d0)")
     with_yi = lay.indices and not indices_only
     lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0", lay.pair)
     ret = shapes.returned(with_yi, lay.pair)
