@@ -128,6 +128,7 @@ FAMILIES = {
     ),
     # operands read by broadcast over short rows (F.normalize's divisor over heads of 32 or 33): a block
     # takes several rows (templates/elementwise.py's _rowed); heads of a permuted projection read in place
+    # (by the norms too), and a mask broadcast along no run of dims
     "head_norms": (
         """
         class Model(nn.Module):
@@ -135,8 +136,9 @@ FAMILIES = {
                 B, N, C = x.shape
                 q = x.view(B, N, 4, C // 4).transpose(1, 2)
                 h, k, v = x.view(B, N, 3, 4, C // 12).permute(2, 0, 3, 1, 4)
+                m = torch.tanh(x[0, :, : C // 4]).unsqueeze(1)  # a mask over tokens, broadcast over batch and heads
                 return (F.normalize(q, dim=-1) * 2.0, x / x.abs().sum(-1, keepdim=True).expand_as(x) - 1.0,
-                        h * 2.0 + k * v)
+                        h * 2.0 + k * v, torch.softmax(x.view(B, N, 4, C // 4) + m, dim=-1))
         """,
         "[]",
     ),
