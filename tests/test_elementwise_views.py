@@ -172,26 +172,14 @@ def test_short_rows_share_a_block(tmp_path):
     """A chain writing its slice of a cat along the last dim (rows of 64 at a stride of 128) or reading a
     chunk of short rows: a block takes several rows (blockDim.y), where a block a row of 16 vectors left
     15 of 16 threads idle."""
-    from cuda_emulator import build, load_model
-    from fuzz_expert import reference
-
     body = (
         "class Model(nn.Module):\n    def forward(self, x, y):\n"
         "        return torch.cat([torch.relu(x), y * 2.0], -1)"
     )
     path = task_file(tmp_path, "heads", body, "[torch.randn(2, 300, 64), torch.randn(2, 300, 64)]")
-    task = probe(path)
-    tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
-    _emulate(path, [tuned], 1e-6)
-    r = reference(path, None)
-    kernels = build(tuned.source)
-    model = load_model(tuned.launcher, kernels, sms=64)(*r.module.get_init_inputs())
-    with torch.no_grad():
-        model(*r.inputs)
-    chains = [
-        (name, grid, block) for name, grid, block, _ in kernels.launches if not name.startswith("kp_gather")
-    ]
-    assert len(chains) == 2, kernels.launches  # both sunk: no copy
+    launches = _tuned_launches(path)
+    chains = [(name, grid, block) for name, grid, block, _ in launches if not name.startswith("kp_gather")]
+    assert len(chains) == 2, launches  # both sunk: no copy
     for name, grid, block in chains:
         assert name.endswith("_v4") and tuple(block)[:2] == (16, 16) and tuple(grid)[1] == -(-600 // 16), (
             chains
@@ -203,14 +191,21 @@ def test_a_row_operand_over_short_rows_shares_a_block(tmp_path):
     """F.normalize over heads of 32: the divisor, one value a row, is read by broadcast, so the chain is
     rows of 32 split at that operand; a block takes 256 / 8 = 32 of them (blockDim.y), where a block a row
     left 248 of 256 threads idle."""
-    from cuda_emulator import build, load_model
-    from fuzz_expert import reference
-
     body = (
         "class Model(nn.Module):\n    def forward(self, x):\n"
         "        return F.normalize(x.view(2, 50, 4, 32).transpose(1, 2), dim=-1) * 3.0"
     )
-    path = task_file(tmp_path, "heads_norm", body, "[torch.randn(2, 50, 128)]")
+    launches = _tuned_launches(task_file(tmp_path, "heads_norm", body, "[torch.randn(2, 50, 128)]"))
+    rowed = [(name, block) for name, _, block, _ in launches if len(tuple(block)) > 1 and block[1] > 1]
+    assert rowed and all(tuple(block)[:2] == (8, 32) for _, block in rowed), launches
+
+
+def _tuned_launches(path):
+    """The tuned candidate checked against eager in the emulator, then run once more: its launches, each
+    (kernel, grid, block, args)."""
+    from cuda_emulator import build, load_model
+    from fuzz_expert import reference
+
     task = probe(path)
     tuned = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)[1].candidate
     _emulate(path, [tuned], 1e-6)
@@ -219,10 +214,7 @@ def test_a_row_operand_over_short_rows_shares_a_block(tmp_path):
     model = load_model(tuned.launcher, kernels, sms=64)(*r.module.get_init_inputs())
     with torch.no_grad():
         model(*r.inputs)
-    rowed = [
-        (name, block) for name, _, block, _ in kernels.launches if len(tuple(block)) > 1 and block[1] > 1
-    ]
-    assert rowed and all(tuple(block)[:2] == (8, 32) for _, block in rowed), kernels.launches
+    return kernels.launches
 
 
 @needs_gxx
