@@ -26,12 +26,13 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 import torch  # noqa: E402
-from expert_plans import tuned  # noqa: E402  (the tests' helper: the expert's tuned candidate)
 
-from pipeline.tasks import load_module  # noqa: E402
+from pipeline.generate.base import Context  # noqa: E402
+from pipeline.generate.expert import ExpertPolicy  # noqa: E402
+from pipeline.tasks import load_module, probe  # noqa: E402
 
 
 class _NoLaunch:
@@ -70,7 +71,11 @@ def host_ms(
 ) -> tuple[float, int]:
     """(the median host ms of a call, launches a call); `kernels` (a _NoLaunch) keeps the per-kernel counts of
     the timed calls."""
-    cand = tuned(path)
+    task = probe(path)
+    props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
+    if len(props) < 2:  # the expert's second first proposal is its tuned plan
+        raise LookupError(f"the expert proposes no tuned candidate ({len(props)} proposals)")
+    cand = props[1].candidate
     kernels = kernels or _NoLaunch()
     namespace = {"__name__": "kernelpro_host", "kernels": kernels}
     exec(compile(cand.launcher, "<launcher>", "exec"), namespace)
@@ -106,7 +111,11 @@ def main() -> int:
     args = ap.parse_args()
     for path in args.tasks:
         kernels = _NoLaunch()
-        ms, launches = host_ms(path, args.calls, args.profile, kernels)
+        try:
+            ms, launches = host_ms(path, args.calls, args.profile, kernels)
+        except LookupError as e:
+            print(f"{path.stem}: {e}", flush=True)
+            continue
         print(f"{path.stem}: {ms:.2f} ms of host time a call, {launches} launches", flush=True)
         if args.bytes:
             for kind, b in kernels.bytes.most_common():
