@@ -145,6 +145,9 @@ def test_rows_of_runs_are_found_at_the_first_split_that_fits_every_operand():
     y = torch.randn(8, 7, 32)
     (a, b), rn1, rn2, (sa, sb) = in_place((q, y.view(2, 4, 7, 32)), tuple(q.shape), 3)
     assert a.data_ptr() == q.data_ptr() and b.data_ptr() == y.data_ptr() and sb == (896, 224, 32), (sa, sb)
+    # an empty view: no rows to read, whatever its strides (a contiguous (4, 0, 3) may have stride 12 in dim 1)
+    e = torch.empty(0, 3, 4).permute(2, 0, 1).contiguous()
+    assert in_place((e,), (4, 0, 3), 1)[1:3] == (1, 1)
     # five runs of row dims: none (the launcher gathers it: the emulated case windows_transposed)
     w = torch.randn(2, 4, 3, 4, 3, 16).permute(0, 3, 1, 4, 2, 5)
     assert scope["_row_groups"]((w,), tuple(w.shape), 5) is None and run_split((w,), tuple(w.shape), 16) == 0
@@ -259,3 +262,16 @@ def test_an_operand_broadcast_along_no_run_of_dims_is_read_in_place(tmp_path):
     for c in cands:
         launched = _emulate(path, [c], 1e-6)
         assert not any(k.startswith("kp_gather") for k in launched), launched
+
+
+@needs_gxx
+def test_empty_strided_views_launch_nothing(tmp_path):
+    """No tokens: q, k and v of a permuted projection are empty views whose strides are no runs; the
+    launchers return empty results without a launch (the row strides' helper raised on them)."""
+    body = (
+        "q, k, v = x.view(2, 0, 3, 4, 32).permute(2, 0, 3, 1, 4)\n"
+        "        return q * 2.0 + k * v, F.normalize(q, dim=-1)"
+    )
+    path, cands = _first_two(tmp_path, "empty", body, "(2, 0, 384)")
+    for c in cands:
+        assert _emulate(path, [c], 1e-6) == []

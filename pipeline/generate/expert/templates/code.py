@@ -224,6 +224,8 @@ def _row_groups(ts, shape, split):
     `split`, has each row one contiguous run and its row starts at i0 * lf + i1 * le + i2 * ld for the one
     split of the row index r = (i0 * rn1 + i1) * rn2 + i2 all of them share, else None: the row dims merged
     where every t's strides allow, at most three runs of them left (q of a permuted qkv: batch, head, token)."""
+    if 0 in shape:  # nothing to read (no launch follows); an empty tensor's strides need not be runs
+        return 1, 1, [(0, 0, 0)] * len(ts)
     ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
     for t in ts:
         run = 1
