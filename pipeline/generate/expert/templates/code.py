@@ -197,15 +197,24 @@ def _reshape(t, shape):
 # an elementwise chain reading strided views in place.
 ROWS_HELPERS = '''
 
+def _row_run(t, split):
+    """The length of t's rows seen as (prod(shape[:split]), prod(shape[split:])) when each is one
+    contiguous run, else None."""
+    run = 1
+    for d in range(t.dim() - 1, split - 1, -1):
+        if t.shape[d] != 1 and t.stride(d) != run:
+            return None
+        run *= t.shape[d]
+    return run
+
+
 def _row_stride(t, split):
     """The stride between the rows of t seen as (prod(shape[:split]), prod(shape[split:])) when every row
     is one contiguous run and the rows are evenly spaced, else None."""
     size, stride = list(t.shape), list(t.stride())
-    run = 1
-    for d in range(len(size) - 1, split - 1, -1):
-        if size[d] != 1 and stride[d] != run:
-            return None
-        run *= size[d]
+    run = _row_run(t, split)
+    if run is None:
+        return None
     ldq = step = None
     for d in range(split - 1, -1, -1):
         if size[d] == 1:
@@ -227,12 +236,8 @@ def _row_groups(ts, shape, split):
     if 0 in shape:  # nothing to read (no launch follows); an empty tensor's strides need not be runs
         return 1, 1, [(0, 0, 0)] * len(ts)
     ts = [t if tuple(t.shape) == tuple(shape) else t.expand(shape) for t in ts]
-    for t in ts:
-        run = 1
-        for d in range(len(shape) - 1, split - 1, -1):
-            if shape[d] != 1 and t.stride(d) != run:
-                return None
-            run *= shape[d]
+    if any(_row_run(t, split) is None for t in ts):
+        return None
     groups = []  # [size, strides of each t], outermost first
     for d in range(split):
         if shape[d] == 1:
