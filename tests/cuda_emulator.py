@@ -183,6 +183,11 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src) { return kp_shfl
 template <class T> inline T __shfl_down_sync(unsigned, T v, unsigned d) { return kp_shfl(v, kp_lane + (int)d, kp_lane + (int)d < 32); }
 template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned d) { return kp_shfl(v, kp_lane - (int)d, kp_lane - (int)d >= 0); }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int m) { return kp_shfl(v, kp_lane ^ m, true); }
+// With a width: a lane that names one of a later segment's lanes gets its own value back (CUDA's rule).
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int m, int width) {
+    const int src = (kp_lane ^ m) & 31;
+    return kp_shfl(v, src, src < (kp_lane / width + 1) * width);
+}
 
 struct __half { uint16_t x; };
 struct __nv_bfloat16 { uint16_t x; };

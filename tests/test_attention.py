@@ -5,6 +5,7 @@ its kernels compiled for sm_90a without spills (tests/test_gpu_expert.py runs th
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -83,7 +84,16 @@ TASKS = {  # name -> (forward, inputs, init)
     "gpt_block": (GPT, ["torch.randn(2, 70, 32)"], GPT_INIT),
     "relu_attention": (RELU, _qkv(2, 2, 37, 37, 16, 8),
                        'self.register_buffer("bias", torch.randn(64, 64))'),
+    # Few keys: the CUDA-core form (templates/attention_rows.py) in the tuned plan.
+    "sdpa_short_causal": ("q, k, v):\n    return F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+                          _qkv(3, 2, 5, 7, 24), ""),
+    "sdpa_short_bool_mask": ("q, k, v, m):\n    return F.scaled_dot_product_attention(q, k, v, attn_mask=m > 0)",
+                             [*_qkv(2, 3, 4, 9, 16, 32), "torch.randn(3, 4, 9)"], ""),
+    "mha_short_sequence": ("x):\n    return self.mha(x, x, x, need_weights=False)[0]", ["torch.randn(2, 9, 32)"],
+                           "self.mha = nn.MultiheadAttention(32, 4)"),  # not batch_first: a sequence of 2
+    "relu_attention_short": (RELU, _qkv(2, 2, 6, 6, 16, 8), 'self.register_buffer("bias", torch.randn(64, 64))'),
 }  # fmt: skip
+SHORT = ("sdpa_short_causal", "sdpa_short_bool_mask", "mha_short_sequence", "relu_attention_short")
 
 
 def _path(tmp_path: Path, name: str) -> Path:
@@ -112,9 +122,12 @@ def test_the_family_takes_sdpa_and_hand_written_attention(tmp_path, name):
     assert not gone & {x.rid for x in plan.regions}
     assert all(not set(x.absorbed()) & gone for x in plan.regions if x is not rp)
     if name == "gpt_block":  # mask, softmax, a dropout of p = 0 and the product; heads merged back
-        assert set(m.absorbs) == {"scores", "softmax", "between", "pv"} and m.form.out_bhl
-    if name == "relu_attention":
+        assert set(m.absorbs) == {"scores", "softmax", "between", "pv"} and m.form.out_order == (0, 2, 1, 3)
+    if name == "mha_short_sequence":  # MHA's (L, B, H, Dv) permute of the output: written in that order
+        assert m.form.out_order == (2, 0, 1, 3)
+    if name.startswith("relu_attention"):
         assert not m.form.softmax and m.form.chain is not None
+    assert rp.rows == (name in SHORT)  # few keys: the CUDA cores'
 
 
 @pytest.mark.parametrize(
@@ -161,6 +174,53 @@ def test_plans_and_edits(tmp_path):
     assert isinstance(base_plan(sdpa_low, False).get(s.rid), attention.AttnPlan)
 
 
+def test_few_keys_go_to_the_cuda_cores_and_back(tmp_path):
+    """The tuned plan over few keys computes on the CUDA cores; use_tensor_cores goes back to the tensor-core
+    kernel, and more_parallelism offers the CUDA cores to a tensor-core plan over up to a key tile of 64."""
+    low, [(r, _)] = _attention(_path(tmp_path, "sdpa_short_causal"))
+    tuned = base_plan(low, True)
+    assert tuned.get(r.rid).rows
+    moves = dict(legal_edits(tuned, low))
+    back = [p.get(r.rid) for label, p in moves.items() if label.startswith("use_tensor_cores")]
+    assert len(back) == 1 and not back[0].rows
+    assert not [x for x in moves if x.startswith(("coarsen_threads", "tile_shared_memory")) and r.rid in x]
+    offered = [p.get(r.rid) for label, p in legal_edits(tuned.replace(back[0]), low) if "rows=True" in label]
+    assert len(offered) == 1 and offered[0].rows
+    long_low, [(lr, _)] = _attention(_path(tmp_path, "sdpa_causal"))  # 45 keys: tensor cores, rows offered
+    long_plan = base_plan(long_low, True)
+    assert not long_plan.get(lr.rid).rows
+    assert any("rows=True" in label for label, _ in legal_edits(long_plan, long_low))
+    wide_low, [_] = _attention(_path(tmp_path, "gpt_block"))  # 70 keys: past a key tile of 64
+    assert not any("rows=True" in label for label, _ in legal_edits(base_plan(wide_low, True), wide_low))
+
+
+@pytest.mark.parametrize("name", SHORT)
+def test_emulated_short_attention_matches_pytorch_in_both_forms(tmp_path, name):
+    """The CUDA-core form (exact fp32) and the tensor-core form it came from, on the same few-key task."""
+    path = _path(tmp_path, name)
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    xs = module.get_inputs()
+    with torch.no_grad():
+        want = ref.double()(*[x.double() for x in xs])
+    low, _ = analyse(path)
+    tuned = base_plan(low, True)
+    (rp,) = [x for x in tuned.regions if x.TAG == "attention"]
+    plans = {"rows": tuned, "tensor cores": tuned.replace(dataclasses.replace(rp, rows=False))}
+    for form, plan in plans.items():
+        source, launcher = render(low, for_arch(plan, "sm_80"))
+        kernels = build(source, tmp_path)
+        model = load_model(launcher, kernels)()
+        model.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            got = model(*xs)
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel < (1e-6 if form == "tensor cores" else 3e-7), (form, rel)
+        assert any(n.endswith("_attn") for n, *_ in kernels.launches), form
+
+
 def _ours(path: Path) -> list:
     """The expert's first proposals and one edit of the tuned one that use the fused kernel, rendered for
     sm_80 (our WGMMA GEMMs, which the emulator cannot run, go back to the library there)."""
@@ -202,7 +262,11 @@ def test_emulated_attention_matches_pytorch(tmp_path, name):
         assert rel < 1e-6, (edit, rel)  # fp32-accurate: one tf32 product alone is off by ~1e-4
         launched = [n for n, *_ in kernels.launches]
         assert any(n.endswith("_attn") for n in launched), (edit, launched)
-        assert not any(n.startswith("kp_gather") for n in launched), (edit, launched)  # no copies of Q, K, V
+        if name != "mha_short_sequence":  # its copies are the reference's own (MHA's contiguous, a permute)
+            assert not any(n.startswith("kp_gather") for n in launched), (
+                edit,
+                launched,
+            )  # no copies of Q, K, V
 
 
 def test_one_tf32_product_alone_is_not_fp32_accurate(tmp_path):
@@ -232,7 +296,7 @@ def test_launchers_pass_the_static_check(tmp_path):
 
 def test_fused_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
-    for name in ("sdpa_causal", "gpt_block", "sdpa_wide_head"):
+    for name in ("sdpa_causal", "gpt_block", "sdpa_wide_head", "sdpa_short_bool_mask", "mha_short_sequence"):
         t = probe(_path(tmp_path, name))
         cands += [
             p.candidate

@@ -8,11 +8,15 @@ a mask sliced after the first product included, is ready by then). The plain pla
 and our row-wise kernels), the tuned one the fused kernel; measurement picks. Edits: use_fused_attention
 (from the unfused plan), coarsen_threads / more_parallelism (query rows a block x2 and /2), resize_grid
 (both), tile_shared_memory / reduce_registers (keys a tile 32 <-> 64), increase_occupancy (one more block
-an SM in the launch bounds).
+an SM in the launch bounds). Over few keys (at most SHORT_KEYS, e.g. level 3's ViT, whose attention runs
+over the 2 images of its batch) the tuned plan takes the CUDA-core form (templates/attention_rows.py: a
+query row to a group of lanes, exact fp32); more_parallelism offers it up to a key tile of 64, and
+use_tensor_cores goes back.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -22,12 +26,15 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.families.base import Family, RenderError, change, label
 from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind, broadcast
-from pipeline.generate.expert.templates import attention
+from pipeline.generate.expert.templates import attention, attention_rows
 from pipeline.generate.expert.templates.attention import AttnForm
 from pipeline.generate.expert.templates.code import Code
 
 MAX_HEAD = 128  # head dims above this would not fit the output and its per-tile sums in registers
 SMEM_LIMIT = 227 * 1024
+# Keys up to which the tuned plan computes on the CUDA cores: the narrowest key tile (32) half empty and at
+# most 16 dot products a row; more_parallelism offers the CUDA cores up to ROWS_OFFER keys.
+SHORT_KEYS, ROWS_OFFER = 16, 64
 GEMMS = ("gemm_matmul", "gemm_bmm")
 # Elementwise ops that leave the probabilities as they are (a dropout of p = 0, copies).
 _IDENTITY = frozenset({"clone", "contiguous", "alias", "detach"})
@@ -36,23 +43,30 @@ _IDENTITY = frozenset({"clone", "contiguous", "alias", "detach"})
 @dataclass(frozen=True)
 class AttnPlan(RegionPlan):
     TAG: ClassVar[str] = "attention"
-    SHOWN: ClassVar[tuple[str, ...]] = ("warps", "bn")
+    SHOWN: ClassVar[tuple[str, ...]] = ("warps", "bn", "rows")
     ABSORBS: ClassVar[tuple[str, ...]] = ("scores", "softmax", "between", "pv")
 
     warps: int = 4  # 16 query rows each: 64 rows a block
     bn: int = 32  # keys a tile
     # __launch_bounds__' blocks per SM: 1 lets ptxas use every register (without it, it spilled at 168)
     min_blocks: int = 1
+    rows: bool = False  # the CUDA-core form for few keys (templates/attention_rows.py); warps, bn unused
     scores: str = ""  # rid of the elementwise chain on the scores (a hand-written attention)
     softmax: str = ""  # rid of its softmax
     between: str = ""  # rid of an identity between the softmax and the product (a dropout of p = 0)
     pv: str = ""  # rid of its second product
+
+    def describe(self) -> str:
+        if not self.rows:
+            return super().describe()
+        return f"{self.TAG} rows (CUDA cores, a query row to a group of lanes)"
 
 
 @dataclass(frozen=True)
 class Match:
     form: AttnForm
     absorbs: dict[str, str]  # AttnPlan knob -> region id
+    keys: int  # the keys' length in the graph's shapes
 
 
 def _sole_reader(value: str, low: Lowered) -> Region | None:
@@ -112,9 +126,9 @@ def _sdpa(r: Region, low: Lowered) -> Match | str:
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     form = AttnForm(
         q.name, k.name, v.name, False, len(q.shape), q.shape[-1], v.shape[-1], r.outputs[0], scale, causal,
-        mask.name if mask is not None else None, mask_dt, hg=hg, out_bhl=_read_transposed(r.outputs[0], low),
+        mask.name if mask is not None else None, mask_dt, hg=hg, out_order=_reader_order(r.outputs[0], low),
     )  # fmt: skip
-    return Match(form, {})
+    return Match(form, {}, k.shape[-2])
 
 
 def _identity(r: Region) -> bool:
@@ -127,14 +141,22 @@ def _identity(r: Region) -> bool:
     return n.op in _IDENTITY
 
 
-def _read_transposed(value: str, low: Lowered) -> bool:
-    """Whether a (B, H, L, Dv) output is only read as its (B, L, H, Dv) transpose (heads merged back)."""
+def _reader_order(value: str, low: Lowered) -> tuple[int, ...]:
+    """The dim order a (B, H, L, Dv) output's one reader permutes it to (a transpose merging heads back, MHA's
+    (L, B, H, Dv) permute), when Dv stays last; () when read as it is."""
     users = low.users.get(value, ())
     node = low.by_name[value]
     if len(users) != 1 or value in low.graph.output_names() or len(node.shape or ()) != 4:
-        return False
+        return ()
     u = low.by_name[users[0]]
-    return u.op == "transpose" and {int(d) % 4 for d in u.args[1:3]} == {1, 2}
+    order = list(range(4))
+    if u.op == "transpose" and len(u.args) >= 3:
+        i, j = (int(d) % 4 for d in u.args[1:3])
+        order[i], order[j] = order[j], order[i]
+    elif u.op == "permute" and len(u.args) >= 2:
+        dims = u.args[1] if isinstance(u.args[1], (list, tuple)) else u.args[1:]
+        order = [int(d) % 4 for d in dims]
+    return tuple(order) if order[3] == 3 and order != [0, 1, 2, 3] and sorted(order) == [0, 1, 2, 3] else ()
 
 
 def _chain(r: Region, low: Lowered) -> Match | str:
@@ -193,16 +215,16 @@ def _chain(r: Region, low: Lowered) -> Match | str:
     if hg != 1:
         return "query and key heads differ"
     absorbs["pv"] = nxt.rid
-    out_bhl = _read_transposed(nxt.outputs[0], low)
+    out_order = _reader_order(nxt.outputs[0], low)
     main = r.outputs[0]
     extras = tuple(
         (i, low.by_name[i].dtype or "float32") for i in (chain.inputs if chain else ()) if i != main
     )
     form = AttnForm(
         a.name, b.name, v.name, True, len(a.shape), a.shape[-1], v.shape[-1], nxt.outputs[0], None, False, None,
-        softmax=softmax, chain=chain, chain_main=main, extras=extras, out_bhl=out_bhl,
+        softmax=softmax, chain=chain, chain_main=main, extras=extras, out_order=out_order,
     )  # fmt: skip
-    return Match(form, absorbs)
+    return Match(form, absorbs, kt[-1])
 
 
 def match(r: Region, low: Lowered) -> Match | str:
@@ -219,6 +241,8 @@ def claims(r: Region, low: Lowered) -> bool:
 
 
 def _fits(f: AttnForm, rp: AttnPlan) -> bool:
+    if rp.rows:
+        return True  # no shared memory; any head dims the family takes
     per_block = attention.smem_bytes(f, rp) + 1024  # the driver reserves 1 KB a block
     return rp.warps in (2, 4, 8) and rp.bn in (32, 64) and rp.min_blocks * per_block <= SMEM_LIMIT + 1024
 
@@ -233,6 +257,8 @@ def render(r: Region, rp: AttnPlan, low: Lowered, hunter: Any) -> Code:
         raise RenderError(f"region {r.rid}: the plan's fusion no longer applies")
     if not _fits(m.form, rp):
         raise RenderError(f"region {r.rid}: {rp.warps} warps and {rp.bn}-key tiles do not fit")
+    if rp.rows:
+        return attention_rows.render(r, m.form, rp)
     return attention.render(r, m.form, rp, hunter)
 
 
@@ -246,7 +272,9 @@ def _fused(plan: Plan, r: Region, low: Lowered) -> Plan | None:
     if isinstance(m, str):
         return None
     # Wide heads take 8 warps: half the staged K and V a thread, so the prefetch fits in registers.
-    rp = AttnPlan(r.rid, warps=4 if max(m.form.d, m.form.dv) <= 64 else 8, **m.absorbs)
+    rp = AttnPlan(
+        r.rid, warps=4 if max(m.form.d, m.form.dv) <= 64 else 8, rows=m.keys <= SHORT_KEYS, **m.absorbs
+    )
     gone = set(m.absorbs.values())
     return Plan(tuple(x for x in plan.regions if x.rid not in gone), plan.version, plan.graph).add(rp)
 
@@ -268,8 +296,10 @@ def _take(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
 def _rows(edit: str, *factors: float) -> Any:
     def apply(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
         m = match(r, low)
-        if rp is None or isinstance(m, str):
+        if rp is None or isinstance(m, str) or rp.rows:
             return
+        if edit == "more_parallelism" and m.keys <= ROWS_OFFER:
+            yield from change(edit, plan, rp, rows=True)
         for x in factors:
             w = int(rp.warps * x)
             if w != rp.warps and _fits(m.form, AttnPlan(rp.rid, warps=w, bn=rp.bn, min_blocks=rp.min_blocks)):
@@ -281,7 +311,7 @@ def _rows(edit: str, *factors: float) -> Any:
 def _keys(edit: str) -> Any:
     def apply(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
         m = match(r, low)
-        if rp is None or isinstance(m, str):
+        if rp is None or isinstance(m, str) or rp.rows:
             return
         bn = 64 if rp.bn == 32 else 32
         if _fits(m.form, AttnPlan(rp.rid, warps=rp.warps, bn=bn, min_blocks=rp.min_blocks)):
@@ -293,10 +323,22 @@ def _keys(edit: str) -> Any:
 def _occupancy(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
     """One more block an SM (registers capped to fit it), while shared memory has room."""
     m = match(r, low)
-    if rp is None or isinstance(m, str):
+    if rp is None or isinstance(m, str) or rp.rows:
         return
     if _fits(m.form, AttnPlan(rp.rid, warps=rp.warps, bn=rp.bn, min_blocks=rp.min_blocks + 1)):
         yield from change("increase_occupancy", plan, rp, min_blocks=rp.min_blocks + 1)
+
+
+def _tensor_cores(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
+    """From the CUDA-core form back to the tensor cores."""
+    m = match(r, low)
+    if (
+        rp is not None
+        and rp.rows
+        and not isinstance(m, str)
+        and _fits(m.form, dataclasses.replace(rp, rows=False))
+    ):
+        yield from change("use_tensor_cores", plan, rp, rows=False)
 
 
 def _note(regions: list[Region], low: Lowered) -> str:
@@ -323,6 +365,7 @@ FAMILY = Family(
         "tile_shared_memory": _keys("tile_shared_memory"),
         "reduce_registers": _keys("reduce_registers"),
         "increase_occupancy": _occupancy,
+        "use_tensor_cores": _tensor_cores,
     },
     order=5,
     settle=settle,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pipeline.generate.expert import atoms
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code, chain_function, ctype, launch_bounds
-from pipeline.generate.expert.templates.signature import Signature, i64, ptr
+from pipeline.generate.expert.templates.signature import Param, Signature, i64, ptr
 
 if TYPE_CHECKING:
     from pipeline.generate.expert.families.attention import AttnPlan
@@ -64,7 +64,9 @@ class AttnForm:
     chain_main: str = ""  # the chain's input that is the score
     extras: tuple[tuple[str, str], ...] = ()  # (value, dtype) of the chain's other operands
     hg: int = 1  # query heads per key/value head (grouped-query attention)
-    out_bhl: bool = False  # the output is only read transposed to (B, L, H, Dv): written in that order
+    # The dims of the (B, H, L, Dv) output in the order its one reader permutes them to (Dv last), the order
+    # it is written in, so that the reader's view is contiguous; () for (B, H, L, Dv) itself.
+    out_order: tuple[int, ...] = ()
 
 
 def _pad(n: int) -> int:
@@ -124,7 +126,7 @@ __device__ __forceinline__ float4 split4(float4 x, float4& lo) {{
 """
 
 
-def _score(f: AttnForm, u: int, guarded: bool) -> list[str]:
+def score_lines(f: AttnForm, u: int, guarded: bool) -> list[str]:
     """Lines that turn the raw score `x` at (row r{u}, col) into what the softmax (or P) takes; guarded:
     a column past the keys or a row past the queries (or a causal key after its query) has none."""
     lines = []
@@ -152,7 +154,7 @@ def _scores(f: AttnForm, guarded: bool, indent: str) -> str:
     """The score code for one tile, every value of s[n][c] (rows r0 for c < 2, r1 for c >= 2)."""
     out = ["#pragma unroll\nfor (int n = 0; n < BN / 8; ++n) {"]
     for c in range(4):
-        body = "\n".join(f"        {x}" for ln in _score(f, c // 2, guarded) for x in ln.split("\n"))
+        body = "\n".join(f"        {x}" for ln in score_lines(f, c // 2, guarded) for x in ln.split("\n"))
         out.append(
             f"    {{\n        const long long col = k0 + n * 8 + 2 * t + {c & 1};\n        float x = s[n][{c}];\n"
             f"{body}\n        s[n][{c}] = x;\n        (void)col;\n    }}"
@@ -199,26 +201,41 @@ for (int n = 0; n < DV / 8; ++n) {
 }"""
 
 
-def render(r: Region, f: AttnForm, rp: AttnPlan, hunter: object = None) -> Code:
-    rid = r.rid
-    atom = atoms.find(MMA_TF32, hunter)
-    warps, bn = rp.warps, rp.bn
-    threads = 32 * warps
+def extra_operands(f: AttnForm) -> list[tuple[str, str]]:
+    """(kernel name, dtype) of the mask and of the score chain's other operands."""
     extras = [("m", f.mask_dtype)] if f.mask is not None else []
-    extras += [(f"e{j}", dt) for j, (_, dt) in enumerate(f.extras)]
-    sig = Signature((
+    return extras + [(f"e{j}", dt) for j, (_, dt) in enumerate(f.extras)]
+
+
+def signature(f: AttnForm, extras: list[tuple[str, str]], *more: Param) -> Signature:
+    return Signature((
         ptr("q", "float"), ptr("k", "float"), ptr("v", "float"), ptr("out", "float", const=False),
         *(p for name, dt in extras for p in (
             ptr(name, ctype(dt)), *(i64(f"{name}s{a}", f"{name}.stride({a})") for a in range(4)))),
         i64("heads", "h"), i64("hg", str(f.hg)), i64("L", "lq"), i64("S", "sk"),
         *(i64(f"{t}s{a}", f"{t}.stride({a})") for t in ("q", "k", "v", "out") for a in range(3)),
+        *more,
     ))  # fmt: skip
-    # Per-row offsets of the mask and the chain's operands (each expanded to (B, H, L, S) by the launcher).
-    rows = "\n    ".join(
+
+
+def row_offsets(extras: list[tuple[str, str]], us: tuple[int, ...]) -> str:
+    """Per-row offsets of the mask and the chain's operands (each expanded to (B, H, L, S) by the launcher),
+    for the rows r{u} of a thread."""
+    return "\n    ".join(
         f"const long long {name}r{u} = b * {name}s0 + h * {name}s1 + r{u} * {name}s2;"
         for name, _ in extras
-        for u in (0, 1)
+        for u in us
     )
+
+
+def render(r: Region, f: AttnForm, rp: AttnPlan, hunter: object = None) -> Code:
+    rid = r.rid
+    atom = atoms.find(MMA_TF32, hunter)
+    warps, bn = rp.warps, rp.bn
+    threads = 32 * warps
+    extras = extra_operands(f)
+    sig = signature(f, extras)
+    rows = row_offsets(extras, (0, 1))
     chain = chain_function(f.chain, list(f.chain.inputs)) if f.chain is not None else ""
     softmax = "\n".join(f"        {ln}" if ln else "" for ln in _SOFTMAX.split("\n")) if f.softmax else ""
     finish = (
@@ -393,21 +410,34 @@ extern "C" __global__ void {launch_bounds(threads, rp.min_blocks)} kp_{rid}_attn
 }}
 """
     launcher = _launcher(rid, f, rp, sig, extras)
-    return Code(cuda, launcher, f"_attn_{rid}", (f"kp_{rid}_attn",), _args(f), (f.out,), at=rp.pv)
+    return Code(cuda, launcher, f"_attn_{rid}", (f"kp_{rid}_attn",), args(f), (f.out,), at=rp.pv)
 
 
-def _args(f: AttnForm) -> tuple[str, ...]:
+def args(f: AttnForm) -> tuple[str, ...]:
     return (f.q, f.k, f.v, *((f.mask,) if f.mask else ()), *(v for v, _ in f.extras))
 
 
 def _launcher(rid: str, f: AttnForm, rp: AttnPlan, sig: Signature, extras: list[tuple[str, str]]) -> str:
     bm = 16 * rp.warps
+    call = (
+        f"kernels.kp_{rid}_attn((n * h, -(-lq // {bm})), ({32 * rp.warps},), ({sig.args()}), "
+        f"shared_mem={smem_bytes(f, rp)})  # noqa: F821"
+    )
+    return launcher(
+        rid, f, sig, extras, f"3xTF32 on the tensor cores: {bm} query rows a block, {rp.bn} keys a tile", call
+    )
+
+
+def launcher(
+    rid: str, f: AttnForm, sig: Signature, extras: list[tuple[str, str]], how: str, call: str
+) -> str:
+    """The launcher of either attention kernel: the operands as (B, H, L, D) views with 16-byte rows, the
+    output, the mask and chain operands broadcast to the scores, then `call` (the kernel launch)."""
     names = ["q", "k", "v", *(n for n, _ in extras)]
     what = "softmax" if f.softmax else "no softmax (the chain's activation weights V)"
     lines = [
         f"def _attn_{rid}(sms, {', '.join(names)}):",
-        f'    """Fused attention ({what}), 3xTF32 on the tensor cores: {bm} query rows a block, {rp.bn} keys a '
-        'tile."""',
+        f'    """Fused attention ({what}), {how}."""',
     ]
     if f.k_transposed:
         lines.append("    k = k.transpose(-2, -1)  # the reference multiplies by Kᵀ: read K itself")
@@ -424,10 +454,12 @@ def _launcher(rid: str, f: AttnForm, rp: AttnPlan, sig: Signature, extras: list[
         "    q, k, v = (t if t.stride(-1) == 1 and all(s % 4 == 0 for s in t.stride()[:-1]) "
         "and t.data_ptr() % 16 == 0 else _contig(t) for t in (q, k, v))",
     ]
-    if f.out_bhl:
+    if f.out_order:
+        alloc = ", ".join(("n", "h", "lq", str(f.dv))[d] for d in f.out_order)
+        back = tuple(f.out_order.index(d) for d in range(4))
         lines.append(
-            f"    out = torch.empty((n, lq, h, {f.dv}), dtype=torch.float32, device=q.device).transpose(1, 2)"
-            "  # read transposed next"
+            f"    out = torch.empty(({alloc}), dtype=torch.float32, device=q.device).permute({back})"
+            "  # read permuted next: contiguous then"
         )
     else:
         lines.append(f"    out = torch.empty((n, h, lq, {f.dv}), dtype=torch.float32, device=q.device)")
@@ -437,8 +469,7 @@ def _launcher(rid: str, f: AttnForm, rp: AttnPlan, sig: Signature, extras: list[
         lines.append(f"    {name} = ({x}).expand(n, h, lq, sk)")
     lines += [
         "    if n * h and lq:",
-        f"        kernels.kp_{rid}_attn((n * h, -(-lq // {bm})), ({32 * rp.warps},), ({sig.args()}), "
-        f"shared_mem={smem_bytes(f, rp)})  # noqa: F821",
+        f"        {call}",
         f"    return out{'.squeeze(1)' if f.rank == 3 else ''}",
     ]
     return "\n".join(lines)
