@@ -80,6 +80,16 @@ for _n in (4096, 8192):
         2 * _n**3,
     )
 
+# Level 3's ViT layers: 394 rows (2 images x 197 tokens) on 132 SMs, grids of few tiles; and its attention,
+# which runs over sequences of 2 (nn.TransformerEncoder without batch_first: the images are the sequence).
+for _name, (_k, _n) in {"vit_qkv_f32": (512, 1536), "vit_fc1_f32": (512, 2048), "vit_fc2_f32": (2048, 512)}.items():
+    CASES[_name] = (
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        f"        self.linear = nn.Linear({_k}, {_n})\n\n"
+        "    def forward(self, x):\n        return self.linear(x)\n",
+        [f"torch.randn(2, 197, {_k})"],
+        2 * 394 * _k * _n,
+    )
 
 # fp32 matrix-vector products: row-wise dot products in our reduction kernels, bound by reading A once.
 for _m, _k in ((256, 131072), (8192, 8192)):
@@ -154,6 +164,12 @@ CASES["sdpa_f32"] = (
     "        return F.scaled_dot_product_attention(q, k, v)\n",
     ["torch.randn(8, 16, 1024, 128)"] * 3,
     2 * 2 * 8 * 16 * 1024 * 1024 * 128,
+)
+CASES["sdpa_f32_short"] = (
+    "class Model(nn.Module):\n    def forward(self, q, k, v):\n"
+    "        return F.scaled_dot_product_attention(q, k, v)\n",
+    ["torch.randn(197, 8, 2, 64)"] * 3,
+    2 * 2 * 197 * 8 * 2 * 2 * 64,
 )
 CASES["gpt_attention_f32"] = (
     "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"

@@ -349,11 +349,11 @@ def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_t
     assert not uses_cute(plain) and uses_cute(tuned)  # cuBLAS's fp32 path first, then ours
     (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
     # a 77 x 1001 output is 8 tiles of 128 x 128 (16 blocks with K = 1036 split in two): the tuned plan takes
-    # the narrow tile (32 tiles), its deepest ring, and the split; the wide tile is an edit
+    # the narrow tile (32 tiles), its deepest ring, and the split; the wider tiles are edits, a step each
     assert (g.bn, g.stages, g.epilogue, g.splits) == (32, 5, "linear", 2)
     labels = [label for label, _ in legal_edits(tuned, low)]
     assert not any("bn=256" in label for label in labels)
-    assert any("coarsen_threads(linear_mm: bn=128" in label for label in labels), labels
+    assert any("coarsen_threads(linear_mm: bn=64" in label for label in labels), labels
     source, launcher = render(low, tuned)
     assert "F32TF32TF32_SS_TN" in source and "fence_view_async_shared" in source
     assert "PROMOTE = 4" in source and "sum(i) += acc(i);" in source  # chunk sums added on the CUDA cores
@@ -361,6 +361,34 @@ def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_t
     assert "kp_linear_f(" in source.split("kp_linear_mm_splitk(")[1]  # the epilogue in the sum kernel
     assert check_launcher(launcher).ok
     assert not uses_cute(safer(tuned, None))  # a failed fp32 GEMM goes back to cuBLAS
+
+
+@pytest.mark.parametrize(
+    ("rows", "k", "n", "want"),
+    [
+        (394, 512, 1536, (64, 1)),  # ViT's qkv: 48 wide tiles leave 84 SMs idle, 192 narrow ones take 2 waves
+        (394, 2048, 512, (64, 4)),  # ViT's fc2: few tiles, a long K split
+        (394, 512, 512, (32, 1)),  # its output projection: 64 narrow tiles, K too short to split
+        (4096, 4096, 4096, (128, 1)),  # thousands of tiles: the widest
+        (256, 262144, 256, (128, 32)),  # level 1's long K: 4 wide tiles, split 32 ways
+    ],
+)
+def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, want):
+    """The tuned plan's tile width and split: waves of blocks x k tiles a block x a k tile's time."""
+    path = task(tmp_path, f"g{rows}_{k}_{n}", LINEAR.format(k=k, n=n, bias=True, dt="float32", expr="self.linear(x)"),
+                f"torch.randn({rows}, {k})")  # fmt: skip
+    low = prepare(capture(path))
+    (lib,) = [r for r in low.regions if r.kind is RegionKind.LIBRARY]
+    assert gemm_tf32.wave_plan(lib, low) == want
+    (g,) = [rp for rp in base_plan(low, True).regions if isinstance(rp, Tf32Plan)]
+    assert (g.bn, g.splits) == want and g.stages == tf32_template.max_stages(want[0])
+    # narrower and wider: a step along the tiles, not a jump to the ends
+    moved = {label.split("(")[0]: p.get(lib.rid).bn for label, p in legal_edits(base_plan(low, True), low)
+             if "bn=" in label}  # fmt: skip
+    tiles = tf32_template.TILE_N
+    at = tiles.index(want[0])
+    assert moved.get("coarsen_threads") == (tiles[at + 1] if at + 1 < len(tiles) else None)
+    assert moved.get("more_parallelism", moved.get("resize_grid")) in ((tiles[at - 1],) if at else (None,))
 
 
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")

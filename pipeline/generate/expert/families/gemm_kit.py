@@ -265,7 +265,9 @@ def family(spec: Spec) -> Family:
                 return
             f = form_of(r, low)
             tiles = spec.tiles(f)
-            bn = tiles[-1] if widest else tiles[0]
+            # the next tile wider (or narrower) than the plan's, else the widest (narrowest)
+            wider, narrower = [t for t in tiles if t > rp.bn], [t for t in tiles if t < rp.bn]
+            bn = (wider or tiles[-1:])[0] if widest else (narrower or tiles[:1])[-1]
             # more_parallelism and resize_grid narrow the tile for more blocks (reduce_registers: for fewer
             # registers, offered whatever the grid)
             grid = edit in ("more_parallelism", "resize_grid")

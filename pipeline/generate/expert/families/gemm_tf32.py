@@ -5,13 +5,15 @@ cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a r
 gemm_kit.py (tiles 128 x 128 and 128 x 32, 32 deep; templates/gemm_tf32.py says why not 256). A row-major
 B is made K-major by a tiled transpose before the kernel (tf32 WGMMA reads K-major operands only).
 
-Grids of few tiles: a GEMM whose 128 x 128 tiles, split over K as far as K allows, fill under half the
-SMs (level 3's (394, 512) outputs are 16 tiles on 132 SMs) takes the 128 x 32 tile in the tuned plan,
-four times the blocks. Where SMs are still idle and K is long, K is split over `splits` blocks a tile,
-each summing its share into an fp32 workspace slice; one small kernel then adds the slices in order and
-computes the fused epilogue on the total (ViT's bias adds, a residual). The tuned plan takes the split
-that fills a wave; the more_parallelism / resize_grid edits offer half and twice that (and the narrow
-tile; coarsen_threads the wide one).
+Grids of few tiles: K may be split over `splits` blocks a tile, each summing its share into an fp32
+workspace slice; one small kernel then adds the slices in order and computes the fused epilogue on the
+total (ViT's bias adds, a residual). The tuned plan takes the tile width (128, 64 or 32) and the split
+that a cost model puts first: waves of blocks (one block an SM) x k tiles a block x the time of a k tile
+at that width, measured on an H100 (KTILE_US; docs/benchmarks.md). A k tile costs mostly the same at any
+width (the split of A, the barriers, three short MMA chains), so wide tiles win wherever there are
+tiles to fill the GPU, and narrower ones where a wide grid would leave SMs idle (level 3's ViT, 394 rows:
+128 x 64 for its 1536- and 2048-wide layers). The more_parallelism / resize_grid edits offer half and
+twice the split and the next narrower tile; coarsen_threads the next wider.
 """
 
 from __future__ import annotations
@@ -64,10 +66,17 @@ SPEC = gemm_kit.Spec(
 )
 WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
 MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
+# A block's time a k tile (32 of K) at a tile width, microseconds: c0 + c1 * bn, fitted to the H100's
+# 128 x 32 and 128 x 128 tiles over (394, 512) x (512, 1536) and (394, 512) x (512, 2048) (1.19 and
+# 2.04 us). A split adds its sum kernel: a short launch, and the partials written and read again (8 bytes
+# an output element a split) at about 3 TB/s.
+KTILE_US = (0.905, 0.00886)
+SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
 
 
-def _tiles_and_ktiles(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> tuple[int, int] | None:
-    """Output tiles (128 x bn) and k tiles of the region's GEMM, from the graph's static shapes."""
+def _tiles_and_ktiles(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> tuple[int, int, int] | None:
+    """Output tiles (128 x bn), k tiles and output elements of the region's GEMM, from the graph's static
+    shapes."""
     a, b = (low.by_name.get(getattr(v, "name", "")) for v in r.node.args[:2])
     if a is None or b is None or not a.shape or not b.shape:
         return None
@@ -78,32 +87,48 @@ def _tiles_and_ktiles(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -
     n = b.shape[0] if f.b_major == "K" else b.shape[-1]
     batch, m = (math.prod(a.shape[:-2]), a.shape[-2]) if f.batched else (1, math.prod(a.shape[:-1]))
     bm = gemm_tf32.BM
-    return batch * -(-m // bm) * -(-n // bn), -(-k // gemm_tf32.BK)
+    return batch * -(-m // bm) * -(-n // bn), -(-k // gemm_tf32.BK), batch * m * n
+
+
+def _splits(ktiles: int) -> list[int]:
+    """The powers of two K may be split into, each split keeping MIN_SHARE k tiles."""
+    out, s = [1], 2
+    while s <= gemm_tf32.MAX_SPLITS and ktiles // s >= MIN_SHARE:
+        out.append(s)
+        s *= 2
+    return out
+
+
+def cost_us(tk: tuple[int, int, int], bn: int, splits: int) -> float:
+    """The model's time of a GEMM of (tiles of 128 x bn, k tiles, output elements), K split `splits` ways."""
+    tiles, ktiles, outputs = tk
+    waves = -(-tiles * splits // WAVE)
+    mma = waves * -(-ktiles // splits) * (KTILE_US[0] + KTILE_US[1] * bn)
+    return mma + (SUM_US + 8 * splits * outputs / SPLIT_BYTES_PER_US if splits > 1 else 0.0)
+
+
+def wave_plan(r: Region, low: Lowered) -> tuple[int, int]:
+    """(tile width, split) the cost model puts first; the widest tile, unsplit, when shapes are unknown.
+    Ties go to the wider tile and the smaller split."""
+    best: tuple[float, int, int] | None = None
+    for bn in reversed(gemm_tf32.TILE_N):
+        tk = _tiles_and_ktiles(r, low, bn)
+        if tk is None:
+            return gemm_tf32.TILE_N[-1], 1
+        for s in _splits(tk[1]):
+            t = cost_us(tk, bn, s)
+            if best is None or t < best[0] - 1e-9:
+                best = (t, bn, s)
+    assert best is not None
+    return best[1], best[2]
 
 
 def wave_split(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> int:
-    """The power-of-two split that brings the tiles (128 x bn) to a wave, as far as each split keeps
-    MIN_SHARE k tiles; 1 when the tiles already fill the GPU."""
-    return _wave(_tiles_and_ktiles(r, low, bn))
-
-
-def wave_tile(r: Region, low: Lowered) -> int:
-    """The tile width: the widest (the most MMAs per byte loaded), unless its tiles, split as far as K allows,
-    leave over half the SMs idle; then the narrowest, four times the blocks. A long K is split rather than
-    narrowed: level 1's 256 x 256 over K = 262144 keeps 4 tiles x 32 splits."""
-    wide = gemm_tf32.TILE_N[-1]
-    tk = _tiles_and_ktiles(r, low, wide)
-    return wide if tk is None or tk[0] * _wave(tk) >= WAVE // 2 else gemm_tf32.TILE_N[0]
-
-
-def _wave(tk: tuple[int, int] | None) -> int:
+    """The split the cost model puts first at this tile width."""
+    tk = _tiles_and_ktiles(r, low, bn)
     if tk is None:
         return 1
-    tiles, ktiles = tk
-    s = 1
-    while tiles * s < WAVE and ktiles // (s * 2) >= MIN_SHARE and s < gemm_tf32.MAX_SPLITS:
-        s *= 2
-    return s
+    return min(_splits(tk[1]), key=lambda s: cost_us(tk, bn, s))
 
 
 def _split_edit(edit: str) -> Any:
@@ -111,7 +136,7 @@ def _split_edit(edit: str) -> Any:
         if rp is None:
             return
         tk = _tiles_and_ktiles(r, low, rp.bn)
-        best, ktiles = _wave(tk), tk[1] if tk else 0
+        best, ktiles = wave_split(r, low, rp.bn), tk[1] if tk else 0
         for s in dict.fromkeys((best, best // 2, best * 2, 1)):
             if s != rp.splits and 1 <= s <= gemm_tf32.MAX_SPLITS and (s == 1 or ktiles // s >= MIN_SHARE):
                 yield from change(edit, plan, rp, splits=s)
@@ -126,10 +151,10 @@ def _family() -> Any:
         plan = base.settle(plan, r, low, tuned)
         rp = plan.get(r.rid)
         if tuned and isinstance(rp, Tf32Plan):
-            bn = wave_tile(r, low)
+            bn, splits = wave_plan(r, low)
             if bn != rp.bn:
                 rp = dataclasses.replace(rp, bn=bn, stages=gemm_tf32.max_stages(bn))
-            plan = plan.replace(dataclasses.replace(rp, splits=wave_split(r, low, bn)))
+            plan = plan.replace(dataclasses.replace(rp, splits=splits))
         return plan
 
     edits = dict(base.edits)

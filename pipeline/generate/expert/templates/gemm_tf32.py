@@ -44,10 +44,10 @@ if TYPE_CHECKING:
 
 BK = 32  # one 128-byte swizzle row of fp32
 # 128 at the widest: the promoted sums double the accumulators' registers, and at 256 they spilled (512 B a
-# thread) and ran at half the speed of 128 on the H200. 32 is for grids of few tiles (the tuned plan's
-# there, and more_parallelism's: a (394, 512) output is 16 tiles of 128 x 128 on 132 SMs, 64 of 128 x 32);
-# the implicit-GEMM convolution runs the same split and consumer loops at widths 8 to 128.
-TILE_N = (32, 128)  # each with a ring of at least two stages (tests/test_gemm.py)
+# thread) and ran at half the speed of 128 on the H200. 64 and 32 are for grids of few tiles (the tuned
+# plan's cost model chooses: families/gemm_tf32.py); the implicit-GEMM convolution runs the same split and
+# consumer loops at widths 8 to 128.
+TILE_N = (32, 64, 128)  # each with a ring of at least two stages (tests/test_gemm.py)
 PROMOTE = 4  # k tiles (128 of K) accumulated by the tensor cores before their sum is added on the CUDA cores
 MAX_SPLITS = 32  # K split across this many blocks at most (split-K: few output tiles, a long K)
 SPLITTERS = 96  # the producer warpgroup's warps 1-3
