@@ -392,6 +392,7 @@ def serve(
     import traceback
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _exit_with_parent(fd_out)
     from pipeline import worker_jobs  # imported here: the parent never loads torch for the worker's sake
 
     report = None
@@ -422,6 +423,24 @@ def serve(
         _write_frame(fd_out, jobs.encode(answer))
         if answer.exit:
             os._exit(3)
+
+
+def _exit_with_parent(fd_out: int) -> None:
+    """Exit once the orchestrator is gone, whatever job runs. The worker lives in its own session (a kill of
+    its group must not reach the orchestrator), so nothing else ends it when the orchestrator dies without
+    closing it (killed by a timeout, say): a job in a kernel that never returns kept the process, and the
+    GPU, busy for good. The orchestrator's death closes the read end of our answers' pipe, which poll
+    reports on ours as POLLERR; a daemon thread waits for that, asking for no event, so it never spins."""
+
+    def watch() -> None:
+        p = select.poll()
+        p.register(fd_out, 0)
+        while True:
+            for _, events in p.poll():
+                if events & (select.POLLERR | select.POLLHUP | select.POLLNVAL):
+                    os._exit(4)
+
+    threading.Thread(target=watch, daemon=True, name="kp-parent-watch").start()
 
 
 def _warm_up(device: str) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +143,49 @@ def test_closing_leaves_no_process(tmp_path):
     w.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+ORCHESTRATOR = """
+import sys
+from pathlib import Path
+from pipeline import jobs
+from pipeline.config import load
+from pipeline.worker import Worker
+w = Worker(load(home=Path(sys.argv[1]), device="cpu", job_timeout_s=600))
+w.request(jobs.Ping())
+print(w.proc.pid, flush=True)
+w.request(jobs.Probe(sys.argv[2]))  # sleeps for 10 minutes
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie is gone
+    except OSError:
+        return True
+
+
+def test_a_worker_outlives_no_orchestrator_killed_mid_job(tmp_path):
+    """An orchestrator killed while its worker runs a job (a timeout's SIGKILL) takes the worker with it:
+    the worker is in its own session, and a job stuck in a kernel would otherwise keep the GPU busy."""
+    sleeper = tmp_path / "sleep.py"
+    sleeper.write_text(STANDINS["sleep"])
+    orch = subprocess.Popen(
+        [sys.executable, "-c", ORCHESTRATOR, str(tmp_path / "home"), str(sleeper)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    pid = int(orch.stdout.readline())
+    time.sleep(2)  # the probe is running
+    assert not _gone(pid)
+    orch.kill()
+    orch.wait()
+    deadline = time.monotonic() + 15
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = not _gone(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the worker outlived its orchestrator"
 
 
 # A stand-in "task" that, once probed, makes the worker's answers unreadable: every answer the worker sends
