@@ -82,7 +82,11 @@ for _n in (4096, 8192):
 
 # Level 3's ViT layers: 394 rows (2 images x 197 tokens) on 132 SMs, grids of few tiles; and its attention,
 # which runs over sequences of 2 (nn.TransformerEncoder without batch_first: the images are the sequence).
-for _name, (_k, _n) in {"vit_qkv_f32": (512, 1536), "vit_fc1_f32": (512, 2048), "vit_fc2_f32": (2048, 512)}.items():
+for _name, (_k, _n) in {
+    "vit_qkv_f32": (512, 1536),
+    "vit_fc1_f32": (512, 2048),
+    "vit_fc2_f32": (2048, 512),
+}.items():
     CASES[_name] = (
         "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         f"        self.linear = nn.Linear({_k}, {_n})\n\n"
@@ -199,7 +203,8 @@ def write_task(folder: Path, name: str) -> Path:
 
 
 def candidates(path: Path) -> list:
-    """The tuned plan (our GEMM, its widest tile) and its children with another tile or ring depth."""
+    """The tuned plan (our GEMM) and its children with another tile or ring depth; the plain plan first when
+    it is ours too."""
     task = probe(path)
     policy = ExpertPolicy()
     first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
@@ -210,7 +215,14 @@ def candidates(path: Path) -> list:
         for k in kids
         if k.status == ProposalStatus.OK and any(x in k.edit for x in ("bn=", "stages=", "warps="))
     ]
-    ours = [c for c in (tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
+    # The plain plan too where it is already ours (an attention alone: its first kernel; a tuned plan equal to
+    # it comes back edited, so that it differs)
+    plain = [first[0].candidate] if len(first) > 1 and first[0].candidate.key != tuned.key else []
+    ours = [c for c in (*plain, tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
+    seen: set[str] = set()
+    ours = [
+        c for c in ours if not (plan_of(c.source).to_json() in seen or seen.add(plan_of(c.source).to_json()))
+    ]
     if ours:
         return ours
     # No GEMM kernel (a GEMV): the plain and tuned plans, and the tuned one with other loads in flight.

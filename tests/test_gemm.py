@@ -375,6 +375,7 @@ def test_an_fp32_linear_layer_takes_our_3xtf32_kernel_with_its_epilogue_in_the_t
 )
 def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, want):
     """The tuned plan's tile width and split: waves of blocks x k tiles a block x a k tile's time."""
+    assert set(gemm_tf32.KTILE_US) == set(tf32_template.TILE_N)  # a measured time for every width
     path = task(tmp_path, f"g{rows}_{k}_{n}", LINEAR.format(k=k, n=n, bias=True, dt="float32", expr="self.linear(x)"),
                 f"torch.randn({rows}, {k})")  # fmt: skip
     low = prepare(capture(path))

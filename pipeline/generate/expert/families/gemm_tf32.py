@@ -9,9 +9,9 @@ Grids of few tiles: K may be split over `splits` blocks a tile, each summing its
 workspace slice; one small kernel then adds the slices in order and computes the fused epilogue on the
 total (ViT's bias adds, a residual). The tuned plan takes the tile width (128, 64 or 32) and the split
 that a cost model puts first: waves of blocks (one block an SM) x k tiles a block x the time of a k tile
-at that width, measured on an H100 (KTILE_US; docs/benchmarks.md). A k tile costs mostly the same at any
-width (the split of A, the barriers, three short MMA chains), so wide tiles win wherever there are
-tiles to fill the GPU, and narrower ones where a wide grid would leave SMs idle (level 3's ViT, 394 rows:
+at that width, measured on an H100 (KTILE_US; docs/benchmarks.md). Four times the width costs a k tile
+1.7 times the time (the split of A, the barriers and three short MMA chains are paid at any width), so
+wide tiles win wherever there are tiles to fill the GPU, and narrower ones where a wide grid would leave SMs idle (level 3's ViT, 394 rows:
 128 x 64 for its 1536- and 2048-wide layers). The more_parallelism / resize_grid edits offer half and
 twice the split and the next narrower tile; coarsen_threads the next wider.
 """
@@ -66,11 +66,11 @@ SPEC = gemm_kit.Spec(
 )
 WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
 MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
-# A block's time a k tile (32 of K) at a tile width, microseconds: c0 + c1 * bn, fitted to the H100's
-# 128 x 32 and 128 x 128 tiles over (394, 512) x (512, 1536) and (394, 512) x (512, 2048) (1.19 and
-# 2.04 us). A split adds its sum kernel: a short launch, and the partials written and read again (8 bytes
-# an output element a split) at about 3 TB/s.
-KTILE_US = (0.905, 0.00886)
+# A block's time a k tile (32 of K) at each tile width, microseconds, measured on an H100: ViT's
+# (394, 512) x (512, 1536) and (512, 2048) layers, one block an SM (docs/benchmarks.md, 2026-12-06). A
+# split adds its sum kernel: a short launch, and the partials written and read again (8 bytes an output
+# element a split) at about 3 TB/s.
+KTILE_US = {32: 1.23, 64: 1.64, 128: 2.06}
 SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
 
 
@@ -103,7 +103,7 @@ def cost_us(tk: tuple[int, int, int], bn: int, splits: int) -> float:
     """The model's time of a GEMM of (tiles of 128 x bn, k tiles, output elements), K split `splits` ways."""
     tiles, ktiles, outputs = tk
     waves = -(-tiles * splits // WAVE)
-    mma = waves * -(-ktiles // splits) * (KTILE_US[0] + KTILE_US[1] * bn)
+    mma = waves * -(-ktiles // splits) * KTILE_US[bn]
     return mma + (SUM_US + 8 * splits * outputs / SPLIT_BYTES_PER_US if splits > 1 else 0.0)
 
 
