@@ -42,8 +42,8 @@ PRIORITY = (
 # Edits this policy never makes, with the reason a user sees when the profiler suggests them.
 NOT_APPLICABLE = {
     "use_tensor_cores": "only GEMMs (linear, matmul, mm, bmm: 16-bit, or fp32 through 3xTF32) have our own "
-    "tensor-core (WGMMA) kernel; other GEMMs and convolutions stay in cuBLAS / cuDNN, which already use tensor "
-    "cores",
+    "tensor-core (WGMMA) kernel, and fused attention a tensor-core form beside its CUDA-core one; other GEMMs "
+    "and convolutions stay in cuBLAS / cuDNN, which already use tensor cores",
     "use_wgmma": "only GEMMs (linear, matmul, mm, bmm; K, and N of a row-major B, 16-byte multiples) have a "
     "WGMMA template",
     "use_tma": "TMA is used by the WGMMA GEMM only; the memory-streaming kernels load with vector accesses",
