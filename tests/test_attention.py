@@ -174,6 +174,18 @@ def test_plans_and_edits(tmp_path):
     assert isinstance(base_plan(sdpa_low, False).get(s.rid), attention.AttnPlan)
 
 
+def _reference(path: Path) -> tuple[dict, list, torch.Tensor]:
+    """The task's weights (seeded), inputs and float64 output."""
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    state = {k: v.clone() for k, v in ref.state_dict().items()}
+    xs = module.get_inputs()
+    with torch.no_grad():
+        want = ref.double()(*[x.double() for x in xs])
+    return state, xs, want
+
+
 def test_few_keys_go_to_the_cuda_cores_and_back(tmp_path):
     """The tuned plan over few keys computes on the CUDA cores; use_tensor_cores goes back to the tensor-core
     kernel, and more_parallelism offers the CUDA cores to a tensor-core plan over up to a key tile of 64."""
@@ -198,13 +210,7 @@ def test_few_keys_go_to_the_cuda_cores_and_back(tmp_path):
 def test_emulated_short_attention_matches_pytorch_in_both_forms(tmp_path, name):
     """The CUDA-core form (exact fp32) and the tensor-core form it came from, on the same few-key task."""
     path = _path(tmp_path, name)
-    module = load_module(path)
-    torch.manual_seed(0)
-    ref = module.Model()
-    state = {k: v.clone() for k, v in ref.state_dict().items()}
-    xs = module.get_inputs()
-    with torch.no_grad():
-        want = ref.double()(*[x.double() for x in xs])
+    state, xs, want = _reference(path)
     low, _ = analyse(path)
     tuned = base_plan(low, True)
     (rp,) = [x for x in tuned.regions if x.TAG == "attention"]
@@ -242,13 +248,7 @@ def _ours(path: Path) -> list:
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_emulated_attention_matches_pytorch(tmp_path, name):
     path = _path(tmp_path, name)
-    module = load_module(path)
-    torch.manual_seed(0)
-    ref = module.Model()
-    state = {k: v.clone() for k, v in ref.state_dict().items()}
-    xs = module.get_inputs()
-    with torch.no_grad():
-        want = ref.double()(*[x.double() for x in xs])
+    state, xs, want = _reference(path)
     cands = _ours(path)
     assert cands
     for edit, source, launcher in cands[:2]:
