@@ -1172,8 +1172,8 @@ def family_task(folder: Path, name: str, shape: str) -> Path:
 # vertically or at stride 2, scans, and long rows over a cluster of twice the blocks the tuned plan takes
 # (where it takes fewer than 16).
 EDITED = dict.fromkeys(("long_rows", "pool_rows", "avg_pool2d", "scan", "folded_scans"), "tile_shared_memory")
-# more_parallelism on the fp32 GEMMs: the 128 x 32 tile where the tuned plan kept 128 x 128 (999 x 1001), else
-# half or twice its split of K; on the few-row shapes (the skinny kernel) half its columns a block
+# more_parallelism on the fp32 GEMMs: the next narrower tile (128 x 64 where the tuned plan kept 128 x 128:
+# 999 x 1001), else half or twice its split of K; on the few-row shapes (the skinny kernel) half its columns
 EDITED |= dict.fromkeys(("linear_f32_epilogue", "matmul_f32"), "more_parallelism")
 EDITED["bins"] = "tile_shared_memory"  # more copies of the histogram; the boundaries read from global
 EDITED["intrinsics"] = "use_intrinsics"  # the harness's fp32 tolerance is what decides they may

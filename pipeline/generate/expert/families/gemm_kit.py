@@ -5,9 +5,9 @@ template, its tiles and ring depths; `family(spec)` makes the Family the registr
 (conv_tf32.py) is a Spec too, with its own form and epilogue functions.
 
 Edits: use_wgmma / use_tensor_cores / use_tma (from cuBLAS into our kernel), fuse_epilogue (the
-elementwise region after it, on its stores), more_parallelism / reduce_registers / resize_grid (128 x 128
-tiles: twice the blocks, half the accumulators), coarsen_threads / tile_shared_memory (128 x 256 tiles:
-more reuse of each A tile), pipeline_loads (one more stage in the TMA ring, as many as fit).
+elementwise region after it, on its stores), more_parallelism / reduce_registers / resize_grid (the next
+narrower tile: more blocks, fewer accumulators), coarsen_threads / tile_shared_memory (the next wider: more
+reuse of each A tile), pipeline_loads (one more stage in the TMA ring, as many as fit).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Spec:
     # wait for a grid too small to fill the GPU (FEW_TILES); None: they are always offered.
     grid_tiles: Callable[[Region, Any, int], int] | None = None
     # The plain plan of a task whose regions are all ours takes the narrowest tile, or the widest where the
-    # narrow ones are only for grids of few tiles (3xTF32: 128 x 32 beside the measured 128 x 128).
+    # narrow ones are only for grids of few tiles (3xTF32: 128 x 32 and 64 beside 128 x 128).
     plain_widest: bool = False
     # The template writes its one output into a cat's slice when handed one (render(..., sinkable=True):
     # out= at a batch stride, render.py's sinking).

@@ -2,7 +2,7 @@
 kernel (templates/gemm_tf32.py), with the elementwise region after it fused on its stores. Left to
 cuBLAS's fp32 path they run on the CUDA cores (about 50 TFLOP/s on the H200). The plain plan keeps
 cuBLAS, the tuned one takes our kernel, a failing one goes back to cuBLAS in a repair. Knobs and edits:
-gemm_kit.py (tiles 128 x 128 and 128 x 32, 32 deep; templates/gemm_tf32.py says why not 256). A row-major
+gemm_kit.py (tiles 128 x 128, 64 and 32, 32 deep; templates/gemm_tf32.py says why not 256). A row-major
 B is made K-major by a tiled transpose before the kernel (tf32 WGMMA reads K-major operands only).
 
 Grids of few tiles: K may be split over `splits` blocks a tile, each summing its share into an fp32
