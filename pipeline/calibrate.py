@@ -37,6 +37,9 @@ class Ceilings:
     bf16_flops: float
     environment: dict[str, str]
     version: int = 0  # the measurement's VERSION; 0: written before versions existed
+    # NVML's utilization of the GPU (percent) while this process sat idle just before and after the
+    # measurement: another process's work. None: not read (no NVML, or written before it was).
+    busy_percent: float | None = None
 
     def peak_flops(self, dtype: str) -> float:
         # The fastest honest route for the dtype: fp32 work may use 3xTF32 on tensor cores and stay accurate,
@@ -46,6 +49,23 @@ class Ceilings:
         if dtype == "float32":
             return max(self.tf32_flops, self.fp32_flops)
         return self.fp32_flops
+
+
+# Another process's utilization above which a calibration is not believed: its rates would be low, every floor
+# derived from them high, and honest kernels would read as faster than their floor (too_fast). A whole GPU
+# suite on 12 pytest workers sharing one H100 did exactly that (docs/benchmarks.md, 2026-12-06).
+BUSY_LIMIT = 5.0
+
+
+def untrusted(c: Ceilings) -> str | None:
+    """Why these ceilings must not be cached or used for floors, or None."""
+    if c.busy_percent is not None and c.busy_percent > BUSY_LIMIT:
+        return (
+            f"calibration not kept: the GPU was {c.busy_percent:.0f}% busy with another process's work while "
+            f"it was measured (above {BUSY_LIMIT:g}%), so its ceilings read low and every roofline floor high; "
+            "no floor until a calibration on a free GPU (`kernelpro calibrate`)"
+        )
+    return None
 
 
 def floor_ms(task: Task, ceilings: Ceilings) -> float:
@@ -87,6 +107,7 @@ def measure_ceilings(environment: dict[str, str]) -> Ceilings:
     from pipeline.timing import time_cuda
 
     dev = torch.device("cuda", torch.cuda.current_device())
+    busy = [_others_busy(dev)]
     size = 8192
     rates = {}
     for name, dtype, tf32 in (
@@ -104,15 +125,40 @@ def measure_ceilings(environment: dict[str, str]) -> Ceilings:
             torch.backends.cuda.matmul.allow_tf32 = prev
         rates[name] = 2 * size**3 / (t.median_ms * 1e-3)
         del a, b
+    copy = _copy_bandwidth(dev)
+    busy.append(_others_busy(dev))
+    known = [b for b in busy if b is not None]
     return Ceilings(
         gpu=torch.cuda.get_device_name(dev),
-        copy_bytes_per_s=_copy_bandwidth(dev),
+        copy_bytes_per_s=copy,
         fp32_flops=rates["fp32"],
         tf32_flops=rates["tf32"],
         bf16_flops=rates["bf16"],
         environment=environment,
         version=VERSION,
+        busy_percent=max(known) if known else None,
     )
+
+
+def _others_busy(dev) -> float | None:
+    """NVML's GPU utilization after this process has been idle for longer than NVML's sample period (at most
+    a second): what other processes run. None where NVML cannot say."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize(dev)
+    time.sleep(1.2)
+    try:
+        import pynvml
+
+        from pipeline.energy import EnergyUnavailable, nvml_handle
+    except ImportError:
+        return None
+    try:
+        return float(pynvml.nvmlDeviceGetUtilizationRates(nvml_handle(dev)).gpu)
+    except (EnergyUnavailable, pynvml.NVMLError):
+        return None
 
 
 def _copy_bandwidth(dev) -> float:

@@ -292,7 +292,7 @@ def calibrate(
     home: HomeOpt = None,
 ) -> None:
     """Measure this GPU's ceilings (copy bandwidth; fp32, tf32, bf16 matmul rates) once and cache them."""
-    from pipeline.stages import ceilings, open_pool
+    from pipeline.stages import REFUSED, ceilings, open_pool
 
     cfg = config_mod.load(home=home)
     if cfg.device != "cuda":
@@ -300,7 +300,8 @@ def calibrate(
     with open_pool(cfg) as pool:
         c = ceilings(pool, cfg, force=force)
     if c is None:
-        raise RuntimeError("calibration gave no ceilings")
+        refused = [why for why, _ in REFUSED.values()]
+        raise RuntimeError(refused[-1] if refused else "calibration gave no ceilings")
     if json_out:
         print(json.dumps(c.__dict__, indent=2))
         return
@@ -311,6 +312,8 @@ def calibrate(
     table.add_row("fp32 matmul (TF32 off)", f"{c.fp32_flops / 1e12:.1f} TFLOP/s")
     table.add_row("tf32 matmul", f"{c.tf32_flops / 1e12:.1f} TFLOP/s")
     table.add_row("bf16 matmul", f"{c.bf16_flops / 1e12:.1f} TFLOP/s")
+    if c.busy_percent is not None:
+        table.add_row("other processes' use of the GPU while measured", f"{c.busy_percent:.0f}%")
     out.print(table)
 
 

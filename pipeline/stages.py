@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import logging
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +25,8 @@ from pipeline.static_check import LauncherReport, check_launcher
 from pipeline.tasks import TaskError
 from pipeline.types import Baselines, Build, Candidate, Evaluation, Status, Task, Verdict
 from pipeline.worker import JobResult, WorkerPool, visible_gpus
+
+_log = logging.getLogger("kernelpro.calibrate")
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -81,11 +86,23 @@ def ceilings(
         cached = calibrate.load_cached(cfg.home, gpu)
         if cached is not None:
             return cached
+        if time.monotonic() - REFUSED.get(gpu, ("", -math.inf))[1] < BUSY_RETRY_S:
+            return None  # refused a moment ago: not measured again for every batch
     r = pool.reference.request(jobs.Calibrate(), timeout_s=300)
     if not isinstance(r.answer, jobs.Calibrated):
         raise RuntimeError(f"calibration failed: {r.reason or 'the worker gave no ceilings'}")
-    calibrate.save(cfg.home, r.answer.ceilings)
-    return r.answer.ceilings
+    c = r.answer.ceilings
+    if (why := calibrate.untrusted(c)) is not None:
+        REFUSED[c.gpu] = (why, time.monotonic())
+        _log.warning("%s", why)
+        return None
+    calibrate.save(cfg.home, c)
+    return c
+
+
+# Calibrations refused on a busy GPU, by GPU name: (why, when); measured again after BUSY_RETRY_S.
+REFUSED: dict[str, tuple[str, float]] = {}
+BUSY_RETRY_S = 600.0
 
 
 def candidate_code(candidate: Candidate, build: Build, report: LauncherReport) -> jobs.CandidateCode:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import reasons, stages
+from pipeline import calibrate, reasons, stages
 from pipeline.config import load
 from pipeline.types import Kind, Status
 
@@ -49,7 +49,11 @@ def cfg_for(home, **kw):
 
 def test_calibrate_gives_plausible_ceilings(pool, home):
     c = stages.ceilings(pool, cfg_for(home), force=True)
-    assert c is not None
+    if c is None:  # another process kept the GPU busy (pytest workers sharing it): refused, not cached
+        assert any("busy with another process" in why for why, _ in stages.REFUSED.values())
+        assert not any((home / "calibration").glob("*.json"))
+        return
+    assert c.busy_percent is None or c.busy_percent <= calibrate.BUSY_LIMIT
     assert 1e12 < c.copy_bytes_per_s < 1e13
     assert c.bf16_flops > c.tf32_flops > c.fp32_flops > 1e13
     assert (home / "calibration").is_dir()

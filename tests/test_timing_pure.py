@@ -3,6 +3,7 @@ repeat rule over injected readings, floors, type round trips."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -62,6 +63,22 @@ def test_ceilings_cached_by_an_older_measurement_are_measured_again(tmp_path):
     assert calibrate.load_cached(tmp_path, "NVIDIA H200") is None
     path.write_text("{not json")
     assert calibrate.load_cached(tmp_path, "NVIDIA H200") is None
+
+
+def test_a_calibration_on_a_busy_gpu_is_not_believed(tmp_path):
+    """Another process's work during the measurement (NVML's utilization while ours sat idle) makes every
+    ceiling read low and every floor high: such ceilings are refused, with the reason; a cache and a run
+    log written before the field existed still load."""
+    fresh = Ceilings("NVIDIA H100", 4.3e12, 5.1e13, 3.7e14, 7.2e14, {}, version=calibrate.VERSION)
+    assert calibrate.untrusted(fresh) is None  # NVML not read: nothing to hold against it
+    assert calibrate.untrusted(dataclasses.replace(fresh, busy_percent=2.0)) is None
+    why = calibrate.untrusted(dataclasses.replace(fresh, busy_percent=63.0))
+    assert why is not None and "63% busy" in why and "kernelpro calibrate" in why
+    path = calibrate.save(tmp_path, dataclasses.replace(fresh, busy_percent=0.0))
+    assert calibrate.load_cached(tmp_path, "NVIDIA H100").busy_percent == 0.0
+    path.write_text(json.dumps({k: v for k, v in fresh.__dict__.items() if k != "busy_percent"}))
+    assert calibrate.load_cached(tmp_path, "NVIDIA H100") == fresh
+    assert from_dict(Ceilings, to_dict(dataclasses.replace(fresh, busy_percent=1.0))).busy_percent == 1.0
 
 
 def test_a_measurements_phases_add_up_and_survive_the_round_trip():
