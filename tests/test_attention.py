@@ -208,7 +208,7 @@ def test_few_keys_go_to_the_cuda_cores_and_back(tmp_path):
 
 @pytest.mark.parametrize("name", SHORT)
 def test_emulated_short_attention_matches_pytorch_in_both_forms(tmp_path, name):
-    """The CUDA-core form (exact fp32) and the tensor-core form it came from, on the same few-key task."""
+    """The CUDA-core form (plain fp32) and the tensor-core form it came from, on the same few-key task."""
     path = _path(tmp_path, name)
     state, xs, want = _reference(path)
     low, _ = analyse(path)

@@ -10,7 +10,7 @@ and our row-wise kernels), the tuned one the fused kernel; measurement picks. Ed
 (both), tile_shared_memory / reduce_registers (keys a tile 32 <-> 64), increase_occupancy (one more block
 an SM in the launch bounds). Over few keys (at most SHORT_KEYS, e.g. level 3's ViT, whose attention runs
 over the 2 images of its batch) the tuned plan takes the CUDA-core form (templates/attention_rows.py: a
-query row to a group of lanes, exact fp32); more_parallelism offers it up to a key tile of 64, and
+query row to a group of lanes, plain fp32 FMAs); more_parallelism offers it up to a key tile of 64, and
 use_tensor_cores goes back.
 """
 

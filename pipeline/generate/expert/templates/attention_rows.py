@@ -1,5 +1,5 @@
-"""Attention over few keys on the CUDA cores: one query row to a group of lanes, exact fp32 (which attentions
-take it: families/attention.py).
+"""Attention over few keys on the CUDA cores: one query row to a group of lanes, plain fp32 FMAs, no tf32
+split (which attentions take it: families/attention.py).
 
 The tensor-core kernel (attention.py) gives a block 64 query rows of one (batch, head) and walks keys in tiles
 of 32 or 64. Over short sequences most of that is empty: level 3's ViT runs nn.TransformerEncoder without
