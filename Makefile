@@ -44,7 +44,8 @@ test-gpu:
 	# test_gpu_expert's cases spread over the workers, every other file's stay together on one
 	# (tests/conftest.py: SPREAD_FILES). 0, the default: one process. Many workers (12 on one H100) can trip
 	# the harness's hidden-work check (host time against events, other processes time-slicing the GPU): a
-	# case that fails with hidden_work there is re-run alone before it is believed.
+	# case that fails with hidden_work there is re-run alone before it is believed; a calibration taken
+	# while the others run is refused (no roofline floor, so no too_fast verdict from a floor measured low).
 	$(PYTHON) -m pytest -m gpu -q -p no:cacheprovider $(if $(filter-out 0,$(GPU_WORKERS)),-n $(GPU_WORKERS) --dist loadscope) $$(grep -l "mark.gpu" tests/test_*.py)
 
 lint:
