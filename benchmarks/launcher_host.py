@@ -26,19 +26,21 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import torch  # noqa: E402
+from expert_plans import tuned  # noqa: E402  (the tests' helper: the expert's tuned candidate)
 
-from pipeline.generate.base import Context  # noqa: E402
-from pipeline.generate.expert import ExpertPolicy  # noqa: E402
-from pipeline.tasks import load_module, probe  # noqa: E402
+from pipeline.tasks import load_module  # noqa: E402
 
 
 class _NoLaunch:
     """A stand-in for the runtime's `kernels`: each launch counted, none made."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.launches = 0
         self.kinds: Counter[str] = Counter()  # kernel (its region's number dropped) -> launches
         self.bytes: Counter[str] = Counter()  # kernel -> bytes of the tensors handed to it
@@ -71,11 +73,7 @@ def host_ms(
 ) -> tuple[float, int]:
     """(the median host ms of a call, launches a call); `kernels` (a _NoLaunch) keeps the per-kernel counts of
     the timed calls."""
-    task = probe(path)
-    props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), 2)
-    if len(props) < 2:  # the expert's second first proposal is its tuned plan
-        raise LookupError(f"the expert proposes no tuned candidate ({len(props)} proposals)")
-    cand = props[1].candidate
+    cand = tuned(path)  # LookupError when the expert proposes none
     kernels = kernels or _NoLaunch()
     namespace = {"__name__": "kernelpro_host", "kernels": kernels}
     exec(compile(cand.launcher, "<launcher>", "exec"), namespace)
@@ -87,7 +85,7 @@ def host_ms(
     times = []
     with torch.no_grad():
         model(*inputs)  # the first call's one-off work (the SM count, lazy state) kept out
-        kernels.__init__()
+        kernels.reset()
         for _ in range(calls):
             t = time.perf_counter()
             model(*inputs)

@@ -17,9 +17,12 @@ from pipeline.types import Candidate
 
 
 def tuned(path: Path) -> Candidate:
-    """The task's tuned candidate: the expert's second first proposal."""
+    """The task's tuned candidate: the expert's second first proposal; LookupError when it proposes none."""
     t = probe(path)
-    return ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+    if len(props) < 2:
+        raise LookupError(f"the expert proposes no tuned candidate ({len(props)} proposals)")
+    return props[1].candidate
 
 
 def tuned_with_edit(path: Path, edit: str) -> Candidate:
