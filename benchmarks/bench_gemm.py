@@ -218,11 +218,11 @@ def candidates(path: Path) -> list:
     # The plain plan too where it is already ours (an attention alone: its first kernel; a tuned plan equal to
     # it comes back edited, so that it differs)
     plain = [first[0].candidate] if len(first) > 1 and first[0].candidate.key != tuned.key else []
-    ours = [c for c in (*plain, tuned, *moved[:2]) if uses_cute(plan_of(c.source))]
-    seen: set[str] = set()
-    ours = [
-        c for c in ours if not (plan_of(c.source).to_json() in seen or seen.add(plan_of(c.source).to_json()))
-    ]
+    unique: dict[str, object] = {}  # each plan once, first come
+    for c in (*plain, tuned, *moved[:2]):
+        if uses_cute(plan := plan_of(c.source)):
+            unique.setdefault(plan.to_json(), c)
+    ours = list(unique.values())
     if ours:
         return ours
     # No GEMM kernel (a GEMV): the plain and tuned plans, and the tuned one with other loads in flight.

@@ -293,10 +293,15 @@ def _take(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
         yield label("use_fused_attention", r.rid, warps=fused.warps, bn=fused.bn), p
 
 
+def _on_tensor_cores(rp: AttnPlan | None, r: Region, low: Lowered) -> Match | None:
+    """The region's match when the plan computes it on the tensor cores (the plan the tile edits move)."""
+    m = match(r, low)
+    return None if rp is None or rp.rows or isinstance(m, str) else m
+
+
 def _rows(edit: str, *factors: float) -> Any:
     def apply(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
-        m = match(r, low)
-        if rp is None or isinstance(m, str) or rp.rows:
+        if (m := _on_tensor_cores(rp, r, low)) is None:
             return
         if edit == "more_parallelism" and m.keys <= ROWS_OFFER:
             yield from change(edit, plan, rp, rows=True)
@@ -310,8 +315,7 @@ def _rows(edit: str, *factors: float) -> Any:
 
 def _keys(edit: str) -> Any:
     def apply(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
-        m = match(r, low)
-        if rp is None or isinstance(m, str) or rp.rows:
+        if (m := _on_tensor_cores(rp, r, low)) is None:
             return
         bn = 64 if rp.bn == 32 else 32
         if _fits(m.form, AttnPlan(rp.rid, warps=rp.warps, bn=bn, min_blocks=rp.min_blocks)):
@@ -322,8 +326,7 @@ def _keys(edit: str) -> Any:
 
 def _occupancy(plan: Plan, rp: AttnPlan | None, r: Region, low: Lowered) -> Any:
     """One more block an SM (registers capped to fit it), while shared memory has room."""
-    m = match(r, low)
-    if rp is None or isinstance(m, str) or rp.rows:
+    if (m := _on_tensor_cores(rp, r, low)) is None:
         return
     if _fits(m.form, AttnPlan(rp.rid, warps=rp.warps, bn=rp.bn, min_blocks=rp.min_blocks + 1)):
         yield from change("increase_occupancy", plan, rp, min_blocks=rp.min_blocks + 1)

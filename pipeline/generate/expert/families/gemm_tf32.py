@@ -11,8 +11,8 @@ total (ViT's bias adds, a residual). The tuned plan takes the tile width (128, 6
 that a cost model puts first: waves of blocks (one block an SM) x k tiles a block x the time of a k tile
 at that width, measured on an H100 (KTILE_US; docs/benchmarks.md). Four times the width costs a k tile
 1.7 times the time (the split of A, the barriers and three short MMA chains are paid at any width), so
-wide tiles win wherever there are tiles to fill the GPU, and narrower ones where a wide grid would leave SMs idle (level 3's ViT, 394 rows:
-128 x 64 for its 1536- and 2048-wide layers). The more_parallelism / resize_grid edits offer half and
+wide tiles win wherever there are tiles to fill the GPU, and narrower ones where a wide grid would leave
+SMs idle (level 3's ViT, 394 rows: 128 x 64 for its 1536- and 2048-wide layers). The more_parallelism / resize_grid edits offer half and
 twice the split and the next narrower tile; coarsen_threads the next wider.
 """
 
@@ -107,6 +107,11 @@ def cost_us(tk: tuple[int, int, int], bn: int, splits: int) -> float:
     return mma + (SUM_US + 8 * splits * outputs / SPLIT_BYTES_PER_US if splits > 1 else 0.0)
 
 
+def _best_split(tk: tuple[int, int, int], bn: int) -> tuple[float, int]:
+    """(the model's time, the split) of the fastest split at this tile width; ties to the smaller split."""
+    return min((cost_us(tk, bn, s), s) for s in _splits(tk[1]))
+
+
 def wave_plan(r: Region, low: Lowered) -> tuple[int, int]:
     """(tile width, split) the cost model puts first; the widest tile, unsplit, when shapes are unknown.
     Ties go to the wider tile and the smaller split."""
@@ -115,10 +120,9 @@ def wave_plan(r: Region, low: Lowered) -> tuple[int, int]:
         tk = _tiles_and_ktiles(r, low, bn)
         if tk is None:
             return gemm_tf32.TILE_N[-1], 1
-        for s in _splits(tk[1]):
-            t = cost_us(tk, bn, s)
-            if best is None or t < best[0] - 1e-9:
-                best = (t, bn, s)
+        t, s = _best_split(tk, bn)
+        if best is None or t < best[0] - 1e-9:
+            best = (t, bn, s)
     assert best is not None
     return best[1], best[2]
 
@@ -126,9 +130,7 @@ def wave_plan(r: Region, low: Lowered) -> tuple[int, int]:
 def wave_split(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> int:
     """The split the cost model puts first at this tile width."""
     tk = _tiles_and_ktiles(r, low, bn)
-    if tk is None:
-        return 1
-    return min(_splits(tk[1]), key=lambda s: cost_us(tk, bn, s))
+    return 1 if tk is None else _best_split(tk, bn)[1]
 
 
 def _split_edit(edit: str) -> Any:

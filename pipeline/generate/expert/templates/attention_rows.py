@@ -39,7 +39,7 @@ def lanes(f: AttnForm) -> int:
 
 
 def render(r: Region, f: AttnForm, rp: AttnPlan) -> Code:
-    rid = r.rid
+    rid, per_row = r.rid, lanes(f)
     extras = attention.extra_operands(f)
     sig = attention.signature(f, extras, i64("rows", "n * h * lq"))
     chain = chain_function(f.chain, list(f.chain.inputs)) if f.chain is not None else ""
@@ -59,7 +59,7 @@ def render(r: Region, f: AttnForm, rp: AttnPlan) -> Code:
     inv = "1.f / sum" if f.softmax else "1.f"
     cuda = f"""{chain}
 namespace kp_{rid} {{
-constexpr int D = {f.d}, DV = {f.dv}, LANES = {lanes(f)}, THREADS = {THREADS};
+constexpr int D = {f.d}, DV = {f.dv}, LANES = {per_row}, THREADS = {THREADS};
 constexpr int QC = D / (4 * LANES), VC = DV / (4 * LANES);  // float4 chunks a lane
 constexpr float LOG2E = 1.4426950408889634f;
 }}  // namespace kp_{rid}
@@ -115,10 +115,10 @@ extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls
             make_float4(o[c].x * inv, o[c].y * inv, o[c].z * inv, o[c].w * inv);
 }}
 """
-    groups = THREADS // lanes(f)
+    groups = THREADS // per_row
     call = (
         f"kernels.kp_{rid}_attn((-(-(n * h * lq) // {groups}),), ({THREADS},), ({sig.args()}))  # noqa: F821"
     )
-    how = f"on the CUDA cores in fp32: a query row to {lanes(f)} lanes, {groups} rows a block"
+    how = f"on the CUDA cores in fp32: a query row to {per_row} lanes, {groups} rows a block"
     launcher = attention.launcher(rid, f, sig, extras, how, call)
     return Code(cuda, launcher, f"_attn_{rid}", (f"kp_{rid}_attn",), attention.args(f), (f.out,), at=rp.pv)
