@@ -1233,8 +1233,8 @@ def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
 
 # The two correction passes of the 3xTF32 kernel: without them it is one tf32 product.
 _LO_PASSES = (
-    "for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tAl(_, _, kb, st), tB(_, _, kb, st), acc);",
-    "for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tBl(_, _, kb, st), acc);",
+    "for (int kb = 0; kb < size<2>(ah); ++kb) cute::gemm(mma, al(_, _, kb), tB(_, _, kb, st), acc);",
+    "for (int kb = 0; kb < size<2>(ah); ++kb) cute::gemm(mma, ah(_, _, kb), tBl(_, _, kb, sl), acc);",
 )
 
 

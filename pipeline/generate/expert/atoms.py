@@ -67,18 +67,20 @@ def gmma(n: int, dtype: str) -> Need:
     )
 
 
-def gmma_tf32(n: int) -> Need:
-    """The warpgroup MMA atom 64 x n x 8 on tf32 operands, fp32 accumulators, both from shared memory (tf32
-    takes K-major operands only: "TN")."""
+def gmma_tf32(n: int, a_regs: bool = False) -> Need:
+    """The warpgroup MMA atom 64 x n x 8 on tf32 operands, fp32 accumulators, both from shared memory or
+    (a_regs) A from registers (tf32 takes K-major operands only: "TN")."""
+    ab = "RS" if a_regs else "SS"
+    where = "register A, shared-memory B" if a_regs else "shared-memory operands"
     return Need(
-        f"warpgroup MMA atom 64x{n}x8 F32 TF32 TF32 SS shared-memory operands",
+        f"warpgroup MMA atom 64x{n}x8 F32 TF32 TF32 {ab} {where}",
         f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32",
         ("cute/arch/mma_sm90_gmma.hpp", "cute/arch/mma_sm90_gmma_ext.hpp"),
-        name=r"\w*_SS_TN",
+        name=rf"\w*_{ab}_TN",
         queries=(
-            f"MMA_64x{n}x8_F32TF32TF32_SS_TN",
-            f"64x{n}x8 F32TF32TF32 SS TN",
-            f"GMMA 64x{n}x8 F32TF32TF32 SS",
+            f"MMA_64x{n}x8_F32TF32TF32_{ab}_TN",
+            f"64x{n}x8 F32TF32TF32 {ab} TN",
+            f"GMMA 64x{n}x8 F32TF32TF32 {ab}",
         ),
     )
 

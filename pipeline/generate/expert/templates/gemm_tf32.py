@@ -9,11 +9,19 @@ harness's anchored tolerance holds it to a small multiple of eager's), at a thir
 three times the H200's fp32 CUDA-core rate. A single tf32 product (10 bits) would not pass.
 
 384 threads. Warpgroup 0 is the producer: its first thread issues TMA loads of fp32 tiles (A: 128 x 32,
-B: BN x 32, 128-byte swizzle) into a ring of STAGES; its other three warps split each stage once it lands,
-writing lo beside it in the same swizzled layout (so the element at offset i has its lo at offset i).
-Memory traffic stays one read of each operand. Two consumer warpgroups wait for the split stage, run the
-three WGMMA passes on 64 x BN each and release it. The epilogue (the fused elementwise chain, guarded
-stores) is the 16-bit kernel's.
+B: BN x 32, 128-byte swizzle) into a ring of STAGES; its other three warps split B's tile once it lands,
+writing b_lo into a ring of LO_STAGES in the same swizzled layout (the element at offset i of a stage has
+its lo at offset i of its lo stage). Two consumer warpgroups load their 64 rows of A into registers, split
+them there (a_hi, a_lo), run the three WGMMA passes on 64 x BN each (A from registers, B from shared
+memory) and release both stages. Memory traffic stays one read of each operand. The epilogue (the fused
+elementwise chain, guarded stores) is the 16-bit kernel's.
+
+Why A in registers: with both operands in shared memory, each k tile (BN = 128) asked shared memory for
+about 240 KB (three passes of A and B for each warpgroup, the split's reads and writes of both, the TMA's
+writes), 1900 cycles at 128 bytes a cycle against 1540 of MMA at the tf32 peak, and a stage with its lo was
+64 KB, three deep, two held by the MMAs in flight: the kernel ran at about 60% of the 3xTF32 peak
+(docs/benchmarks.md). With A read once into registers and only B split, a k tile asks for about 176 KB, and
+the raw ring (32 KB a stage) goes five deep beside a lo ring of B alone.
 
 The tensor cores' fp32 accumulation is not fp32's rounded add: summing all of K in the WGMMA accumulator
 was off by up to 9e-3 on randn @ randn at K = 4096 (eager: 1e-4; docs/benchmarks.md), an error that grows
@@ -51,26 +59,34 @@ TILE_N = (32, 64, 128)  # each with a ring of at least two stages (tests/test_ge
 PROMOTE = 4  # k tiles (128 of K) accumulated by the tensor cores before their sum is added on the CUDA cores
 MAX_SPLITS = 32  # K split across this many blocks at most (split-K: few output tiles, a long K)
 SPLITTERS = 96  # the producer warpgroup's warps 1-3
+LO_STAGES = 3  # the lo ring of B: the consumers hold two k tiles' lo, the splitters write the third
 _FLOAT = 4
 
 
 def stage_bytes(bn: int) -> int:
-    """A and its lo, B (K-major, whatever the form: a row-major B is gathered K-major first) and its lo."""
-    return (2 * BM + 2 * bn) * BK * _FLOAT
+    """A raw stage: A and B (K-major, whatever the form: a row-major B is gathered K-major first)."""
+    return (BM + bn) * BK * _FLOAT
+
+
+def lo_bytes(bn: int) -> int:
+    """The lo ring: B's lo for LO_STAGES k tiles (A's lo lives in the consumers' registers)."""
+    return LO_STAGES * bn * BK * _FLOAT
 
 
 def max_stages(bn: int) -> int:
-    return (SMEM_LIMIT - 2048) // stage_bytes(bn)
+    return (SMEM_LIMIT - 2048 - lo_bytes(bn)) // stage_bytes(bn)
 
 
 def smem_bytes(bn: int, stages: int) -> int:
     """sizeof(Smem) (tiles in 1024-byte aligned arrays, then the barriers) plus 1024 for aligning the base."""
-    return stage_bytes(bn) * stages + 1024 + 1024
+    return stage_bytes(bn) * stages + lo_bytes(bn) + 1024 + 1024
 
 
-def blocks(rp: Tf32Plan, hunter: Any = None) -> dict[str, atoms.Atom]:
+def blocks(rp: Tf32Plan, hunter: Any = None, a_regs: bool = False) -> dict[str, atoms.Atom]:
+    """The building blocks; a_regs: the MMA atom that reads A from registers (the GEMM's, not the
+    convolution's)."""
     return {
-        "mma": atoms.find(atoms.gmma_tf32(rp.bn), hunter),
+        "mma": atoms.find(atoms.gmma_tf32(rp.bn, a_regs), hunter),
         "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
         "full": atoms.find(atoms.TX_BARRIER, hunter),
         "empty": atoms.find(atoms.ARRIVE_BARRIER, hunter),
@@ -79,23 +95,35 @@ def blocks(rp: Tf32Plan, hunter: Any = None) -> dict[str, atoms.Atom]:
     }
 
 
-def split_stages(b: dict[str, atoms.Atom], smem: int) -> list[str]:
-    """The MMA, the ring of swizzled K-major A and B stages with their lo halves beside them, its barriers and
-    the split helpers: the 3xTF32 kernel's (and the implicit-GEMM convolution's) shared memory."""
+def split_stages(b: dict[str, atoms.Atom], smem: int, a_regs: bool = False) -> list[str]:
+    """The MMA, the ring of swizzled K-major A and B stages, the lo halves, the barriers and the split
+    helpers: the 3xTF32 kernel's (a_regs: B's lo alone, in a ring of LO_STAGES) and the implicit-GEMM
+    convolution's (A's and B's lo beside each stage: its gatherers write A and a_lo at once)."""
+    swz = b["smem"].name
+    lo = (
+        [
+            f"using SmemBl = decltype(tile_to_shape({swz}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+            "Int<LO_STAGES>{})));"
+        ]
+        if a_regs
+        else ["constexpr int LO_STAGES = STAGES;", "using SmemBl = SmemB;"]
+    )
     return [
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}{{}}, Layout<Shape<_2, _1, _1>>{{}}));",
-        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
+        f"using SmemA = decltype(tile_to_shape({swz}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
         "Int<STAGES>{})));",
-        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+        f"using SmemB = decltype(tile_to_shape({swz}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
         "Int<STAGES>{})));",
+        *lo,
         "struct Smem {",
         "    alignas(1024) float a[cosize_v<SmemA>];",
-        "    alignas(1024) float alo[cosize_v<SmemA>];",
+        *([] if a_regs else ["    alignas(1024) float alo[cosize_v<SmemA>];"]),
         "    alignas(1024) float b[cosize_v<SmemB>];",
-        "    alignas(1024) float blo[cosize_v<SmemB>];",
+        "    alignas(1024) float blo[cosize_v<SmemBl>];",
         "    uint64_t full[STAGES];",
-        "    uint64_t ready[STAGES];",
+        "    uint64_t ready[LO_STAGES];  // a k tile split (the GEMM) or gathered (the convolution)",
         "    uint64_t empty[STAGES];",
+        *(["    uint64_t lo_empty[LO_STAGES];"] if a_regs else []),
         "};",
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
         LO,
@@ -106,15 +134,16 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     """The kernel and its launcher for an fp32 library region in the form `f`; raises atoms.AtomNotFound."""
     rid = r.rid
     bn, stages = rp.bn, rp.stages
-    b = blocks(rp, hunter)
+    b = blocks(rp, hunter, a_regs=True)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else "float32"
     lines = [
         *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
-        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE}{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''};",
-        *split_stages(b, smem),
+        f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE}, LO_STAGES = {LO_STAGES}"
+        f"{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''};",
+        *split_stages(b, smem, a_regs=True),
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
     ]
@@ -304,15 +333,46 @@ def _split_sum_epilogue(rid: str, epi: GemmEpilogue, out_dt: str, sig: Signature
 LO = r"""// x minus the part tf32 reads of it (the low 13 mantissa bits): exact in fp32.
 __device__ __forceinline__ float lo(float x) { return x - __uint_as_float(__float_as_uint(x) & 0xffffe000u); }
 __device__ __forceinline__ float4 lo4(float4 v) { return make_float4(lo(v.x), lo(v.y), lo(v.z), lo(v.w)); }
+// 4 bytes of shared memory as such (CuTe's element copy of tfloat32_t went through generic loads).
+__device__ __forceinline__ uint32_t lds1(const void* p) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"((unsigned)__cvta_generic_to_shared(p)) : "memory");
+    return v;
+}
 // lo of one stage's tile, written at the same offsets (the same swizzled layout).
+// Unrolled: several loads in flight a thread (the split is on the MMAs' critical path when it is slow).
 __device__ __forceinline__ void split_same(const float* x, float* l, int n, int t) {
+    #pragma unroll 2
     for (int i = t; i < n / 4; i += SPLITTERS)
         reinterpret_cast<float4*>(l)[i] = lo4(reinterpret_cast<const float4*>(x)[i]);
 }"""
 
-# The consumer warpgroups: wait for a split stage, three WGMMA passes on it, release it; every PROMOTE k tiles
-# the tensor cores' sum is added to fp32 registers (the module doc says why). Shared with the convolution.
-_CONSUMERS = r"""    TiledMma mma;
+# The consumer warpgroups' promotion: every PROMOTE k tiles the tensor cores' sum is added to fp32 registers
+# on the CUDA cores (the module doc says why); between, the previous k tile's MMAs are waited for and its
+# stages released while this tile's run. FENCE_DONE pins registers the finished MMAs read.
+_PROMOTE = r"""        if (kt % PROMOTE == PROMOTE - 1 || kt == ktiles - 1) {  // the chunk's end: promote it
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc);
+FENCE_ALL            CUTE_UNROLL
+            for (int i = 0; i < size(acc); ++i) {
+                sum(i) += acc(i);
+                acc(i) = 0.f;
+            }
+            if (threadIdx.x % 128 == 0) {
+                if (held >= 0) release(held);
+                release(kt);
+            }
+            held = -1;
+        } else {
+            warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
+            warpgroup_fence_operand(acc);
+FENCE_DONE            if (held >= 0 && threadIdx.x % 128 == 0) release(held);
+            held = kt;
+        }
+"""
+
+# The convolution's consumers: both operands and their lo from shared memory (a_lo.b + a.b_lo + a.b).
+_CONSUMERS_SS = r"""    TiledMma mma;
     auto thr = mma.get_slice(threadIdx.x - 128);
     Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.a)), SmemA{});
     Tensor sAl = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.alo)), SmemA{});
@@ -327,6 +387,7 @@ _CONSUMERS = r"""    TiledMma mma;
     clear(acc);
     clear(sum);
     int held = -1;  // a k tile whose stage this warpgroup has not released (its MMAs may still run)
+    auto release = [&](int k) { Barrier::arrive(&s.empty[k % STAGES]); };
     for (int kt = 0; kt < ktiles; ++kt) {
         const int st = kt % STAGES;
 WAIT_FULL        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
@@ -340,36 +401,82 @@ WAIT_FULL        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tB(_, _, kb, st), acc);
         warpgroup_commit_batch();
-        if (kt % PROMOTE == PROMOTE - 1 || kt == ktiles - 1) {  // the chunk's end: promote it
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(acc);
-            CUTE_UNROLL
-            for (int i = 0; i < size(acc); ++i) {
-                sum(i) += acc(i);
-                acc(i) = 0.f;
-            }
-            if (threadIdx.x % 128 == 0) {
-                if (held >= 0) Barrier::arrive(&s.empty[held % STAGES]);
-                Barrier::arrive(&s.empty[st]);
-            }
-            held = -1;
-        } else {
-            warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
-            warpgroup_fence_operand(acc);
-            if (held >= 0 && threadIdx.x % 128 == 0) Barrier::arrive(&s.empty[held % STAGES]);
-            held = kt;
+PROMOTE    }
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
+""".replace("PROMOTE", _PROMOTE.replace("FENCE_ALL", "").replace("FENCE_DONE", ""))
+
+# The GEMM's consumers: their rows of A copied from the raw stage into registers and split there, B and its
+# lo from shared memory. Two register sets alternate by k tile: a set is written again only once the MMAs
+# that read it are done (the wait before it, and the fences that keep its registers live until then).
+_CONSUMERS_RS = r"""    TiledMma mma;
+    auto thr = mma.get_slice(threadIdx.x - 128);
+    Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.a)), SmemA{});
+    Tensor sB = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.b)), SmemB{});
+    Tensor sBl = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.blo)), SmemBl{});
+    Tensor tsA = thr.partition_A(sA);  // this thread's elements of A in each raw stage
+    Tensor tB = thr.make_fragment_B(thr.partition_B(sB));
+    Tensor tBl = thr.make_fragment_B(thr.partition_B(sBl));
+    Tensor ah0 = thr.make_fragment_A(tsA(_, _, _, 0));  // a_hi and a_lo, two sets
+    Tensor al0 = make_fragment_like(ah0);
+    Tensor ah1 = make_fragment_like(ah0);
+    Tensor al1 = make_fragment_like(ah0);
+    Tensor acc = partition_fragment_C(mma, Shape<Int<BM>, Int<BN>>{});
+    Tensor sum = make_fragment_like(acc);  // the chunks' sums, added on the CUDA cores (rounded to nearest)
+    clear(acc);
+    clear(sum);
+    int held = -1;  // a k tile whose stages this warpgroup has not released (its MMAs may still run)
+    auto release = [&](int k) {
+        Barrier::arrive(&s.empty[k % STAGES]);
+        Barrier::arrive(&s.lo_empty[k % LO_STAGES]);
+    };
+    auto step = [&](const int kt, auto& ah, auto& al, auto& ph, auto& pl) {
+        const int st = kt % STAGES, sl = kt % LO_STAGES;
+        Barrier::wait(&s.ready[sl], (kt / LO_STAGES) & 1);  // B split
+        Full::wait(&s.full[st], (kt / STAGES) & 1);  // done already: makes A's TMA writes ours to read
+        Tensor as = tsA(_, _, _, st);
+        CUTE_UNROLL
+        for (int i = 0; i < size(ah); ++i) {  // hi: the bits tf32 reads; lo: the rest, exact in fp32
+            const uint32_t x = lds1(&as(i)), h = x & 0xffffe000u;
+            al(i) = T::bitcast(__float_as_uint(__uint_as_float(x) - __uint_as_float(h)));
+            ah(i) = T::bitcast(h);
         }
+        warpgroup_fence_operand(ah);
+        warpgroup_fence_operand(al);
+        warpgroup_fence_operand(acc);
+        warpgroup_arrive();
+        // The small products first, then the large one: a_lo.b + a.b_lo + a.b
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(ah); ++kb) cute::gemm(mma, al(_, _, kb), tB(_, _, kb, st), acc);
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(ah); ++kb) cute::gemm(mma, ah(_, _, kb), tBl(_, _, kb, sl), acc);
+        CUTE_UNROLL
+        for (int kb = 0; kb < size<2>(ah); ++kb) cute::gemm(mma, ah(_, _, kb), tB(_, _, kb, st), acc);
+        warpgroup_commit_batch();
+PROMOTE    };
+    for (int kt = 0; kt < ktiles; kt += 2) {
+        step(kt, ah0, al0, ah1, al1);
+        if (kt + 1 < ktiles) step(kt + 1, ah1, al1, ah0, al0);
     }
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
-"""
+""".replace(
+    "PROMOTE",
+    _PROMOTE.replace(
+        "FENCE_ALL",
+        "            warpgroup_fence_operand(ah);\n            warpgroup_fence_operand(al);\n"
+        "            warpgroup_fence_operand(ph);\n            warpgroup_fence_operand(pl);\n",
+    ).replace(
+        "FENCE_DONE", "            warpgroup_fence_operand(ph);\n            warpgroup_fence_operand(pl);\n"
+    ),
+)
 
 
 def consumers(wait_full: bool) -> str:
-    """The consumer warpgroups' loop. wait_full: they wait for the stage's TMA themselves (the convolution,
-    whose gatherers write A while B lands); the GEMM's splitters wait for it before they arrive."""
+    """The convolution's consumer warpgroups' loop. wait_full: they wait for the stage's TMA themselves (its
+    gatherers write A while B lands)."""
     wait = "        Full::wait(&s.full[st], (kt / STAGES) & 1);  // B's TMA\n" if wait_full else ""
-    return _CONSUMERS.replace("WAIT_FULL", wait)
+    return _CONSUMERS_SS.replace("WAIT_FULL", wait)
 
 
 _BODY = (
@@ -377,14 +484,17 @@ _BODY = (
     + r"""    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
-            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
             Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        for (int i = 0; i < LO_STAGES; ++i) {
+            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
+            Barrier::init(&s.lo_empty[i], 2);
         }
         cutlass::arch::fence_barrier_init();
     }
     __syncthreads();
     if (wg == 0) {
-        cutlass::arch::warpgroup_reg_dealloc<56>();
+        cutlass::arch::warpgroup_reg_dealloc<40>();  // 128 x 40 + 256 x 232 registers: the SM's 65536
         if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
             for (int kt = 0; kt < ktiles; ++kt) {
                 const int st = kt % STAGES;
@@ -396,17 +506,17 @@ _BODY = (
         } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
             const int t = threadIdx.x - 32;
             for (int kt = 0; kt < ktiles; ++kt) {
-                const int st = kt % STAGES;
+                const int st = kt % STAGES, sl = kt % LO_STAGES;
                 Full::wait(&s.full[st], (kt / STAGES) & 1);
-                split_same(s.a + st * BM * BK, s.alo + st * BM * BK, BM * BK, t);
-                split_same(s.b + st * BN * BK, s.blo + st * BN * BK, BN * BK, t);
+                if (kt >= LO_STAGES) Barrier::wait(&s.lo_empty[sl], ((kt / LO_STAGES) - 1) & 1);
+                split_same(s.b + st * BN * BK, s.blo + sl * BN * BK, BN * BK, t);
                 FENCE();  // our writes, visible to the WGMMAs' async proxy
-                Barrier::arrive(&s.ready[st]);
+                Barrier::arrive(&s.ready[sl]);
             }
         }
         return;
     }
-    cutlass::arch::warpgroup_reg_alloc<224>();
+    cutlass::arch::warpgroup_reg_alloc<232>();  // two sets of A's hi and lo beside the sums
 """
-    + consumers(wait_full=False)
+    + _CONSUMERS_RS
 )
