@@ -10,7 +10,7 @@ workspace slice; one small kernel then adds the slices in order and computes the
 total (ViT's bias adds, a residual). The tuned plan takes the tile width (128, 64 or 32) and the split
 that a cost model puts first: waves of blocks (one block an SM) x k tiles a block x the time of a k tile
 at that width, measured on an H100 (KTILE_US; docs/benchmarks.md). Four times the width costs a k tile
-1.7 times the time (the split of A, the barriers and three short MMA chains are paid at any width), so
+twice the time (A's loads and split, the barriers and three short MMA chains are paid at any width), so
 wide tiles win wherever there are tiles to fill the GPU, and narrower ones where a wide grid would leave
 SMs idle (level 3's ViT, 394 rows: 128 x 64 for its 1536- and 2048-wide layers). The more_parallelism / resize_grid edits offer half and
 twice the split and the next narrower tile; coarsen_threads the next wider.
@@ -67,10 +67,11 @@ SPEC = gemm_kit.Spec(
 WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
 MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
 # A block's time a k tile (32 of K) at each tile width, microseconds, measured on an H100: ViT's
-# (394, 512) x (512, 1536) and (512, 2048) layers, one block an SM (docs/benchmarks.md, 2026-12-06). A
+# (394, 512) x (512, 1536) and (2048, 512) layers, one block an SM, A split in registers (docs/benchmarks.md,
+# 2026-12-06 afternoon); the block's fixed costs (launch, the ring's first fill, the stores) are in it. A
 # split adds its sum kernel: a short launch, and the partials written and read again (8 bytes an output
 # element a split) at about 3 TB/s.
-KTILE_US = {32: 1.23, 64: 1.64, 128: 2.06}
+KTILE_US = {32: 0.94, 64: 1.33, 128: 1.85}
 SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
 
 
