@@ -1103,6 +1103,11 @@ SHAPES = {
         "(1, 4); (4, 4)",
         "(301, 1030); (1030, 1001)",
         "(200, 8196); (8196, 136)",  # 4 tiles: K split 16 ways, the last split 2 k tiles of 257
+        # A's two register sets by k tile (templates/gemm_tf32.py): one partial k tile, two (the second set
+        # once), five (a promotion after the fourth, then the first set again)
+        "(130, 20); (20, 260)",
+        "(130, 36); (36, 200)",
+        "(130, 132); (132, 200)",
     ],
     "bmm_f32_epilogue": [
         "(3, 257, 516); (3, 516, 388); (3, 257, 1)",
