@@ -153,6 +153,7 @@ class Kernels:
             self._module.load(cubin)
         self._names = names
         self._kernels: dict[str, Kernel] = {}
+        self._maps: dict[tuple, ctypes.Array] = {}  # tensor maps this module's launcher had encoded
 
     @classmethod
     def from_file(cls, path: str, names: tuple[str, ...] = ()) -> Kernels:
@@ -176,11 +177,11 @@ class Kernels:
             graphs = _GRAPHS[owner] = Graphs(owner)
         return graphs(forward, args)
 
-    @staticmethod
-    def tensor_map(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
+    def tensor_map(self, t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128) -> TensorMap:
         """The TMA descriptor of a 2- to 5-D tensor, loaded in boxes of box_rows x box_cols over its last two
-        dims (one element deep along the leading ones)."""
-        return TensorMap(t, box_rows, box_cols, swizzle)
+        dims (one element deep along the leading ones); encoded once per map_key for this module (a
+        candidate's own cache: no other candidate's launcher reaches it)."""
+        return TensorMap(t, box_rows, box_cols, swizzle, cache=self._maps)
 
     def __getattr__(self, name: str) -> Kernel:
         if name.startswith("_"):
@@ -392,15 +393,43 @@ def _libcuda():
     return lib
 
 
+# A descriptor is a function of the address, the geometry and the box alone, so one encoded for a tensor
+# serves every later tensor with the same (a weight every call; an activation the caching allocator hands the
+# same block). Encoding is ~7 us of ctypes and a driver call on the host, paid before the kernel's launch
+# (and so inside its events' time) on every call otherwise.
+MAPS_MAX = 512  # a cache is emptied when full: a cache, not a record
+
+
+def map_key(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int) -> tuple:
+    """Everything a tensor map encodes of `t` and its box (the device too: one address, two devices)."""
+    return (t.device, t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), box_rows, box_cols, swizzle)
+
+
 class TensorMap:
     """A CUtensorMap (128 bytes) for a 2- to 5-D tensor with unit stride along its last dim, encoded by the driver.
 
     The box is box_rows x box_cols over the last two dims and 1 along the leading (batch) dims. TMA needs a
     16-byte aligned base and strides; a box is at most 256 x 256 elements and, with a swizzle, its rows at
-    most the swizzle's width in bytes. Reads outside the tensor come back as zeros.
+    most the swizzle's width in bytes. Reads outside the tensor come back as zeros. With a `cache`, encoded
+    once per map_key: `raw` is then shared, and never written after its encoding.
     """
 
-    def __init__(self, t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128):
+    def __init__(
+        self, t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128, cache: dict | None = None
+    ):
+        self.tensor = t  # kept alive as long as the descriptor that points into it
+        key = map_key(t, box_rows, box_cols, swizzle) if cache is not None else None
+        raw = cache.get(key) if cache is not None else None
+        if raw is None:
+            raw = self._encode(t, box_rows, box_cols, swizzle)
+            if cache is not None:
+                if len(cache) >= MAPS_MAX:
+                    cache.clear()
+                cache[key] = raw
+        self.raw = raw
+
+    @staticmethod
+    def _encode(t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int) -> ctypes.Array:
         if not 2 <= t.dim() <= 5 or not t.is_cuda or t.stride(-1) != 1:
             raise KernelArgumentError(
                 "tensor_map: a 2- to 5-D GPU tensor with unit stride along its rows is needed"
@@ -421,19 +450,19 @@ class TensorMap:
             )
         if swizzle and box_cols * item > swizzle:
             raise KernelArgumentError(f"tensor_map: a box row of {box_cols * item} B exceeds the swizzle")
-        self.tensor = t  # kept alive as long as the descriptor that points into it
-        self.raw = (ctypes.c_uint64 * 16)()
+        raw = (ctypes.c_uint64 * 16)()
         dims = [max(1, t.shape[d]) for d in range(rank - 1, -1, -1)]
         box = [box_cols, box_rows] + [1] * (rank - 2)
         u64, u32 = ctypes.c_uint64, ctypes.c_uint32
         err = _libcuda().cuTensorMapEncodeTiled(
-            ctypes.byref(self.raw), ctypes.c_int(_TMA_DTYPES[t.dtype]), u32(rank), ctypes.c_void_p(t.data_ptr()),
+            ctypes.byref(raw), ctypes.c_int(_TMA_DTYPES[t.dtype]), u32(rank), ctypes.c_void_p(t.data_ptr()),
             (u64 * rank)(*dims), (u64 * (rank - 1))(*strides), (u32 * rank)(*box), (u32 * rank)(*[1] * rank),
             ctypes.c_int(0), ctypes.c_int(_SWIZZLE[swizzle]),
             ctypes.c_int(3), ctypes.c_int(0),  # 256-byte L2 promotion, zero fill out of bounds
         )  # fmt: skip
         if err:
             raise KernelArgumentError(f"tensor_map: cuTensorMapEncodeTiled failed with CUresult {err}")
+        return raw
 
 
 _C_OF = {numpy.dtype(k): v for k, v in (

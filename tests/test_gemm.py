@@ -296,10 +296,34 @@ def test_before_hopper_the_linear_layer_stays_in_cublas():
 def test_a_tensor_map_needs_a_gpu_tensor():
     import torch
 
-    from pipeline.runtime import KernelArgumentError, Kernels
+    from pipeline.runtime import KernelArgumentError, TensorMap
 
+    cache: dict = {}
     with pytest.raises(KernelArgumentError, match="5-D GPU tensor"):
-        Kernels.tensor_map(torch.zeros(4, 64, dtype=torch.bfloat16), 128, 64)
+        TensorMap(torch.zeros(4, 64, dtype=torch.bfloat16), 128, 64, cache=cache)
+    assert not cache  # nothing kept of a refused tensor
+
+
+def test_a_tensor_map_is_kept_by_everything_it_encodes():
+    """The cache key: the same address and geometry share a descriptor; any other view, dtype, box or
+    swizzle has its own."""
+    import torch
+
+    from pipeline.runtime import map_key
+
+    buf = torch.zeros(64 * 64)
+    t = buf.view(64, 64)
+    key = map_key(t, 128, 32, 128)
+    assert map_key(buf.view(64, 64), 128, 32, 128) == key  # another tensor object over the same block
+    others = [
+        map_key(buf.view(32, 128), 128, 32, 128),  # same address, other shape
+        map_key(t.t(), 128, 32, 128),  # other strides
+        map_key(buf[64:].view(63, 64), 128, 32, 128),  # other address
+        map_key(buf.view(torch.int32).view(64, 64), 128, 32, 128),  # other dtype
+        map_key(t, 64, 32, 128),  # other box
+        map_key(t, 128, 32, 64),  # other swizzle
+    ]
+    assert len({key, *others}) == 1 + len(others)
 
 
 # ------------------------------------------------------------------------------------ fp32: 3xTF32

@@ -413,3 +413,19 @@ def test_a_forward_replayed_from_a_cuda_graph_computes_what_it_computes_eagerly(
     assert runtime.graph_notes(model) == ["forward replayed from a CUDA graph (2 argument form(s))"]
     assert runtime.graph_notes(syncing)[0].startswith("a CUDA graph capture failed, forward ran eagerly")
     print(f"capture refused, as it should be: {form.failed}")
+
+
+def test_a_tensor_map_is_encoded_once_per_geometry_and_equals_a_fresh_encoding():
+    """The runtime's descriptor cache (runtime.map_key): the same tensor again, or another over the same block,
+    gets the cached bytes, which equal a fresh encoding; another view of the same address gets its own."""
+    from pipeline import runtime
+
+    torch = _torch
+    cache: dict = {}
+    a = torch.randn(300, 64, device="cuda")
+    first = runtime.TensorMap(a, 128, 32, cache=cache)
+    again = runtime.TensorMap(a.view(300, 64), 128, 32, cache=cache)
+    assert again.raw is first.raw and again.tensor is not first.tensor and len(cache) == 1
+    assert bytes(first.raw) == bytes(runtime.TensorMap(a, 128, 32).raw)  # uncached: the same descriptor
+    other = runtime.TensorMap(a.view(600, 32), 128, 32, cache=cache)
+    assert other.raw is not first.raw and bytes(other.raw) != bytes(first.raw) and len(cache) == 2
