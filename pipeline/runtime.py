@@ -477,17 +477,23 @@ def _threads(block: tuple[int, int, int]) -> int:
     return block[0] * block[1] * block[2]
 
 
+_F16 = numpy.dtype(numpy.float16)
+
+
+def c_value(a):
+    """A numpy scalar as the C value of its bytes: the ctypes constructor (exact for every type but half,
+    whose bits go as a uint16); ~2x faster than a copy through tobytes, on every TMA launch's arguments."""
+    if a.dtype == _F16:
+        return ctypes.c_uint16(int(a.view(numpy.uint16)))
+    return _C_OF[a.dtype](a)
+
+
 def _launch_raw(
     function: int, grid, block, args, shared_mem: int, name: str, cooperative: bool = False
 ) -> None:
     """cuLaunchKernel (cuLaunchCooperativeKernel) on torch's current stream with each argument's bytes
     (structs by value)."""
-    holders = []
-    for a in args:
-        if isinstance(a, TensorMap):
-            holders.append(a.raw)
-        else:
-            holders.append(_C_OF[a.dtype].from_buffer_copy(a.tobytes()))
+    holders = [a.raw if isinstance(a, TensorMap) else c_value(a) for a in args]
     params = (ctypes.c_void_p * len(holders))(*(ctypes.addressof(h) for h in holders))
     launch = _libcuda().cuLaunchCooperativeKernel if cooperative else _libcuda().cuLaunchKernel
     dims = (ctypes.c_uint(v) for v in (*grid, *block, shared_mem))

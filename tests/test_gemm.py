@@ -304,6 +304,25 @@ def test_a_tensor_map_needs_a_gpu_tensor():
     assert not cache  # nothing kept of a refused tensor
 
 
+def test_a_raw_launch_passes_each_scalar_as_its_own_bytes():
+    """The raw launch's argument values (runtime.c_value): the scalar's bytes, for every C type it takes."""
+    import ctypes
+
+    import numpy
+
+    from pipeline.runtime import _C_OF, c_value
+
+    values = {numpy.float16: (1.1, -0.0, 65504.0), numpy.float32: (1.1, -3.4e38), numpy.float64: (1 / 3,),
+              numpy.int8: (-3,), numpy.int16: (-300,), numpy.int32: (-(2**31),), numpy.int64: (-(2**63),),
+              numpy.uint8: (255,), numpy.uint16: (65535,), numpy.uint32: (2**32 - 1,),
+              numpy.uint64: (2**64 - 1,), numpy.bool_: (True, False)}  # fmt: skip
+    assert set(map(numpy.dtype, values)) == set(_C_OF)
+    for kind, xs in values.items():
+        for x in xs:
+            a = kind(x)
+            assert bytes(c_value(a)) == a.tobytes() and isinstance(c_value(a), ctypes._SimpleCData), (kind, x)
+
+
 def test_a_tensor_map_is_kept_by_everything_it_encodes():
     """The cache key: the same address and geometry share a descriptor; any other view, dtype, box or
     swizzle has its own."""
