@@ -418,14 +418,16 @@ class TensorMap:
         self, t: torch.Tensor, box_rows: int, box_cols: int, swizzle: int = 128, cache: dict | None = None
     ):
         self.tensor = t  # kept alive as long as the descriptor that points into it
-        key = map_key(t, box_rows, box_cols, swizzle) if cache is not None else None
-        raw = cache.get(key) if cache is not None else None
+        if cache is None:
+            self.raw = self._encode(t, box_rows, box_cols, swizzle)
+            return
+        key = map_key(t, box_rows, box_cols, swizzle)
+        raw = cache.get(key)
         if raw is None:
-            raw = self._encode(t, box_rows, box_cols, swizzle)
-            if cache is not None:
-                if len(cache) >= MAPS_MAX:
-                    cache.clear()
-                cache[key] = raw
+            raw = self._encode(t, box_rows, box_cols, swizzle)  # raises before anything is kept
+            if len(cache) >= MAPS_MAX:
+                cache.clear()
+            cache[key] = raw
         self.raw = raw
 
     @staticmethod
@@ -482,7 +484,8 @@ _F16 = numpy.dtype(numpy.float16)
 
 def c_value(a):
     """A numpy scalar as the C value of its bytes: the ctypes constructor (exact for every type but half,
-    whose bits go as a uint16); ~2x faster than a copy through tobytes, on every TMA launch's arguments."""
+    whose bits go as a uint16), cheaper than a copy through tobytes on every TMA launch's arguments (six
+    arguments and their pointer array: 12.8 -> 7.7 us on a 2-core CPU)."""
     if a.dtype == _F16:
         return ctypes.c_uint16(int(a.view(numpy.uint16)))
     return _C_OF[a.dtype](a)
