@@ -217,6 +217,28 @@ _USED = {
 }
 
 
+# sm_90a's warpgroup-MMA diagnostics (ptxas info lines, so trim_log drops them), each naming its function:
+# "(C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to <reason> in the
+# function 'k'" and "(C7517) warpgroup.wait is injected in around line N by compiler to allow use of
+# registers defined by GMMA in function 'k'".
+_WGMMA_SERIALIZED_RE = re.compile(
+    r"wgmma\.mma_async instructions are serialized due to (.+?) in (?:the )?function '([^']+)'"
+)
+_WGMMA_INJECTED_RE = re.compile(r"warpgroup\.wait is injected\b.*? in (?:the )?function '([^']+)'")
+
+
+def _wgmma_diagnostics(text: str) -> dict[str, dict]:
+    """Per function: why ptxas serialized its warpgroup MMAs (the first reason) and the waits it injected."""
+    found: dict[str, dict] = {}
+    for line in text.splitlines():
+        if m := _WGMMA_SERIALIZED_RE.search(line):
+            found.setdefault(m.group(2), {}).setdefault("wgmma_serialized", m.group(1).strip())
+        elif m := _WGMMA_INJECTED_RE.search(line):
+            d = found.setdefault(m.group(1), {})
+            d["wgmma_waits_injected"] = d.get("wgmma_waits_injected", 0) + 1
+    return found
+
+
 def parse_ptxas(text: str) -> tuple[KernelResources, ...]:
     """One KernelResources per entry function in a `-Xptxas -v` report, in report order.
 
@@ -225,6 +247,7 @@ def parse_ptxas(text: str) -> tuple[KernelResources, ...]:
     """
     entries: list[dict] = []  # {"name", "used": bool, ...fields}
     props: dict[str, dict[str, int]] = {}
+    wgmma = _wgmma_diagnostics(text)
     current: dict | None = None
     props_for: str | None = None
     for line in text.splitlines():
@@ -252,7 +275,8 @@ def parse_ptxas(text: str) -> tuple[KernelResources, ...]:
     for e in entries:
         fields = {k: v for k, v in e.items() if k not in ("name", "used")}
         fields.setdefault("registers", 0)
-        result.append(KernelResources(name=e["name"], **{**props.get(e["name"], {}), **fields}))
+        extra = {**props.get(e["name"], {}), **wgmma.get(e["name"], {})}
+        result.append(KernelResources(name=e["name"], **{**extra, **fields}))
     return tuple(result)
 
 

@@ -87,6 +87,10 @@ class KernelResources:
     cumulative_stack: int = 0
     shared_mem: int = 0  # static bytes reported by ptxas
     constant_mem: int = 0
+    # ptxas's Hopper MMA diagnostics: why it serialized the warpgroup MMAs (each waited for before the next
+    # issues, the tensor cores idle in between), and how many waits it inserted on its own (C7517).
+    wgmma_serialized: str = ""
+    wgmma_waits_injected: int = 0
 
 
 @dataclass(frozen=True)

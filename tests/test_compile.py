@@ -305,6 +305,32 @@ ptxas info    : Compiling entry function 'bare' for 'sm_80'
     assert parse_ptxas("") == ()
 
 
+# ptxas 13.0's lines for sm_90a kernels whose warpgroup MMAs it had to wait for itself (the 3xTF32 templates
+# without their wait after the k loop, tests/test_conv.py builds them); the order is ptxas's.
+WGMMA_SAMPLE = """\
+ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are serialized due to program \
+dependence on compiler-inserted WG.DP in divergent path in the function 'kp_conv2d_conv'
+ptxas info    : Compiling entry function 'kp_conv2d_conv' for 'sm_90a'
+ptxas info    : Function properties for kp_conv2d_conv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 158 registers, used 1 barriers
+ptxas info    : (C7517) warpgroup.wait is injected in around line 3259 by compiler to allow use of registers \
+defined by GMMA in function 'kp_linear_gemm'
+ptxas info    : Compiling entry function 'kp_linear_gemm' for 'sm_90a'
+ptxas info    : Used 168 registers, used 1 barriers
+ptxas info    : Compiling entry function 'kp_pad' for 'sm_90a'
+ptxas info    : Used 30 registers, used 0 barriers
+"""
+
+
+def test_parse_ptxas_reads_which_kernels_mmas_ptxas_serialized_or_waited_for() -> None:
+    conv, gemm, pad = parse_ptxas(WGMMA_SAMPLE)
+    assert conv.wgmma_serialized == "program dependence on compiler-inserted WG.DP in divergent path"
+    assert (conv.wgmma_waits_injected, conv.registers) == (0, 158)
+    assert (gemm.wgmma_serialized, gemm.wgmma_waits_injected, gemm.registers) == ("", 1, 168)
+    assert (pad.wgmma_serialized, pad.wgmma_waits_injected) == ("", 0)
+
+
 @needs_nvcc
 def test_parse_ptxas_on_real_output(tmp_path: Path) -> None:
     import subprocess

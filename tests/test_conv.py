@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import textwrap
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy
@@ -396,6 +397,7 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK and not b.log, b.log  # not even a warning
         (k,) = [r for r in b.resources if r.name.endswith("_conv")]
         assert k.spill_stores == 0 and k.registers <= 65536 // template.threads(bn), k
+        assert not k.wgmma_serialized and not k.wgmma_waits_injected, k  # the MMAs pipelined (C7518/C7517)
 
 
 def _gather_loop(sass: str, kernel: str) -> list[str]:
@@ -470,3 +472,35 @@ def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
         ops = parse_sass(sass)[kernel].opcodes
         generic = {op: n for op, n in ops.items() if re.match(r"(LD|ST)\.E", op)}
         assert not generic, f"{kernel}: generic shared-memory accesses {generic}"
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+def test_without_the_wait_after_the_k_loop_ptxas_serializes_or_drains_the_mmas(tmp_path):
+    """The 3xTF32 templates' wait after the k loop (gemm_tf32._DRAINED) is what keeps ptxas from waiting on
+    its own: taken out, it serializes the convolution's MMAs (C7518) and injects a wait in the GEMM's loop
+    (C7517), and the compile's report says so per kernel (the wgmma_pipeline tool's evidence). The builds
+    with it are checked clean by the compile tests above and in test_gemm.py."""
+    from pipeline.generate.expert.templates import gemm_tf32
+
+    conv = conv_task(tmp_path, "c", cin=64, cout=128, size=(32, 32), bias=False, expr="self.conv(x)")
+    gemm = tmp_path / "g.py"
+    gemm.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
+        "        return torch.nn.functional.linear(a, b)\n\n\ndef get_inputs():\n"
+        "    return [torch.randn(512, 1024), torch.randn(512, 1024)]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    cands = []
+    for path in (conv, gemm):
+        t = probe(path)
+        props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
+        (tuned,) = [p.candidate for p in props if uses_cute(plan_of(p.candidate.source))][:1]
+        assert tuned.source.count(gemm_tf32._DRAINED) == 1
+        cands.append(
+            replace(tuned, key=tuned.key + "-nowait", source=tuned.source.replace(gemm_tf32._DRAINED, ""))
+        )
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    assert all(b.status == Status.OK for b in builds), [b.log for b in builds]
+    (conv_k,) = [r for r in builds[0].resources if r.name == "kp_conv2d_conv"]
+    (gemm_k,) = [r for r in builds[1].resources if r.name.endswith("_gemm")]
+    assert "divergent path" in conv_k.wgmma_serialized, conv_k
+    assert gemm_k.wgmma_waits_injected >= 1 and not gemm_k.wgmma_serialized, gemm_k

@@ -265,6 +265,8 @@ def test_gemm_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK, (c.edit, b.log)
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
+        # ptxas neither serialized the MMAs nor drained them with waits of its own (C7518, C7517)
+        assert not k.wgmma_serialized and not k.wgmma_waits_injected, (c.edit, k)
 
 
 def test_a_failed_gemm_is_repaired_back_to_cublas():
@@ -469,6 +471,8 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert b.status == Status.OK, (c.edit, b.log)
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
+        # ptxas neither serialized the MMAs nor drained them with waits of its own (C7518, C7517)
+        assert not k.wgmma_serialized and not k.wgmma_waits_injected, (c.edit, k)
 
 
 class _PaddedRowsKernels:

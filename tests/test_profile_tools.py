@@ -332,3 +332,33 @@ def test_launch_overhead_suggests_fusing_and_a_cuda_graph_on_many_tiny_launches(
     ev = recorded("many_small_launches")
     (f,) = LaunchOverhead().analyze(ev, classify(ev))
     assert f.edits == ("fuse_kernels", "capture_graph") and "CUDA graph" in f.advice
+
+
+def test_wgmma_pipeline_names_the_kernel_whose_mmas_ptxas_serialized():
+    """The compile's report (parse_ptxas) is the evidence: a recorded tensor-core kernel given ptxas's C7518
+    line ranks the serialization among its findings; its own clean report draws none; C7517 alone is milder."""
+    from pipeline.compile import parse_ptxas
+
+    ev, _, findings = run("tensor_core_hmma")
+    assert "wgmma_pipeline" not in {f.tool for f in findings}
+    name = ev.dominant().name
+    ptxas = (
+        f"ptxas info    : Compiling entry function '{name}' for 'sm_90a'\n"
+        "ptxas info    : Used 128 registers, used 1 barriers\n"
+    )
+    serialized = parse_ptxas(
+        ptxas + "ptxas info    : (C7518) Potential Performance Loss: wgmma.mma_async instructions are "
+        f"serialized due to program dependence on compiler-inserted WG.DP in divergent path in the function '{name}'\n"
+    )
+    injected = parse_ptxas(
+        ptxas
+        + "ptxas info    : (C7517) warpgroup.wait is injected in around line 99 by compiler to allow use "
+        f"of registers defined by GMMA in function '{name}'\n"
+    )
+    severities = []
+    for resources in (serialized, injected):
+        _, found = analyze(dataclasses.replace(ev, resources=resources))
+        (f,) = [f for f in found if f.tool == "wgmma_pipeline"]
+        assert name in f.diagnosis and f.edits == ("pipeline_loads",) and f.expected_gain > 0, f
+        severities.append(f.severity)
+    assert severities[0] > severities[1] > 0.3, severities

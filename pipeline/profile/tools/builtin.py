@@ -17,10 +17,11 @@ from pipeline.profile.tools import (  # noqa: F401 - each module registers its t
     vector_width,
     warp_stalls,
     waves_tail,
+    wgmma_pipeline,
 )
 
 NAMES = (
     "coalescing", "vector_width", "dram_traffic", "bank_conflicts", "occupancy", "register_spills",
     "local_memory", "tensor_cores", "pipe_utilisation", "warp_stalls", "divergence", "waves_tail",
-    "launch_overhead", "energy",
+    "launch_overhead", "energy", "wgmma_pipeline",
 )  # fmt: skip

@@ -371,6 +371,12 @@ FENCE_DONE            if (held >= 0 && threadIdx.x % 128 == 0) release(held);
         }
 """
 
+# After the k loop, before the accumulators are written: the last k tile always promoted (a wait for all its
+# MMAs), but ptxas cannot tell, and on the loop's exit path it sees the accumulators written while MMAs may
+# run. Without this wait it inserts its own: at the loop's latch, every second k tile, in the GEMM (C7517)
+# and before every MMA in the convolution (C7518, the MMAs serialized: 12 waits for 12 HGMMAs, 3 with it).
+_DRAINED = "    warpgroup_wait<0>();  // a no-op at run time: ptxas's proof that no MMA is left running\n"
+
 # The convolution's consumers: both operands and their lo from shared memory (a_lo.b + a.b_lo + a.b).
 _CONSUMERS_SS = r"""    TiledMma mma;
     auto thr = mma.get_slice(threadIdx.x - 128);
@@ -402,9 +408,11 @@ WAIT_FULL        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
         for (int kb = 0; kb < size<2>(tA); ++kb) cute::gemm(mma, tA(_, _, kb, st), tB(_, _, kb, st), acc);
         warpgroup_commit_batch();
 PROMOTE    }
-    CUTE_UNROLL
+DRAINED    CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
-""".replace("PROMOTE", _PROMOTE.replace("FENCE_ALL", "").replace("FENCE_DONE", ""))
+""".replace("DRAINED", _DRAINED).replace(
+    "PROMOTE", _PROMOTE.replace("FENCE_ALL", "").replace("FENCE_DONE", "")
+)
 
 # The GEMM's consumers: their rows of A copied from the raw stage into registers and split there, B and its
 # lo from shared memory. Two register sets alternate by k tile: a set is written again only once the MMAs
@@ -458,9 +466,9 @@ PROMOTE    };
         step(kt, ah0, al0, ah1, al1);
         if (kt + 1 < ktiles) step(kt + 1, ah1, al1, ah0, al0);
     }
-    CUTE_UNROLL
+DRAINED    CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
-""".replace(
+""".replace("DRAINED", _DRAINED).replace(
     "PROMOTE",
     _PROMOTE.replace(
         "FENCE_ALL",

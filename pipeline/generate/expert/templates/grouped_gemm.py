@@ -345,7 +345,10 @@ PAIRS    // a stage is free once the consumers of every block it was loaded into
         // many small groups (256 experts, 128 tokens each on average) a third of the rows tiles cover are
         // past their group's end.
         const bool busy = m_blk * BM + 64 * (wg - 1) < M;
-        clear(acc);
+        // The tile's first MMA overwrites the sums (scale-d 0) rather than clear(acc): zeroing them with
+        // other instructions inside the persistent loop made ptxas serialize every MMA (C7515: 12 waits for
+        // 12 HGMMAs, 4 this way). A warpgroup that is not busy keeps stale sums: it stores no row.
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
             const int st = it % STAGES;
             Full::wait(&s.full[st], (it / STAGES) & 1);
@@ -353,7 +356,10 @@ PAIRS    // a stage is free once the consumers of every block it was loaded into
                 warpgroup_fence_operand(acc);
                 warpgroup_arrive();
                 CUTE_UNROLL
-                for (int kb = 0; kb < size<2>(tCrA); ++kb) cute::gemm(mma, tCrA(_, _, kb, st), tCrB(_, _, kb, st), acc);
+                for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+                    cute::gemm(mma, tCrA(_, _, kb, st), tCrB(_, _, kb, st), acc);
+                    mma.accumulate_ = GMMA::ScaleOut::One;
+                }
                 warpgroup_commit_batch();
                 warpgroup_wait<1>();  // keep this k-tile's MMAs in flight; the previous one's are done
                 warpgroup_fence_operand(acc);
