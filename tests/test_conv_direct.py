@@ -18,6 +18,7 @@ from pipeline.generate.expert.edits import base_plan
 from pipeline.generate.expert.families import conv_direct, conv_tf32
 from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.render import prepare, render
+from pipeline.generate.expert.templates import conv_direct as direct_template
 from pipeline.generate.expert.templates import conv_tf32 as conv_template
 from pipeline.tasks import load_module, probe
 from pipeline.types import Status
@@ -201,6 +202,50 @@ def test_both_loop_orders_and_weight_layouts_match_pytorch(tmp_path, name, chans
     with torch.no_grad():
         want, got = ref.double()(x.double()), model(x)
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-6
+
+
+STAGED = {  # several segments a row at 2 outputs a thread (1-D: 602 columns; 2-D: 348, stride 5 along it)
+    "staged_1d": dict(d=1, cin=8, cout=16, k=3, s=2, p=1, dl=2, op=1, size=(300,)),
+    "staged_2d": dict(cin=4, cout=8, k=3, s=(3, 5), p=1, dl=2, op=0, size=(3, 70)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGED))
+@pytest.mark.parametrize("outs", [2, 4])
+def test_staged_stores_match_the_unstaged_ones_and_pytorch(tmp_path, name, outs):
+    """A strided transposed convolution's stores through shared memory (a block a segment of the row, its
+    columns in order) or each thread's own, on the emulator against a float64 reference; the tuned plan
+    stages them (with the chain after the convolution: test_emulated_direct_convolutions_match_pytorch's
+    sparse geometries), coalesce_accesses undoes it."""
+    kw = STAGED[name]
+    path = conv_task(tmp_path, "c", batch=2, bias=False, expr="self.conv(x)", **kw)
+    low = prepare(capture(path))
+    (r,) = [r for r in low.regions if conv_direct.FAMILY.claims(r, low)]
+    f = conv_direct.form(r, low)
+    tuned = conv_direct.tuned_plan(r.rid, f)
+    assert tuned.staged, tuned
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    x = module.get_inputs()[0]
+    with torch.no_grad():
+        want = ref.double()(x.double())
+    for staged in (True, False):
+        rp = conv_direct.DirectPlan(r.rid, outs=outs, chans=4, ci_inner=True, staged=staged)
+        assert outs == 4 or direct_template.segment(f, rp) < f.out[2], direct_template.segment(f, rp)
+        source, launcher = render(low, Plan((rp,)))
+        assert ("__shared__ float stage[CH][SEG]" in source) == staged
+        kernels = build(source, tmp_path)
+        model = load_model(launcher, kernels)()
+        model.load_state_dict(ref.state_dict(), strict=False)
+        with torch.no_grad():
+            got = model(x)
+        assert ((got.double() - want).norm() / want.norm()).item() < 1e-6, staged
+    moves = [
+        m.split("(")[0] + str(p.get(r.rid).staged)
+        for m, p in conv_direct.FAMILY.edits["coalesce_accesses"](Plan((tuned,)), tuned, r, low)
+    ]
+    assert moves == ["coalesce_accessesFalse"], moves
 
 
 def test_direct_convolutions_compile_for_sm90a_without_spills(tmp_path):

@@ -8,12 +8,13 @@ The elementwise region after it (the convolution's bias among it) is fused on it
 (the same epilogue rule as the implicit GEMM's: families/conv_tf32.py). Edits: use_direct_kernel (from
 cuDNN), fuse_epilogue, coarsen_threads (outputs of a row a thread x2, up to 8; or output channels x2, up
 to the group's and MAX_ACC accumulators), more_parallelism (channels, then outputs, x1/2), pipeline_loads
-(the other loop order: input channels innermost or outermost), resize_grid (threads x2 and /2).
+(the other loop order: input channels innermost or outermost), resize_grid (threads x2 and /2),
+coalesce_accesses (a strided transposed one's stores staged through shared memory, or not).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from pipeline.generate.expert.families import common, gemm_kit
@@ -42,6 +43,7 @@ class DirectPlan(RegionPlan):
     threads: int = 256
     chans: int = 1  # output channels of one group a thread computes (each input read once for them)
     ci_inner: bool = False  # input channels innermost: a tap's coordinates computed once for all of them
+    staged: bool = False  # a strided transposed one's stores through shared memory, in column order
     epilogue: str = ""  # rid of the ew region computed on the sums before the one store
 
 
@@ -69,9 +71,13 @@ def chans(f: ConvForm, outs: int) -> int:
 def tuned_plan(rid: str, f: ConvForm) -> DirectPlan:
     """Up to 8 channels a thread, 2 outputs each when 8, else 4: on the H200 8 x 2 (64-72 registers) beat 8
     x 4 (96-128) on 4 of 5 convolutions, 4 x 4 won the fifth, and 1 x 4 is the depthwise one's best. Input
-    channels innermost when a group has several: 1.07-1.64x faster on all 6 convolutions timed both ways."""
+    channels innermost when a group has several: 1.07-1.64x faster on all 6 convolutions timed both ways.
+    A strided transposed one's stores staged where they fit (its phases' columns are `stride` apart: a
+    warp's store fills 1/stride of the sectors it touches); not yet timed against the unstaged stores, which
+    coalesce_accesses gives back."""
     c = min(8, chans(f, 2))
-    return DirectPlan(rid, outs=2 if c == 8 else 4, chans=c, ci_inner=f.cin // f.groups > 1)
+    rp = DirectPlan(rid, outs=2 if c == 8 else 4, chans=c, ci_inner=f.cin // f.groups > 1)
+    return replace(rp, staged=not conv_direct.stageable(f, rp))
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> DirectPlan | None:
@@ -121,6 +127,30 @@ def _parallelism(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> 
     yield from OUTPUT_EDITS["more_parallelism"](plan, rp, r, low)
 
 
+def _stores(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
+    """Staged stores on or off (a strided transposed convolution's: its columns in order through shared
+    memory, or each thread its own columns, a phase's `stride` apart)."""
+    f = form(r, low)
+    if rp is not None and not isinstance(f, str) and (rp.staged or not conv_direct.stageable(f, rp)):
+        yield from change("coalesce_accesses", plan, rp, staged=not rp.staged)
+
+
+def _staging_kept(edit: Any) -> Any:
+    """An edit's moves less those a staged plan cannot take: one whose segment no longer fits, or a block
+    size (a staged block is its phases' lanes)."""
+
+    def moves(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
+        f = form(r, low)
+        for name, p in edit(plan, rp, r, low):
+            q = p.get(r.rid)
+            staged = isinstance(q, DirectPlan) and q.staged and not isinstance(f, str)
+            if staged and (conv_direct.stageable(f, q) or (rp is not None and q.threads != rp.threads)):
+                continue
+            yield name, p
+
+    return moves
+
+
 def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
     """Tuned: the chain after the convolution fused on its stores. Plain: cuDNN, unless nothing else would
     be ours (a lone depthwise convolution): then our kernel, nothing fused."""
@@ -159,10 +189,11 @@ FAMILY = Family(
     edits={
         "use_direct_kernel": _take,
         "fuse_epilogue": _fuse,
-        **OUTPUT_EDITS,
-        "coarsen_threads": _coarsen,
-        "more_parallelism": _parallelism,
+        **{name: _staging_kept(edit) for name, edit in OUTPUT_EDITS.items()},
+        "coarsen_threads": _staging_kept(_coarsen),
+        "more_parallelism": _staging_kept(_parallelism),
         "pipeline_loads": _order,
+        "coalesce_accesses": _stores,
     },
     order=23,
     settle=settle,

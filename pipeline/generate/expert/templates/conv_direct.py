@@ -52,6 +52,47 @@ def lanes(f: ConvForm, outs: int) -> int:
     return phases(f) * -(-per // outs)
 
 
+# Staged stores (DirectPlan.staged): a block computes a segment of a row, all its phases (a warp a phase's
+# PL consecutive lanes), puts the sums in shared memory and stores the segment's columns in order. Unstaged,
+# consecutive lanes of a phase write columns `stride` apart: a warp's store touches `stride` times the
+# sectors it fills (5 for KernelBench's stride-5 transposed convolution, whose output is 830 MB).
+STAGE_BYTES = 48 * 1024  # static shared memory of a block
+
+
+def stage_lanes(f: ConvForm) -> int:
+    """Threads of a phase in a staged block: a warp, two while that keeps the block under 128 threads."""
+    return 64 if phases(f) * 64 <= 128 else 32
+
+
+def segment(f: ConvForm, rp: DirectPlan) -> int:
+    """Output columns a staged block stores: every phase's stage_lanes x outs columns."""
+    return phases(f) * stage_lanes(f) * rp.outs
+
+
+def stageable(f: ConvForm, rp: DirectPlan) -> str:
+    """Why a plan's stores cannot be staged, or "" when they can."""
+    if phases(f) == 1:
+        return "a convolution without phases stores consecutive columns already"
+    if phases(f) * stage_lanes(f) > 1024:
+        return f"{phases(f)} phases of a warp each are more than a block's 1024 threads"
+    if rp.chans * segment(f, rp) * 4 > STAGE_BYTES:
+        return (
+            f"{rp.chans} channels of {segment(f, rp)} columns do not fit {STAGE_BYTES} bytes of shared memory"
+        )
+    return ""
+
+
+def block_threads(f: ConvForm, rp: DirectPlan) -> int:
+    return phases(f) * stage_lanes(f) if rp.staged else rp.threads
+
+
+def grid_expr(f: ConvForm, rp: DirectPlan) -> str:
+    """The launcher's block count for `rows` (the batch's output rows of CH channels)."""
+    if rp.staged:
+        return f"rows * {-(-f.out[2] // segment(f, rp))}"
+    return f"-(-rows * {lanes(f, rp.outs)} // {rp.threads})"
+
+
 # A tap loop is unrolled while its body stays within this many FMAs a thread: KernelBench's grouped 3-D one
 # fully unrolled (105 taps x 8 outputs of one channel) took 255 registers and ran 3.2x slower than 2 outputs
 # (80 registers) on the H200.
@@ -174,13 +215,13 @@ def ci_unroll(f: ConvForm, rp: DirectPlan) -> int:
     return max(1, min(f.cin // f.groups, UNROLLED_FMAS // 4 // per))
 
 
-def min_blocks(rp: DirectPlan) -> int:
+def min_blocks(rp: DirectPlan, threads: int) -> int:
     """The launch bounds' blocks an SM: with several channels a thread, 512 threads (128 registers a thread;
     with the block size alone ptxas aimed at 64 registers and spilled the accumulators of 8 channels).
     With one, the block size alone: ptxas then kept a depthwise kernel of 8 outputs at 47 registers (5
     blocks an SM), where a 128-register cap let it take 110 and 2 blocks, 0.477 -> 0.629 ms (KernelBench's
     85 on the H200)."""
-    return max(1, 512 // rp.threads) if rp.chans > 1 else 0
+    return max(1, 512 // threads) if rp.chans > 1 else 0
 
 
 def channel_inner(rp: DirectPlan) -> bool:
@@ -220,6 +261,58 @@ kp_{rid}_dw(const {t}* __restrict__ w, {t}* __restrict__ wt) {{
 """
 
 
+# A thread's row and columns: a thread a LANES-th of a row (its phase's PLANES lanes, OUTS columns each).
+_HEAD = """    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * LANES) return;
+    const long long row = i / LANES;  // ((n * CBLK + cb) * OD + oz) * OH + oy
+    const int j = (int)(i - row * LANES), phase = j / PLANES, lane = j - phase * PLANES;
+    // output column v of this thread: a phase's columns phase, phase + PHASES, ... (all of them if PHASES = 1)
+    const auto ox_of = [&](int v) { return phase + PHASES * (lane + v * PLANES); };
+"""
+# Staged: a block a segment of SEG columns of a row (every thread reaches the barrier before the stores).
+_STAGED_HEAD = """    const long long row = blockIdx.x / NSEG;  // ((n * CBLK + cb) * OD + oz) * OH + oy
+    if (row >= rows) return;
+    const int base = (int)(blockIdx.x - row * NSEG) * SEG;  // the segment's first column
+    const int phase = threadIdx.x / PLANES, lane = threadIdx.x - phase * PLANES;
+    // output column v of this thread: the segment's base + phase, + PHASES, ...
+    const auto ox_of = [&](int v) { return base + phase + PHASES * (lane + v * PLANES); };
+"""
+
+
+def _stores(staged: bool, at: str, value: str, ot: str) -> str:
+    """The sums' stores, the chain on them (`value` sets v from VALUE): a thread its own columns, or
+    staged, the block's channels x SEG columns through shared memory, consecutive threads consecutive
+    columns."""
+    one = f"""const long long o = {at} + oz) * OH + oy) * OW + ox;
+float v;
+{value};
+out[o] = cv<{ot}>(v);"""
+    if not staged:
+        return f"""    #pragma unroll
+    for (int c = 0; c < CH; ++c) {{
+        const int co = co0 + c;
+        #pragma unroll
+        for (int u = 0; u < OUTS; ++u) {{
+            const int ox = ox_of(u);
+            if (ox >= OW) continue;
+{textwrap.indent(one.replace("VALUE", "acc[c][u]"), " " * 12)}
+        }}
+    }}
+"""
+    return f"""    __shared__ float stage[CH][SEG];
+    #pragma unroll
+    for (int c = 0; c < CH; ++c)
+        #pragma unroll
+        for (int u = 0; u < OUTS; ++u) stage[c][ox_of(u) - base] = acc[c][u];
+    __syncthreads();
+    for (int k = threadIdx.x; k < CH * SEG; k += PHASES * PLANES) {{
+        const int c = k / SEG, col = k - c * SEG, ox = base + col, co = co0 + c;
+        if (ox >= OW) continue;
+{textwrap.indent(one.replace("VALUE", "stage[c][col]"), " " * 8)}
+    }}
+"""
+
+
 def render(
     r: Region, f: ConvForm, rp: DirectPlan, dtype: str, epi: ConvEpilogue | None, sinkable: bool = False
 ) -> Code:
@@ -245,6 +338,8 @@ def render(
     ch = rp.chans
     if cout_g % ch:
         raise ValueError(f"{ch} channels a thread do not divide the group's {cout_g} output channels")
+    if rp.staged and (why := stageable(f, rp)):
+        raise ValueError(f"staged stores: {why}")
     vw, inner = channel_inner(rp), rp.ci_inner
     rolled = unrolled(f, rp)
     w_steps = (
@@ -264,9 +359,10 @@ constexpr long long WCI = TRANSPOSED ? COUT_G * TAPS : TAPS, WCO = TRANSPOSED ? 
         chain
         + f"""
 namespace kp_{rid} {{
-constexpr int CIN_G = {cin_g}, COUT = {f.cout}, COUT_G = {cout_g}, OUTS = {rp.outs}, LANES = {lanes(f, rp.outs)};
+constexpr int CIN_G = {cin_g}, COUT = {f.cout}, COUT_G = {cout_g}, OUTS = {rp.outs}{"" if rp.staged else f", LANES = {lanes(f, rp.outs)}"};
 constexpr int CH = {ch}, CBLK = COUT / CH;  // output channels a thread computes, all of one group
-constexpr int PHASES = {phases(f)}, PLANES = LANES / PHASES;  // threads a phase of the row takes
+constexpr int PHASES = {phases(f)}, PLANES = {stage_lanes(f) if rp.staged else "LANES / PHASES"};  // threads a phase of the row{" segment" if rp.staged else ""} takes
+{f"constexpr int SEG = {segment(f, rp)}, NSEG = {-(-f.out[2] // segment(f, rp))};  // columns a block stores, segments a row" if rp.staged else ""}
 constexpr int ID = {idp}, IH = {ih}, IW = {iw}, OD = {od}, OH = {oh}, OW = {ow};
 constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
@@ -284,15 +380,9 @@ __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
     return t / S < n ? t / S : -1;
 }}
 }}  // namespace kp_{rid}
-extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_dconv({sig.decls()}) {{
+extern "C" __global__ void {launch_bounds(block_threads(f, rp), min_blocks(rp, block_threads(f, rp)))} kp_{rid}_dconv({sig.decls()}) {{
     using namespace kp_{rid};
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= rows * LANES) return;
-    const long long row = i / LANES;  // ((n * CBLK + cb) * OD + oz) * OH + oy
-    const int j = (int)(i - row * LANES), phase = j / PLANES, lane = j - phase * PLANES;
-    // output column v of this thread: a phase's columns phase, phase + PHASES, ... (all of them if PHASES = 1)
-    const auto ox_of = [&](int v) {{ return phase + PHASES * (lane + v * PLANES); }};
-    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
+{_STAGED_HEAD if rp.staged else _HEAD}    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
     const int co0 = (int)((row / ((long long)OH * OD)) % CBLK) * CH, grp = co0 / COUT_G;
     const long long n = row / ((long long)OH * OD * CBLK);
     const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)grp * CIN_G) * CHW;  // its group
@@ -303,20 +393,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
         #pragma unroll
         for (int v = 0; v < OUTS; ++v) acc[c][v] = 0.f;
 {nest}
-    #pragma unroll
-    for (int c = 0; c < CH; ++c) {{
-        const int co = co0 + c;
-        #pragma unroll
-        for (int u = 0; u < OUTS; ++u) {{
-            const int ox = ox_of(u);
-            if (ox >= OW) continue;
-            const long long o = {"n * ldo + ((co * OD" if into else "(((n * COUT + co) * OD"} + oz) * OH + oy) * OW + ox;
-            float v;
-            {chain_value(epi, "acc[c][u]")};
-            out[o] = cv<{ot}>(v);
-        }}
-    }}
-}}
+{_stores(rp.staged, "n * ldo + ((co * OD" if into else "(((n * COUT + co) * OD", chain_value(epi, "VALUE"), ot)}}}
 """
     )
     if vw:
@@ -363,7 +440,7 @@ extern "C" __global__ void {launch_bounds(rp.threads, min_blocks(rp))} kp_{rid}_
         *prepare_operands(epi),
         f"    rows = x.shape[0] * {f.cout // ch * od * oh}",
         "    if rows:",
-        f"        kernels.kp_{rid}_dconv((-(-rows * {lanes(f, rp.outs)} // {rp.threads}),), ({rp.threads},), "
+        f"        kernels.kp_{rid}_dconv(({grid_expr(f, rp)},), ({block_threads(f, rp)},), "
         f"({sig.args()}))  # noqa: F821",
         "    return out",
     ])  # fmt: skip
