@@ -23,6 +23,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,8 @@ def summarise(folder: Path) -> dict[str, Any]:
         "evaluations": end.evaluations if end else None,
         "statuses": {s.value: n for s, n in state.statuses.items()},
         "stop": end.reason if end else None,
+        # the card every time of the row is from (a bench resumed on other machines mixes cards across rows)
+        "gpu": state.ceilings.gpu if state.ceilings else None,
     }
     best, measured = _best_evaluation(state)
     m = best.measurement if best else None
@@ -670,6 +673,8 @@ def summary(rows: list[dict[str, Any]], suite_tasks: int | None = None) -> dict[
         "energy_mj": {r["key"]: r["energy_mj"] for r in energy if "key" in r},
         "energy_saving_over_eager": geomean(saved),
         "slower_than_eager": sorted(r.get("key", "?") for r in timed if r["speedup_eager"] < 1),
+        # timed rows by the card they ran on (rows written before rows named it: "not recorded")
+        "gpus": dict(sorted(Counter(r.get("gpu") or "not recorded" for r in timed).items())),
     }
     return out
 

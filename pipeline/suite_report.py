@@ -37,6 +37,11 @@ def bench_markdown(manifest: dict[str, Any], rows: list[dict[str, Any]], s: dict
     lines.append(f"- coverage: {s['tasks']} of {manifest.get('tasks', '?')} tasks written, {s['verified']} "
                  f"with a verified candidate")  # fmt: skip
     lines.append(f"- statuses: {', '.join(f'{k} {n}' for k, n in s['statuses'].items()) or 'none yet'}")
+    gpus = s.get("gpus") or {}
+    if gpus:
+        mixed = " (rows from different cards: each row's eager is timed beside ours on its card)"
+        lines.append(f"- measured on: {', '.join(f'{g} ({n} tasks)' for g, n in gpus.items())}"
+                     f"{mixed if len(gpus) > 1 else ''}")  # fmt: skip
     lines += ["", "## Speedups", ""]
     lines.append(
         "Geomeans over the tasks whose best candidate was verified and timed, measured alongside eager."

@@ -100,6 +100,10 @@ def test_the_summary_counts_coverage_and_geomeans_from_the_rows(ran):
     got = s["summary"]
     assert (got["tasks"], got["suite_tasks"], got["verified"]) == (3, 3, 2)
     assert got["statuses"] == {"no_recording": 1, "ok": 2} and got["errors"] == 1
+    # each row names the card its recording ran on, and the summary and report count them
+    assert [r.get("gpu") for r in rows if r["status"] == "ok"] == ["NVIDIA H200"] * 2
+    assert got["gpus"] == {"NVIDIA H200": 2}
+    assert "- measured on: NVIDIA H200 (2 tasks)\n" in (result.out / "report.md").read_text()
     timed = [r for r in rows if r["status"] == "ok"]
     want = math.exp(sum(math.log(r["speedup_eager"]) for r in timed) / 2)
     assert math.isclose(got["ours_over_eager"], want, rel_tol=1e-12)
@@ -633,3 +637,22 @@ def test_precompile_builds_a_tasks_first_kernels_into_a_cache_another_machine_un
     assert isinstance(cands, list) and len(cands) == 2
     builds = compile_candidates(cands, config.Config(home=there, arch="sm_90a"))
     assert all(b.status.value == "ok" and b.cached for b in builds), builds
+
+
+def test_a_bench_resumed_on_another_card_says_which_rows_are_whose(ran, tmp_path):
+    """Rows from two cards (a sweep resumed on another machine): the summary counts each card's timed rows,
+    older rows without a card are 'not recorded', and the report says the geomeans mix cards."""
+    from pipeline import suite_report
+
+    out = copy_bench(ran, tmp_path)
+    manifest, rows = bench.load_rows(out)
+    timed = [r for r in rows if r["status"] == "ok"]
+    timed[0]["gpu"] = "NVIDIA H100 80GB HBM3"
+    older = {**timed[1], "key": "older", "gpu": None}
+    s = bench.summary([*rows, older], manifest.get("tasks"))
+    assert s["gpus"] == {"NVIDIA H100 80GB HBM3": 1, "NVIDIA H200": 1, "not recorded": 1}
+    md = suite_report.bench_markdown(manifest, [*rows, older], s)
+    assert (
+        "- measured on: NVIDIA H100 80GB HBM3 (1 tasks), NVIDIA H200 (1 tasks), not recorded (1 tasks) (rows"
+        in md
+    )
