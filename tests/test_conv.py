@@ -423,6 +423,17 @@ def _gather_loop(sass: str, kernel: str) -> list[str]:
     return [re.sub(r"^@!?U?P\w+\s+", "", i).split()[0] for a, i in ins if start <= a <= end]
 
 
+def _linear_task(folder: Path) -> Path:
+    """An fp32 linear layer, 512 x 1024 by 512 x 1024: the 3xTF32 GEMM's tuned plan."""
+    path = folder / "g.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
+        "        return torch.nn.functional.linear(a, b)\n\n\ndef get_inputs():\n"
+        "    return [torch.randn(512, 1024), torch.randn(512, 1024)]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    return path
+
+
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
 @pytest.mark.skipif(find_cuobjdump() is None, reason="no cuobjdump (pip install -e '.[dev]' brings one)")
 def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
@@ -434,12 +445,7 @@ def test_the_channel_inner_gather_costs_few_instructions_an_element(tmp_path):
     convt = conv_task(
         tmp_path, "t", cin=64, cout=64, size=(16, 16), s=2, op=1, bias=False, expr="self.conv(x)"
     )
-    gemm = tmp_path / "g.py"
-    gemm.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
-        "        return torch.nn.functional.linear(a, b)\n\n\ndef get_inputs():\n"
-        "    return [torch.randn(512, 1024), torch.randn(512, 1024)]\n\n\ndef get_init_inputs():\n    return []\n"
-    )
+    gemm = _linear_task(tmp_path)
     cands = []
     for path in (conv, convt, gemm):
         t = probe(path)
@@ -483,12 +489,7 @@ def test_without_the_wait_after_the_k_loop_ptxas_serializes_or_drains_the_mmas(t
     from pipeline.generate.expert.templates import gemm_tf32
 
     conv = conv_task(tmp_path, "c", cin=64, cout=128, size=(32, 32), bias=False, expr="self.conv(x)")
-    gemm = tmp_path / "g.py"
-    gemm.write_text(
-        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, a, b):\n"
-        "        return torch.nn.functional.linear(a, b)\n\n\ndef get_inputs():\n"
-        "    return [torch.randn(512, 1024), torch.randn(512, 1024)]\n\n\ndef get_init_inputs():\n    return []\n"
-    )
+    gemm = _linear_task(tmp_path)
     cands = []
     for path in (conv, gemm):
         t = probe(path)
