@@ -15,6 +15,7 @@ from pipeline.config import Config
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, plan_of, supports
 from pipeline.generate.expert.policy import analyse
+from pipeline.generate.expert.templates.signature import balanced_blocks
 from pipeline.profile.collect import dump_sass, find_cuobjdump, parse_sass
 from pipeline.static_check import check_launcher
 from pipeline.tasks import probe
@@ -110,11 +111,29 @@ def test_kernelbench_shape_compiles_with_its_loads_batched(tmp_path):
         # no local arrays: at most the registers saved around sqrtf's slow path (4 bytes, lane 0 once a row)
         ours = [r for r in b.resources if "triplet" in r.name]
         assert len(ours) >= 2 and all(r.spill_stores <= 8 for r in ours), (c.edit, ours)
+    for c in cands:  # a warp a row, as many blocks as rows need: no warp takes a second row after the others
+        assert f"blocks = {balanced_blocks('rows', 8, 256)}" in c.launcher, c.launcher
     if find_cuobjdump() is None:
         return
     sass = parse_sass(dump_sass(builds[1].cubin_path) or "")
     ops = sass["kp_triplet_margin_loss_rows4"].opcodes
     assert sum(n for op, n in ops.items() if op.startswith("LDG.E.128")) >= 12, ops
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 32768, 160000, 10**6, 10**9])
+def test_a_warp_a_row_grid_gives_every_warp_the_same_count(rows):
+    """balanced_blocks: one pass a warp up to 16 full waves (KernelBench's 99: 4096 blocks of 8 warps for
+    32768 rows, where a grid capped at two waves left warps one or two rows); past that, the fewest blocks
+    that give every warp the same number of rows (the last block's warps fewer)."""
+    sms, warps = 132, 8
+    blocks = eval(balanced_blocks("rows", warps, 256), {}, {"rows": rows, "sms": sms})
+    units = max(1, -(-rows // warps))  # a block's worth of rows, one a warp
+    each = -(-units // blocks)  # what a block's warps take through the grid-stride loop
+    assert 1 <= blocks <= sms * 8 * 16
+    assert (blocks - 1) * each < units <= blocks * each
+    assert each == 1 or blocks > sms * 8 * 16 // 2  # several rows a warp only past the cap
+    if rows == 32768:
+        assert blocks == 4096
 
 
 COSINE = """class Model(nn.Module):

@@ -14,7 +14,14 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.fused_losses import Cosine
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.signature import Signature, i64, ptr, row_kernels, row_launch
+from pipeline.generate.expert.templates.signature import (
+    Signature,
+    balanced_blocks,
+    i64,
+    ptr,
+    row_kernels,
+    row_launch,
+)
 
 U = 4  # 16-byte loads a lane has in flight per operand
 
@@ -95,7 +102,7 @@ def render(r: Region, f: Cosine, threads: int, vec: bool) -> Code:
         "    a, b = _contig(a), _contig(b)",
         f"    rows = {f.rows}",
         f"    y = torch.empty({shape[:-1]}, dtype=torch.float32, device=a.device)",
-        f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
+        f"    blocks = {balanced_blocks('rows', warps, threads)}",
         *launch,
         "    return y",
     ])  # fmt: skip

@@ -15,7 +15,15 @@ from pipeline.generate.expert import ops
 from pipeline.generate.expert.fused_losses import Triplet
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels, row_launch
+from pipeline.generate.expert.templates.signature import (
+    Signature,
+    balanced_blocks,
+    i32,
+    i64,
+    ptr,
+    row_kernels,
+    row_launch,
+)
 
 U = 4  # 16-byte loads a lane has in flight per operand (12 in all)
 
@@ -131,7 +139,7 @@ def render(r: Region, f: Triplet, threads: int, vec: bool) -> Code:
         "{tuple(a.shape)}, {tuple(p.shape)} and {tuple(n.shape)}')",
         "    a, p, n = _contig(a), _contig(p), _contig(n)",
         "    rows = a.shape[0]",
-        f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
+        f"    blocks = {balanced_blocks('rows', warps, threads)}",
         *(["    loss = torch.empty((rows,), dtype=torch.float32, device=a.device)",
            "    part = loss",
            *launch("    ")]

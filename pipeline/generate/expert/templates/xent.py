@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.signature import Signature, i32, i64, ptr, row_kernels, row_launch
+from pipeline.generate.expert.templates.signature import (
+    Signature,
+    balanced_blocks,
+    i32,
+    i64,
+    ptr,
+    row_kernels,
+    row_launch,
+)
 
 _BODY = r"""namespace kp_{rid} {{
 constexpr int C = {classes}, WARPS = {warps};
@@ -218,7 +226,7 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
             "    x, t = _contig(x), _contig(t)",
             "    S = t[0].numel() if t.dim() else 1",
             "    rows = t.numel()",
-            f"    blocks = max(1, min(-(-rows // {threads}), sms * {max(1, 2048 // threads)}))",
+            f"    blocks = {balanced_blocks('rows', threads, threads)}",
         ]
         shape = "t.shape"
     else:
@@ -228,7 +236,7 @@ def render(r: Region, classes: int, ignore: int, nll: bool, reduction: int, thre
             "{tuple(x.shape)} and {tuple(t.shape)}')",
             "    x, t = _contig(x), _contig(t)",
             "    rows, S = x.shape[0], 1",
-            f"    blocks = max(1, min(-(-rows // {warps}), sms * {max(1, 2048 // threads)} * 2))",
+            f"    blocks = {balanced_blocks('rows', warps, threads)}",
         ]
         shape = "(rows,)"
     launcher = "\n".join([
