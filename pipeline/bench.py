@@ -134,6 +134,8 @@ def summarise(folder: Path) -> dict[str, Any]:
             row["speedup_compile"] = speedup(row["compile_alongside_ms"], ours)
         if row["floor_ms"]:
             row["fraction_of_floor"] = row["floor_ms"] / ours
+        if m.kernels:  # which of its launcher's paths ran on this card, and where its time went
+            row["kernels"] = {k: round(us, 2) for k, us in sorted(m.kernels.items(), key=lambda kv: -kv[1])}
     row.update(own_gemm(state, row["floor_ms"]))
     row["seconds"] = seconds_by_stage(events)
     return row

@@ -32,6 +32,7 @@ NO_WORK_FRACTION = (
     0.05  # our kernels' GPU time under 5% of the floor of their bytes: they did not do the work
 )
 INPUT_SEED_OFFSET = 101
+KERNEL_NAME_CHARS = 120  # of a kernel's name in Measurement.kernels (a library's templated names run long)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Outcome:
     reasons: list[str] = field(default_factory=list)
     below_floor: bool = False  # SUSPICIOUS for beating the roofline floor, not only for beating eager
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase below
+    kernels: dict[str, float] = field(default_factory=dict)  # the checked call's kernels, us by name
 
     def phase(self, name: str) -> AbstractContextManager[None]:
         return phase(self.seconds, name)
@@ -135,7 +137,7 @@ def measure(
     if ceilings:
         out.floor_ms = floor_ms(session.task, ceilings)
     with out.phase("profile_check"):
-        status, why, out.library = profile_check(session, kernel_names, bandwidth, kind)
+        status, why, out.library, out.kernels = profile_check(session, kernel_names, bandwidth, kind)
     out.reasons += why
     if status != Status.OK:
         out.status = status
@@ -161,9 +163,10 @@ def measure(
 
 def profile_check(
     session: Session, kernel_names: tuple[str, ...], bandwidth: float, kind: Kind
-) -> tuple[Status, list[str], list[str]]:
+) -> tuple[Status, list[str], list[str], dict[str, float]]:
     """One checked call under the profiler: our kernels ran, did a real share of the work, and (custom) the
-    libraries did not do it instead."""
+    libraries did not do it instead. Returns the status, its reasons, the library kernels a hybrid ran, and
+    every kernel's microseconds by name (KERNEL_NAME_CHARS of it)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -182,10 +185,13 @@ def profile_check(
     ours_us = 0.0
     ours_count = 0
     others: dict[str, float] = {}
+    ran: dict[str, float] = {}
     for evt in prof.events():
         if evt.device_type != DeviceType.CUDA:
             continue
         us = evt.time_range.elapsed_us()
+        short = evt.name[:KERNEL_NAME_CHARS]
+        ran[short] = ran.get(short, 0.0) + us
         if evt.name in kernel_names:
             ours_us += us
             ours_count += 1
@@ -201,6 +207,7 @@ def profile_check(
                 f"(saw {len(others)} other kernels: {sorted(others)[:3]})"
             ],
             library,
+            ran,
         )
     # A custom candidate owes the whole task's bytes; a hybrid one the bytes it handed its own kernels (its
     # GEMMs in cuBLAS move the weights, its ReLU in our kernel only the activations).
@@ -220,6 +227,7 @@ def profile_check(
                 "the work was done elsewhere"
             ],
             library,
+            ran,
         )
     if kind == Kind.CUSTOM and others_us > ours_us:
         return (
@@ -229,8 +237,9 @@ def profile_check(
                 f"{ours_us:.1f} us in ours: {library}"
             ],
             library,
+            ran,
         )
-    return Status.OK, [], library if kind == Kind.HYBRID else []
+    return Status.OK, [], library if kind == Kind.HYBRID else [], ran
 
 
 def energy(session: Session, call_ms: float, notes: list[str]) -> Energy | None:

@@ -193,6 +193,10 @@ def markdown(view: RunView) -> str:
                 lines.append(
                     f"- energy: {1e3 * e.joules_per_call:.2f} mJ per call at {e.avg_power_w:.0f} W{windows}"
                 )
+        bm = best.evaluation.measurement if best.evaluation else None
+        ran = (m.kernels if m and m.kernels else None) or (bm.kernels if bm else None)
+        if ran:  # which of the launcher's paths ran on this card
+            lines.append(f"- kernels in a call: {kernels_text(ran)}")
         files = ["`best/kernel.cu`", "`best/launcher.py`"]
         if view.exported:
             files.append("`best_model_new.py` (standalone drop-in `ModelNew`)")
@@ -215,6 +219,14 @@ def markdown(view: RunView) -> str:
     if env:
         lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in sorted(env.items())]
     return "\n".join(lines) + "\n"
+
+
+def kernels_text(us: dict[str, float], top: int = 3) -> str:
+    """A call's longest kernels by their share of its GPU time (Measurement.kernels), the rest counted."""
+    total = sum(us.values()) or 1.0
+    longest = sorted(us.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"`{k}` {100 * v / total:.0f}% ({v / 1e3:.3g} ms)" for k, v in longest[:top])
+    return text + (f", and {len(longest) - top} more" if len(longest) > top else "")
 
 
 def _pct(spread: float | None) -> str:

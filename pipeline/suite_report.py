@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from corpora import index_commands
-from pipeline.report import RC, pyplot, svg, template
+from pipeline.report import RC, kernels_text, pyplot, svg, template
 
 KIND_COLOURS = {"custom": "#1565c0", "hybrid": "#ef6c00"}
 
@@ -74,6 +74,13 @@ def bench_markdown(manifest: dict[str, Any], rows: list[dict[str, Any]], s: dict
             f"{_fx(r.get('speedup_compile'))} | {floor} | {_f(r.get('energy_mj'), '.4g')} | "
             f"{r.get('evaluations') if r.get('evaluations') is not None else '–'} | {_f(r.get('wall_s'), '.1f')} |"
         )
+    ran = [r for r in rows if r.get("kernels")]
+    if ran:
+        lines += ["", "## Kernels", ""]
+        lines.append("The best candidate's kernels in the call the harness watched under the profiler (its three "
+                     "longest, by share of their GPU time): which of a launcher's paths ran on the card.")  # fmt: skip
+        lines.append("")
+        lines += [f"- `{r['key']}`: {kernels_text(r['kernels'])}" for r in ran]
     failed = [r for r in rows if "error" in r]
     if failed:
         lines += ["", "## Failures", ""]

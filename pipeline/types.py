@@ -173,6 +173,9 @@ class Measurement:
     # Wall seconds of the worker's phases for this candidate (verify, timing, eager, profile_check, energy):
     # where an evaluation's time goes, for the search's throughput
     seconds: dict[str, float] = field(default_factory=dict)
+    # Every GPU kernel of the call the profiler check watched, its microseconds by name: which of a launcher's
+    # paths ran (a cluster kernel, or the fallback its guard took on this GPU) and where the call's time went
+    kernels: dict[str, float] = field(default_factory=dict)
 
     @property
     def speedup_eager(self) -> float | None:

@@ -226,6 +226,7 @@ def _evaluate(job: jobs.Evaluate) -> Answer:
         environment=environment("cuda"),
         reasons=tuple(why),
         seconds={**seconds, **outcome.seconds},
+        kernels=outcome.kernels,
     )
     return answer(verdict(status, why, proto), m)
 

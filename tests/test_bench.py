@@ -656,3 +656,22 @@ def test_a_bench_resumed_on_another_card_says_which_rows_are_whose(ran, tmp_path
         "- measured on: NVIDIA H100 80GB HBM3 (1 tasks), NVIDIA H200 (1 tasks), not recorded (1 tasks) (rows"
         in md
     )
+
+
+def test_the_report_names_each_best_candidates_longest_kernels(ran, tmp_path):
+    """Rows with the best candidate's kernels (Measurement.kernels): a Kernels section, one line a task with its
+    three longest by share; a row without them (an older log, a failure) has no line."""
+    from pipeline import suite_report
+
+    out = copy_bench(ran, tmp_path)
+    manifest, rows = bench.load_rows(out)
+    timed = [r for r in rows if r["status"] == "ok"]
+    timed[0]["kernels"] = {"kp_log_softmax_v4": 8400.0, "kp_gather_f32": 100.0}
+    md = suite_report.bench_markdown(manifest, rows, bench.summary(rows, manifest.get("tasks")))
+    section = md.split("## Kernels\n")[1].split("\n## ")[0]
+    lines = [x for x in section.splitlines() if x.startswith("- ")]
+    assert lines == [f"- `{timed[0]['key']}`: `kp_log_softmax_v4` 99% (8.4 ms), `kp_gather_f32` 1% (0.1 ms)"]
+    del timed[0]["kernels"]
+    assert "## Kernels" not in suite_report.bench_markdown(
+        manifest, rows, bench.summary(rows, manifest.get("tasks"))
+    )

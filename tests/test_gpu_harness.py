@@ -88,8 +88,12 @@ def test_honest_example_verifies_and_is_timed(pool, home, task_id):
     assert {"verify", "timing", "eager", "profile_check"} <= set(m.seconds) and all(
         v >= 0 for v in m.seconds.values()
     )
+    # the kernels the profiler check saw: ours among them, with their GPU time (a hybrid's library ones too)
+    ours = {k.name for k in r.build.resources}
+    assert m.kernels and ours & set(m.kernels) and sum(m.kernels.values()) > 0, m.kernels
     if task_id in HYBRID:
         assert r.verdict.library_ops
+        assert set(m.kernels) - ours, m.kernels
 
 
 @pytest.mark.parametrize(

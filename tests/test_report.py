@@ -62,6 +62,36 @@ def test_markdown_says_what_the_log_says(tmp_path, name):
         assert section in md
 
 
+def test_the_kernels_that_ran_are_in_the_report_and_the_bench_row(tmp_path):
+    """Measurement.kernels (every kernel of the call the profiler check watched, us by name): the run report's
+    best candidate names its three longest with their shares, and its bench row keeps them all, longest
+    first. A log recorded before the field (the others here) says nothing of them."""
+    from pipeline import bench
+
+    ran = {"kp_rows_cluster": 900.0, "kp_total": 60.0, "kp_gather_f32": 30.0, "kp_pad": 10.0}
+
+    def add(events):
+        for e in events:
+            m = (e["data"].get("measurement") or {}) if e["type"] in ("result", "final") else {}
+            if m.get("timing"):
+                m["kernels"] = dict(ran)
+        return events
+
+    folder = copy_run(tmp_path, RECORDINGS[0], add)
+    md = report.render(folder).markdown
+    line = next(x for x in md.splitlines() if x.startswith("- kernels in a call: "))
+    assert line == (
+        "- kernels in a call: `kp_rows_cluster` 90% (0.9 ms), `kp_total` 6% (0.06 ms), `kp_gather_f32` 3% "
+        "(0.03 ms), and 1 more"
+    )
+    row = bench.summarise(folder)
+    assert list(row["kernels"]) == ["kp_rows_cluster", "kp_total", "kp_gather_f32", "kp_pad"]
+    plain = copy_run(tmp_path / "plain", RECORDINGS[0])
+    assert "kernels in a call" not in report.render(plain).markdown and "kernels" not in bench.summarise(
+        plain
+    )
+
+
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_html_has_every_section_and_every_evaluation(tmp_path, name):
     folder = copy_run(tmp_path, name)
