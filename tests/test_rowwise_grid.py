@@ -146,3 +146,35 @@ def test_a_misaligned_input_takes_the_scalar_grid_kernel(tmp_path):
     kernels, got, want = _run(tmp_path, "log_softmax_odd", x)
     assert kernels.cooperative == ["kp_log_softmax_grid_v1"]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_first_batch_times_a_grid_or_a_cluster_against_a_block_per_row(tmp_path):
+    """A plan that puts a row over a cooperative grid (GroupNorm's 8 MB groups) or a cluster of 16
+    (LogSoftmax's 1.5 MB rows) bets on the GPU; with no profile to follow, the tuned plan's first edit undoes
+    the bet (increase_occupancy: a block per row), so the first batch of four times both. With advice, the
+    advice leads."""
+    from pipeline.generate.base import Context
+    from pipeline.generate.expert import ExpertPolicy
+    from pipeline.generate.expert.edits import legal_edits
+    from pipeline.tasks import probe
+
+    tasks = {
+        "group": op_task(tmp_path, "group", "nn.GroupNorm(8, 64)", "y", "112, 64, 512, 512"),
+        "log_softmax": op_task(tmp_path, "log_softmax", "nn.LogSoftmax(dim=1)", "y", "4096, 393216"),
+    }
+    for name, path in tasks.items():
+        t = probe(path)
+        props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 4)
+        edits = [p.candidate.edit for p in props]
+        assert edits[2].startswith("expert: tuned kernels, increase_occupancy("), (name, edits)
+        rows = [next(r for r in plan_of(p.candidate.source).regions if r.TAG == "row") for p in props[1:3]]
+        assert (rows[0].grid_row or rows[0].cluster) and not (rows[1].grid_row or rows[1].cluster), (
+            name,
+            rows,
+        )
+        assert "_grid_v" not in props[2].candidate.launcher and "_cluster_" not in props[2].candidate.launcher
+        low, why = analyse(path)
+        assert low is not None, why
+        plan = plan_of(props[1].candidate.source)
+        assert legal_edits(plan, low)[0][0].startswith("increase_occupancy(")
+        assert legal_edits(plan, low, suggested=("resize_grid",))[0][0].startswith("resize_grid(")

@@ -100,9 +100,11 @@ def legal_edits(
     blind: random.Random | None = None,
     energy: bool = False,
 ) -> list[tuple[str, Plan]]:
-    """Every legal single edit of the plan, suggested edits first, each distinct plan once. `blind`: no
-    advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an ablation). `energy`:
-    the objective counts joules, so the ENERGY edits are made too, right after the suggested ones."""
+    """Every legal single edit of the plan, suggested edits first, each distinct plan once. Without
+    suggestions (a plan not profiled), the edits that undo a region's bet (its family's `hedges`) come first.
+    `blind`: no advice and no prior, the vocabulary in an order it draws (the no-feedback arm of an
+    ablation). `energy`: the objective counts joules, so the ENERGY edits are made too, right after the
+    suggested ones."""
     suggested = tuple(suggested)
     vocab = [e for e in (*edit_names(), GRAPH_EDIT) if energy or e not in ENERGY]
     if blind is not None:
@@ -114,16 +116,28 @@ def legal_edits(
     wanted = set(suggested)
     fused = plan.fused()
     live: list[tuple[Region, RegionPlan | None, Mapping[str, Edit]]] = []
+    hedged: list[tuple[Region, RegionPlan | None, Mapping[str, Edit], tuple[str, ...]]] = []
     for r in low.regions:
         f = family_of(r, low)
         rp = plan.get(r.rid)
         if f is None or r.rid in fused or not (isinstance(rp, f.knobs) or (rp is None and f.optional)):
             continue
         live.append((r, rp, f.edits))
+        if rp is not None and (undo := f.hedges(rp)):
+            hedged.append((r, rp, f.edits, undo))
     index = {r.rid: i for i, r in enumerate(low.regions)}
     live.sort(key=lambda x: (-_weight(x[0], low), index[x[0].rid]))
     seen = {plan.to_json()}
     out: list[tuple[str, Plan]] = []
+    if (
+        blind is None and not suggested
+    ):  # no advice: the bets a plan makes are timed against their undoing first
+        for r, rp, edits, undo in hedged:
+            for edit in undo:
+                for label, p in edits[edit](plan, rp, r, low) if edit in edits else ():
+                    if (key := p.to_json()) not in seen:
+                        seen.add(key)
+                        out.append((label, p))
     for edit in order:
         if edit == GRAPH_EDIT:  # where the profile asks for it, or unasked where there are launches to save
             asked = edit in wanted or launched(low, plan) >= GRAPH_OFFER

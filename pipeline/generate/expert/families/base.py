@@ -62,6 +62,9 @@ class Family:
     cute      its source includes CuTe (nvcc then needs CUTE_FLAGS)
     runs_on   whether its kernels run on an arch ("sm_90a"); a plan for another arch drops its entries
     optional  a region it claims may have no entry: the library (cuBLAS, cuDNN) computes it then
+    hedges    the edits that undo a bet a region's entry makes (a form faster on some GPUs and shapes, slower
+              on others): with no advice to follow they are the entry's first edits, so its first batch
+              times the bet against the form it replaced
     """
 
     knobs: type[RegionPlan]
@@ -77,6 +80,7 @@ class Family:
     cute: bool = False
     runs_on: Callable[[str], bool] = _any_arch
     optional: bool = False
+    hedges: Callable[[Any], tuple[str, ...]] = lambda rp: ()
 
     @property
     def tag(self) -> str:

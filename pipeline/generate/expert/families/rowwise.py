@@ -284,6 +284,15 @@ def _occupancy(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves
         yield from common.increase_occupancy(plan, rp, r, low)
 
 
+def _hedges(rp: RowPlan) -> tuple[str, ...]:
+    """A row over a cluster or a cooperative grid is a bet on the GPU: a cluster of 16 needs a GPC's 16 free
+    SMs, a grid's every step waits on the last one. Measured against the block per row it replaced, the
+    cluster of 8 lost on LogSoftmax's 1.5 MB rows (H200) and won on InstanceNorm's 1 MB rows (H100, 5.09
+    against 5.75 ms); LogSoftmax over 16 (8.46 ms) and GroupNorm over the grid (9.19 ms, 54% of the floor)
+    ran no faster than a row read twice on the H100 (docs/benchmarks.md, 2026-12-06 night)."""
+    return ("increase_occupancy",) if rp.cluster or rp.grid_row else ()
+
+
 def _registers(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
     if rp.regs:
         yield from change("reduce_registers", plan, rp, regs=0)
@@ -293,6 +302,7 @@ def _registers(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves
 
 FAMILY = Family(
     knobs=RowPlan,
+    hedges=_hedges,
     claims=claims,
     first=first,
     render=render,
