@@ -79,12 +79,22 @@ class Fused:
         chain = chain_function(self.region, list(self.region.inputs), fast=self.fast)
         return "\n".join([*([WRAP] if wrap else []), chain])
 
-    def lam(self, name: str) -> str:
+    def vector_operands(self) -> list[int]:
+        """The extra operands a host can load as vectors beside `main`: same shape and dtype (FULL), so the
+        vector of main's elements [i, i + V) has theirs at the same offsets."""
+        return [k for k, (_, dt, cls) in enumerate(self.extra) if cls is Bcast.FULL and dt == self.main_dtype]
+
+    def lam(self, name: str, loaded: tuple[int, ...] = ()) -> str:
+        """The lambda `name(v, i)`: the region's value at flat index i, main's element being v, each other
+        operand read at i. `loaded`: these operands' elements come as arguments after i instead (the host
+        loaded them as vectors with main's), named a0, a1... in this order."""
         args = []
         extra = {v: k for k, (v, _, _) in enumerate(self.extra)}
         for i in self.region.inputs:
             if i == self.main:
                 args.append("v")
+            elif extra[i] in loaded:
+                args.append(f"ld(a{loaded.index(extra[i])})")
             else:
                 k = extra[i]
                 cls = self.extra[k][2]
@@ -93,8 +103,9 @@ class Fused:
                 flat = "i" if step == 1 else f"(i / {step}LL)"
                 at = {Bcast.FULL: "i", Bcast.COL: f"kp_wrap({flat}, {operand}n)"}.get(cls, "0")
                 args.append(f"ld({operand}[{at}])")
+        given = "".join(f", {ctype(self.extra[k][1])} a{j}" for j, k in enumerate(loaded))
         return (
-            f"    [[maybe_unused]] auto {name} = [&](float v, long long i) -> float {{\n"
+            f"    [[maybe_unused]] auto {name} = [&](float v, long long i{given}) -> float {{\n"
             f"        float o0;\n        kp_{self.region.rid}_f({', '.join([*args, 'o0'])});\n"
             "        (void)i;\n        return o0;\n    };"
         )

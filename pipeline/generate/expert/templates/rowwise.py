@@ -189,6 +189,10 @@ def render(
     out_dt = post.out_dtype if post else lay.out_dtype
     warp = rp.warp_reduce or rp.warp_rows
     cache = two_pass and rp.smem_row
+    batched = is_reduce and rp.unroll > 1
+    # a prologue's same-shape operands loaded as vectors beside x in the batched loop: read element by element
+    # (4-byte loads 16 bytes apart a lane) they cost MSE's reduction a load instruction an element
+    fvec = tuple(pre.vector_operands()) if pre and batched and not in_place else ()
 
     params: list[Param] = [ptr("x", ctype(x_dt)), *(pre.params() if pre else [])]
     if lay.has_weight:
@@ -233,6 +237,8 @@ def render(
         ]
     body += ["    (void)cache;", "    (void)red;"]
     body.append(pre.lam("pre") if pre else identity("pre"))
+    if fvec:
+        body.append(pre.lam("prev", fvec))
     body.append(post.lam("post") if post else identity("post"))
     body += [
         "    for (long long r = r0; r < rows; r += rstep) {",
@@ -262,8 +268,9 @@ def render(
         body.append(f"        const float K = pre(ld(x[{xrow}]), rs);  // shift: the row's first element")
     # batched: measured on reductions (a whole-tensor one 5.68 -> 5.26 ms); two-pass ops keep the recorded
     # form (their replay fixtures were recorded with it) until they are re-measured
-    body += _read(kind, rp, x_dt, cache, batched=is_reduce and rp.unroll > 1, compensated=is_reduce,
-                  xat="xs" if in_place else "start")  # fmt: skip
+    body += _read(kind, rp, x_dt, cache, batched=batched, compensated=is_reduce,
+                  xat="xs" if in_place else "start", fvec=[(f"{pre.prefix}{k}", pre.extra[k][1]) for k in fvec]
+                  if pre else [])  # fmt: skip
     if rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
@@ -348,6 +355,7 @@ def render(
         csig is not None and cluster_regs_ok(lay, rp, region),
         gsig,
         in_place,
+        tuple(f"{pre.prefix}{k}" for k in fvec) if pre else (),
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
@@ -648,6 +656,7 @@ def _read(
     vec_cache: bool = False,
     compensated: bool = False,
     xat: str = "start",
+    fvec: list[tuple[str, str]] | None = None,
 ) -> list[str]:
     """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
     with `cache`, each also goes to the shared-memory copy of the row (when CACHE). `batched`: a thread
@@ -655,7 +664,9 @@ def _read(
     cluster's block, alone on its SM, waited on DRAM for each). `vec_cache` (with `batched`): column c is
     cached at kc + c, the vectors' copies stored 16 bytes at a time. `compensated`: a sum's adds are Kahan's
     (reduce_ops.Kind.push). `xat`: where the row starts in x (`start` unless x is read at its own strides);
-    the prologue and the columns' indices stay the row's place in the logical rows x cols."""
+    the prologue and the columns' indices stay the row's place in the logical rows x cols. `fvec` (with
+    `batched`, x read at `start`): the prologue's operands (name, dtype) loaded as vectors beside x's, handed
+    to its `prev` form."""
     slot = "kc + c" if vec_cache else "c"
     kahan = compensated and kind.op == "SumOp"
     push = [
@@ -693,13 +704,31 @@ def _read(
     ]
     if batched:
         U = max(1, rp.unroll)
+        fvec = fvec or []
+        assert not fvec or xat == "start", (
+            "a prologue's operands are read at the row's place, not x's strides"
+        )
+        if fvec:  # each element's operands from the vectors loaded with x's
+            given = "".join(f", fv{j}_[u].v[e]" for j in range(len(fvec)))
+            vpush = [t.replace("pre(RAW, start + c)", f"prev(RAW, start + c{given})") for t in vpush]
+        at = "head + (j0 + u * nt) * V"
+        loads = [f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + {xat} + {at});"]
+        if fvec:  # (the form without them is kept as it was: recorded candidates' keys are their text)
+            loads = [
+                "                if (j0 + u * nt < nv) {",
+                f"                    t_[u] = vload<{xt}, V>(x + {xat} + {at});",
+                *[f"                    fv{j}_[u] = vload<{ctype(dt)}, V>({name} + start + {at});"
+                  for j, (name, dt) in enumerate(fvec)],
+                "                }",
+            ]  # fmt: skip
         return [
             *head,
             f"        for (long long j0 = tid; j0 < nv; j0 += (long long)nt * {U}) {{",
             f"            Vec<{xt}, V> t_[{U}];",
+            *[f"            Vec<{ctype(dt)}, V> fv{j}_[{U}];" for j, (_, dt) in enumerate(fvec)],
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u)",
-            f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + {xat} + head + (j0 + u * nt) * V);",
+            *loads,
             *(["            float cm_ = -CUDART_INF_F;  // the batch's max"] if lse else []),
             "#pragma unroll",
             f"            for (int u = 0; u < {U}; ++u) {{",
@@ -716,7 +745,7 @@ def _read(
                 else []
             ),
             "            }",
-            *(_lse_batch(U) if lse else []),
+            *(_lse_batch(U, len(fvec)) if lse else []),
             "        }",
             *tail,
         ]
@@ -735,9 +764,12 @@ def _read(
     ]
 
 
-def _lse_batch(U: int) -> list[str]:
+def _lse_batch(U: int, fvec: int = 0) -> list[str]:
     """The running (max, sum) taken to the batch's max once, then exp(v - max) of the batch's elements (read
-    again from the loaded vectors), each independent of the others."""
+    again from the loaded vectors), each independent of the others. `fvec`: the prologue's operands loaded as
+    vectors too (its `prev` form)."""
+    given = "".join(f", fv{j}_[u].v[e]" for j in range(fvec))
+    pre = f"prev(ld(t_[u].v[e]), start + c{given})" if fvec else "pre(ld(t_[u].v[e]), start + c)"
     return [
         "            if (cm_ > acc.a) {",
         "                acc.b *= expf(acc.a - cm_);  // 0 while acc.a is -inf",
@@ -749,7 +781,7 @@ def _lse_batch(U: int) -> list[str]:
         "#pragma unroll",
         "                for (int e = 0; e < V; ++e) {",
         "                    const long long c = head + (j0 + u * nt) * V + e;",
-        "                    const float v_ = pre(ld(t_[u].v[e]), start + c);",
+        f"                    const float v_ = {pre};",
         "                    if (v_ != -CUDART_INF_F) acc.b += expf(v_ - acc.a);  // NaN stays NaN",
         "                }",
         "            }",
@@ -1087,7 +1119,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
               cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None,
               csig: Signature | None = None, cregs: bool = False, gsig: Signature | None = None,
-              in_place: bool = False) -> str:  # fmt: skip
+              in_place: bool = False, vec_more: tuple[str, ...] = ()) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
@@ -1236,7 +1268,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
     if cache:
         lines.append(f"    cached = cols * 4 * {rows_per} + smem <= {MAX_SMEM_ROW}")
     # The most specialised variant whose conditions hold: registers, then shared memory, then vectors.
-    vec_ts = "x, y"  # the tensors read and written as vectors
+    vec_ts = ", ".join(("x", "y", *vec_more))  # the tensors read and written as vectors
     first = True
     for k in reversed(variants):
         conds = []
