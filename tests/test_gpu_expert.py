@@ -409,6 +409,14 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "prologue_vectors": (  # a whole-tensor loss and row logsumexps whose prologues read b as 16-byte vectors
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.mean((a - b) ** 2), torch.logsumexp(a * b, dim=-1)
+        """,
+        "[]",
+    ),
     "linear_epilogue": (
         """
         class Model(nn.Module):
@@ -1014,6 +1022,7 @@ SHAPES = {
     "scan": ["(129, 10007)", "(4, 1003, 65)", "(67, 8196)"],
     "folded_scans": ["(129, 10007)", "(4, 1003, 65)", "(67, 8196)"],
     "kl_div": ["(1001, 4097); (1001, 4097)"],
+    "prologue_vectors": ["(7, 100003); (7, 100003)", "(2, 40001); (2, 40001)"],
     "triplet": ["(4097, 1000); (4097, 1000); (4097, 1000)", "(3, 7); (3, 7); (3, 7)"],
     "cross_entropy": ["(4097, 32000); (4097, 32000)", "(3, 5); (3, 5)"],
     "cosine": ["(128, 4096); (128, 4096)", "(3, 5); (3, 5)"],
