@@ -129,9 +129,8 @@ def legal_edits(
     live.sort(key=lambda x: (-_weight(x[0], low), index[x[0].rid]))
     seen = {plan.to_json()}
     out: list[tuple[str, Plan]] = []
-    if (
-        blind is None and not suggested
-    ):  # no advice: the bets a plan makes are timed against their undoing first
+    # no advice: the bets a plan makes are timed against their undoing first
+    if blind is None and not suggested:
         for r, rp, edits, undo in hedged:
             for edit in undo:
                 for label, p in edits[edit](plan, rp, r, low) if edit in edits else ():
