@@ -138,9 +138,10 @@ def test_kernelbench_long_norms_hold_their_segments_in_registers(tmp_path):
         )
     cands = [tuned(p) for p in paths]
     plans = [plan_of(c.source).regions[0] for c in cands]
-    # an FMA an element written (instance norm): 256 threads; a division (L1) or a fused epilogue (L2's): 1024
+    # an FMA an element written (instance norm): 256 threads; a division (L1), a fused epilogue (L2's) or an exp
+    # an element in the statistics (log-softmax): 1024
     assert [(rp.cluster, rp.threads, rp.regs) for rp in plans] == [(8, 256, 32), (2, 1024, 8), (2, 1024, 8),
-                                                                    (16, 256, 24)]  # fmt: skip
+                                                                    (16, 1024, 6)]  # fmt: skip
     for c, rp in zip(cands, plans, strict=True):
         assert f"kp_{rp.rid}_cluster_regs_v4(cgrid, ({rp.threads},)" in c.launcher
         assert ("kernels.active_clusters(" in c.launcher) == (rp.cluster > 8)  # 8 is every Hopper's
