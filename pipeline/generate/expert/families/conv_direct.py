@@ -77,7 +77,7 @@ def tuned_plan(rid: str, f: ConvForm) -> DirectPlan:
     coalesce_accesses gives back."""
     c = min(8, chans(f, 2))
     rp = DirectPlan(rid, outs=2 if c == 8 else 4, chans=c, ci_inner=f.cin // f.groups > 1)
-    return replace(rp, staged=not conv_direct.stageable(f, rp))
+    return replace(rp, staged=not conv_direct.why_unstageable(f, rp))
 
 
 def first(r: Region, low: Lowered, tuned: bool) -> DirectPlan | None:
@@ -131,7 +131,7 @@ def _stores(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> commo
     """Staged stores on or off (a strided transposed convolution's: its columns in order through shared
     memory, or each thread its own columns, a phase's `stride` apart)."""
     f = form(r, low)
-    if rp is not None and not isinstance(f, str) and (rp.staged or not conv_direct.stageable(f, rp)):
+    if rp is not None and not isinstance(f, str) and (rp.staged or not conv_direct.why_unstageable(f, rp)):
         yield from change("coalesce_accesses", plan, rp, staged=not rp.staged)
 
 
@@ -144,7 +144,7 @@ def _staging_kept(edit: Any) -> Any:
         for name, p in edit(plan, rp, r, low):
             q = p.get(r.rid)
             staged = isinstance(q, DirectPlan) and q.staged and not isinstance(f, str)
-            if staged and (conv_direct.stageable(f, q) or (rp is not None and q.threads != rp.threads)):
+            if staged and (conv_direct.why_unstageable(f, q) or (rp is not None and q.threads != rp.threads)):
                 continue
             yield name, p
 

@@ -69,7 +69,7 @@ def segment(f: ConvForm, rp: DirectPlan) -> int:
     return phases(f) * stage_lanes(f) * rp.outs
 
 
-def stageable(f: ConvForm, rp: DirectPlan) -> str:
+def why_unstageable(f: ConvForm, rp: DirectPlan) -> str:
     """Why a plan's stores cannot be staged, or "" when they can."""
     if phases(f) == 1:
         return "a convolution without phases stores consecutive columns already"
@@ -338,7 +338,7 @@ def render(
     ch = rp.chans
     if cout_g % ch:
         raise ValueError(f"{ch} channels a thread do not divide the group's {cout_g} output channels")
-    if rp.staged and (why := stageable(f, rp)):
+    if rp.staged and (why := why_unstageable(f, rp)):
         raise ValueError(f"staged stores: {why}")
     vw, inner = channel_inner(rp), rp.ci_inner
     rolled = unrolled(f, rp)

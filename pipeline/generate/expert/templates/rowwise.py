@@ -708,12 +708,12 @@ def _read(
         assert not fvec or xat == "start", (
             "a prologue's operands are read at the row's place, not x's strides"
         )
-        if fvec:  # each element's operands from the vectors loaded with x's
-            given = "".join(f", fv{j}_[u].v[e]" for j in range(len(fvec)))
-            vpush = [t.replace("pre(RAW, start + c)", f"prev(RAW, start + c{given})") for t in vpush]
         at = "head + (j0 + u * nt) * V"
         loads = [f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + {xat} + {at});"]
-        if fvec:  # (the form without them is kept as it was: recorded candidates' keys are their text)
+        if fvec:  # each element's operands from vectors loaded with x's (the form without them is kept as it
+            # was: recorded candidates' keys are their text)
+            given = "".join(f", fv{j}_[u].v[e]" for j in range(len(fvec)))
+            vpush = [t.replace("pre(RAW, start + c)", f"prev(RAW, start + c{given})") for t in vpush]
             loads = [
                 "                if (j0 + u * nt < nv) {",
                 f"                    t_[u] = vload<{xt}, V>(x + {xat} + {at});",
