@@ -83,7 +83,11 @@ def test_honest_example_verifies_and_is_timed(pool, home, task_id):
     assert r.verdict.kind == (Kind.HYBRID if task_id in HYBRID else Kind.CUSTOM)
     m = r.measurement
     assert m is not None and m.timing is not None and m.timing.median_ms > 0
-    assert "eager" in m.baselines and m.floor_ms is not None and m.floor_ms > 0
+    assert "eager" in m.baselines
+    if m.floor_ms is None:  # the calibration was refused: GPU workers shared the card (make test-gpu -n)
+        assert any("busy with another process" in why for why, _ in stages.REFUSED.values())
+    else:
+        assert m.floor_ms > 0
     assert m.environment.get("gpu")
     assert {"verify", "timing", "eager", "profile_check"} <= set(m.seconds) and all(
         v >= 0 for v in m.seconds.values()
