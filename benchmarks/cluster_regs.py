@@ -5,7 +5,8 @@
 For each task (a two-pass row op whose rows one block cannot cache: KernelBench level 1's InstanceNorm,
 L1Norm, L2Norm) candidates of the same lowering: the expert's tuned plan, the cluster's blocks holding their
 segments in registers (templates/rowwise.py, `_cluster_regs_body`) at 256, 512 and 1024 threads where they
-fit, and the segment cached in shared memory by 1024 threads with 8 loads in flight (regs 0). All are
+fit, and the segment cached in shared memory by 1024 threads with 8 loads in flight (regs 0), each at every
+cluster from the fewest blocks that cache a row to 16, and a block per row (two reads). All are
 verified and timed against eager (L2 flushed, median of the harness's trials) `--repeat` times in separate
 passes, so a difference is believed only when the passes agree. Writes DIR/results.json as it goes.
 """
@@ -22,7 +23,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from expert_plans import tuned  # noqa: E402  (the tests' helper: the expert's tuned candidate)
 from harness_forms import compare, kernel_note, lowered, parser, plan_form, plan_line  # noqa: E402
 
-from pipeline.generate.expert.families.rowwise import CLUSTER_UNROLL, RowPlan, regs_for  # noqa: E402
+from pipeline.generate.expert.families.rowwise import (  # noqa: E402
+    CLUSTER_UNROLL,
+    RowPlan,
+    _layout,
+    cluster_blocks,
+    regs_for,
+)
 from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
 
 
@@ -47,9 +54,20 @@ def candidates(path: Path) -> list[tuple[str, object]]:
         return plan_form(base.task_id, low, Plan(tuple(rps)), label)
 
     forms = [("tuned", base)]
-    forms += [v for t in (256, 512, 1024) if (v := variant(f"registers, {t} threads", True, threads=t))]
-    forms.append(variant("shared", False, threads=1024, unroll=CLUSTER_UNROLL))
-    return [f for i, f in enumerate(forms) if i == 0 or f[1].key != base.key]  # the tuned one once
+    # every cluster from the fewest blocks whose segments fit a block's shared memory to 16: a cluster of
+    # 16 needs a whole GPC's SMs, so fewer may be resident at once than the SMs' count suggests
+    fewest = min(
+        (cluster_blocks(lay, region[rp.rid]) for rp in plan.regions
+         if isinstance(rp, RowPlan) and rp.cluster and (lay := _layout(region[rp.rid], low))),
+        default=0,
+    )  # fmt: skip
+    for c in (x for x in (2, 4, 8, 16) if fewest and x >= fewest):
+        forms += [v for t in (256, 512, 1024)
+                  if (v := variant(f"cluster {c}, registers, {t} threads", True, cluster=c, threads=t))]  # fmt: skip
+        forms.append(variant(f"cluster {c}, shared", False, cluster=c, threads=1024, unroll=CLUSTER_UNROLL))
+    forms.append(variant("block per row", False, cluster=0, threads=1024, unroll=1))
+    seen: set[str] = set()
+    return [f for f in forms if f is not None and not (f[1].key in seen or seen.add(f[1].key))]
 
 
 def main() -> int:

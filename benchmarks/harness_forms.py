@@ -82,6 +82,8 @@ def time_forms(path: Path, forms: list[tuple[str, Any]], cfg: Any, pool: Any, re
             for mode, t in m.baselines.items():  # eager, and the torch.compile modes asked for
                 row.setdefault(f"{mode}_ms", []).append(t.median_ms)
             row["floor_ms"] = m.floor_ms
+            # the kernels the profiler check saw, us by name: which form a launcher's fallback really ran
+            row.setdefault("ran", []).append(m.kernels)
     for row in rows:
         if row["ours_ms"]:
             row["vs_eager"] = min(row["eager_ms"]) / min(row["ours_ms"])
