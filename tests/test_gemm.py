@@ -18,6 +18,7 @@ from pipeline.generate.expert import ExpertPolicy, atoms, capture, plan_of
 from pipeline.generate.expert.edits import base_plan, legal_edits, safer
 from pipeline.generate.expert.families import gemm16, gemm_tf32
 from pipeline.generate.expert.families.gemm16 import GemmPlan
+from pipeline.generate.expert.families.gemm_kit import FEW_TILES
 from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
@@ -435,7 +436,14 @@ def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, wa
     tiles = tf32_template.TILE_N
     at = tiles.index(want[0])
     assert moved.get("coarsen_threads") == (tiles[at + 1] if at + 1 < len(tiles) else None)
-    assert moved.get("more_parallelism", moved.get("resize_grid")) in ((tiles[at - 1],) if at else (None,))
+    # narrower only for a grid of few tiles: on level 1's large GEMMs it lost every time
+    few = gemm_tf32.SPEC.grid_tiles(lib, low, None, want[0]) < FEW_TILES
+    assert few == (rows != 4096)
+    narrower = moved.get("more_parallelism", moved.get("resize_grid", moved.get("reduce_registers")))
+    assert narrower in ((tiles[at - 1],) if at and few else (None,))
+    splits = [label for label, _ in legal_edits(base_plan(low, True), low) if "splits=" in label]
+    shares = k >= 2 * gemm_tf32.MIN_SHARE * tf32_template.BK  # two splits keep their k tiles each
+    assert bool(splits) == (few and shares), splits  # a split of K only for a grid of few tiles
 
 
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")

@@ -185,7 +185,9 @@ SPEC = gemm_kit.Spec(
     form_of=_gemm_form,
     epilogue_of=epilogue,
     library="cuDNN",
-    grid_tiles=lambda r, f, bn: conv_tf32.grid_tiles(r.node.shape[0], f, bn),
+    grid_tiles=lambda r, low, f, bn: conv_tf32.grid_tiles(r.node.shape[0], f, bn),
+    narrow_pays=lambda wide, narrow: conv_tf32.gatherers(narrow) > conv_tf32.gatherers(wide),
+    plain_widest=True,
     sinks=True,
 )
 FAMILY = gemm_kit.family(SPEC)

@@ -64,11 +64,15 @@ class Spec:
     form_of: Callable[[Region, Lowered], Any] | None = None
     epilogue_of: Callable[[Region, Lowered], Any] | None = None
     library: str = "cuBLAS"  # what computes the region in the plain plan
-    # The grid's tiles for a form and a tile width, where more_parallelism and resize_grid (a narrower tile)
-    # wait for a grid too small to fill the GPU (FEW_TILES); None: they are always offered.
-    grid_tiles: Callable[[Region, Any, int], int] | None = None
+    # The grid's tiles for a region, its form and a tile width, where a narrower tile waits for a grid too
+    # small to fill the GPU (FEW_TILES); None: narrower tiles are always offered.
+    grid_tiles: Callable[[Region, Lowered, Any, int], int] | None = None
+    # (wide, narrow): whether reduce_registers' narrower tile pays on a grid of many tiles too (a convolution:
+    # when it brings a second gathering warpgroup); None: it does not, where grid_tiles counts the tiles.
+    narrow_pays: Callable[[int, int], bool] | None = None
     # The plain plan of a task whose regions are all ours takes the narrowest tile, or the widest where the
-    # narrow ones are only for grids of few tiles (3xTF32: 128 x 32 and 64 beside 128 x 128).
+    # narrow ones are only for grids of few tiles (3xTF32: 128 x 32 and 64 beside 128 x 128; convolutions:
+    # the narrow plain kernel ran 1.2-1.8x slower than the tuned one on every level-1 convolution).
     plain_widest: bool = False
     # The template writes its one output into a cat's slice when handed one (render(..., sinkable=True):
     # out= at a batch stride, render.py's sinking).
@@ -78,7 +82,9 @@ class Spec:
 # Tiles from which a narrower tile buys no parallelism: four waves on a 132-SM H200, whose last wave's tail
 # is then under a quarter of the time. Every implicit-GEMM convolution of KernelBench level 2 measured so
 # far (2, 3, 4, 5, 7, 16, 19, 20: thousands of tiles each) and three level-1 shapes ran slower with half the
-# channel tile, 4-46% (docs/benchmarks.md): each gathered A tile then feeds half the MMAs.
+# channel tile, 4-46% (docs/benchmarks.md): each gathered A tile then feeds half the MMAs. In the benches'
+# logs to 2026-12-06, a narrower tile on such grids lost 36 of 38 times on convolutions (the two wins: 128
+# channels to 64, which adds a gathering warpgroup) and 30 of 30 on level 1's 3xTF32 GEMMs.
 FEW_TILES = 4 * 132
 
 
@@ -268,10 +274,13 @@ def family(spec: Spec) -> Family:
             # the next tile wider (or narrower) than the plan's, else the widest (narrowest)
             wider, narrower = [t for t in tiles if t > rp.bn], [t for t in tiles if t < rp.bn]
             bn = (wider or tiles[-1:])[0] if widest else (narrower or tiles[:1])[-1]
-            # more_parallelism and resize_grid narrow the tile for more blocks (reduce_registers: for fewer
-            # registers, offered whatever the grid)
+            # more_parallelism and resize_grid narrow the tile for more blocks, reduce_registers for fewer
+            # registers: on a grid of many tiles only where the family says that pays (each gathered or
+            # loaded A tile then feeds half the MMAs)
             grid = edit in ("more_parallelism", "resize_grid")
-            if grid and spec.grid_tiles and spec.grid_tiles(r, f, rp.bn) >= FEW_TILES:
+            many = spec.grid_tiles is not None and spec.grid_tiles(r, low, f, rp.bn) >= FEW_TILES
+            pays = not grid and spec.narrow_pays is not None and spec.narrow_pays(rp.bn, bn)
+            if not widest and many and not pays:
                 return  # enough tiles already
             if rp.bn != bn:
                 top = spec.max_stages(bn, f)

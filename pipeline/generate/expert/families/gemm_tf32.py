@@ -12,8 +12,9 @@ that a cost model puts first: waves of blocks (one block an SM) x k tiles a bloc
 at that width, measured on an H100 (KTILE_US; docs/benchmarks.md). Four times the width costs a k tile
 twice the time (A's loads and split, the barriers and three short MMA chains are paid at any width), so
 wide tiles win wherever there are tiles to fill the GPU, and narrower ones where a wide grid would leave
-SMs idle (level 3's ViT, 394 rows: 128 x 64 for its 1536- and 2048-wide layers). The more_parallelism / resize_grid edits offer half and
-twice the split and the next narrower tile; coarsen_threads the next wider.
+SMs idle (level 3's ViT, 394 rows: 128 x 64 for its 1536- and 2048-wide layers). The more_parallelism /
+resize_grid edits offer half and twice the split and the next narrower tile, on grids of few tiles
+(gemm_kit.FEW_TILES: on level 1's large GEMMs they lost every time); coarsen_threads the next wider.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ SPEC = gemm_kit.Spec(
     plain_widest=True,
     form_of=_form,
     order=21,
+    grid_tiles=lambda r, low, f, bn: tk[0] if (tk := _tiles_and_ktiles(r, low, bn)) else 0,
 )
 WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
 MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
@@ -139,6 +141,8 @@ def _split_edit(edit: str) -> Any:
         if rp is None:
             return
         tk = _tiles_and_ktiles(r, low, rp.bn)
+        if tk and tk[0] >= gemm_kit.FEW_TILES and rp.splits == 1:
+            return  # a grid of many tiles: a split only adds its partials' traffic and the sum kernel
         best, ktiles = wave_split(r, low, rp.bn), tk[1] if tk else 0
         for s in dict.fromkeys((best, best // 2, best * 2, 1)):
             if s != rp.splits and 1 <= s <= gemm_tf32.MAX_SPLITS and (s == 1 or ktiles // s >= MIN_SHARE):
