@@ -421,13 +421,18 @@ def _cluster_head(name: str, sig: Signature, C: int, red_n: str, pre: Fused | No
 
 
 def _cluster_merge(kind: reduce_ops.Kind, w: str) -> list[str]:
-    """This block's statistics, then the cluster's, merged in rank order through distributed shared memory."""
+    """This block's statistics, then the cluster's through distributed shared memory: in every warp lane s
+    reads block s's (the C remote loads at once: a thread reading them in turn waited C round trips, its
+    loads in the SASS each behind the last one's merge) and one fixed shuffle tree merges them, lane 0's
+    result broadcast, so every block of the cluster gets the same bits."""
     return [
         f"        acc = block_reduce<{w}>(acc, red, {kind.op}());",
         "        if (tid == 0) *part = acc;",
         "        kp_cluster_sync();",
-        "        acc = *kp_cluster_map(part, 0);",
-        f"        for (unsigned s = 1; s < C; ++s) acc = {kind.op}()(acc, *kp_cluster_map(part, s));",
+        "        acc = warp_reduce(*kp_cluster_map(part, (tid & 31) < C ? (tid & 31) : 0u), C, " + kind.op + "());",
+        "        acc.a = __shfl_sync(0xffffffffu, acc.a, 0);",
+        "        acc.b = __shfl_sync(0xffffffffu, acc.b, 0);",
+        "        acc.i = __shfl_sync(0xffffffffu, acc.i, 0);",
     ]
 
 
