@@ -999,9 +999,10 @@ SHAPES = {
     "softmax_channels": ["(4, 16, 9, 33, 20)", "(3, 7, 1001)", "(2, 100, 8, 9)"],
     "rms_channels": ["(3, 64, 33, 65)", "(2, 80, 100)"],
     "layer_norm_few_rows": ["(2, 64, 128, 129)"],
-    # clusters of 2 (361 KB rows, unaligned), of 16 (LogSoftmax's 1.5 MB, unaligned: segments in shared
-    # memory), rows too long for any (4 MB: the tiles of a cooperative grid); 256 KB rows, each block's
-    # segment in registers; LogSoftmax's rows whole: 16 blocks' segments in registers (where the GPU has room)
+    # clusters of 2 (361 KB rows, unaligned), of 8 (LogSoftmax's 1.5 MB, unaligned and whole: segments in
+    # shared memory), rows too long for any (4 MB: the tiles of a cooperative grid); 256 KB rows, each
+    # block's segment in registers; the edit (EDITED) takes each cluster to twice the blocks (16: where the
+    # GPU has room)
     "long_rows": [
         "(2, 3, 300, 301)",
         "(1, 3, 1, 393215)",

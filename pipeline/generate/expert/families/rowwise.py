@@ -170,10 +170,12 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         rp = dataclasses.replace(rp, cluster=c, threads=1024, unroll=unroll)
         # each block's segment held in registers where it fits (no shared-memory round trip: on the H100
         # 5.09 against 5.75 ms over 1 MB rows; over 256 KB rows with a division an element, 6.17 and 6.19),
-        # over twice the blocks where that makes it fit: LogSoftmax's 1.5 MB rows, 192 KB a block of 8, are
-        # 96 KB a block of 16 (16 needs a GPC's 16 SMs; the launcher falls back to a block per row without)
+        # over twice the blocks where that makes it fit, up to the portable 8: a cluster of 16 lost to 8
+        # every way it was measured on the H200 (benchmarks/cluster_regs.py, 2026-12-06): LogSoftmax's 1.5 MB
+        # rows 6.20-7.34 ms over 16 blocks (registers or shared memory) against 4.46 over 8 in shared memory;
+        # InstanceNorm's 1 MB rows 4.37-8.66 against 3.95-4.58 over 8
         cheap = lay.op in CHEAP_WRITES and fusion.epilogue(r, low) is None
-        while c <= rowwise.MAX_CLUSTER:
+        while c <= rowwise.PORTABLE_CLUSTER:
             wider = dataclasses.replace(rp, cluster=c)
             if (t := cluster_threads(lay, c, rp.vec, cheap)) and (regs := regs_for(wider, r, low, t)):
                 return dataclasses.replace(wider, threads=t, regs=regs)
@@ -290,9 +292,10 @@ def _occupancy(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves
 def _hedges(rp: RowPlan) -> tuple[str, ...]:
     """A row over a cluster or a cooperative grid is a bet on the GPU: a cluster of 16 needs a GPC's 16 free
     SMs, a grid's every step waits on the last one. Measured against the block per row it replaced, the
-    cluster of 8 lost on LogSoftmax's 1.5 MB rows (H200) and won on InstanceNorm's 1 MB rows (H100, 5.09
+    cluster of 8 lost on LogSoftmax's 1.5 MB rows (H200, 2026-12-05), then won by 4% (4.46 against 4.66 ms,
+    H200, 2026-12-06, its statistics merged in parallel), and won on InstanceNorm's 1 MB rows (H100, 5.09
     against 5.75 ms); LogSoftmax over 16 (8.46 ms) and GroupNorm over the grid (9.19 ms, 54% of the floor)
-    ran no faster than a row read twice on the H100 (docs/benchmarks.md, 2026-12-06 night)."""
+    ran no faster than a row read twice on the H100 (docs/benchmarks.md, 2026-12-06)."""
     return ("increase_occupancy",) if rp.cluster or rp.grid_row else ()
 
 
