@@ -236,6 +236,33 @@ def test_the_search_can_leave_the_cluster_for_a_block_per_row(tmp_path):
     assert '"cluster"' not in left.source.splitlines()[0] and "_cluster_v" not in left.launcher
 
 
+@pytest.mark.parametrize("name", ["log_softmax_odd", "layer_norm_affine"])
+def test_a_persistent_cluster_plan_launches_the_clusters_the_gpu_holds_each_looping_over_rows(tmp_path, name):
+    """persistent_grid on a cluster plan: as many clusters as the runtime says fit at once (the emulator's one
+    GPC: 8 clusters of 2), each taking rows in turn, where the plan before launched a cluster a row; the
+    other plans' launchers are unchanged (no runtime query)."""
+    mod, ret, _, blocks, *_ = CASES[name]
+    path = op_task(tmp_path, name, mod, ret, f"20, {CASES[name][2].split(', ')[-1]}")
+    ref = load_module(path).Model()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p))
+    x = load_module(path).get_inputs()[0]
+    cand = tuned_with_edit(path, "persistent_grid")
+    assert '"persistent"' in cand.source.splitlines()[0] and "kernels.active_clusters(" in cand.launcher
+    assert "kernels.active_clusters(" not in tuned(path).launcher
+    kernels = build(cand.source, tmp_path)
+    kernels.gpcs = 1
+    model = load_model(cand.launcher, kernels, sms=4)()
+    model.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        got, want = model(x), ref(x)
+    grids = [launch[1][0] for launch in kernels.launches if "_cluster" in launch[0]]
+    assert grids == [blocks * (16 // blocks)], kernels.launches  # 8 clusters for 20 rows
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_every_edit_of_a_register_held_segment_renders_and_matches_pytorch(tmp_path):
     """The search's moves from a cluster whose blocks hold their segments in registers: a cluster of twice

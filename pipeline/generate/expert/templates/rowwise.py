@@ -1182,6 +1182,16 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             f"        cgrid = ({C} * max(1, min(rows, MAX_GRID_X // {C})),)",
             f"        cargs = ({csig.args()},)",
         ]
+
+        # A persistent plan launches as many clusters as the GPU holds at once, each looping over rows, where
+        # a cluster a row leaves a GPC's SMs idle until a whole cluster's worth of them is free again (a
+        # second wave of clusters would start only as the first exits, so one wave whatever the knob says).
+        def grid(name: str, block: str, smem: str) -> str:
+            if not rp.persistent:
+                return "cgrid"
+            held = f"kernels.active_clusters({name!r}, ({block},), {smem})"
+            return f"({C} * max(1, min(rows, MAX_GRID_X // {C}, {held} or rows)),)"
+
         if cregs:  # each segment in registers: whole vectors, aligned, and few enough for the plan's block
             V = rp.vec
             rsmem = f"{cred.replace('cblock', str(threads))} + 16"
@@ -1189,28 +1199,33 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             conds += [f"(cols // cg) % {V} == 0"] if lay.op == "group_norm" else []
             lines += [
                 f"        if {room(conds, f'kp_{rid}_cluster_regs_v{V}', str(threads), rsmem)}:",
-                f"            kernels.kp_{rid}_cluster_regs_v{V}(cgrid, ({threads},), cargs, shared_mem={rsmem})  # noqa: F821",
+                f"            kernels.kp_{rid}_cluster_regs_v{V}({grid(f'kp_{rid}_cluster_regs_v{V}', str(threads), rsmem)}, "
+                f"({threads},), cargs, shared_mem={rsmem})  # noqa: F821",
                 f"            return {ret}",
             ]
-        call = "kernels.kp_{}_cluster_v{}(cgrid, (cblock,), cargs, shared_mem=csmem)  # noqa: F821"
+
+        def call_v(v: int) -> str:
+            name = f"kp_{rid}_cluster_v{v}"
+            return f"kernels.{name}({grid(name, 'cblock', 'csmem')}, (cblock,), cargs, shared_mem=csmem)  # noqa: F821"
+
         if wide:  # each vector width that may run, while the GPU has room
             for v in sorted({rp.vec, 1}, reverse=True):
                 conds = [f"_aligned((x, y), {v})"] if v > 1 else []
                 lines += [
                     f"        if {room(conds, f'kp_{rid}_cluster_v{v}', 'cblock', 'csmem')}:",
-                    f"            {call.format(rid, v)}",
+                    f"            {call_v(v)}",
                     f"            return {ret}",
                 ]
         elif rp.vec > 1:  # the weight and bias are read one element at a time: x and y alone must align
             lines += [
                 f"        if _aligned((x, y), {rp.vec}):",
-                f"            {call.format(rid, rp.vec)}",
+                f"            {call_v(rp.vec)}",
                 "        else:",
-                f"            {call.format(rid, 1)}",
+                f"            {call_v(1)}",
                 f"        return {ret}",
             ]
         else:
-            lines += [f"        {call.format(rid, 1)}", f"        return {ret}"]
+            lines += [f"        {call_v(1)}", f"        return {ret}"]
     if gsig is not None:  # a row no block caches: over the tiles of a persistent cooperative grid
         V, T = rp.vec, rp.threads
         gsmem = f"{'33' if rp.warp_reduce else T} * 16"
