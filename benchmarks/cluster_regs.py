@@ -5,8 +5,9 @@
 For each task (a two-pass row op whose rows one block cannot cache: KernelBench level 1's InstanceNorm,
 L1Norm, L2Norm) candidates of the same lowering: the expert's tuned plan, the cluster's blocks holding their
 segments in registers (templates/rowwise.py, `_cluster_regs_body`) at 256, 512 and 1024 threads where they
-fit, and the segment cached in shared memory by 1024 threads with 8 loads in flight (regs 0), each at every
-cluster from the fewest blocks that cache a row to 16, and a block per row (two reads). All are
+fit, and the segment cached in shared memory by 512 or 1024 threads with 8 loads in flight (regs 0), each at every
+cluster from the fewest blocks that cache a row to 16 (and, in shared memory, persistent: as many clusters as
+the GPU holds, each looping over rows), and a block per row (two reads). All are
 verified and timed against eager (L2 flushed, median of the harness's trials) `--repeat` times in separate
 passes, so a difference is believed only when the passes agree. Writes DIR/results.json as it goes.
 """
@@ -64,7 +65,14 @@ def candidates(path: Path) -> list[tuple[str, object]]:
     for c in (x for x in (2, 4, 8, 16) if fewest and x >= fewest):
         forms += [v for t in (256, 512, 1024)
                   if (v := variant(f"cluster {c}, registers, {t} threads", True, cluster=c, threads=t))]  # fmt: skip
-        forms.append(variant(f"cluster {c}, shared", False, cluster=c, threads=1024, unroll=CLUSTER_UNROLL))
+        # 512 threads: where two blocks' segments fit an SM's shared memory (a cluster of 16 over 1.5 MB rows),
+        # one block's write pass may overlap the other's reads
+        forms += [v for t in (512, 1024)
+                  if (v := variant(f"cluster {c}, shared, {t} threads", False, cluster=c, threads=t,
+                                   unroll=CLUSTER_UNROLL))]  # fmt: skip
+        # persistent: as many clusters as the GPU holds, each looping over rows (no cluster launched a row)
+        forms.append(variant(f"cluster {c}, shared, persistent", False, cluster=c, threads=1024,
+                             unroll=CLUSTER_UNROLL, persistent=1))  # fmt: skip
     forms.append(variant("block per row", False, cluster=0, threads=1024, unroll=1))
     seen: set[str] = set()
     return [f for f in forms if f is not None and not (f[1].key in seen or seen.add(f[1].key))]
