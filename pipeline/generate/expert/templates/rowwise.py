@@ -193,6 +193,7 @@ def render(
     # a prologue's same-shape operands loaded as vectors beside x in the batched loop: read element by element
     # (4-byte loads 16 bytes apart a lane) they cost MSE's reduction a load instruction an element
     fvec = tuple(pre.vector_operands()) if pre and batched and not in_place else ()
+    fvec_ops = [(f"{pre.prefix}{k}", pre.extra[k][1]) for k in fvec] if pre else []  # (name, dtype)
 
     params: list[Param] = [ptr("x", ctype(x_dt)), *(pre.params() if pre else [])]
     if lay.has_weight:
@@ -269,8 +270,7 @@ def render(
     # batched: measured on reductions (a whole-tensor one 5.68 -> 5.26 ms); two-pass ops keep the recorded
     # form (their replay fixtures were recorded with it) until they are re-measured
     body += _read(kind, rp, x_dt, cache, batched=batched, compensated=is_reduce,
-                  xat="xs" if in_place else "start", fvec=[(f"{pre.prefix}{k}", pre.extra[k][1]) for k in fvec]
-                  if pre else [])  # fmt: skip
+                  xat="xs" if in_place else "start", fvec=fvec_ops)  # fmt: skip
     if rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
@@ -355,7 +355,7 @@ def render(
         csig is not None and cluster_regs_ok(lay, rp, region),
         gsig,
         in_place,
-        tuple(f"{pre.prefix}{k}" for k in fvec) if pre else (),
+        tuple(name for name, _ in fvec_ops),
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
@@ -718,8 +718,10 @@ def _read(
         loads = [f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + {xat} + {at});"]
         if fvec:  # each element's operands from vectors loaded with x's (the form without them is kept as it
             # was: recorded candidates' keys are their text)
-            given = "".join(f", fv{j}_[u].v[e]" for j in range(len(fvec)))
-            vpush = [t.replace("pre(RAW, start + c)", f"prev(RAW, start + c{given})") for t in vpush]
+            vpush = [
+                t.replace("pre(RAW, start + c)", f"prev(RAW, start + c{_fvec_args(len(fvec))})")
+                for t in vpush
+            ]
             loads = [
                 "                if (j0 + u * nt < nv) {",
                 f"                    t_[u] = vload<{xt}, V>(x + {xat} + {at});",
@@ -770,12 +772,16 @@ def _read(
     ]
 
 
+def _fvec_args(n: int) -> str:
+    """The `prev` form's trailing arguments: element e of batch u of each of the n operand vectors."""
+    return "".join(f", fv{j}_[u].v[e]" for j in range(n))
+
+
 def _lse_batch(U: int, fvec: int = 0) -> list[str]:
     """The running (max, sum) taken to the batch's max once, then exp(v - max) of the batch's elements (read
     again from the loaded vectors), each independent of the others. `fvec`: the prologue's operands loaded as
     vectors too (its `prev` form)."""
-    given = "".join(f", fv{j}_[u].v[e]" for j in range(fvec))
-    pre = f"prev(ld(t_[u].v[e]), start + c{given})" if fvec else "pre(ld(t_[u].v[e]), start + c)"
+    pre = f"prev(ld(t_[u].v[e]), start + c{_fvec_args(fvec)})" if fvec else "pre(ld(t_[u].v[e]), start + c)"
     return [
         "            if (cm_ > acc.a) {",
         "                acc.b *= expf(acc.a - cm_);  // 0 while acc.a is -inf",
