@@ -321,7 +321,7 @@ def profile_candidate(
         if ncu.warm:
             notes.append("ncu's target was started ahead (its start is not in the ncu seconds)")
         if ncu.status != Status.OK:
-            notes.append(f"no hardware counters: {ncu.log.splitlines()[0] if ncu.log else ncu.status.value}")
+            notes.append(f"no hardware counters: {ncu.reason}")
         sass_text = sass_job.result()
         seconds.update(sass_seconds)  # not added to the wall time: it ran beside the system profile and ncu
         if sass_text is None:

@@ -38,7 +38,7 @@ def test_profile_softmax_example(pool):
     )
     assert pr.evidence is not None, pr.notes
     ev = pr.evidence
-    assert ev.our_counters, "ncu saw our kernel"
+    assert ev.our_counters, pr.notes  # ncu saw our kernel
     assert ev.dominant().get("dram__bytes_read.sum") >= 0.9 * 16384 * 4096 * 4
     assert ev.sass and any(s.count("LDG") for s in ev.sass.values())
     assert ev.system and ev.system["kernels_per_call"] >= 1

@@ -17,10 +17,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from pipeline import jobs, sandbox
 from pipeline.config import Config
@@ -29,6 +32,11 @@ from pipeline.profile.target import JOB_FILE, TIMES_FILE
 from pipeline.types import Status
 
 METRICS_FILE = Path(__file__).with_name("metrics.txt")
+# A GPU's performance monitors serve one profiling session at a time: a second ncu started while one replays
+# fails or profiles nothing. Every kernelpro process on the machine (search workers, benches, test workers)
+# takes this lock for the span of its profile; one lock a machine (the safe side for several GPUs), a user's
+# own (another user's file would not open for writing: their profiles are theirs to order).
+NCU_LOCK = Path(tempfile.gettempdir()) / f"kernelpro-ncu-{os.getuid()}.lock"
 
 
 def curated_metrics() -> tuple[str, ...]:
@@ -61,6 +69,14 @@ class NcuResult:
     # Python and imports, a waiting one's poll), setup (CUDA under ncu, the task and its reference),
     # candidate, warmup, replay (the profiled call, replayed per metric pass), exit (ncu's CSV and exit)
     parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def reason(self) -> str:
+        """One line on why there are no counters: ncu's own error where it printed one (e.g. its counters
+        taken by another profiler), else the log's first line."""
+        lines = [ln.strip() for ln in self.log.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("==ERROR==")]
+        return (errors or lines or [self.status.value])[0]
 
 
 @dataclass(frozen=True)
@@ -193,6 +209,30 @@ def run_ncu(
     if ncu is None:
         return NcuResult(Status.LAUNCH_ERROR, log="ncu (Nsight Compute) not found on this machine")
     metrics = metrics or curated_metrics()
+    lock = FileLock(NCU_LOCK)
+    try:
+        lock.acquire(timeout=timeout_s)
+    except Timeout:
+        return NcuResult(
+            Status.TIMEOUT,
+            log=f"another process's profile held the GPU's counters for {timeout_s:.0f} s ({NCU_LOCK})",
+            seconds=timeout_s,
+        )
+    try:
+        return _profile(ncu, job, cfg, metrics, timeout_s, launch_count, warm_next)
+    finally:
+        lock.release()
+
+
+def _profile(
+    ncu: str,
+    job: jobs.Ncu,
+    cfg: Config,
+    metrics: tuple[str, ...],
+    timeout_s: float,
+    launch_count: int,
+    warm_next: bool,
+) -> NcuResult:
     t0, wall0 = time.monotonic(), time.time()
 
     # The namespaces go on ncu's whole tree through the trampoline; the target applies Landlock and seccomp
