@@ -1236,6 +1236,16 @@ def test_family_candidates_verify_on_awkward_shapes(pool, home, tmp_path, name, 
         ), [r.measurement.reasons for r in graphed]
 
 
+@pytest.mark.parametrize("shape", [*SHAPES["long_rows"], "(64, 3, 300, 301)"])
+def test_a_persistent_cluster_grid_verifies_on_long_rows(pool, home, tmp_path, shape):
+    """persistent_grid on each long-row plan; on a cluster plan as many clusters as the GPU holds, each looping
+    over rows: fewer rows than clusters on the family's shapes, 192 rows over clusters of 4 on the last."""
+    path = family_task(tmp_path, "long_rows", shape)
+    cand = tuned_with_edit(path, "persistent_grid")
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=False)
+
+
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"
