@@ -23,7 +23,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from pipeline.generate.expert import fused_losses, ops, scans
+from pipeline.generate.expert import chains, fused_losses, ops, scans
 from pipeline.generate.expert.graph import Graph, Node, Ref
 
 
@@ -108,7 +108,7 @@ def lower(graph: Graph) -> Lowered:
     for n in reversed(nodes):
         if n.name in live:
             live.update(n.refs())
-    nodes = [n for n in nodes if n.name in live]
+    nodes = chains.compose([n for n in nodes if n.name in live], by_name)
     users: dict[str, list[str]] = {}
     for n in nodes:
         for r in n.refs():
