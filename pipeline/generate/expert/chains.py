@@ -18,15 +18,18 @@ by anything else.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
+from pipeline.generate.expert import ops
 from pipeline.generate.expert.graph import Node, Ref
 
-# Ops that only reorder or regroup their operand's elements (the chain's links), and the copies among them.
+# Ops that only reorder, regroup or cut their operand's elements (the chain's links), and the copies among them.
 _REGROUP = frozenset({"view", "reshape", "_unsafe_view", "flatten", "unflatten", "unsqueeze", "squeeze"})
 _REORDER = frozenset({"permute", "transpose", "t", "numpy_T"})
+_CUT = frozenset({"slice", "narrow", "select"})
 _COPIES = frozenset({"contiguous", "clone"})
-LINKS = _REGROUP | _REORDER | _COPIES
+LINKS = _REGROUP | _REORDER | _CUT | _COPIES
 # what the launcher's gather kernels copy (`_contig`), and how many dims they index
 _DTYPES = frozenset({"float32", "float16", "bfloat16", "bool", "int64"})
 MAX_DIMS = 8
@@ -35,38 +38,65 @@ MAX_DIMS = 8
 def _is_link(n: Node) -> bool:
     if n.op not in LINKS or n.shape is None or n.dtype not in _DTYPES or not n.args:
         return False
-    if not isinstance(n.args[0], Ref):
+    if not isinstance(n.args[0], Ref) or not all(
+        isinstance(a, int | None) for a in n.args[1:] if n.op in _CUT
+    ):
         return False
     if n.op == "clone":  # a clone keeping a strided layout (memory_format=preserve) is not a plain copy here
         return all(k == "memory_format" and v in (None, ("torch", "contiguous_format")) for k, v in n.kwargs)
     return not n.kwargs
 
 
-class _Fine:
-    """The tensor at some link of a chain, as a permutation of its source's digits: the source's dims cut
-    into fine dims (`sizes`, in the source's row-major order `order`), and the current tensor's dims as
-    groups of fine dims (`groups`, each group's fine dims outermost first). Fine dims of size 1 are dropped."""
+def _cut(n: Node, size: int) -> tuple[int, int | None, int] | None:
+    """(start, length, step) of a slice, narrow or select (length None: a select) whose dim has `size`
+    elements, Python's bounds applied; None for an empty result or a step that is not positive."""
+    a = [*n.args[1:], 0, 0, 0]
+    if n.op == "select":
+        return int(a[1]) + (size if int(a[1]) < 0 else 0), None, 1
+    if n.op == "narrow":
+        start, length = int(a[1]) + (size if int(a[1]) < 0 else 0), int(a[2])
+        return (start, length, 1) if length > 0 else None
+    start, stop, step = ([*n.args[2:], None, None, None][:3]) if len(n.args) > 2 else (None, None, None)
+    step = 1 if step is None else int(step)
+    if step <= 0:
+        return None
+    begin, end, _ = slice(start, stop, step).indices(size)
+    length = len(range(begin, end, step))
+    return (begin, length, step) if length > 0 else None
+
+
+class _Strided:
+    """The tensor at some link of a chain, as its source's elements: fine dims (size and stride, in elements
+    of the contiguous source) from `offset`, and the tensor's dims as groups of fine dims (outermost
+    first). Fine dims of size 1 are dropped."""
 
     def __init__(self, shape: tuple[int, ...]) -> None:
-        self.sizes: dict[int, int] = {}
-        self.order: list[int] = []
-        self.made = 0  # fine dims made so far: the next one's id
+        self.dims: dict[int, tuple[int, int]] = {}  # fine dim -> (size, stride)
         self.groups: list[list[int]] = []
-        for s in shape:
-            self.groups.append(self._new(s, len(self.order)) if s != 1 else [])
+        self.offset = 0
+        self.made = 0  # fine dims made so far: the next one's id
+        stride = 1
+        for s in reversed(shape):
+            self.groups.insert(0, [self._new(s, stride)] if s != 1 else [])
+            stride *= s
 
-    def _new(self, size: int, at: int) -> list[int]:
+    def _new(self, size: int, stride: int) -> int:
         fid, self.made = self.made, self.made + 1
-        self.sizes[fid] = size
-        self.order.insert(at, fid)
-        return [fid]
+        self.dims[fid] = (size, stride)
+        return fid
+
+    def size(self, g: list[int]) -> int:
+        n = 1
+        for f in g:
+            n *= self.dims[f][0]
+        return n
 
     def reorder(self, dims: list[int]) -> None:
         self.groups = [self.groups[d] for d in dims]
 
     def regroup(self, shape: tuple[int, ...]) -> bool:
-        """The current tensor reshaped to `shape` (its row-major order kept); False where a new dim's boundary
-        falls inside a fine dim at a size that does not divide it."""
+        """The tensor reshaped to `shape` (its row-major order kept); False where a new dim's boundary falls
+        inside a fine dim at a size that does not divide it."""
         seq = [f for g in self.groups for f in g]
         groups: list[list[int]] = []
         i = 0
@@ -76,21 +106,16 @@ class _Fine:
             while prod < t:
                 if i >= len(seq):
                     return False
-                f = seq[i]
-                s = self.sizes[f]
+                s, st = self.dims[seq[i]]
                 if t % (prod * s) == 0:
-                    g.append(f)
+                    g.append(seq[i])
                     prod *= s
                     i += 1
                     continue
-                k = t // prod  # the outer k of f ends this dim; f's inner s / k begins the next
+                k = t // prod  # the outer k of the fine dim ends this dim; its inner s / k begins the next
                 if t % prod or s % k:
                     return False
-                at = self.order.index(f)
-                self.order.remove(f)
-                self.sizes.pop(f)
-                outer = self._new(k, at)[0]
-                inner = self._new(s // k, at + 1)[0]
+                outer, inner = self._new(k, st * (s // k)), self._new(s // k, st)
                 seq[i : i + 1] = [outer, inner]
                 g.append(outer)
                 prod = t
@@ -101,37 +126,61 @@ class _Fine:
         self.groups = groups
         return True
 
-    def gather(self) -> tuple[list[int], list[int]] | None:
-        """(the source's fine sizes in its own order, the permutation that gives the current order), runs of
-        fine dims adjacent in both orders merged; None when more dims remain than a gather indexes."""
-        out = [f for g in self.groups for f in g]
-        runs: list[list[int]] = []
-        for f in out:
-            if runs and self.order.index(f) == self.order.index(runs[-1][-1]) + 1:
-                runs[-1].append(f)
+    def cut(self, d: int, start: int, length: int | None, step: int) -> bool:
+        """Dim d cut to `length` elements from `start` by `step` (length None: the one element at `start`,
+        the dim dropped); False where the cut crosses the dim's inner fine dims."""
+        g = self.groups[d]
+        if not 0 <= start < self.size(g):
+            return False
+        if not g:  # a dim of one element: kept by a slice, dropped by a select
+            if length is None:
+                del self.groups[d]
+            return True
+        if length is None:  # a select: the element's digits over the group's fine dims
+            rest = start
+            for f in reversed(g):
+                s, st = self.dims[f]
+                self.offset += (rest % s) * st
+                rest //= s
+            del self.groups[d]
+            return True
+        inner = self.size(g[1:])
+        if len(g) > 1 and (step != 1 or start % inner or length % inner):
+            return False
+        s, st = self.dims[g[0]]
+        self.offset += (start // inner) * st
+        self.groups[d] = [self._new(length // inner, st * step), *g[1:]] if length > 1 or inner > 1 else []
+        return True
+
+    def gather(self) -> tuple[list[tuple[int, int]], int]:
+        """The tensor's (size, stride) dims in its own order, runs that one stride spans merged, and the
+        offset."""
+        out: list[tuple[int, int]] = []
+        for f in (f for g in self.groups for f in g):
+            s, st = self.dims[f]
+            if s == 1:
+                continue
+            if out and out[-1][1] == st * s:
+                out[-1] = (out[-1][0] * s, st)
             else:
-                runs.append([f])
-        if len(runs) > MAX_DIMS:
-            return None
-        by_start = sorted(runs, key=lambda r: self.order.index(r[0]))
-        sizes = []
-        for r in by_start:
-            n = 1
-            for f in r:
-                n *= self.sizes[f]
-            sizes.append(n)
-        perm = [by_start.index(r) for r in runs]
-        return sizes, perm
+                out.append((s, st))
+        return out, self.offset
 
 
 def _dim(d: int, nd: int) -> int:
     return d + nd if d < 0 else d
 
 
-def _walk(src: Node, chain: list[Node]) -> _Fine | None:
-    fine = _Fine(tuple(src.shape or ()))
+def _walk(src: Node, chain: list[Node]) -> _Strided | None:
+    fine = _Strided(tuple(src.shape or ()))
     for n in chain:
         nd = len(fine.groups)
+        if n.op in _CUT:
+            d = _dim(int(n.args[1]) if len(n.args) > 1 else 0, nd)
+            cut = _cut(n, fine.size(fine.groups[d])) if d < nd else None
+            if cut is None or not fine.cut(d, *cut):
+                return None
+            continue
         if n.op == "permute":
             dims = [_dim(int(d), nd) for d in n.args[1]]
         elif n.op == "transpose":
@@ -166,6 +215,21 @@ def _copies(src: Node, chain: list[Node]) -> int:
             except RuntimeError:
                 copies += 1
                 t = t.contiguous().view(tuple(n.shape or ()))
+        elif n.op in _CUT:
+            d = _dim(int(n.args[1]) if len(n.args) > 1 else 0, t.dim())
+            cut = _cut(n, t.shape[d])
+            if cut is None:
+                raise ValueError("an empty cut, or a step that is not positive")
+            start, length, step = cut
+            t = (
+                t.select(d, start)
+                if length is None
+                else t.as_strided(
+                    (*t.shape[:d], length, *t.shape[d + 1 :]),
+                    (*t.stride()[:d], t.stride(d) * step, *t.stride()[d + 1 :]),
+                    t.storage_offset() + start * t.stride(d),
+                )
+            )
         elif n.op == "permute":
             t = t.permute(*(int(d) for d in n.args[1]))
         elif n.op == "transpose":
@@ -203,38 +267,94 @@ def _node(name: str, op: str, args: tuple, shape: tuple[int, ...], dtype: str | 
     return Node(name, op, "default", args, (), shape, dtype, f"expert.{op}")
 
 
+def _contiguous(dims: list[tuple[int, int]]) -> bool:
+    run = 1
+    for s, st in reversed(dims):
+        if st != run:
+            return False
+        run *= s
+    return True
+
+
+def _replace(src: Node, chain: list[Node]) -> list[Node] | None:
+    """The nodes that compute the chain's last value with one gather at most, or None where they cannot."""
+    fine = _walk(src, chain)
+    if fine is None:
+        return None
+    dims, offset = fine.gather()
+    if len(dims) > MAX_DIMS:
+        return None
+    end, whole = chain[-1], math.prod(src.shape or ())
+    dt, name = end.dtype, end.name
+    target = tuple(end.args[1]) if end.op in ("view", "reshape", "_unsafe_view") else tuple(end.shape or ())
+    numel = math.prod(s for s, _ in dims)
+    if offset == 0 and numel == whole and _contiguous(dims):  # the chain only regrouped: a view, no copy
+        return [_node(name, "view", (Ref(src.name), target), end.shape, dt)]
+    by_stride = sorted(range(len(dims)), key=lambda i: -dims[i][1])
+    if offset == 0 and numel == whole and _contiguous([dims[i] for i in by_stride]):
+        # a permutation of the source's digits: seen at the finer shape (its first dim as -1: what leads,
+        # the batch, keeps the size it has when the model runs), permuted, gathered
+        sizes = [dims[i][0] for i in by_stride]
+        perm = tuple(by_stride.index(i) for i in range(len(dims)))
+        seen = _node(f"{name}_fine", "view", (Ref(src.name), (-1, *sizes[1:])), tuple(sizes), dt)
+        moved_shape = tuple(dims[i][0] for i in range(len(dims)))
+        moved = _node(f"{name}_moved", "permute", (Ref(seen.name), perm), moved_shape, dt)
+    else:  # cut as well: the source's elements at these strides, from the offset
+        moved_shape = tuple(s for s, _ in dims)
+        strides = tuple(st for _, st in dims)
+        moved = _node(
+            f"{name}_moved", "as_strided", (Ref(src.name), moved_shape, strides, offset), moved_shape, dt
+        )
+        seen = None
+        if _contiguous(dims):  # one contiguous run of the source: a view from the offset
+            return [moved, _node(name, "view", (Ref(moved.name), target), end.shape, dt)]
+    copied = _node(f"{name}_gather", "contiguous", (Ref(moved.name),), moved.shape or (), dt)
+    out = _node(name, "view", (Ref(copied.name), target), end.shape, dt)
+    return [*([seen] if seen is not None else []), moved, copied, out]
+
+
+def _composed(src: Node, chain: list[Node]) -> dict[str, list[Node]]:
+    """Replacements (a link's name -> its nodes, none for a link dropped) for the chain's parts that copy
+    twice or more: from each link on, the longest part that composes (a cut that no strides express, such
+    as unpadding rows of windows merged again, ends a part)."""
+    out: dict[str, list[Node]] = {}
+    i = 0
+    while i < len(chain) - 1:
+        if i and chain[i - 1].op in _COPIES:
+            src = chain[i - 1]
+        if i and chain[i - 1].op not in _COPIES and chain[i - 1].name not in out:
+            i += 1  # a part starts where the tensor is contiguous: the source, after a copy or a part
+            continue
+        for k in range(len(chain), i + 1, -1):
+            part = chain[i:k]
+            try:
+                if _copies(src, part) < 2:  # nor any shorter part
+                    k = i
+                    break
+            except (RuntimeError, ValueError):  # a link meta tensors refuse: left as written
+                continue
+            new = _replace(src, part)
+            if new is not None:
+                out[part[-1].name] = new
+                out.update((m.name, []) for m in part[:-1])
+                src = new[-1]
+                break
+        else:
+            k = i
+        if k <= i:
+            i += 1
+        else:
+            i = k
+    return out
+
+
 def compose(nodes: list[Node], by_name: dict[str, Node]) -> list[Node]:
-    """`nodes` with each chain that copies twice or more replaced by one gather (see the module's note);
-    `by_name` updated with the new nodes."""
+    """`nodes` with each chain's parts that copy twice or more replaced by one gather each (see the module's
+    note); `by_name` updated with the new nodes."""
     replaced: dict[str, list[Node]] = {}
     for src, chain in _chains(nodes, by_name):
-        try:
-            if _copies(src, chain) < 2:
-                continue
-        except (RuntimeError, ValueError):  # a link meta tensors refuse: left as written
-            continue
-        fine = _walk(src, chain)
-        plan = fine.gather() if fine is not None else None
-        if plan is None or not plan[0]:
-            continue
-        sizes, perm = plan
-        end = chain[-1]
-        dt = end.dtype
-        target = (
-            tuple(end.args[1]) if end.op in ("view", "reshape", "_unsafe_view") else tuple(end.shape or ())
-        )
-        if perm == sorted(perm):  # the chain only regrouped: a view of its source, no copy at all
-            replaced[end.name] = [_node(end.name, "view", (Ref(src.name), target), end.shape, dt)]
-        else:
-            # the first fine dim as -1: what leads (the batch) keeps the size it has when the model runs
-            seen = _node(f"{end.name}_fine", "view", (Ref(src.name), (-1, *sizes[1:])), tuple(sizes), dt)
-            moved_shape = tuple(sizes[p] for p in perm)
-            moved = _node(f"{end.name}_moved", "permute", (Ref(seen.name), tuple(perm)), moved_shape, dt)
-            copied = _node(f"{end.name}_gather", "contiguous", (Ref(moved.name),), moved_shape, dt)
-            out = _node(end.name, "view", (Ref(copied.name), target), end.shape, dt)
-            replaced[end.name] = [seen, moved, copied, out]
-        for m in chain[:-1]:
-            replaced[m.name] = []
+        if src.op not in ops.VIEWS:  # a view's source may not be contiguous, as the rule counts it
+            replaced.update(_composed(src, chain))
     if not replaced:
         return nodes
     result: list[Node] = []

@@ -477,5 +477,5 @@ CONVS = frozenset({"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_trans
 VIEWS = frozenset(
     {"view", "reshape", "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "t", "numpy_T", "unsqueeze",
      "squeeze", "expand", "select", "slice", "narrow", "getitem", "split", "split_with_sizes", "chunk", "unbind",
-     "diagonal"}
+     "diagonal", "as_strided"}
 )  # fmt: skip

@@ -21,6 +21,7 @@ from pipeline.generate.expert.templates.code import (
     RESHAPE_HELPERS,
     ROWS_HELPERS,
     SINK_HELPERS,
+    STRIDED_HELPERS,
     Code,
     gathered,
 )
@@ -122,6 +123,8 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> s
     model = _model(low, plan, codes)
     if any("_reshape(" in ln for ln in model):
         lines.append(RESHAPE_HELPERS)
+    if any("_strided(" in ln for ln in model):
+        lines.append(STRIDED_HELPERS)
     sinking = any(c.into or c.sinks for c in codes.values())
     if sinking or any("_rows_in_place(" in c.launcher or "_rows_grid(" in c.launcher for c in codes.values()):
         lines.append(ROWS_HELPERS)
@@ -375,6 +378,8 @@ def _view(n: Node, a: list[str], low: Lowered) -> str | None:
                 "split_with_sizes", "chunk", "unbind", "diagonal"):  # fmt: skip
         method = "split" if n.op == "split_with_sizes" else n.op
         return f"{x}.{method}({', '.join(a[1:])})"
+    if n.op == "as_strided":  # a chain's elements at its strides from its offset (chains.py)
+        return f"_strided({x}, {n.args[1]!r}, {n.args[2]!r}, {n.args[3]!r})"
     if n.op == "t":
         return f"{x}.t()"
     if n.op == "numpy_T":  # x.T: every dim reversed

@@ -27,7 +27,18 @@ Moves = Iterator[tuple[str, Plan]]
 # Views whose result may be rows of contiguous runs of their source, not one contiguous block (a getitem
 # is looked through: of a split it is one of its parts, of a tuple-valued op a fresh tensor)
 STRIDED_VIEWS = frozenset(
-    {"select", "slice", "narrow", "split", "split_with_sizes", "chunk", "unbind", "permute", "transpose"}
+    {
+        "select",
+        "slice",
+        "narrow",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "permute",
+        "transpose",
+        "as_strided",
+    }
 )
 
 

@@ -193,6 +193,17 @@ def _reshape(t, shape):
 '''
 
 
+# A chain of views and copies composed into one gather that cuts its source as well (chains.py): the source's
+# elements at the chain's sizes and strides, counted in elements of the source made contiguous.
+STRIDED_HELPERS = '''
+
+def _strided(t, size, stride, offset):
+    """The elements of t (contiguous: gathered first if it is not) at `size` and `stride` from `offset`."""
+    t = _contig(t)
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+'''
+
+
 # In launchers that see tensors as rows of evenly spaced contiguous runs: a sinking one (render.py), or
 # an elementwise chain reading strided views in place.
 ROWS_HELPERS = '''
