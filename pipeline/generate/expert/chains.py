@@ -1,4 +1,4 @@
-"""Chains of views and copies composed into one gather.
+"""Chains of views, cuts and copies composed into one gather.
 
 A model that moves data between layouts by hand writes chains such as Swin's window partition, then its
 heads split off:
@@ -7,13 +7,15 @@ heads split off:
      .view(-1, 49, h, C/h).transpose(1, 2).reshape(-1, h * 49, C/h)
 
 Each `.contiguous()` and each reshape that no view can express copies the tensor (a gather by our kernel):
-two full copies here, where one would do. Every element of the chain's result is an element of its source,
-and when the chain only reorders and regroups whole digits of the source's index (each reshape splitting
-or merging dims at boundaries that divide), the result is one permutation of the source seen at a finer
-shape. The chain is then replaced by: the source viewed at that finer shape, permuted, made contiguous (the
-one gather, up to 8 dims), and viewed at the chain's result shape. Only where the chain, as written, copies
-at least twice (counted on meta tensors, as the launcher would run it) and no value inside the chain is read
-by anything else.
+two full copies here, where one would do. Every element of the chain's result is an element of its source:
+followed link by link as sizes and strides over the source made contiguous (a reshape splits or merges dims
+where the boundaries divide, a slice or select moves the offset and scales a stride), the result is the
+source at some strides from some offset. A part of the chain is replaced by: the source viewed at a finer
+shape and permuted (when the result is a permutation of the source's digits) or taken at those strides
+(`as_strided`, when it cuts), made contiguous (the one gather, up to 8 dims), and viewed at the part's
+result shape. Only where the part, as written, copies at least twice (counted on meta tensors, as the
+launcher would run it), starts where the tensor is contiguous, and no value inside it is read by anything
+else.
 """
 
 from __future__ import annotations
