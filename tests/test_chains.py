@@ -190,6 +190,21 @@ def test_a_cut_between_copies_lowers_to_one_strided_gather(tmp_path):
     assert "slice" not in ops and "permute" not in ops
 
 
+def test_a_link_that_is_returned_ends_its_chain(tmp_path):
+    path = tmp_path / "returned.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+        "        a = x.permute(0, 2, 1).contiguous()\n"
+        "        return a, a.view(2, 5, 3, 3).transpose(1, 2).contiguous() * 2.0\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 9, 5)]\n\n\ndef get_init_inputs():\n    return []\n"
+    )
+    low, why = analyse(path)
+    assert low is not None, why
+    copies = [n for n in low.nodes if n.op == "contiguous"]
+    assert len(copies) == 2 and copies[0].args[0] != copies[1].args[0], [(n.name, n.op) for n in low.nodes]
+    assert any(n.name == low.graph.output_names()[0] for n in low.nodes)  # the first output still computed
+
+
 def test_swin_windows_lower_to_one_gather_each_way(tmp_path):
     path = tmp_path / "windows.py"
     path.write_text(textwrap.dedent(SWIN))

@@ -178,7 +178,7 @@ def _walk(src: Node, chain: list[Node]) -> _Strided | None:
     for n in chain:
         nd = len(fine.groups)
         if n.op in _CUT:
-            d = _dim(int(n.args[1]) if len(n.args) > 1 else 0, nd)
+            d = _dim(int(n.args[1] or 0) if len(n.args) > 1 else 0, nd)
             cut = _cut(n, fine.size(fine.groups[d])) if d < nd else None
             if cut is None or not fine.cut(d, *cut):
                 return None
@@ -218,7 +218,7 @@ def _copies(src: Node, chain: list[Node]) -> int:
                 copies += 1
                 t = t.contiguous().view(tuple(n.shape or ()))
         elif n.op in _CUT:
-            d = _dim(int(n.args[1]) if len(n.args) > 1 else 0, t.dim())
+            d = _dim(int(n.args[1] or 0) if len(n.args) > 1 else 0, t.dim())
             cut = _cut(n, t.shape[d])
             if cut is None:
                 raise ValueError("an empty cut, or a step that is not positive")
@@ -241,7 +241,9 @@ def _copies(src: Node, chain: list[Node]) -> int:
     return copies
 
 
-def _chains(nodes: list[Node], by_name: dict[str, Node]) -> Iterator[tuple[Node, list[Node]]]:
+def _chains(
+    nodes: list[Node], by_name: dict[str, Node], keep: frozenset[str]
+) -> Iterator[tuple[Node, list[Node]]]:
     """(source, links) for each maximal chain of links whose every link but the last is read by the next
     link only."""
     users: dict[str, list[str]] = {}
@@ -256,7 +258,7 @@ def _chains(nodes: list[Node], by_name: dict[str, Node]) -> Iterator[tuple[Node,
         if src is None or src.shape is None:
             continue
         chain = [n]
-        while len(nxt := users.get(chain[-1].name, [])) == 1:
+        while chain[-1].name not in keep and len(nxt := users.get(chain[-1].name, [])) == 1:
             m = by_name[nxt[0]]
             if not _is_link(m) or m.args[0] != Ref(chain[-1].name):
                 break
@@ -333,7 +335,7 @@ def _composed(src: Node, chain: list[Node]) -> dict[str, list[Node]]:
                 if _copies(src, part) < 2:  # nor any shorter part
                     k = i
                     break
-            except (RuntimeError, ValueError):  # a link meta tensors refuse: left as written
+            except (RuntimeError, ValueError, IndexError):  # a link meta tensors refuse: left as written
                 continue
             new = _replace(src, part)
             if new is not None:
@@ -350,11 +352,11 @@ def _composed(src: Node, chain: list[Node]) -> dict[str, list[Node]]:
     return out
 
 
-def compose(nodes: list[Node], by_name: dict[str, Node]) -> list[Node]:
+def compose(nodes: list[Node], by_name: dict[str, Node], keep: frozenset[str] = frozenset()) -> list[Node]:
     """`nodes` with each chain's parts that copy twice or more replaced by one gather each (see the module's
-    note); `by_name` updated with the new nodes."""
+    note); `by_name` updated with the new nodes. A value in `keep` (the graph's outputs) ends its chain."""
     replaced: dict[str, list[Node]] = {}
-    for src, chain in _chains(nodes, by_name):
+    for src, chain in _chains(nodes, by_name, keep):
         if src.op not in ops.VIEWS:  # a view's source may not be contiguous, as the rule counts it
             replaced.update(_composed(src, chain))
     if not replaced:

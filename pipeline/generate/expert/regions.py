@@ -108,7 +108,7 @@ def lower(graph: Graph) -> Lowered:
     for n in reversed(nodes):
         if n.name in live:
             live.update(n.refs())
-    nodes = chains.compose([n for n in nodes if n.name in live], by_name)
+    nodes = chains.compose([n for n in nodes if n.name in live], by_name, frozenset(graph.output_names()))
     users: dict[str, list[str]] = {}
     for n in nodes:
         for r in n.refs():
