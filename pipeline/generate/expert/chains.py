@@ -292,8 +292,14 @@ def _replace(src: Node, chain: list[Node]) -> list[Node] | None:
     dt, name = end.dtype, end.name
     target = tuple(end.args[1]) if end.op in ("view", "reshape", "_unsafe_view") else tuple(end.shape or ())
     numel = math.prod(s for s, _ in dims)
+    # A view of a forward input may reach the outputs, which must not share its memory (the harness rejects
+    # that): from an input, a part that needs no copy keeps one.
+    own = src.op != "input"
     if offset == 0 and numel == whole and _contiguous(dims):  # the chain only regrouped: a view, no copy
-        return [_node(name, "view", (Ref(src.name), target), end.shape, dt)]
+        if own:
+            return [_node(name, "view", (Ref(src.name), target), end.shape, dt)]
+        seen = _node(f"{name}_fine", "view", (Ref(src.name), target), end.shape, dt)
+        return [seen, _node(name, "contiguous", (Ref(seen.name),), end.shape, dt)]
     by_stride = sorted(range(len(dims)), key=lambda i: -dims[i][1])
     if offset == 0 and numel == whole and _contiguous([dims[i] for i in by_stride]):
         # a permutation of the source's digits: seen at the finer shape (its first dim as -1: what leads,
@@ -310,7 +316,7 @@ def _replace(src: Node, chain: list[Node]) -> list[Node] | None:
             f"{name}_moved", "as_strided", (Ref(src.name), moved_shape, strides, offset), moved_shape, dt
         )
         seen = None
-        if _contiguous(dims):  # one contiguous run of the source: a view from the offset
+        if own and _contiguous(dims):  # one contiguous run of the source: a view from the offset
             return [moved, _node(name, "view", (Ref(moved.name), target), end.shape, dt)]
     copied = _node(f"{name}_gather", "contiguous", (Ref(moved.name),), moved.shape or (), dt)
     out = _node(name, "view", (Ref(copied.name), target), end.shape, dt)
