@@ -1,6 +1,7 @@
 """Chains of views, cuts and copies composed into one gather (pipeline/generate/expert/chains.py): the
-algebra against PyTorch on random chains (reshapes, permutes, slices, selects, copies), Swin's window partition and reverse lowered to one gather each, and a
-window-partitioned task through the expert and the CPU emulator."""
+algebra against PyTorch on random chains (reshapes, permutes, slices, selects, copies), what a returned
+link and an input source keep, Swin's window partition and reverse lowered to one gather each, a cut
+between copies to one strided gather, and both tasks through the expert and the CPU emulator."""
 
 from __future__ import annotations
 

@@ -173,28 +173,34 @@ def _dim(d: int, nd: int) -> int:
     return d + nd if d < 0 else d
 
 
+def _cut_dim(n: Node, nd: int) -> int:
+    """The dim a slice, narrow or select of a tensor of `nd` dims cuts."""
+    return _dim(int(n.args[1] or 0) if len(n.args) > 1 else 0, nd)
+
+
+def _order(n: Node, nd: int) -> list[int]:
+    """The operand's dims in the order a permute, transpose, t or numpy_T of a tensor of `nd` dims puts them."""
+    if n.op == "permute":
+        return [_dim(int(d), nd) for d in n.args[1]]
+    if n.op == "transpose":
+        a, b = _dim(int(n.args[1]), nd), _dim(int(n.args[2]), nd)
+        dims = list(range(nd))
+        dims[a], dims[b] = b, a
+        return dims
+    return list(reversed(range(nd)))
+
+
 def _walk(src: Node, chain: list[Node]) -> _Strided | None:
     fine = _Strided(tuple(src.shape or ()))
     for n in chain:
         nd = len(fine.groups)
         if n.op in _CUT:
-            d = _dim(int(n.args[1] or 0) if len(n.args) > 1 else 0, nd)
+            d = _cut_dim(n, nd)
             cut = _cut(n, fine.size(fine.groups[d])) if d < nd else None
             if cut is None or not fine.cut(d, *cut):
                 return None
-            continue
-        if n.op == "permute":
-            dims = [_dim(int(d), nd) for d in n.args[1]]
-        elif n.op == "transpose":
-            a, b = _dim(int(n.args[1]), nd), _dim(int(n.args[2]), nd)
-            dims = list(range(nd))
-            dims[a], dims[b] = b, a
-        elif n.op in ("t", "numpy_T"):
-            dims = list(reversed(range(nd)))
-        else:
-            dims = None
-        if dims is not None:
-            fine.reorder(dims)
+        elif n.op in _REORDER:
+            fine.reorder(_order(n, nd))
         elif n.op in _REGROUP and not fine.regroup(tuple(n.shape or ())):
             return None
     return fine
@@ -218,7 +224,7 @@ def _copies(src: Node, chain: list[Node]) -> int:
                 copies += 1
                 t = t.contiguous().view(tuple(n.shape or ()))
         elif n.op in _CUT:
-            d = _dim(int(n.args[1] or 0) if len(n.args) > 1 else 0, t.dim())
+            d = _cut_dim(n, t.dim())
             cut = _cut(n, t.shape[d])
             if cut is None:
                 raise ValueError("an empty cut, or a step that is not positive")
@@ -232,12 +238,8 @@ def _copies(src: Node, chain: list[Node]) -> int:
                     t.storage_offset() + start * t.stride(d),
                 )
             )
-        elif n.op == "permute":
-            t = t.permute(*(int(d) for d in n.args[1]))
-        elif n.op == "transpose":
-            t = t.transpose(int(n.args[1]), int(n.args[2]))
         else:
-            t = t.permute(*reversed(range(t.dim())))
+            t = t.permute(*_order(n, t.dim()))
     return copies
 
 
@@ -323,38 +325,43 @@ def _replace(src: Node, chain: list[Node]) -> list[Node] | None:
     return [*([seen] if seen is not None else []), moved, copied, out]
 
 
+def _longest(src: Node, chain: list[Node], i: int) -> tuple[int, list[Node]] | None:
+    """(its end, its nodes) for the longest part of the chain from link i that copies twice or more and
+    composes, or None."""
+    for k in range(len(chain), i + 1, -1):
+        part = chain[i:k]
+        try:
+            if _copies(src, part) < 2:  # nor any shorter part
+                return None
+        except (RuntimeError, ValueError, IndexError):  # a link meta tensors refuse: left as written
+            continue
+        new = _replace(src, part)
+        if new is not None:
+            return k, new
+    return None
+
+
 def _composed(src: Node, chain: list[Node]) -> dict[str, list[Node]]:
     """Replacements (a link's name -> its nodes, none for a link dropped) for the chain's parts that copy
-    twice or more: from each link on, the longest part that composes (a cut that no strides express, such
-    as unpadding rows of windows merged again, ends a part)."""
+    twice or more: from each link where the tensor is contiguous (the source, after a copy, after a composed
+    part), the longest part that composes (a cut that no strides express, such as unpadding rows of windows
+    merged again, ends a part)."""
     out: dict[str, list[Node]] = {}
     i = 0
     while i < len(chain) - 1:
         if i and chain[i - 1].op in _COPIES:
             src = chain[i - 1]
-        if i and chain[i - 1].op not in _COPIES and chain[i - 1].name not in out:
-            i += 1  # a part starts where the tensor is contiguous: the source, after a copy or a part
-            continue
-        for k in range(len(chain), i + 1, -1):
-            part = chain[i:k]
-            try:
-                if _copies(src, part) < 2:  # nor any shorter part
-                    k = i
-                    break
-            except (RuntimeError, ValueError, IndexError):  # a link meta tensors refuse: left as written
-                continue
-            new = _replace(src, part)
-            if new is not None:
-                out[part[-1].name] = new
-                out.update((m.name, []) for m in part[:-1])
-                src = new[-1]
-                break
-        else:
-            k = i
-        if k <= i:
+        elif i and chain[i - 1].name not in out:
             i += 1
-        else:
-            i = k
+            continue
+        found = _longest(src, chain, i)
+        if found is None:
+            i += 1
+            continue
+        k, new = found
+        out.update((m.name, []) for m in chain[i : k - 1])
+        out[chain[k - 1].name] = new
+        src, i = new[-1], k
     return out
 
 
