@@ -67,6 +67,21 @@ RELU = """q, k, v):
     att = F.relu((q @ k.transpose(-2, -1)) * 0.25 + self.bias[:T, :T])
     return att @ v
 """
+# Swin's shifted windows (level 3's SwinV2): cosine scores, a bias a head, and a mask a window added through a
+# view that splits the batch, (images, windows, heads, L, S); 37 keys, not a multiple of any tile.
+SWIN_INIT = """
+self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(2, 1, 1)))
+self.bias = nn.Parameter(torch.randn(2, 37, 37))
+m = torch.randint(0, 3, (3, 37))
+self.register_buffer("mask", (m.unsqueeze(1) - m.unsqueeze(2) != 0).float() * -100.0)
+"""
+SWIN = """q, k, v):
+    nw = self.mask.shape[0]
+    att = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+    att = att * torch.clamp(self.logit_scale, max=4.6052).exp() + 16 * torch.sigmoid(self.bias)
+    att = att.view(-1, nw, 2, 37, 37) + self.mask.unsqueeze(1).unsqueeze(0)
+    return F.softmax(att.view(-1, 2, 37, 37), dim=-1) @ v
+"""
 TASKS = {  # name -> (forward, inputs, init)
     "sdpa_causal": ("q, k, v):\n    return F.scaled_dot_product_attention(q, k, v, is_causal=True)",
                     _qkv(2, 2, 45, 45, 16), ""),
@@ -91,6 +106,7 @@ TASKS = {  # name -> (forward, inputs, init)
                              [*_qkv(2, 3, 4, 9, 16, 32), "torch.randn(3, 4, 9)"], ""),
     "mha_short_sequence": ("x):\n    return self.mha(x, x, x, need_weights=False)[0]", ["torch.randn(2, 9, 32)"],
                            "self.mha = nn.MultiheadAttention(32, 4)"),  # not batch_first: a sequence of 2
+    "swin_shifted_windows": (SWIN, _qkv(6, 2, 37, 37, 16), SWIN_INIT),
     "relu_attention_short": (RELU, _qkv(2, 2, 6, 6, 16, 8), 'self.register_buffer("bias", torch.randn(64, 64))'),
 }  # fmt: skip
 SHORT = ("sdpa_short_causal", "sdpa_short_bool_mask", "mha_short_sequence", "relu_attention_short")
@@ -125,6 +141,9 @@ def test_the_family_takes_sdpa_and_hand_written_attention(tmp_path, name):
         assert set(m.absorbs) == {"scores", "softmax", "between", "pv"} and m.form.out_order == (0, 2, 1, 3)
     if name == "mha_short_sequence":  # MHA's (L, B, H, Dv) permute of the output: written in that order
         assert m.form.out_order == (2, 0, 1, 3)
+    if name == "swin_shifted_windows":  # the mask a window added through the batch split, then the softmax
+        assert set(m.absorbs) == {"scores", "scores2", "softmax", "pv"} and m.form.split == 3
+        assert len(m.form.extras2) == 1 and m.form.chain2 is not None
     if name.startswith("relu_attention"):
         assert not m.form.softmax and m.form.chain is not None
     assert rp.rows == (name in SHORT)  # few keys: the CUDA cores'
@@ -146,6 +165,12 @@ def test_the_family_takes_sdpa_and_hand_written_attention(tmp_path, name):
          "left operand"),
         ("q, k, v):\n    return F.softmax(torch.tril(q @ k.transpose(-2, -1)), dim=-1) @ v", _qkv(1, 2, 8, 8, 16),
          "positional op"),
+        # a batch split that is not viewed back (the softmax over the 5-D scores), or whose split scores are
+        # returned too
+        ("q, k, v, m):\n    a = (q @ k.transpose(-2, -1)).view(2, 2, 2, 8, 8) + m\n    return F.softmax(a, -1).view(4, 2, 8, 8) @ v",
+         [*_qkv(4, 2, 8, 8, 16), "torch.randn(2, 1, 8, 8)"], "not viewed back"),
+        ("q, k, v, m):\n    a = (q @ k.transpose(-2, -1)).view(2, 2, 2, 8, 8)\n    return F.softmax((a + m).view(4, 2, 8, 8), -1) @ v, a",
+         [*_qkv(4, 2, 8, 8, 16), "torch.randn(2, 1, 8, 8)"], "no elementwise op"),
     ],
 )  # fmt: skip
 def test_what_the_family_refuses_says_why(tmp_path, forward, inputs, why):
@@ -288,7 +313,7 @@ def test_one_tf32_product_alone_is_not_fp32_accurate(tmp_path):
 
 
 def test_launchers_pass_the_static_check(tmp_path):
-    for name in ("gpt_block", "sdpa_bool_mask"):
+    for name in ("gpt_block", "sdpa_bool_mask", "swin_shifted_windows"):
         for _, _, launcher in _ours(_path(tmp_path, name)):
             report = check_launcher(launcher)
             assert report.ok, report.violations
@@ -296,7 +321,14 @@ def test_launchers_pass_the_static_check(tmp_path):
 
 def test_fused_kernels_compile_for_sm90a_without_spills(tmp_path):
     cands = []
-    for name in ("sdpa_causal", "gpt_block", "sdpa_wide_head", "sdpa_short_bool_mask", "mha_short_sequence"):
+    for name in (
+        "sdpa_causal",
+        "gpt_block",
+        "sdpa_wide_head",
+        "sdpa_short_bool_mask",
+        "mha_short_sequence",
+        "swin_shifted_windows",
+    ):
         t = probe(_path(tmp_path, name))
         cands += [
             p.candidate

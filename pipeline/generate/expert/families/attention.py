@@ -1,6 +1,8 @@
 """Fused attention (templates/attention.py): scaled_dot_product_attention, and the chains that attention
 blocks write by hand, Q @ Kᵀ -> elementwise ops (scale, mask, bias, an activation) -> softmax -> @ V, or the
-same with an activation in place of the softmax. fp32 through 3xTF32 on the tensor cores.
+same with an activation in place of the softmax; the score chain may go on through a view that splits the
+batch (B / w, w, H, L, S), ops there (Swin's shifted windows add a mask a window so) and a view back. fp32
+through 3xTF32 on the tensor cores.
 
 The family claims the chain's first product (or the SDPA call); its entry absorbs the score chain, the
 softmax and the second product, and its kernel runs where the second product did (everything it reads,
@@ -38,13 +40,14 @@ SHORT_KEYS, ROWS_OFFER = 16, 64
 GEMMS = ("gemm_matmul", "gemm_bmm")
 # Elementwise ops that leave the probabilities as they are (a dropout of p = 0, copies).
 _IDENTITY = frozenset({"clone", "contiguous", "alias", "detach"})
+_RESHAPES = frozenset({"view", "reshape", "_unsafe_view"})
 
 
 @dataclass(frozen=True)
 class AttnPlan(RegionPlan):
     TAG: ClassVar[str] = "attention"
     SHOWN: ClassVar[tuple[str, ...]] = ("warps", "bn", "rows")
-    ABSORBS: ClassVar[tuple[str, ...]] = ("scores", "softmax", "between", "pv")
+    ABSORBS: ClassVar[tuple[str, ...]] = ("scores", "scores2", "softmax", "between", "pv")
 
     warps: int = 4  # 16 query rows each: 64 rows a block
     bn: int = 32  # keys a tile
@@ -52,6 +55,7 @@ class AttnPlan(RegionPlan):
     min_blocks: int = 1
     rows: bool = False  # the CUDA-core form for few keys (templates/attention_rows.py); warps, bn unused
     scores: str = ""  # rid of the elementwise chain on the scores (a hand-written attention)
+    scores2: str = ""  # rid of the ops on the scores split by batch (a mask a window: Swin's shifted windows)
     softmax: str = ""  # rid of its softmax
     between: str = ""  # rid of an identity between the softmax and the product (a dropout of p = 0)
     pv: str = ""  # rid of its second product
@@ -159,6 +163,54 @@ def _reader_order(value: str, low: Lowered) -> tuple[int, ...]:
     return tuple(order) if order[3] == 3 and order != [0, 1, 2, 3] and sorted(order) == [0, 1, 2, 3] else ()
 
 
+def _ew_on_scores(x: Region, shape: tuple, low: Lowered, main: str) -> str:
+    """Why the elementwise region x cannot run inside the kernel on scores of `shape`, or ""."""
+    if len(x.outputs) != 1 or x.shape != shape:
+        return "the scores' elementwise ops have other outputs or another shape"
+    if ops.positional(x.nodes):
+        return "a positional op (triu, tril) on the scores has no place in the fused kernel yet"
+    for i in x.inputs:
+        v = low.by_name[i]
+        if i != main and (
+            v.shape is None or broadcast(v.shape, shape) != shape or v.dtype not in ops.C_TYPES
+        ):
+            return "an operand of the scores' ops does not broadcast to the scores"
+    if next(m.dtype for m in x.nodes if m.name == x.outputs[0]) != "float32":
+        return "the scores' ops do not stay in fp32"
+    return ""
+
+
+def _view_to(x: Region | None, shape: tuple) -> str | None:
+    """x's output when x is one view or reshape to `shape`."""
+    if x is None or x.kind is not RegionKind.VIEW or len(x.nodes) != 1 or x.node.op not in _RESHAPES:
+        return None
+    return x.outputs[0] if tuple(x.node.shape or ()) == shape else None
+
+
+def _split(nxt: Region | None, shape: tuple, low: Lowered) -> tuple[int, str, Region, str] | str | None:
+    """(split, the split view, the region, its scores viewed back) for scores viewed with their batch split
+    in two, (B / split, split, H, L, S), elementwise ops there and viewed back to `shape` (Swin's shifted
+    windows add their mask so); a reason when the view is one but what follows it is not; None when nxt is
+    no such view."""
+    if nxt is None or len(shape) != 4 or nxt.kind is not RegionKind.VIEW or len(nxt.nodes) != 1:
+        return None
+    five = tuple(nxt.node.shape or ())
+    if len(five) != 5 or five[2:] != shape[1:] or five[0] * five[1] != shape[0] or five[1] < 2:
+        return None
+    viewed = _view_to(nxt, five)
+    if viewed is None:
+        return None
+    ew = _sole_reader(viewed, low)
+    if ew is None or ew.kind is not RegionKind.EW or _identity(ew):
+        return "the scores split by batch go to no elementwise op"
+    if why := _ew_on_scores(ew, five, low, viewed):
+        return why
+    back = _view_to(_sole_reader(ew.outputs[0], low), shape)
+    if back is None:
+        return "the scores split by batch are not viewed back"
+    return five[1], viewed, ew, back
+
+
 def _chain(r: Region, low: Lowered) -> Match | str:
     n = r.node
     a, b = (low.by_name.get(getattr(x, "name", "")) for x in n.args[:2])
@@ -170,21 +222,16 @@ def _chain(r: Region, low: Lowered) -> Match | str:
     cur, nxt = r.outputs[0], _sole_reader(r.outputs[0], low)
     chain = None
     if nxt is not None and nxt.kind is RegionKind.EW and not _identity(nxt):
-        if len(nxt.outputs) != 1 or nxt.shape != n.shape:
-            return "the scores' elementwise ops have other outputs or another shape"
-        if ops.positional(nxt.nodes):
-            return "a positional op (triu, tril) on the scores has no place in the fused kernel yet"
-        for i in nxt.inputs:
-            x = low.by_name[i]
-            if i == cur:
-                continue
-            if x.shape is None or broadcast(x.shape, n.shape) != n.shape or x.dtype not in ops.C_TYPES:
-                return "an operand of the scores' ops does not broadcast to the scores"
-        out_dt = next(m.dtype for m in nxt.nodes if m.name == nxt.outputs[0])
-        if out_dt != "float32":
-            return "the scores' ops do not stay in fp32"
+        if why := _ew_on_scores(nxt, n.shape, low, cur):
+            return why
         chain, absorbs["scores"] = nxt, nxt.rid
         cur, nxt = nxt.outputs[0], _sole_reader(nxt.outputs[0], low)
+    split = _split(nxt, tuple(n.shape), low)
+    if isinstance(split, str):
+        return split
+    if split is not None:
+        absorbs["scores2"] = split[2].rid
+        cur, nxt = split[3], _sole_reader(split[3], low)
     softmax = False
     if nxt is not None and nxt.kind is RegionKind.SOFTMAX:
         s = nxt.node
@@ -195,7 +242,7 @@ def _chain(r: Region, low: Lowered) -> Match | str:
             return "the softmax does not stay in fp32"
         softmax, absorbs["softmax"] = True, nxt.rid
         cur, nxt = nxt.outputs[0], _sole_reader(nxt.outputs[0], low)
-    if not softmax and chain is None:
+    if not softmax and chain is None and split is None:
         return "two products with nothing between them are GEMMs, not an attention"
     if nxt is not None and nxt.kind in (RegionKind.EW, RegionKind.TORCH) and _identity(nxt):
         absorbs["between"] = nxt.rid
@@ -220,9 +267,14 @@ def _chain(r: Region, low: Lowered) -> Match | str:
     extras = tuple(
         (i, low.by_name[i].dtype or "float32") for i in (chain.inputs if chain else ()) if i != main
     )
+    more: dict[str, Any] = {}
+    if split is not None:
+        w, viewed, ew, _ = split
+        extras2 = tuple((i, low.by_name[i].dtype or "float32") for i in ew.inputs if i != viewed)
+        more = {"chain2": ew, "chain2_main": viewed, "extras2": extras2, "split": w}
     form = AttnForm(
         a.name, b.name, v.name, True, len(a.shape), a.shape[-1], v.shape[-1], nxt.outputs[0], None, False, None,
-        softmax=softmax, chain=chain, chain_main=main, extras=extras, out_order=out_order,
+        softmax=softmax, chain=chain, chain_main=main, extras=extras, out_order=out_order, **more,
     )  # fmt: skip
     return Match(form, absorbs, kt[-1])
 
@@ -372,7 +424,9 @@ FAMILY = Family(
     },
     order=5,
     settle=settle,
-    plainest=lambda rp: AttnPlan(rp.rid, scores=rp.scores, softmax=rp.softmax, between=rp.between, pv=rp.pv),
+    plainest=lambda rp: AttnPlan(
+        rp.rid, scores=rp.scores, scores2=rp.scores2, softmax=rp.softmax, between=rp.between, pv=rp.pv
+    ),
     note=_note,
     cute=True,
     runs_on=_runs_on,

@@ -67,6 +67,13 @@ class AttnForm:
     # The dims of the (B, H, L, Dv) output in the order its one reader permutes them to (Dv last), the order
     # it is written in, so that the reader's view is contiguous; () for (B, H, L, Dv) itself.
     out_order: tuple[int, ...] = ()
+    # Elementwise ops on the scores viewed with their batch split in two, (B / split, split, H, L, S), and
+    # viewed back: a shifted-window mask, one per window, added to every image's windows. Their operands
+    # broadcast to that 5-D shape; in the kernel, batch b is (b / split, b % split).
+    chain2: Region | None = None
+    chain2_main: str = ""
+    extras2: tuple[tuple[str, str], ...] = ()
+    split: int = 0
 
 
 def _pad(n: int) -> int:
@@ -135,13 +142,16 @@ def score_lines(f: AttnForm, u: int, guarded: bool) -> list[str]:
     if f.mask is not None:
         at = f"m[mr{u} + col * ms3]"
         lines.append(f"x = ld({at}) ? x : -CUDART_INF_F;" if f.mask_dtype == "bool" else f"x += ld({at});")
-    if f.chain is not None:
-        extra = {v: j for j, (v, _) in enumerate(f.extras)}
+    chains = ((f.chain, f.chain_main, f.extras, "e", 3), (f.chain2, f.chain2_main, f.extras2, "z", 4))
+    for chain, main, extras, e, last in chains:
+        if chain is None:
+            continue
+        extra = {v: j for j, (v, _) in enumerate(extras)}
         args = [
-            "x" if i == f.chain_main else f"ld(e{extra[i]}[e{extra[i]}r{u} + col * e{extra[i]}s3])"
-            for i in f.chain.inputs
+            "x" if i == main else f"ld({e}{extra[i]}[{e}{extra[i]}r{u} + col * {e}{extra[i]}s{last}])"
+            for i in chain.inputs
         ]
-        lines.append(f"kp_{f.chain.rid}_f({', '.join([*args, 'x'])});")
+        lines.append(f"kp_{chain.rid}_f({', '.join([*args, 'x'])});")
     if not guarded:
         return lines
     dead = "-CUDART_INF_F" if f.softmax else "0.f"
@@ -202,27 +212,41 @@ for (int n = 0; n < DV / 8; ++n) {
 
 
 def extra_operands(f: AttnForm) -> list[tuple[str, str]]:
-    """(kernel name, dtype) of the mask and of the score chain's other operands."""
+    """(kernel name, dtype) of the mask and of the score chains' other operands (z...: the split chain's,
+    5-D)."""
     extras = [("m", f.mask_dtype)] if f.mask is not None else []
-    return extras + [(f"e{j}", dt) for j, (_, dt) in enumerate(f.extras)]
+    extras += [(f"e{j}", dt) for j, (_, dt) in enumerate(f.extras)]
+    return extras + [(f"z{j}", dt) for j, (_, dt) in enumerate(f.extras2)]
+
+
+def _dims(name: str) -> int:
+    return 5 if name.startswith("z") else 4
+
+
+def chain_functions(f: AttnForm) -> str:
+    """The device functions of the score chains."""
+    return "\n".join(chain_function(c, list(c.inputs)) for c in (f.chain, f.chain2) if c is not None)
 
 
 def signature(f: AttnForm, extras: list[tuple[str, str]], *more: Param) -> Signature:
     return Signature((
         ptr("q", "float"), ptr("k", "float"), ptr("v", "float"), ptr("out", "float", const=False),
         *(p for name, dt in extras for p in (
-            ptr(name, ctype(dt)), *(i64(f"{name}s{a}", f"{name}.stride({a})") for a in range(4)))),
+            ptr(name, ctype(dt)), *(i64(f"{name}s{a}", f"{name}.stride({a})") for a in range(_dims(name))))),
         i64("heads", "h"), i64("hg", str(f.hg)), i64("L", "lq"), i64("S", "sk"),
         *(i64(f"{t}s{a}", f"{t}.stride({a})") for t in ("q", "k", "v", "out") for a in range(3)),
         *more,
     ))  # fmt: skip
 
 
-def row_offsets(extras: list[tuple[str, str]], us: tuple[int, ...]) -> str:
-    """Per-row offsets of the mask and the chain's operands (each expanded to (B, H, L, S) by the launcher),
-    for the rows r{u} of a thread."""
+def row_offsets(extras: list[tuple[str, str]], us: tuple[int, ...], split: int = 0) -> str:
+    """Per-row offsets of the mask and the chains' operands (each expanded to (B, H, L, S) by the launcher,
+    the split chain's to (B / split, split, H, L, S)), for the rows r{u} of a thread."""
     return "\n    ".join(
-        f"const long long {name}r{u} = b * {name}s0 + h * {name}s1 + r{u} * {name}s2;"
+        f"const long long {name}r{u} = (b / {split}) * {name}s0 + (b % {split}) * {name}s1 + h * {name}s2"
+        f" + r{u} * {name}s3;"
+        if _dims(name) == 5
+        else f"const long long {name}r{u} = b * {name}s0 + h * {name}s1 + r{u} * {name}s2;"
         for name, _ in extras
         for u in us
     )
@@ -235,8 +259,8 @@ def render(r: Region, f: AttnForm, rp: AttnPlan, hunter: object = None) -> Code:
     threads = 32 * warps
     extras = extra_operands(f)
     sig = signature(f, extras)
-    rows = row_offsets(extras, (0, 1))
-    chain = chain_function(f.chain, list(f.chain.inputs)) if f.chain is not None else ""
+    rows = row_offsets(extras, (0, 1), f.split)
+    chain = chain_functions(f)
     softmax = "\n".join(f"        {ln}" if ln else "" for ln in _SOFTMAX.split("\n")) if f.softmax else ""
     finish = (
         """    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -414,7 +438,7 @@ extern "C" __global__ void {launch_bounds(threads, rp.min_blocks)} kp_{rid}_attn
 
 
 def args(f: AttnForm) -> tuple[str, ...]:
-    return (f.q, f.k, f.v, *((f.mask,) if f.mask else ()), *(v for v, _ in f.extras))
+    return (f.q, f.k, f.v, *((f.mask,) if f.mask else ()), *(v for v, _ in (*f.extras, *f.extras2)))
 
 
 def _launcher(rid: str, f: AttnForm, rp: AttnPlan, sig: Signature, extras: list[tuple[str, str]]) -> str:
@@ -463,8 +487,16 @@ def launcher(
         )
     else:
         lines.append(f"    out = torch.empty((n, h, lq, {f.dv}), dtype=torch.float32, device=q.device)")
+    if f.split:
+        lines += [
+            f"    if n % {f.split}:",
+            f"        raise ValueError(f'kernelpro expert: the attention splits its batch by {f.split}, got {{n}}')",
+        ]
     # The mask and the chain's operands, broadcast to the scores' shape by strides (no copy).
     for name, _ in extras:
+        if _dims(name) == 5:
+            lines.append(f"    {name} = {name}.expand(n // {f.split}, {f.split}, h, lq, sk)")
+            continue
         x = f"{name}.unsqueeze(-3) if {name}.dim() == 3 else {name}" if f.rank == 3 else name
         lines.append(f"    {name} = ({x}).expand(n, h, lq, sk)")
     lines += [

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from pipeline.generate.expert.regions import Region
 from pipeline.generate.expert.templates import attention
 from pipeline.generate.expert.templates.attention import AttnForm
-from pipeline.generate.expert.templates.code import Code, chain_function
+from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.signature import i64
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ def render(r: Region, f: AttnForm, rp: AttnPlan) -> Code:
     rid, per_row = r.rid, lanes(f)
     extras = attention.extra_operands(f)
     sig = attention.signature(f, extras, i64("rows", "n * h * lq"))
-    chain = chain_function(f.chain, list(f.chain.inputs)) if f.chain is not None else ""
+    chain = attention.chain_functions(f)
     score = "\n".join(f"        {x}" for ln in attention.score_lines(f, 0, False) for x in ln.split("\n"))
     # Causal keys are masked, not skipped: every group of a warp walks all S keys, so the shuffles, which
     # name the whole warp, stay converged.
@@ -74,7 +74,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls
     const long long i = row % L, bh = row / L, b = bh / heads, h = bh - b * heads, hk = h / hg;
     const long long r0 = i;
     (void)r0;
-    {attention.row_offsets(extras, (0,))}
+    {attention.row_offsets(extras, (0,), f.split)}
     const float* qr = q + b * qs0 + h * qs1 + i * qs2;
     const float* kb = k + b * ks0 + hk * ks1;
     const float* vb = v + b * vs0 + hk * vs1;
