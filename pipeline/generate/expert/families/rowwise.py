@@ -32,6 +32,7 @@ from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import rowwise
 from pipeline.generate.expert.templates.code import Code
+from pipeline.generate.expert.templates.reduce_ops import KINDS as REDUCE_KINDS
 from pipeline.generate.expert.templates.reduce_ops import TWO_PASS
 
 KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
@@ -61,6 +62,9 @@ class RowPlan(RegionPlan):
     regs: int = 0  # two-pass ops: the row held in registers, this many vectors per thread
     warp_reduce: bool = False  # shuffles instead of a shared-memory tree
     warp_rows: bool = False  # one warp per row (short rows)
+    lanes: int = (
+        0  # with warp_rows, a one-pass reduction: lanes a row (a power of two under 32); 0: a warp's 32
+    )
     smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
     cluster: int = 0  # two-pass ops: a row over this many blocks of a thread-block cluster (0: none)
     grid_row: bool = False  # two-pass ops: a row no cluster holds over the tiles of a cooperative grid
@@ -151,6 +155,11 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         rp, vec=vmax, threads=threads, warp_reduce=True, warp_rows=short,
         splits=1 if not short and (r.kind is RegionKind.REDUCE or _few_long_rows(lay)) else 0,
     )  # fmt: skip
+    # Rows of a one-pass reduction that a warp's vectors would half fill (F.normalize's norms over heads of
+    # 32 floats: 8 of 32 lanes busy) take a group of lanes each, several rows a warp.
+    need = -(-lay.reduced // vmax)
+    if short and r.kind is RegionKind.REDUCE and not REDUCE_KINDS[lay.op].shift and need <= 16:
+        rp = dataclasses.replace(rp, lanes=common.pow2(need))
     # One read of a row that fits in registers, with 256 threads a block: the best of 128 to 1024 for
     # softmax (4096 columns) and layer norm (8192) on the H200.
     if regs := regs_for(rp, r, low, 256):

@@ -18,6 +18,20 @@ HALF_DEFINE = "#define KP_HALF_TYPES"
 # calls them (render.on_use): the prelude's text is in every source, so a change there changes every
 # candidate's key, and the run logs the replay tests answer from (recorded on the GPU) would no longer match.
 ON_USE: dict[str, str] = {
+    # several short rows a warp (templates/rowwise.py row_lanes): each group of L lanes merged by a butterfly
+    # within it; lane 0 of the group, which stores, holds the whole row's
+    "lanes_reduce": r"""template <class Op>
+__device__ __forceinline__ Acc lanes_reduce(Acc v, Op op, int L) {
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) {
+        Acc w;
+        w.a = __shfl_xor_sync(0xffffffffu, v.a, o, L);
+        w.b = __shfl_xor_sync(0xffffffffu, v.b, o, L);
+        w.i = __shfl_xor_sync(0xffffffffu, v.i, o, L);
+        v = op(v, w);
+    }
+    return v;
+}""",
     # use_intrinsics (ops.FAST_CALL): the special-function unit's log2 and 2^x (subnormals kept: no .ftz),
     # what --use_fast_math makes of logf and expf; the CPU emulator computes them exactly. A callee comes
     # before its callers: render.on_use emits what the emitted helpers call

@@ -164,6 +164,14 @@ __device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V]) {
 #endif"""
 
 
+def row_lanes(rp: RowPlan, kind: reduce_ops.Kind, one_pass: bool) -> int:
+    """The lanes a row takes in the warp-per-row kernel: the plan's `lanes` (a power of two under 32, several
+    short rows a warp) for a one-pass reduction with no shift (whose first element a row past the last
+    would read; those read nothing else), else a warp's 32."""
+    ok = rp.warp_rows and one_pass and not kind.shift and 0 < rp.lanes < 32 and rp.lanes & (rp.lanes - 1) == 0
+    return rp.lanes if ok else 32
+
+
 def render(
     region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None, strided: bool = False
 ) -> Code:
@@ -222,7 +230,17 @@ def render(
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
     ]
-    if rp.warp_rows:
+    lanes = row_lanes(rp, kind, is_reduce and not splits and not cache)
+    if lanes < 32:  # several short rows a warp: a group of lanes each; a warp runs while its first row does
+        body += [
+            f"    constexpr int L = {lanes};  // lanes a row, {32 // lanes} rows a warp",
+            "    const int tid = threadIdx.x & (L - 1), nt = L, wib = threadIdx.x / L;",
+            "    const long long lag = wib % (32 / L);  // the row's place among its warp's",
+            "    const long long r0 = (long long)blockIdx.x * (blockDim.x / L) + wib;",
+            "    const long long rstep = (long long)gridDim.x * (blockDim.x / L);",
+            "    float* cache = nullptr;",
+        ]
+    elif rp.warp_rows:
         body += [
             "    const int tid = threadIdx.x & 31, nt = 32, wib = threadIdx.x >> 5;",
             "    const long long r0 = (long long)blockIdx.x * (blockDim.x >> 5) + wib;",
@@ -242,13 +260,17 @@ def render(
         body.append(pre.lam("prev", fvec))
     body.append(post.lam("post") if post else identity("post"))
     body += [
-        "    for (long long r = r0; r < rows; r += rstep) {",
+        f"    for (long long r = r0; r{' - lag' if lanes < 32 else ''} < rows; r += rstep) {{",
         "        const long long rs = r * cols;",
     ]
     if splits:
         body += [
             "        const long long c0 = blockIdx.y * chunk;",
             "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        ]
+    elif lanes < 32:
+        body += [
+            "        const long long c0 = 0, n = r < rows ? cols : 0;  // past the last row: nothing read"
         ]
     else:
         body += ["        const long long c0 = 0, n = cols;"]
@@ -271,12 +293,19 @@ def render(
     # form (their replay fixtures were recorded with it) until they are re-measured
     body += _read(kind, rp, x_dt, cache, batched=batched, compensated=is_reduce,
                   xat="xs" if in_place else "start", fvec=fvec_ops)  # fmt: skip
-    if rp.warp_rows:
+    if lanes < 32:
+        body.append(f"        acc = lanes_reduce(acc, {kind.op}(), L);")
+    elif rp.warp_rows:
         body.append(f"        acc = warp_allreduce(acc, {kind.op}());")
     else:
         body.append(f"        acc = block_reduce<{'true' if warp else 'false'}>(acc, red, {kind.op}());")
     if is_reduce:
-        body += _reduce_store(lay, splits, ctype(out_dt))
+        store = _reduce_store(lay, splits, ctype(out_dt))
+        body += (
+            [x.replace("if (tid == 0) {", "if (tid == 0 && r < rows) {") for x in store]
+            if lanes < 32
+            else store
+        )
     else:
         if rp.warp_rows and cache:
             body.append("        __syncwarp();")
@@ -356,6 +385,7 @@ def render(
         gsig,
         in_place,
         tuple(name for name, _ in fvec_ops),
+        lanes,
     )
     kernels = (
         *(k.name for k in variants), *([f"kp_{rid}_combine"] if splits else []),
@@ -1131,7 +1161,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
               inputs: list[tuple[str, str]], sig: Signature, variants: list[Variant], combine: Signature | None,
               cache: bool, out_dt: str, indices_only: bool, ssig: Signature | None = None,
               csig: Signature | None = None, cregs: bool = False, gsig: Signature | None = None,
-              in_place: bool = False, vec_more: tuple[str, ...] = ()) -> str:  # fmt: skip
+              in_place: bool = False, vec_more: tuple[str, ...] = (), lanes: int = 32) -> str:  # fmt: skip
     rid = region.rid
     names = [name for name, _ in inputs]
     lines = [f"def _r_{rid}(sms, {', '.join(names)}):"]
@@ -1148,7 +1178,13 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
     lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0", lay.pair)
     ret = shapes.returned(with_yi, lay.pair)
     threads = rp.threads
-    if rp.warp_rows:
+    if lanes < 32:
+        lines += [
+            f"    rpb = {threads // lanes}  # rows per block: {lanes} lanes each",
+            f"    block = {threads}",
+            "    blocks = max(1, min(-(-rows // rpb), MAX_GRID_X))",
+        ]
+    elif rp.warp_rows:
         lines += [
             f"    rpb = {threads // 32}  # rows per block: a warp each",
             f"    block = {threads}",
