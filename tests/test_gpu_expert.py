@@ -730,6 +730,39 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # Swin's shifted windows: cosine scores, a bias a head, a mask a window added through a view that splits
+    # the batch (images, windows, heads, N, N), the softmax and the product in our kernel
+    "swin_attention": (
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(3, 1, 1)))
+                self.bias = nn.Parameter(torch.randn(3, 64, 64))
+                m = torch.randint(0, 3, (4, 64))
+                self.register_buffer("mask", (m.unsqueeze(1) - m.unsqueeze(2) != 0).float() * -100.0)
+            def forward(self, q, k, v):
+                B, H, N, _ = q.shape
+                att = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+                scale = torch.clamp(self.logit_scale[:H], max=4.6052).exp()
+                att = att * scale + 16 * torch.sigmoid(self.bias[:H, :N, :N])
+                att = att.view(B // 4, 4, H, N, N) + self.mask[:, :N, :N].unsqueeze(1).unsqueeze(0)
+                return F.softmax(att.view(B, H, N, N), dim=-1) @ v
+        """,
+        "[]",
+    ),
+    # one-pass reductions over short rows, several rows a warp: F.normalize over heads of a permuted
+    # projection (32 floats, or 33: off the vector alignment), sums and arg-maxima over rows of 12
+    "short_rows": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                q, k, v = x.view(x.shape[0], x.shape[1], 3, 4, -1).permute(2, 0, 3, 1, 4)
+                r = x.view(-1, 12)
+                return F.normalize(q, dim=-1), r.sum(-1), r.argmax(-1)
+        """,
+        "[]",
+    ),
     # transposed, stride 2: the gather keeps the taps stride divides (32 x 2.25 products an output: the GEMM's)
     "convt2d_f32": (
         """
@@ -1081,6 +1114,11 @@ SHAPES = {
         "(3, 2, 4, 32); (3, 2, 9, 32); (3, 2, 9, 32); (4, 9)",
     ],
     "attention_chain": ["(2, 77, 64)", "(1, 200, 64)"],
+    "swin_attention": [
+        "(8, 3, 49, 32); (8, 3, 49, 32); (8, 3, 49, 32)",
+        "(12, 2, 37, 16); (12, 2, 37, 16); (12, 2, 37, 16)",
+    ],
+    "short_rows": ["(2, 50, 384)", "(3, 7, 396)"],
     "relu_attention": [
         "(2, 3, 77, 64); (2, 3, 77, 64); (2, 3, 77, 24)",
         "(2, 3, 7, 64); (2, 3, 7, 64); (2, 3, 7, 24)",
@@ -1154,7 +1192,13 @@ DIRECT = {
     "sparse_convt_f32",
     "narrow_conv3d_f32",
 }  # grouped, sparse transposed or narrow: our direct kernel in the tuned plan, cuDNN in the plain
-ATTENTION = {"sdpa_causal", "sdpa_mask", "attention_chain", "relu_attention"}  # fused in the tuned plan
+ATTENTION = {
+    "sdpa_causal",
+    "sdpa_mask",
+    "attention_chain",
+    "relu_attention",
+    "swin_attention",
+}  # fused when tuned
 GATHERS = {"cross_entropy"}  # the model's own where on its int64 targets is PyTorch's: hybrid in every plan
 
 
