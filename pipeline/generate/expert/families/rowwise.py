@@ -32,7 +32,6 @@ from pipeline.generate.expert.plan import Plan, RegionPlan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
 from pipeline.generate.expert.templates import rowwise
 from pipeline.generate.expert.templates.code import Code
-from pipeline.generate.expert.templates.reduce_ops import KINDS as REDUCE_KINDS
 from pipeline.generate.expert.templates.reduce_ops import TWO_PASS
 
 KINDS = (RegionKind.REDUCE, RegionKind.SOFTMAX, RegionKind.NORM)
@@ -158,7 +157,7 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
     # Rows of a one-pass reduction that a warp's vectors would half fill (F.normalize's norms over heads of
     # 32 floats: 8 of 32 lanes busy) take a group of lanes each, several rows a warp.
     need = -(-lay.reduced // vmax)
-    if short and r.kind is RegionKind.REDUCE and not REDUCE_KINDS[lay.op].shift and need <= 16:
+    if short and r.kind is RegionKind.REDUCE and need <= 16:
         rp = dataclasses.replace(rp, lanes=common.pow2(need))
     # One read of a row that fits in registers, with 256 threads a block: the best of 128 to 1024 for
     # softmax (4096 columns) and layer norm (8192) on the H200.

@@ -164,11 +164,10 @@ __device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V]) {
 #endif"""
 
 
-def row_lanes(rp: RowPlan, kind: reduce_ops.Kind, one_pass: bool) -> int:
+def row_lanes(rp: RowPlan, one_pass: bool) -> int:
     """The lanes a row takes in the warp-per-row kernel: the plan's `lanes` (a power of two under 32, several
-    short rows a warp) for a one-pass reduction with no shift (whose first element a row past the last
-    would read; those read nothing else), else a warp's 32."""
-    ok = rp.warp_rows and one_pass and not kind.shift and 0 < rp.lanes < 32 and rp.lanes & (rp.lanes - 1) == 0
+    short rows a warp) for a one-pass reduction, else a warp's 32."""
+    ok = rp.warp_rows and one_pass and 0 < rp.lanes < 32 and rp.lanes & (rp.lanes - 1) == 0
     return rp.lanes if ok else 32
 
 
@@ -230,7 +229,7 @@ def render(
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
     ]
-    lanes = row_lanes(rp, kind, is_reduce and not splits and not cache)
+    lanes = row_lanes(rp, is_reduce and not splits and not cache)
     if lanes < 32:  # several short rows a warp: a group of lanes each; a warp runs while its first row does
         body += [
             f"    constexpr int L = {lanes};  // lanes a row, {32 // lanes} rows a warp",
@@ -259,18 +258,23 @@ def render(
     if fvec:
         body.append(pre.lam("prev", fvec))
     body.append(post.lam("post") if post else identity("post"))
+    body += []
+    if (
+        lanes < 32
+    ):  # a group past the last row reads the last again (a guard on its reads spilled), stores nothing
+        body += [
+            "    for (long long q = r0; q - lag < rows; q += rstep) {",
+            "        const long long r = q < rows ? q : rows - 1;",
+        ]
+    else:
+        body.append("    for (long long r = r0; r < rows; r += rstep) {")
     body += [
-        f"    for (long long r = r0; r{' - lag' if lanes < 32 else ''} < rows; r += rstep) {{",
         "        const long long rs = r * cols;",
     ]
     if splits:
         body += [
             "        const long long c0 = blockIdx.y * chunk;",
             "        const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
-        ]
-    elif lanes < 32:
-        body += [
-            "        const long long c0 = 0, n = r < rows ? cols : 0;  // past the last row: nothing read"
         ]
     else:
         body += ["        const long long c0 = 0, n = cols;"]
@@ -302,7 +306,7 @@ def render(
     if is_reduce:
         store = _reduce_store(lay, splits, ctype(out_dt))
         body += (
-            [x.replace("if (tid == 0) {", "if (tid == 0 && r < rows) {") for x in store]
+            [x.replace("if (tid == 0) {", "if (tid == 0 && q < rows) {") for x in store]
             if lanes < 32
             else store
         )
