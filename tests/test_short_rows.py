@@ -1,7 +1,8 @@
-"""One-pass reductions over short rows, several rows a warp (templates/rowwise.py row_lanes): a group of
-lanes a row where a warp a row left most of its vector lanes idle (F.normalize's norms over heads of 32: 8 of
-32). Exact in the CPU emulator against eager, on row counts that leave the last warp part empty, contiguous
-and strided rows, every reduction kind the family keeps one pass for; the plans that keep a warp a row."""
+"""Row ops over short rows, several rows a warp (templates/rowwise.py row_lanes): a group of lanes a row
+where a warp a row left most of its vector lanes idle (F.normalize over heads of 32: 8 of 32). Exact in the
+CPU emulator against eager, on row counts that leave the last warp part empty, contiguous and strided rows,
+one-pass reductions and two-pass ops (softmax, layer norm, F.normalize as one l2_normalize); the plans that
+keep a warp a row."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import pytest
 from test_elementwise_views import _first_two, _tuned_launches
 from test_expert import _emulate, task_file
 from test_expert_decompose import needs_gxx
+from test_movement import needs_nvcc
 
+from pipeline.compile import compile_candidates
+from pipeline.config import Config
 from pipeline.generate.expert import plan_of
+from pipeline.types import Status
 
 torch = pytest.importorskip("torch")
 
@@ -44,6 +49,19 @@ CASES = {
     "max_1": ("return x.max(dim=-1).values", "(37, 1)", 1),
     # the variance's sums shifted by its row's first element
     "var_12": ("return x.var(-1)", "(21, 12)", 4),
+    # two-pass ops: the row's statistics, then its values written (a group past the last row writes the last
+    # row's again); F.normalize one l2_normalize, rows of zeros divided by eps
+    "softmax_12": ("return torch.softmax(x, -1)", "(3, 7, 12)", 4),
+    "layer_norm_12": (
+        "return F.layer_norm(x, (12,)) * 0.5 + 0.1",
+        "(3, 7, 12)",
+        4,
+    ),
+    "normalize_zero_rows": (
+        "return F.normalize(torch.where(x[:, :1] > 0, x, 0.0), dim=-1, eps=1e-3)",
+        "(37, 20)",
+        8,
+    ),
     # 64-float rows fill half a warp's vectors: a warp a row (16 lanes would be half of it again)
     "sum_64": ("return x.sum(-1)", "(9, 64)", 16),
     "sum_200": ("return x.sum(-1)", "(9, 200)", 0),
@@ -80,7 +98,34 @@ def test_a_warp_of_short_rows_stops_together(tmp_path):
             "[torch.randn(2, 50, 384)]",
         )
     )
-    norms = [(grid, block) for name, grid, block, _ in launches if "vector_norm" in name]
+    norms = [(grid, block) for name, grid, block, _ in launches if name.startswith("kp_div")]
     assert norms and all(
         (*block,)[:1] == (256,) and (*grid,)[:1] == (-(-400 // 32),) for grid, block in norms
     ), norms
+
+
+def test_f_normalize_over_the_last_dim_is_one_row_op(tmp_path):
+    """x / clamp_min(||x||, eps), expanded back: one l2_normalize (one kernel reading the row, where a norm
+    and a division each read it); over a dim not the last, the norm and the division as before."""
+    from pipeline.generate.expert import capture
+    from pipeline.generate.expert.render import prepare
+
+    for dim, ops in ((-1, ["l2_normalize"]), (1, ["linalg_vector_norm", "clamp_min", "div"])):
+        body = f"class Model(nn.Module):\n    def forward(self, x):\n        return F.normalize(x, dim={dim}) * 2.0"
+        low = prepare(capture(task_file(tmp_path, f"normalize_{dim + 1}", body, "[torch.randn(3, 5, 8)]")))
+        got = [n.op for n in low.nodes if n.op not in ("mul", "expand_as", "expand")]
+        assert got == ops, (dim, got)
+
+
+@needs_nvcc
+def test_short_row_kernels_compile_for_sm90a_without_spills(tmp_path):
+    """A group's guard on its reads once made ptxas spill argmax's accumulator: the cases' tuned kernels build
+    for the H200 with no spill. Not the zero rows' F.normalize: its prologue (a where against a broadcast
+    column) keeps 24-28 bytes on the stack in the 16-byte form with a warp a row too, lanes or not."""
+    names = sorted(set(CASES) - {"normalize_zero_rows"})
+    cands = [_first_two(tmp_path, name, *CASES[name][:2])[1][1] for name in names]
+    for c, b in zip(
+        cands, compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a")), strict=True
+    ):
+        assert b.status == Status.OK and not b.log, (c.edit, b.log)
+        assert all(r.spill_stores == 0 for r in b.resources), [r for r in b.resources if r.spill_stores]

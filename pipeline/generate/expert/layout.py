@@ -235,14 +235,17 @@ def row_layout(region: Region, low: Lowered) -> RowLayout | None:
 def _norm_layout(n: Node, shape: tuple[int, ...], in_dt: str, out_dt: str) -> RowLayout | None:
     a = n.args
     nd = len(shape)
-    if n.op in ("layer_norm", "rms_norm", "l1_norm"):
+    if n.op in ("layer_norm", "rms_norm", "l1_norm", "l2_normalize"):
         normalized = tuple(a[1]) if isinstance(a[1], tuple) else (int(a[1]),)
         k = len(normalized)
         if tuple(shape[nd - k :]) != normalized:
             return None
-        w = a[2] if len(a) > 2 and n.op != "l1_norm" else None
+        w = a[2] if len(a) > 2 and n.op in ("layer_norm", "rms_norm") else None
         b = a[3] if n.op == "layer_norm" and len(a) > 3 else None
-        eps = float(a[4] if n.op == "layer_norm" and len(a) > 4 else a[3] if n.op == "rms_norm" else 1e-5)
+        eps = float(
+            a[4] if n.op == "layer_norm" and len(a) > 4
+            else a[3] if n.op == "rms_norm" else a[2] if n.op == "l2_normalize" else 1e-5
+        )  # fmt: skip
         return RowLayout(
             op=n.op, trailing=True, dims=(), outer=math.prod(shape[: nd - k]), reduced=math.prod(normalized),
             inner=1, in_dtype=in_dt, out_dtype=out_dt, eps=eps, has_weight=w is not None,

@@ -461,7 +461,9 @@ def _dims(d: Any) -> tuple[int, ...] | None:
 # rms_col: x / sqrt(mean(x^2, dim, keepdim) + eps) over one dim that is not the last (regions._rms_norm_by_hand):
 # a two-pass op over one dim like softmax, taken by the column family
 SOFTMAX = frozenset({"softmax", "_softmax", "log_softmax", "_log_softmax", "rms_col"})
-NORMS = frozenset({"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm", "l1_norm"})
+NORMS = frozenset(
+    {"layer_norm", "rms_norm", "group_norm", "instance_norm", "batch_norm", "l1_norm", "l2_normalize"}
+)
 # Scans the flips and concatenations around them fold into (scans.py): reverse and exclusive forms.
 FOLDABLE_SCANS = frozenset({"cumsum", "cumprod", "logcumsumexp"})
 # cummax / cummin's (values, indices), taken apart by their getitems into a scan each (regions.py): the

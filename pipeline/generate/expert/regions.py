@@ -1242,6 +1242,35 @@ def _normalize_by_hand(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
     return [row, _mk(n.name, "mul", (Ref(row.name), scale), n.shape, n.dtype, "Tensor")]
 
 
+def _normalize_clamped(n: Node, by_name: dict[str, Node]) -> list[Node] | None:
+    """F.normalize over trailing dims: `x / clamp_min(||x||_2 (keepdim), eps)` (the divisor maybe expanded
+    back to x's shape), one l2_normalize: a row op that reads the row once, and where it does not stay on
+    chip once more from L2, where the norm and the division read it from DRAM each and launch twice. A NaN
+    norm stays NaN (the kernel's max propagates it, as clamp_min does); a row of zeros gives zeros."""
+    if n.op != "div" or len(n.args) != 2 or n.kwargs or n.shape is None:
+        return None
+    x, d = n.args
+    xs = by_name.get(x.name) if isinstance(x, Ref) else None
+    den = by_name.get(d.name) if isinstance(d, Ref) else None
+    if xs is None or den is None or xs.shape != n.shape:
+        return None
+    inner = [den]
+    if den.op in ("expand", "expand_as") and isinstance(den.args[0], Ref):
+        den = by_name.get(den.args[0].name)
+        inner.append(den)
+    if den is None or den.op != "clamp_min" or len(den.args) != 2 or not isinstance(den.args[0], Ref):
+        return None
+    eps, norm = den.args[1], by_name.get(den.args[0].name)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or norm is None:
+        return None
+    if norm.op != "linalg_vector_norm" or norm.args[:1] != (x,):
+        return None
+    shape = _trailing_keepdim(ops.reduction_of(norm), xs, ("norm2",))
+    if shape is None or not _same_float(n, xs, norm, *inner):
+        return None
+    return [_mk(n.name, "l2_normalize", (x, shape, float(eps)), n.shape, n.dtype)]
+
+
 def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
     a = n.args
     if (view := _as_permute(n, by_name)) is not None:
@@ -1254,7 +1283,11 @@ def _lower_node(n: Node, by_name: dict[str, Node]) -> list[Node]:
                 diag,
                 dataclasses.replace(_mk(n.name, "sum", (Ref(diag.name),), (), n.dtype), target=n.target),
             ]
-    if n.op in ("mul", "div") and (rms := _rms_norm_by_hand(n, by_name) or _normalize_by_hand(n, by_name)):
+    if n.op in ("mul", "div") and (
+        rms := _rms_norm_by_hand(n, by_name)
+        or _normalize_by_hand(n, by_name)
+        or _normalize_clamped(n, by_name)
+    ):
         return rms
     if n.op == "einsum" and n.shape is not None and (lowered := _einsum(n, by_name)):
         return lowered
@@ -1577,7 +1610,10 @@ def _kind(n: Node, by_name: dict[str, Node]) -> tuple[RegionKind, str]:
         return RegionKind.REDUCE, ""
     if n.op in ops.SOFTMAX and floating:
         return RegionKind.SOFTMAX, ""
-    if n.op in ("layer_norm", "rms_norm", "group_norm", "instance_norm", "l1_norm") and floating:
+    if (
+        n.op in ("layer_norm", "rms_norm", "group_norm", "instance_norm", "l1_norm", "l2_normalize")
+        and floating
+    ):
         return RegionKind.NORM, ""
     if n.op in ops.SCANS and (
         floating or (n.op in ops.KEYED_SCANS and src is not None and src.dtype in ops.FLOAT_DTYPES)

@@ -61,9 +61,8 @@ class RowPlan(RegionPlan):
     regs: int = 0  # two-pass ops: the row held in registers, this many vectors per thread
     warp_reduce: bool = False  # shuffles instead of a shared-memory tree
     warp_rows: bool = False  # one warp per row (short rows)
-    lanes: int = (
-        0  # with warp_rows, a one-pass reduction: lanes a row (a power of two under 32); 0: a warp's 32
-    )
+    # with warp_rows: lanes a row (a power of two under 32, several rows a warp); 0: a warp's 32
+    lanes: int = 0
     smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
     cluster: int = 0  # two-pass ops: a row over this many blocks of a thread-block cluster (0: none)
     grid_row: bool = False  # two-pass ops: a row no cluster holds over the tiles of a cooperative grid
@@ -154,10 +153,10 @@ def first(r: Region, low: Lowered, tuned: bool) -> RowPlan:
         rp, vec=vmax, threads=threads, warp_reduce=True, warp_rows=short,
         splits=1 if not short and (r.kind is RegionKind.REDUCE or _few_long_rows(lay)) else 0,
     )  # fmt: skip
-    # Rows of a one-pass reduction that a warp's vectors would half fill (F.normalize's norms over heads of
-    # 32 floats: 8 of 32 lanes busy) take a group of lanes each, several rows a warp.
+    # Rows that a warp's vectors would half fill (F.normalize over heads of 32 floats: 8 of 32 lanes busy)
+    # take a group of lanes each, several rows a warp.
     need = -(-lay.reduced // vmax)
-    if short and r.kind is RegionKind.REDUCE and need <= 16:
+    if short and need <= 16:
         rp = dataclasses.replace(rp, lanes=common.pow2(need))
     # One read of a row that fits in registers, with 256 threads a block: the best of 128 to 1024 for
     # softmax (4096 columns) and layer norm (8192) on the H200.
@@ -221,9 +220,12 @@ _strided = common.hosted_render(_layout, functools.partial(rowwise.render, strid
 
 
 def render(r: Region, rp: RowPlan, low: Lowered, hunter: object) -> Code:
-    """A reduction of a strided view (a head of a permuted qkv: F.normalize's norm) reads it in place."""
+    """A reduction or a two-pass op of a strided view (a head of a permuted qkv: F.normalize) reads it in
+    place."""
     src = r.node.args[0] if r.node.args else None
-    strided = r.kind is RegionKind.REDUCE and isinstance(src, Ref) and common.strided_view(src.name, low)
+    lay = _layout(r, low)
+    rows = r.kind is RegionKind.REDUCE or (lay is not None and lay.op in TWO_PASS and lay.op != "group_norm")
+    strided = rows and isinstance(src, Ref) and common.strided_view(src.name, low)
     return (_strided if strided else _plain)(r, rp, low, hunter)
 
 

@@ -83,8 +83,10 @@ KINDS: dict[str, Kind] = {
     "l1_norm": Kind(
         "{0.0f, 0.0f, 0}", "SumOp", "Acc{{fabsf({v}), 0.0f, 0}}", ""
     ),  # x / sum|x| (expert's own)
+    # x / max(||x||_2, eps): F.normalize (expert's own)
+    "l2_normalize": Kind("{0.0f, 0.0f, 0}", "SumOp", "Acc{{({v}) * ({v}), 0.0f, 0}}", ""),
 }
-TWO_PASS = ("softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "l1_norm")
+TWO_PASS = ("softmax", "log_softmax", "layer_norm", "group_norm", "rms_norm", "l1_norm", "l2_normalize")
 
 
 def final(kind: str, correction: float) -> str:

@@ -164,10 +164,11 @@ __device__ __forceinline__ void kp_cache_get(const float* p, float (&w)[V]) {
 #endif"""
 
 
-def row_lanes(rp: RowPlan, one_pass: bool) -> int:
+def row_lanes(rp: RowPlan, whole: bool) -> int:
     """The lanes a row takes in the warp-per-row kernel: the plan's `lanes` (a power of two under 32, several
-    short rows a warp) for a one-pass reduction, else a warp's 32."""
-    ok = rp.warp_rows and one_pass and 0 < rp.lanes < 32 and rp.lanes & (rp.lanes - 1) == 0
+    short rows a warp) where a row is whole to its group (`whole`: not split over blocks, not cached in shared
+    memory), else a warp's 32."""
+    ok = rp.warp_rows and whole and 0 < rp.lanes < 32 and rp.lanes & (rp.lanes - 1) == 0
     return rp.lanes if ok else 32
 
 
@@ -184,7 +185,7 @@ def render(
     splits = is_reduce and rp.splits > 0 and not rp.warp_rows
     in_place = (
         strided
-        and is_reduce
+        and (is_reduce or (two_pass and not rp.smem_row and lay.op != "group_norm"))
         and not splits
         and not pre
         and not regs_ok(lay, rp, region)
@@ -229,7 +230,7 @@ def render(
         "    extern __shared__ __align__(16) unsigned char kp_smem[];",
         "    Acc* red = reinterpret_cast<Acc*>(kp_smem);",
     ]
-    lanes = row_lanes(rp, is_reduce and not splits and not cache)
+    lanes = row_lanes(rp, not splits and not cache)
     if lanes < 32:  # several short rows a warp: a group of lanes each; a warp runs while its first row does
         body += [
             f"    constexpr int L = {lanes};  // lanes a row, {32 // lanes} rows a warp",
@@ -258,10 +259,9 @@ def render(
     if fvec:
         body.append(pre.lam("prev", fvec))
     body.append(post.lam("post") if post else identity("post"))
-    body += []
-    if (
-        lanes < 32
-    ):  # a group past the last row reads the last again (a guard on its reads spilled), stores nothing
+    # A group past the last row reads the last again (a guard on its reads spilled); a one-pass reduction stores
+    # nothing of it, a two-pass op writes the last row's values again, the same bits.
+    if lanes < 32:
         body += [
             "    for (long long q = r0; q - lag < rows; q += rstep) {",
             "        const long long r = q < rows ? q : rows - 1;",
@@ -313,7 +313,7 @@ def render(
     else:
         if rp.warp_rows and cache:
             body.append("        __syncwarp();")
-        body += _second_pass(lay, x_dt, out_dt)
+        body += _second_pass(lay, x_dt, out_dt, "xs" if in_place else "")
     body += ["    }", "}"]
 
     lb = launch_bounds(rp.threads, rp.min_blocks)
@@ -949,6 +949,13 @@ def _regs_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
             f"        const float S = {reduce('sa', 'SumOp')};",
         ]
         f = _stats(lay)[1]
+    elif lay.op == "l2_normalize":
+        stats = [
+            "        float sq = 0.0f;",
+            *each("sq += v * v;"),
+            f"        const float S = kp_max_nan(sqrtf({reduce('sq', 'SumOp')}), {ops.lit(lay.eps)});",
+        ]
+        f = _stats(lay)[1]
     else:  # rms_norm
         stats = [
             "        float sq = 0.0f;",
@@ -1045,6 +1052,9 @@ def _stats(lay: RowLayout) -> tuple[list[str], str]:
     elif lay.op == "l1_norm":
         stats = ["        const float S = acc.a;"]
         f = "v / S"  # a division, as x / sum|x| is written
+    elif lay.op == "l2_normalize":  # clamp_min's max, NaN kept; a division, as F.normalize's
+        stats = [f"        const float S = kp_max_nan(sqrtf(acc.a), {ops.lit(lay.eps)});"]
+        f = "v / S"
     elif lay.op == "rms_norm":
         stats = [f"        const float rstd = 1.0f / sqrtf(acc.a / {n} + {ops.lit(lay.eps)});"]
         f = "v * rstd" + (" * ld(w[c])" if lay.has_weight else "")
@@ -1066,14 +1076,15 @@ def _stats(lay: RowLayout) -> tuple[list[str], str]:
     return stats, f
 
 
-def _second_pass(lay: RowLayout, x_dt: str, out_dt: str) -> list[str]:
-    """Stats from acc, then the row written: (c, v) -> value, over [0, n) of each segment."""
+def _second_pass(lay: RowLayout, x_dt: str, out_dt: str, xstart: str = "") -> list[str]:
+    """Stats from acc, then the row written: (c, v) -> value, over [0, n) of each segment (x read from
+    `xstart` when it is not the row's place in y: a strided view's row read in place)."""
     stats, f = _stats(lay)
     lines = list(stats)
     if lay.op == "group_norm":
         lines += _channels(lay, f, x_dt, out_dt, "0", "cols")
     else:
-        lines += _write_segment("rs", "0", "cols", f, x_dt, out_dt)
+        lines += _write_segment("rs", "0", "cols", f, x_dt, out_dt, xstart=xstart)
     return lines
 
 
@@ -1119,10 +1130,13 @@ def _channels(lay: RowLayout, f: str, x_dt: str, out_dt: str, c0: str, n: str, k
 
 
 def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str,
-                   vec_cache: bool = False) -> list[str]:  # fmt: skip
+                   vec_cache: bool = False, xstart: str = "") -> list[str]:  # fmt: skip
     """Write y[start + c] = post(f(c, v)) for c in [0, n), v the (pre-processed) input or its cached copy
-    (at coff + c; with `vec_cache`, its vectors read 16 bytes at a time: coff + h on a 16-byte boundary)."""
+    (at coff + c; with `vec_cache`, its vectors read 16 bytes at a time: coff + h on a 16-byte boundary);
+    x read from `xstart` + c where given (its launcher takes the vector form only where x's rows and y's
+    share their alignment), else from start + c."""
     xt, yt = ctype(x_dt), ctype(out_dt)
+    x0 = "x0" if xstart else "s0"
 
     def val(raw: str, cached: str = f"cache[{coff} + c]") -> str:
         return f"(CACHE ? {cached} : pre({raw}, s0 + c))"
@@ -1133,16 +1147,16 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
     ]
     return [
         "        {",
-        f"            const long long s0 = {start}, sn = {n};",
+        f"            const long long s0 = {start}, {f'x0 = {xstart}, ' if xstart else ''}sn = {n};",
         "            const long long h = head_of<V>(s0, sn);",
         "            const long long nv2 = (sn - h) / V;",
         "            for (long long c = tid; c < h; c += nt) {",
-        f"                const float v = {val('ld(x[s0 + c])')};",
+        f"                const float v = {val(f'ld(x[{x0} + c])')};",
         f"                y[s0 + c] = cv<{yt}>(post({f}, s0 + c));",
         "            }",
         "            for (long long j = tid; j < nv2; j += nt) {",
         f"                Vec<{xt}, V> t;",
-        f"                if (!CACHE) t = vload<{xt}, V>(x + s0 + h + j * V);",
+        f"                if (!CACHE) t = vload<{xt}, V>(x + {x0} + h + j * V);",
         f"                Vec<{yt}, V> o;",
         *(vec if vec_cache else []),
         "#pragma unroll",
@@ -1154,7 +1168,7 @@ def _write_segment(start: str, coff: str, n: str, f: str, x_dt: str, out_dt: str
         f"                vstore<{yt}, V>(y + s0 + h + j * V, o);",
         "            }",
         "            for (long long c = h + nv2 * V + tid; c < sn; c += nt) {",
-        f"                const float v = {val('ld(x[s0 + c])')};",
+        f"                const float v = {val(f'ld(x[{x0} + c])')};",
         f"                y[s0 + c] = cv<{yt}>(post({f}, s0 + c));",
         "            }",
         "        }",
@@ -1177,6 +1191,10 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
     lines += [f"    {p} = _contig({p})" for p in wb]
     lines += shapes.shape_lines(region, lay) + shapes.expect_trailing()
     if in_place:  # rows read where they lie when they are runs, else gathered
+        if region.kind is RegionKind.SOFTMAX:
+            lines.append("    d0 = d")
+        elif region.kind is not RegionKind.REDUCE:  # a norm over its trailing dims
+            lines.append(f"    d0 = len(shape) - {lay.norm_dims}")
         lines.append("    (x,), rn1, rn2, ((xf, xe, xd),) = _rows_in_place((x,), shape, d0)")
     with_yi = lay.indices and not indices_only
     lines += shapes.output_lines(out_dt, indices_only, with_yi, post, "y.numel() == 0 or cols == 0", lay.pair)
@@ -1341,6 +1359,8 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
         conds = []
         if k.vec > 1:
             conds.append(f"_aligned(({vec_ts},), {k.vec})")
+            if in_place and lay.op in reduce_ops.TWO_PASS:  # x's rows read with y's vectors: one alignment
+                conds.append(f"cols % {k.vec} == 0 and all(v % {k.vec} == 0 for v in (xf, xe, xd))")
         if k.cached:
             conds.append("cached")
         if k.regs:  # the row fits the registers and splits into whole vectors
