@@ -53,9 +53,7 @@ def candidates(path: Path) -> list[tuple[str, object]]:
 
 def main() -> int:
     args = parser(__doc__).parse_args()
-    compare(
-        args.out, args.tasks, args.repeat, candidates, 50, 2.0, kernel_note("_attn", "vector_norm"), plan_line
-    )
+    compare(args.out, args.tasks, args.repeat, candidates, 50, 2.0, kernel_note("_attn", "kp_div"), plan_line)
     return 0
 
 
