@@ -71,16 +71,16 @@ RELU = """q, k, v):
 # view that splits the batch, (images, windows, heads, L, S); 37 keys, not a multiple of any tile.
 SWIN_INIT = """
 self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(2, 1, 1)))
-self.bias = nn.Parameter(torch.randn(2, 37, 37))
-m = torch.randint(0, 3, (3, 37))
+self.bias = nn.Parameter(torch.randn(2, {n}, {n}))
+m = torch.randint(0, 3, (3, {n}))
 self.register_buffer("mask", (m.unsqueeze(1) - m.unsqueeze(2) != 0).float() * -100.0)
 """
 SWIN = """q, k, v):
     nw = self.mask.shape[0]
     att = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
     att = att * torch.clamp(self.logit_scale, max=4.6052).exp() + 16 * torch.sigmoid(self.bias)
-    att = att.view(-1, nw, 2, 37, 37) + self.mask.unsqueeze(1).unsqueeze(0)
-    return F.softmax(att.view(-1, 2, 37, 37), dim=-1) @ v
+    att = att.view(-1, nw, 2, {n}, {n}) + self.mask.unsqueeze(1).unsqueeze(0)
+    return F.softmax(att.view(-1, 2, {n}, {n}), dim=-1) @ v
 """
 TASKS = {  # name -> (forward, inputs, init)
     "sdpa_causal": ("q, k, v):\n    return F.scaled_dot_product_attention(q, k, v, is_causal=True)",
@@ -106,10 +106,14 @@ TASKS = {  # name -> (forward, inputs, init)
                              [*_qkv(2, 3, 4, 9, 16, 32), "torch.randn(3, 4, 9)"], ""),
     "mha_short_sequence": ("x):\n    return self.mha(x, x, x, need_weights=False)[0]", ["torch.randn(2, 9, 32)"],
                            "self.mha = nn.MultiheadAttention(32, 4)"),  # not batch_first: a sequence of 2
-    "swin_shifted_windows": (SWIN, _qkv(6, 2, 37, 37, 16), SWIN_INIT),
+    "swin_shifted_windows": (SWIN.format(n=37), _qkv(6, 2, 37, 37, 16), SWIN_INIT.format(n=37)),
+    "swin_shifted_windows_short": (SWIN.format(n=9), _qkv(6, 2, 9, 9, 16), SWIN_INIT.format(n=9)),
     "relu_attention_short": (RELU, _qkv(2, 2, 6, 6, 16, 8), 'self.register_buffer("bias", torch.randn(64, 64))'),
 }  # fmt: skip
-SHORT = ("sdpa_short_causal", "sdpa_short_bool_mask", "mha_short_sequence", "relu_attention_short")
+SHORT = (
+    "sdpa_short_causal", "sdpa_short_bool_mask", "mha_short_sequence", "relu_attention_short",
+    "swin_shifted_windows_short",
+)  # fmt: skip
 
 
 def _path(tmp_path: Path, name: str) -> Path:
@@ -141,7 +145,7 @@ def test_the_family_takes_sdpa_and_hand_written_attention(tmp_path, name):
         assert set(m.absorbs) == {"scores", "softmax", "between", "pv"} and m.form.out_order == (0, 2, 1, 3)
     if name == "mha_short_sequence":  # MHA's (L, B, H, Dv) permute of the output: written in that order
         assert m.form.out_order == (2, 0, 1, 3)
-    if name == "swin_shifted_windows":  # the mask a window added through the batch split, then the softmax
+    if name.startswith("swin_shifted_windows"):  # the mask a window added through the batch split
         assert set(m.absorbs) == {"scores", "scores2", "softmax", "pv"} and m.form.split == 3
         assert len(m.form.extras2) == 1 and m.form.chain2 is not None
     if name.startswith("relu_attention"):
