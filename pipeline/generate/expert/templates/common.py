@@ -19,7 +19,7 @@ HALF_DEFINE = "#define KP_HALF_TYPES"
 # candidate's key, and the run logs the replay tests answer from (recorded on the GPU) would no longer match.
 ON_USE: dict[str, str] = {
     # several short rows a warp (templates/rowwise.py row_lanes): each group of L lanes merged by a butterfly
-    # within it; lane 0 of the group, which stores, holds the whole row's
+    # within it; every lane of the group ends with the whole row's (the same bits: the merges commute)
     "lanes_reduce": r"""template <class Op>
 __device__ __forceinline__ Acc lanes_reduce(Acc v, Op op, int L) {
 #pragma unroll
