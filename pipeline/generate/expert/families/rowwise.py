@@ -220,12 +220,10 @@ _strided = common.hosted_render(_layout, functools.partial(rowwise.render, strid
 
 
 def render(r: Region, rp: RowPlan, low: Lowered, hunter: object) -> Code:
-    """A reduction or a two-pass op of a strided view (a head of a permuted qkv: F.normalize) reads it in
-    place."""
+    """A row op of a strided view (a head of a permuted qkv: F.normalize) reads it in place where the
+    template's kernel can (templates/rowwise.py render)."""
     src = r.node.args[0] if r.node.args else None
-    lay = _layout(r, low)
-    rows = r.kind is RegionKind.REDUCE or (lay is not None and lay.op in TWO_PASS and lay.op != "group_norm")
-    strided = rows and isinstance(src, Ref) and common.strided_view(src.name, low)
+    strided = isinstance(src, Ref) and common.strided_view(src.name, low)
     return (_strided if strided else _plain)(r, rp, low, hunter)
 
 

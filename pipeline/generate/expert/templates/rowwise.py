@@ -175,9 +175,10 @@ def row_lanes(rp: RowPlan, whole: bool) -> int:
 def render(
     region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, post: Fused | None, strided: bool = False
 ) -> Code:
-    """strided: the input may be a strided view (a head of a permuted qkv); a reduction that runs only the
-    block- or warp-per-row kernel then reads its rows in place at three row strides (elementwise.py's rows),
-    where the launcher gathered a contiguous copy first."""
+    """strided: the input may be a strided view (a head of a permuted qkv); a reduction, or a two-pass op
+    other than group norm with no row cached in shared memory, that runs only the block- or warp-per-row
+    kernel then reads its rows in place at three row strides (elementwise.py's rows), where the launcher
+    gathered a contiguous copy first. This decides which; the family only says whether x is such a view."""
     rid = region.rid
     kind = reduce_ops.KINDS[lay.op]
     two_pass = lay.op in reduce_ops.TWO_PASS
