@@ -10,7 +10,7 @@ path; `gemv_f32_*` run our row-wise dot products; `conv*_f32_*` our implicit-GEM
     python benchmarks/bench_gemm.py --out DIR [--cases mm_8k,bmm_epilogue] [--repeat 2] [--compile]
 
 Each case is a small task file written into DIR/tasks; the candidates are the expert's tuned plan (its
-widest tile) and up to two children with another tile or ring depth (for a GEMV, its plain and tuned
+widest tile) and up to two children with another tile, ring depth or grid (for a GEMV, its plain and tuned
 plans). With --repeat 2 every candidate is evaluated twice, in two separate passes, so that a difference is
 only believed when both passes agree. Writes DIR/results.json.
 """
@@ -93,6 +93,22 @@ for _name, (_k, _n) in {
         "    def forward(self, x):\n        return self.linear(x)\n",
         [f"torch.randn(2, 197, {_k})"],
         2 * 394 * _k * _n,
+    )
+
+# Swin's stage-1 and stage-2 layers (10 images of 56 x 56 and 28 x 28 tokens): grids of several waves over a
+# short K, where the tuned plan's persistent grid bets on paying a block's fixed costs once an SM.
+for _name, (_m, _k, _n) in {
+    "swin_qkv_f32": (31360, 96, 288),
+    "swin_fc1_f32": (31360, 96, 384),
+    "swin_fc2_f32": (31360, 384, 96),
+    "swin2_fc1_f32": (7840, 192, 768),
+}.items():
+    CASES[_name] = (
+        "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        f"        self.linear = nn.Linear({_k}, {_n})\n\n"
+        "    def forward(self, x):\n        return self.linear(x)\n",
+        [f"torch.randn(10, {_m // 10}, {_k})"],
+        2 * _m * _k * _n,
     )
 
 # fp32 matrix-vector products: row-wise dot products in our reduction kernels, bound by reading A once.
@@ -213,7 +229,8 @@ def candidates(path: Path) -> list:
     moved = [
         k.candidate
         for k in kids
-        if k.status == ProposalStatus.OK and any(x in k.edit for x in ("bn=", "stages=", "warps="))
+        if k.status == ProposalStatus.OK
+        and any(x in k.edit for x in ("bn=", "stages=", "warps=", "persistent="))
     ]
     # The plain plan too where it is already ours (an attention alone: its first kernel; a tuned plan equal to
     # it comes back edited, so that it differs)

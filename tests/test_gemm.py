@@ -446,6 +446,36 @@ def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, wa
     assert bool(splits) == (few and shares), splits  # a split of K only for a grid of few tiles
 
 
+@pytest.mark.parametrize(("rows", "k", "n", "persistent"), [
+    (31360, 96, 384, True),  # Swin's stage-1 MLP: 245 x 3 tiles over 3 k tiles, about 6 waves
+    (4096, 4096, 4096, True),  # 1024 tiles
+    (394, 512, 1536, False),  # ViT's qkv: 192 narrow tiles, not two waves
+    (256, 262144, 256, False),  # K split: the blocks of a tile keep their own share
+])  # fmt: skip
+def test_a_grid_of_several_waves_walks_its_tiles_with_a_persistent_grid_and_hedges_it(
+    tmp_path, rows, k, n, persistent
+):
+    """The tuned plan's persistent bet from two waves of tiles (K whole), the launcher's grid at most an SM's
+    block each, the tile count passed; its undoing is the first edit of an unprofiled plan, and no split of K
+    keeps it."""
+    path = task(tmp_path, f"p{rows}_{k}_{n}", LINEAR.format(k=k, n=n, bias=True, dt="float32", expr="self.linear(x)"),
+                f"torch.randn({rows}, {k})")  # fmt: skip
+    low = prepare(capture(path))
+    tuned = base_plan(low, True)
+    (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
+    assert g.persistent == persistent and ("persistent" in g.describe()) == persistent
+    source, launcher = render(low, tuned)
+    assert ("min(grid, sms)" in launcher and "numpy.int32(grid)" in launcher) == persistent
+    assert ("int TILES" in source and "for (int j = 0, base = 0; j < mine;" in source) == persistent
+    assert check_launcher(launcher).ok
+    edits = legal_edits(tuned, low)
+    if persistent:
+        label, undone = edits[0]  # the bet timed against a block a tile first
+        assert label.startswith("persistent_grid(") and not undone.get(g.rid).persistent
+        assert "sum(i) += acc(i);" in source and "acc(i) = sum(i)" not in source  # the stores read the sums
+    assert all(p.get(g.rid).splits == 1 or not p.get(g.rid).persistent for _, p in edits)
+
+
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
 def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
     f32 = ".to(torch.float32)"
@@ -463,6 +493,12 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
             PRODUCT.format(expr="torch.relu(torch.bmm(a, b)) - c[0]"),
             f"torch.randn(3, 257, 516){f32}, torch.randn(3, 516, 388){f32}, torch.randn(3, 257, 1){f32}",
         ),
+        task(  # a persistent grid (several waves of tiles over a short K), its bias and GELU on the sums
+            tmp_path,
+            "swin32",
+            LINEAR.format(k=96, n=384, bias=True, dt="float32", expr="F.gelu(self.linear(x))"),
+            "torch.randn(10, 3136, 96)",
+        ),
     ]
     cands = []
     for path in paths:
@@ -472,6 +508,7 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
         kids = policy.propose(Context(task=t, reference=t.source, parent=tuned), 8)
         cands += [tuned, *(k.candidate for k in kids if "bn=" in k.edit or "stages=" in k.edit)][:2]
     # K-major B read in place; a row-major one gathered K-major by our kernel first (tf32 reads K-major only)
+    assert any(p.persistent for c in cands for p in plan_of(c.source).regions if isinstance(p, Tf32Plan))
     gathered = {"transposed(w)" in c.launcher for c in cands}
     assert gathered == {False, True} and all("GMMA::Major" not in c.source for c in cands)
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))

@@ -521,6 +521,26 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "linear_f32_persistent": (  # fp32 over a short K on a grid of several waves: the tuned plan's persistent
+        # grid walks its tiles (the ring running on across them), its hedge a block a tile
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(100, 300)
+            def forward(self, x):
+                return F.gelu(self.linear(x)) + x[..., :1]
+        """,
+        "[]",
+    ),
+    "bmm_f32_persistent": (  # one GEMM a batch, the batch read from the tile index of a persistent grid
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.bmm(a, b) * 0.5
+        """,
+        "[]",
+    ),
     "linear_f32_split": (  # fp32, few tiles and a long K: K split, bias + residual + ReLU in the sum kernel
         """
         class Model(nn.Module):
@@ -1141,6 +1161,9 @@ SHAPES = {
     "matmul_misaligned": ["(300 * 1024 + 1,); (1024, 264)"],
     # fp32 (3xTF32): no size a multiple of any tile; K a multiple of 4 but not of the 32-deep k-tile
     "linear_f32_epilogue": ["(999, 1036)", "(3, 7, 1036)", "(1, 1036)"],
+    # 266 x 3 tiles, 4 k tiles (the last one short), ragged at the bottom and right; one wave's worth: not persistent
+    "linear_f32_persistent": ["(2, 16999, 100)", "(130, 100)"],
+    "bmm_f32_persistent": ["(5, 4001, 68); (5, 68, 260)"],  # 5 x 32 x 3 tiles, B row-major, gathered K-major
     # 77 x 200: 2 tiles of 128 x 128, so 7 of 128 x 32 with K (129 k tiles) split 8 ways, the last short
     "linear_f32_split": ["(77, 4100); (77, 200)", "(3, 5, 4100); (3, 5, 200)"],  # the second: 15 rows, skinny
     # few rows (families/gemm_skinny.py), K = 1030 (scalar loads): two groups of 16 rows, one row, 32 rows

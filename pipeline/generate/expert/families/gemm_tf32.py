@@ -15,6 +15,10 @@ wide tiles win wherever there are tiles to fill the GPU, and narrower ones where
 SMs idle (level 3's ViT, 394 rows: 128 x 64 for its 1536- and 2048-wide layers). The more_parallelism /
 resize_grid edits offer half and twice the split and the next narrower tile, on grids of few tiles
 (gemm_kit.FEW_TILES: on level 1's large GEMMs they lost every time); coarsen_threads the next wider.
+
+A grid of PERSIST_WAVES waves or more, K whole, is walked by a persistent grid in the tuned plan (one
+block an SM, the ring running on across its tiles: templates/gemm_tf32.py): a bet, hedged (the first
+batch times a block a tile beside it); persistent_grid toggles it.
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ class Tf32Plan(GemmPlan):
     BK: ClassVar[int] = gemm_tf32.BK
 
     splits: int = 1  # K split across this many blocks a tile (split-K), their partials summed after
+    persistent: bool = False  # one block an SM walking its tiles, the ring running on across them
 
     def describe(self) -> str:
-        return super().describe() + (f" split-K={self.splits}" if self.splits > 1 else "")
+        split = f" split-K={self.splits}" if self.splits > 1 else ""
+        return super().describe() + split + (" persistent" if self.persistent else "")
 
 
 def _form(r: Region, low: Lowered) -> Form | str:
@@ -75,6 +81,9 @@ MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), 
 # element a split) at about 3 TB/s.
 KTILE_US = {32: 0.94, 64: 1.33, 128: 1.85}
 SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
+# Waves of blocks from which the tuned plan walks the tiles with a persistent grid: its launch, barrier set-up
+# and first fill then come once an SM, and the next tile's loads run under this one's stores.
+PERSIST_WAVES = 2
 
 
 def _tiles_and_ktiles(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> tuple[int, int, int] | None:
@@ -146,9 +155,24 @@ def _split_edit(edit: str) -> Any:
         best, ktiles = wave_split(r, low, rp.bn), tk[1] if tk else 0
         for s in dict.fromkeys((best, best // 2, best * 2, 1)):
             if s != rp.splits and 1 <= s <= gemm_tf32.MAX_SPLITS and (s == 1 or ktiles // s >= MIN_SHARE):
-                yield from change(edit, plan, rp, splits=s)
+                off = {"persistent": False} if rp.persistent and s > 1 else {}  # a split keeps K apart
+                yield from change(edit, plan, rp, splits=s, **off)
 
     return apply
+
+
+def persistent_pays(r: Region, low: Lowered, bn: int, splits: int) -> bool:
+    """The tuned plan's bet: a grid of at least PERSIST_WAVES waves, K whole, walked by one block an SM."""
+    tk = _tiles_and_ktiles(r, low, bn)
+    return splits == 1 and tk is not None and tk[0] >= PERSIST_WAVES * WAVE
+
+
+def _persistent_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
+    """persistent_grid: one block an SM walking its tiles (K whole), or back to a block a tile."""
+    if rp is not None and rp.splits == 1:
+        tk = _tiles_and_ktiles(r, low, rp.bn)
+        if rp.persistent or (tk is not None and tk[0] > WAVE):
+            yield from change("persistent_grid", plan, rp, persistent=not rp.persistent)
 
 
 def _family() -> Any:
@@ -161,7 +185,8 @@ def _family() -> Any:
             bn, splits = wave_plan(r, low)
             if bn != rp.bn:
                 rp = dataclasses.replace(rp, bn=bn, stages=gemm_tf32.max_stages(bn))
-            plan = plan.replace(dataclasses.replace(rp, splits=splits))
+            persistent = persistent_pays(r, low, bn, splits)
+            plan = plan.replace(dataclasses.replace(rp, splits=splits, persistent=persistent))
         return plan
 
     edits = dict(base.edits)
@@ -173,7 +198,10 @@ def _family() -> Any:
             yield from split(plan, rp, r, low)
 
         edits[name] = both
-    return dataclasses.replace(base, edits=edits, settle=settle)
+    edits["persistent_grid"] = _persistent_edit
+    # the persistent grid is a bet (measured on no GPU yet when made): the first batch times its undoing
+    hedges = lambda rp: ("persistent_grid",) if isinstance(rp, Tf32Plan) and rp.persistent else ()  # noqa: E731
+    return dataclasses.replace(base, edits=edits, settle=settle, hedges=hedges)
 
 
 FAMILY = _family()

@@ -38,6 +38,7 @@ failed the same way; it may be right, and is not retried yet.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import TYPE_CHECKING, Any
 
 from pipeline.generate.expert import atoms
@@ -148,8 +149,16 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         *gemm.epilogue_function(epi, out_dt),
     ]
     sig = gemm.signature(epi, out_dt)
-    body = _BODY.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
-    splits = rp.splits
+    splits, persistent = rp.splits, rp.persistent
+    if persistent and splits > 1:  # the plan's edits never make this: a split grid is one of few tiles
+        raise ValueError(f"region {rid}: a persistent grid keeps K whole")
+    body = (
+        (_PERSISTENT if persistent else _BODY)
+        .replace("TMA_COPY", b["tma"].name)
+        .replace("FENCE", b["fence"].name)
+    )
+    if persistent:
+        sig = Signature((*sig.params, i32("TILES", "grid")))
     # Split, the GEMM stores raw fp32 partials and the sum kernel computes the fused epilogue on the total.
     kernel_epi, kernel_dt, kernel_sig = epi, out_dt, sig
     if splits > 1:
@@ -158,17 +167,23 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         body = _split_k(body)
         kernel_epi, kernel_dt = None, "float32"
         kernel_sig = gemm.signature(kernel_epi, kernel_dt)
+    stores = gemm.store(kernel_epi, kernel_dt)
+    if persistent:  # the stores read the tile's sums: acc stays zero for the next tile (see _PERSISTENT)
+        stores = [re.sub(r"\bacc\b", "sum", ln) for ln in stores]
     lines += [
         f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({kernel_sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         body + gemm.EPILOGUE_HEAD,
-        *gemm.store(kernel_epi, kernel_dt),
+        *stores,
+        *(["    }  // the block's next tile"] if persistent else []),
         "}",
     ]
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
     code = gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
+    if persistent:
+        code = _with_persistent_grid(code, rid, sig, smem)
     if f.b_major == "MN":
         code = _with_transpose(code, rid)
     return _with_split_sum(code, rid, sig, kernel_sig, smem, splits, epi, out_dt) if splits > 1 else code
@@ -528,3 +543,111 @@ _BODY = (
 """
     + _CONSUMERS_RS
 )
+
+
+def _with_persistent_grid(code: Code, rid: str, sig: Signature, smem: int) -> Code:
+    """The launch of a persistent plan: one block an SM (at most one a tile), each walking its tiles."""
+    call = f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821"
+    assert code.launcher.count(call) == 1, "the GEMM launch line changed"
+    launch = call.replace("((grid,), (384,)", "((max(1, min(grid, sms)),), (384,)")
+    launcher = code.launcher.replace(call, launch).replace('stages)."""', 'stages, persistent)."""', 1)
+    return dataclasses.replace(code, launcher=launcher)
+
+
+# A persistent grid: block b takes tiles b, b + gridDim.x, ... (TILES of them in all, in the one-tile
+# kernel's grouped order), the rings running on across its tiles (g: the k tiles a thread has passed, over
+# all of them), so the producer loads the next tile's first k tiles while the consumers store this one, and
+# a block's launch, barrier set-up and first fill are paid once an SM instead of once a tile: on a grid of
+# several waves over a short K (Swin's stage-1 layers: K = 96, three k tiles) those were most of a tile's
+# time. The stores read the promoted sums (`sum`), not `acc`: the last k tile's promotion leaves acc zero
+# for the next tile, so no instruction between two tiles' MMAs writes the accumulators (zeroing them there
+# made ptxas serialize the grouped GEMM's MMAs, C7515: templates/grouped_gemm.py).
+_PERSISTENT = (
+    gemm.SMEM
+    + r"""    const int ktiles = (K + BK - 1) / BK;
+    const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
+    const int per_group = GROUP * nt;
+    auto coords = [&](const int tile_id, int& batch, int& m_blk, int& n_blk) {  // the one-tile kernel's order
+        batch = tile_id / (mt * nt);
+        const int tile = tile_id % (mt * nt);
+        const int first = (tile / per_group) * GROUP;
+        const int rows = min(mt - first, GROUP);
+        m_blk = first + (tile % per_group) % rows;
+        n_blk = (tile % per_group) / rows;
+    };
+    const int mine = (TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;  // this block's tiles
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        for (int i = 0; i < LO_STAGES; ++i) {
+            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
+            Barrier::init(&s.lo_empty[i], 2);
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        cutlass::arch::warpgroup_reg_dealloc<40>();  // 128 x 40 + 256 x 232 registers: the SM's 65536
+        if (threadIdx.x == 0) {  // TMA: STAGES k tiles ahead of the consumers, across the block's tiles
+            int g = 0;
+            for (int j = 0; j < mine; ++j) {
+                int batch, m_blk, n_blk;
+                coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);
+                for (int kt = 0; kt < ktiles; ++kt, ++g) {
+                    const int st = g % STAGES;
+                    if (g >= STAGES) Barrier::wait(&s.empty[st], ((g / STAGES) - 1) & 1);
+                    Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
+                    TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
+                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
+                }
+            }
+        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
+            const int t = threadIdx.x - 32;
+            for (int g = 0; g < mine * ktiles; ++g) {
+                const int st = g % STAGES, sl = g % LO_STAGES;
+                Full::wait(&s.full[st], (g / STAGES) & 1);
+                if (g >= LO_STAGES) Barrier::wait(&s.lo_empty[sl], ((g / LO_STAGES) - 1) & 1);
+                split_same(s.b + st * BN * BK, s.blo + sl * BN * BK, BN * BK, t);
+                FENCE();  // our writes, visible to the WGMMAs' async proxy
+                Barrier::arrive(&s.ready[sl]);
+            }
+        }
+        return;
+    }
+    cutlass::arch::warpgroup_reg_alloc<232>();  // two sets of A's hi and lo beside the sums
+"""
+)
+
+
+def _persistent_consumers() -> str:
+    """_CONSUMERS_RS in a loop over the block's tiles: ring positions and phases from g = base + kt."""
+    setup, rest = _CONSUMERS_RS.split("    clear(acc);\n    clear(sum);\n    int held = -1;", 1)
+    subs = {
+        "Barrier::arrive(&s.empty[k % STAGES]);": "Barrier::arrive(&s.empty[(base + k) % STAGES]);",
+        "Barrier::arrive(&s.lo_empty[k % LO_STAGES]);": "Barrier::arrive(&s.lo_empty[(base + k) % LO_STAGES]);",
+        "const int st = kt % STAGES, sl = kt % LO_STAGES;":
+        "const int g = base + kt, st = g % STAGES, sl = g % LO_STAGES;",
+        "(kt / LO_STAGES) & 1": "(g / LO_STAGES) & 1",
+        "(kt / STAGES) & 1": "(g / STAGES) & 1",
+        "    for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);\n": "",
+    }  # fmt: skip
+    for old, new in subs.items():
+        assert rest.count(old) == 1, old
+        rest = rest.replace(old, new)
+    assert rest.endswith("CUTE_UNROLL\n"), "the consumers' tail changed"
+    rest = rest[: -len("    CUTE_UNROLL\n")]
+    return (
+        setup
+        + "    clear(acc);  // once: each tile's last promotion leaves it zero\n"
+        + "    for (int j = 0, base = 0; j < mine; ++j, base += ktiles) {\n"
+        + "    int batch, m_blk, n_blk;\n"
+        + "    coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);\n"
+        + "    clear(sum);\n"
+        + "    int held = -1;"
+        + rest
+    )
+
+
+_PERSISTENT += _persistent_consumers()
