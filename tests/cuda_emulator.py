@@ -64,6 +64,7 @@ unsigned kp_emu_rank = 0;  // this thread's block within its cluster
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 // PTX prmt's default mode: result byte i is byte (s >> 4i) & 7 of the 8 bytes {y, x} (x the low four).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     const unsigned long long b = ((unsigned long long)y << 32) | x;

@@ -13,6 +13,7 @@ from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Graph, Node, Ref
 from pipeline.generate.expert.plan import Plan, header
 from pipeline.generate.expert.regions import FALLBACK, Lowered, RegionKind, lower
+from pipeline.generate.expert.templates import gather
 from pipeline.generate.expert.templates.code import (
     CUTE_FLAGS,
     GATHER,
@@ -75,6 +76,8 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
     head = [header(plan), HALF_DEFINE, PRELUDE] if half else [header(plan), PRELUDE]
     head += on_use([c.cuda for c in codes.values()])
     tail = [GATHER, GATHER_HALF] if half else [GATHER]
+    if gather.wanted(low):  # views the launcher may gather: the fast fp32 gather beside the generic one
+        tail.append(gather.FAST_GATHER)
     cuda = "\n".join([*head, *(c.cuda for c in codes.values()), *tail]) + "\n"
     return cuda, _launcher(low, plan, codes, half)
 
@@ -119,6 +122,7 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> s
         "import torch.nn.functional as F",
         gathered(half),
         LAUNCHER_HELPERS,
+        *([gather.FAST_CONTIG] if gather.wanted(low) else []),
     ]
     model = _model(low, plan, codes)
     if any("_reshape(" in ln for ln in model):
