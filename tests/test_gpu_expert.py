@@ -870,6 +870,19 @@ FAMILIES = {
         """,
         "[]",
     ),
+    # windows partitioned and merged back (Swin's): 6-D permuted views made contiguous by the fast fp32 gather,
+    # 16 bytes a thread where the channels allow, an element a thread where they do not
+    "window_gather": (
+        """
+        class Model(nn.Module):
+            def forward(self, x):
+                b, h, w, c = x.shape
+                win = x.view(b, h // 7, 7, w // 7, 7, c).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, 49, c)
+                back = (win * 2.0).view(b, h // 7, w // 7, 7, 7, c).permute(0, 1, 3, 2, 4, 5).contiguous()
+                return back.view(b, h * w, c) + 1.0, win.transpose(1, 2).contiguous()
+        """,
+        "[]",
+    ),
     # special functions: digamma (ours), Bessel i0 / i1, erfcx, erfinv, the normal CDF and its inverse (CUDA's)
     "special": (
         """
@@ -1113,6 +1126,7 @@ SHAPES = {
     "avg_pool2d": ["(3, 5, 37, 53)", "(1, 1, 1, 2)"],
     "pool_rows": ["(2, 3, 3, 3001)", "(1, 2, 4, 700)"],
     "movement": ["(7, 33, 65); (7, 2, 65)", "(4, 64, 256); (4, 128, 256)", "(1, 1, 1); (1, 3, 1)"],
+    "window_gather": ["(10, 56, 56, 96)", "(3, 14, 21, 3)"],
     "movement_bf16": ["(3, 16, 40); (3, 8, 40)"],
     "cat_sink": ["(4, 64, 56); (4, 32, 56)", "(3, 5, 7); (3, 2, 7)"],
     "ew_views": ["(4, 48, 2048)", "(3, 41, 2054)"],
