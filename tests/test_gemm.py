@@ -452,13 +452,14 @@ def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, wa
 @pytest.mark.parametrize(("rows", "k", "n", "persistent"), [
     (31360, 96, 384, True),  # Swin's stage-1 MLP: 245 x 3 tiles over 3 k tiles, about 6 waves
     (4096, 4096, 4096, True),  # 1024 tiles
-    (394, 512, 1536, False),  # ViT's qkv: 192 narrow tiles, not two waves
+    (31360, 384, 96, True),  # Swin's stage-1 fc2: 245 tiles, under two waves but more than one
+    (394, 512, 1536, False),  # ViT's qkv: 96 tiles of 128 x 64, under a wave
     (256, 262144, 256, False),  # K split: the blocks of a tile keep their own share
 ])  # fmt: skip
 def test_a_grid_of_several_waves_walks_its_tiles_with_a_persistent_grid_and_hedges_it(
     tmp_path, rows, k, n, persistent
 ):
-    """The tuned plan's persistent bet from two waves of tiles (K whole), the launcher's grid at most an SM's
+    """The tuned plan's persistent bet from more than a wave of tiles (K whole), the launcher's grid at most an SM's
     block each, the tile count passed; its undoing is the first edit of an unprofiled plan, and no split of K
     keeps it."""
     path = task(tmp_path, f"p{rows}_{k}_{n}", LINEAR.format(k=k, n=n, bias=True, dt="float32", expr="self.linear(x)"),

@@ -16,7 +16,7 @@ SMs idle (level 3's ViT, 394 rows: 128 x 64 for its 1536- and 2048-wide layers).
 resize_grid edits offer half and twice the split and the next narrower tile, on grids of few tiles
 (gemm_kit.FEW_TILES: on level 1's large GEMMs they lost every time); coarsen_threads the next wider.
 
-A grid of PERSIST_WAVES waves or more, K whole, is walked by a persistent grid in the tuned plan (one
+A grid of more than a wave of tiles, K whole, is walked by a persistent grid in the tuned plan (one
 block an SM, the ring running on across its tiles: templates/gemm_tf32.py), its ring a stage under the
 deepest: hedged all the same (the first batch times a block a tile beside it); persistent_grid toggles it.
 """
@@ -81,9 +81,9 @@ MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), 
 # element a split) at about 3 TB/s.
 KTILE_US = {32: 0.94, 64: 1.33, 128: 1.85}
 SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
-# Waves of blocks from which the tuned plan walks the tiles with a persistent grid: its launch, barrier set-up
-# and first fill then come once an SM, and the next tile's loads run under this one's stores.
-PERSIST_WAVES = 2
+# The tuned plan walks the tiles with a persistent grid wherever there is more than a wave of them: some
+# block then has a second tile, whose loads run under the first one's stores (and its launch, barrier set-up
+# and first fill are not paid again). Swin's fc2 (245 tiles, 1.9 waves) ran 5% faster so (H200, two passes).
 # Measured on the H200 (docs/benchmarks.md, 2026-12-07), the persistent grid against a block a tile, same run:
 # level 1's small-K product (32768 x 64 x 32768) 2.07 against 3.35 ms, its other 3xTF32 products 2-4%
 # faster, Swin's stage-1 layers 2-11%; and with a ring of 4 stages (128 x 128) in place of 5, 2-4% faster
@@ -167,9 +167,9 @@ def _split_edit(edit: str) -> Any:
 
 
 def persistent_pays(r: Region, low: Lowered, bn: int, splits: int) -> bool:
-    """The tuned plan's bet: a grid of at least PERSIST_WAVES waves, K whole, walked by one block an SM."""
+    """The tuned plan's bet: a grid of more than a wave of tiles, K whole, walked by one block an SM."""
     tk = _tiles_and_ktiles(r, low, bn)
-    return splits == 1 and tk is not None and tk[0] >= PERSIST_WAVES * WAVE
+    return splits == 1 and tk is not None and tk[0] > WAVE
 
 
 def _persistent_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
