@@ -67,6 +67,16 @@ def test_few_row_fp32_linear_layers_take_the_skinny_kernel_and_more_rows_the_ten
     _, _, big = plans(task(tmp_path, "b", "3, 11", 1032, 37))  # 33 rows
     assert any(isinstance(x, gemm_tf32.Tf32Plan) for x in big.regions)
     assert not any(isinstance(x, gemm_skinny.SkinnyPlan) for x in big.regions)
+    # into few columns from a small x: more rows too (SwinV2's position-bias MLP: 169 rows into a column a head)
+    for name, lead, k, n, ours in [
+        ("cpb", "169", 512, 24, True),
+        ("wide", "169", 512, 33, False),  # more columns than a narrow tile
+        ("tall", "300", 512, 24, False),  # more rows than two tiles
+        ("long", "200", 8192, 8, False),  # x (6.5 MB) past what every block of columns re-reads from L2
+    ]:
+        _, _, p = plans(task(tmp_path, name, lead, k, n))
+        assert any(isinstance(x, gemm_skinny.SkinnyPlan) for x in p.regions) == ours, name
+        assert any(isinstance(x, gemm_tf32.Tf32Plan) for x in p.regions) != ours, name
     r = next(
         r
         for r in prepare(capture(task(tmp_path, "h", "4", 64, 8, "float16"))).regions
@@ -94,8 +104,8 @@ def _candidates(path: Path) -> list:
 
 @pytest.mark.parametrize(
     ("lead", "k", "n"),
-    [("20", 264, 9), ("3, 5", 262, 6), ("1", 2056, 8), ("2, 16", 264, 5)],
-    ids=["vec_two_groups", "scalar_3d", "tiny", "full_group"],
+    [("20", 264, 9), ("3, 5", 262, 6), ("1", 2056, 8), ("2, 16", 264, 5), ("3, 45", 128, 20)],
+    ids=["vec_two_groups", "scalar_3d", "tiny", "full_group", "narrow_many_rows"],
 )
 def test_emulated_skinny_candidates_match_float64(tmp_path, lead, k, n):
     """float4 loads (K a multiple of 4) and scalar ones, each thread's K loop run more than once (K 2056 and

@@ -1,5 +1,6 @@
 """fp32 linear layers over few rows (at most MAX_ROWS: CvT's 20 tokens, classifier heads over a batch of
-10) on the CUDA cores: templates/gemm_skinny.py. The 3xTF32 kernel's 128-row tile would compute 6x the
+10), or into few columns from a small x (NARROW_*: SwinV2's position-bias MLP, 169 rows into a column a
+head), on the CUDA cores: templates/gemm_skinny.py. The 3xTF32 kernel's 128-row tile would compute 6x the
 work there and, with few output columns, leave most SMs idle; here the weight is read once and every SM
 gets columns. The plain plan keeps cuBLAS, the tuned one takes our kernel with the elementwise region
 after it fused on its stores (bias, activations, a residual).
@@ -26,6 +27,10 @@ from pipeline.generate.expert.templates.code import Code
 # Rows from which the tensor cores win: a 128-row tile then wastes at most 4x, and at 32 rows the CUDA cores'
 # fp32 rate (about 60 TFLOP/s) meets the weight's read at the H200's bandwidth (2 flops a row per 4 bytes).
 MAX_ROWS = 32
+# More rows where the output is narrow and x small: the 3xTF32 grid is then a tile or two of 128 x 32 walking
+# all of K on as many SMs (SwinV2's position-bias MLP, (169, 512) by (512, heads): 12.8 us on two SMs, H200),
+# while here each group of rows takes its own blocks and x, re-read by every block of columns, stays in L2.
+NARROW_COLS, NARROW_ROWS, NARROW_X_BYTES = 32, 256, 4 << 20
 MAX_COLS = 8
 MAX_SUMS = 64  # rows x cols accumulators a thread
 
@@ -54,8 +59,9 @@ def form(r: Region, low: Lowered) -> int | str:
     if a.shape[-1] != b.shape[-1]:
         return "the weight is not (N, K)"
     rows = math.prod(a.shape[:-1])
-    if rows > MAX_ROWS:
-        return f"{rows} rows: the tensor cores' (more than {MAX_ROWS})"
+    narrow = b.shape[0] <= NARROW_COLS and rows <= NARROW_ROWS and rows * a.shape[-1] * 4 <= NARROW_X_BYTES
+    if rows > MAX_ROWS and not narrow:
+        return f"{rows} rows: the tensor cores' (more than {MAX_ROWS}, {b.shape[0]} columns)"
     return rows
 
 
