@@ -502,9 +502,8 @@ def consumers(wait_full: bool) -> str:
     return _CONSUMERS_SS.replace("WAIT_FULL", wait)
 
 
-_BODY = (
-    gemm.PROLOGUE
-    + r"""    if (threadIdx.x == 0) {
+# The barriers' set-up and the producer warpgroup's start, shared by both bodies.
+_INIT = r"""    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
             Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
@@ -518,15 +517,10 @@ _BODY = (
     __syncthreads();
     if (wg == 0) {
         cutlass::arch::warpgroup_reg_dealloc<40>();  // 128 x 40 + 256 x 232 registers: the SM's 65536
-        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
-            for (int kt = 0; kt < ktiles; ++kt) {
-                const int st = kt % STAGES;
-                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
-                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
-                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
-                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
-            }
-        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
+"""
+
+# The producer warpgroup's splitting warps and the consumers' registers: the end of the producer branch.
+_SPLIT = r"""        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
             const int t = threadIdx.x - 32;
             for (int kt = 0; kt < ktiles; ++kt) {
                 const int st = kt % STAGES, sl = kt % LO_STAGES;
@@ -541,6 +535,28 @@ _BODY = (
     }
     cutlass::arch::warpgroup_reg_alloc<232>();  // two sets of A's hi and lo beside the sums
 """
+
+
+def _splitters(count: str, k: str) -> str:
+    """_SPLIT over `count` k tiles counted by `k` (B's lo written one stage at a time as it lands)."""
+    head = "for (int kt = 0; kt < ktiles; ++kt)"
+    loop = f"for (int {k} = 0; {k} < {count}; ++{k})"
+    return _SPLIT.replace(head, "@LOOP@").replace("kt", k).replace("@LOOP@", loop)
+
+
+_BODY = (
+    gemm.PROLOGUE
+    + _INIT
+    + r"""        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
+                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
+                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
+                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
+            }
+"""
+    + _splitters("ktiles", "kt")
     + _CONSUMERS_RS
 )
 
@@ -576,21 +592,9 @@ _PERSISTENT = (
         n_blk = (tile % per_group) / rows;
     };
     const int mine = (TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;  // this block's tiles
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < STAGES; ++i) {
-            Full::init(&s.full[i], 1);
-            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
-        }
-        for (int i = 0; i < LO_STAGES; ++i) {
-            Barrier::init(&s.ready[i], SPLITTERS);  // every splitter arrives once its writes are fenced
-            Barrier::init(&s.lo_empty[i], 2);
-        }
-        cutlass::arch::fence_barrier_init();
-    }
-    __syncthreads();
-    if (wg == 0) {
-        cutlass::arch::warpgroup_reg_dealloc<40>();  // 128 x 40 + 256 x 232 registers: the SM's 65536
-        if (threadIdx.x == 0) {  // TMA: STAGES k tiles ahead of the consumers, across the block's tiles
+"""
+    + _INIT
+    + r"""        if (threadIdx.x == 0) {  // TMA: STAGES k tiles ahead of the consumers, across the block's tiles
             int g = 0;
             for (int j = 0; j < mine; ++j) {
                 int batch, m_blk, n_blk;
@@ -603,21 +607,8 @@ _PERSISTENT = (
                     TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
                 }
             }
-        } else if (threadIdx.x >= 32) {  // the split, one stage at a time as it lands
-            const int t = threadIdx.x - 32;
-            for (int g = 0; g < mine * ktiles; ++g) {
-                const int st = g % STAGES, sl = g % LO_STAGES;
-                Full::wait(&s.full[st], (g / STAGES) & 1);
-                if (g >= LO_STAGES) Barrier::wait(&s.lo_empty[sl], ((g / LO_STAGES) - 1) & 1);
-                split_same(s.b + st * BN * BK, s.blo + sl * BN * BK, BN * BK, t);
-                FENCE();  // our writes, visible to the WGMMAs' async proxy
-                Barrier::arrive(&s.ready[sl]);
-            }
-        }
-        return;
-    }
-    cutlass::arch::warpgroup_reg_alloc<232>();  // two sets of A's hi and lo beside the sums
 """
+    + _splitters("mine * ktiles", "g")
 )
 
 
