@@ -146,7 +146,17 @@ def test_the_family_takes_sdpa_and_hand_written_attention(tmp_path, name):
     if name == "mha_short_sequence":  # MHA's (L, B, H, Dv) permute of the output: written in that order
         assert m.form.out_order == (2, 0, 1, 3)
     if name.startswith("swin_shifted_windows"):  # the mask a window added through the batch split
-        assert set(m.absorbs) == {"scores", "scores2", "softmax", "pv"} and m.form.split == 3
+        assert (
+            set(m.absorbs) == {"scores", "scores2", "softmax", "pv", "qnorm", "knorm"} and m.form.split == 3
+        )
+        # F.normalize of Q and K done in the kernel, which reads the raw operands (K not transposed)
+        assert (m.form.q, m.form.k, m.form.k_transposed, m.form.norm_q, m.form.norm_k) == (
+            "q",
+            "k",
+            False,
+            1e-12,
+            1e-12,
+        )
         assert len(m.form.extras2) == 1 and m.form.chain2 is not None
     if name.startswith("relu_attention"):
         assert not m.form.softmax and m.form.chain is not None

@@ -47,7 +47,7 @@ _RESHAPES = frozenset({"view", "reshape", "_unsafe_view"})
 class AttnPlan(RegionPlan):
     TAG: ClassVar[str] = "attention"
     SHOWN: ClassVar[tuple[str, ...]] = ("warps", "bn", "rows")
-    ABSORBS: ClassVar[tuple[str, ...]] = ("scores", "scores2", "softmax", "between", "pv")
+    ABSORBS: ClassVar[tuple[str, ...]] = ("scores", "scores2", "softmax", "between", "pv", "qnorm", "knorm")
 
     warps: int = 4  # 16 query rows each: 64 rows a block
     bn: int = 32  # keys a tile
@@ -59,6 +59,8 @@ class AttnPlan(RegionPlan):
     softmax: str = ""  # rid of its softmax
     between: str = ""  # rid of an identity between the softmax and the product (a dropout of p = 0)
     pv: str = ""  # rid of its second product
+    qnorm: str = ""  # rid of F.normalize on Q's head dim, done as Q is loaded
+    knorm: str = ""  # rid of F.normalize on K's head dim, done as K is staged
 
     def describe(self) -> str:
         if not self.rows:
@@ -211,6 +213,40 @@ def _split(nxt: Region | None, shape: tuple, low: Lowered) -> tuple[int, str, Re
     return five[1], viewed, ew, back
 
 
+def _normalized(value: str, reader: Region, low: Lowered) -> tuple[str, float, Region] | None:
+    """(its input, eps, the region) when `value` is F.normalize over its last dim alone (an l2_normalize row
+    op, regions.py), read by `reader` alone, over a head dim the kernels can normalize as they load it."""
+    src = low.region_of(value)
+    if src is None or src.kind is not RegionKind.NORM or len(src.nodes) != 1 or src.outputs != (value,):
+        return None
+    n = src.node
+    if n.op != "l2_normalize" or _sole_reader(value, low) is not reader:
+        return None
+    x, shape, eps = n.args
+    xs = low.by_name.get(getattr(x, "name", ""))
+    if xs is None or not xs.shape or tuple(shape) != (xs.shape[-1],) or xs.dtype != "float32":
+        return None
+    return (x.name, float(eps), src) if attention.norms_fit(xs.shape[-1]) else None
+
+
+def _normalized_keys(kt: str, r: Region, low: Lowered) -> tuple[str, float, Region] | None:
+    """_normalized of K where the product reads it transposed, `F.normalize(k).transpose(-2, -1)`: a view
+    read by the product alone."""
+    view = low.region_of(kt)
+    if (
+        view is None
+        or view.kind is not RegionKind.VIEW
+        or len(view.nodes) != 1
+        or _sole_reader(kt, low) is not r
+    ):
+        return None
+    n = view.node
+    nd = len(n.shape or ())
+    if n.op != "transpose" or len(n.args) != 3 or {int(d) % nd for d in n.args[1:]} != {nd - 2, nd - 1}:
+        return None
+    return _normalized(getattr(n.args[0], "name", ""), view, low)
+
+
 def _chain(r: Region, low: Lowered) -> Match | str:
     n = r.node
     a, b = (low.by_name.get(getattr(x, "name", "")) for x in n.args[:2])
@@ -272,9 +308,16 @@ def _chain(r: Region, low: Lowered) -> Match | str:
         w, viewed, ew, _ = split
         extras2 = tuple((i, low.by_name[i].dtype or "float32") for i in ew.inputs if i != viewed)
         more = {"chain2": ew, "chain2_main": viewed, "extras2": extras2, "split": w}
+    # F.normalize of Q and of K on their head dim (SwinV2's cosine scores): done as the rows are loaded, the
+    # kernel reading the raw operands (K itself, not transposed)
+    qname, kname, k_transposed = a.name, b.name, True
+    if (qn := _normalized(a.name, r, low)) is not None:
+        qname, more["norm_q"], absorbs["qnorm"] = qn[0], qn[1], qn[2].rid
+    if (kn := _normalized_keys(b.name, r, low)) is not None:
+        kname, k_transposed, more["norm_k"], absorbs["knorm"] = kn[0], False, kn[1], kn[2].rid
     form = AttnForm(
-        a.name, b.name, v.name, True, len(a.shape), a.shape[-1], v.shape[-1], nxt.outputs[0], None, False, None,
-        softmax=softmax, chain=chain, chain_main=main, extras=extras, out_order=out_order, **more,
+        qname, kname, v.name, k_transposed, len(a.shape), a.shape[-1], v.shape[-1], nxt.outputs[0], None, False,
+        None, softmax=softmax, chain=chain, chain_main=main, extras=extras, out_order=out_order, **more,
     )  # fmt: skip
     return Match(form, absorbs, kt[-1])
 
@@ -425,7 +468,14 @@ FAMILY = Family(
     order=5,
     settle=settle,
     plainest=lambda rp: AttnPlan(
-        rp.rid, scores=rp.scores, scores2=rp.scores2, softmax=rp.softmax, between=rp.between, pv=rp.pv
+        rp.rid,
+        scores=rp.scores,
+        scores2=rp.scores2,
+        softmax=rp.softmax,
+        between=rp.between,
+        pv=rp.pv,
+        qnorm=rp.qnorm,
+        knorm=rp.knorm,
     ),
     note=_note,
     cute=True,

@@ -74,6 +74,10 @@ class AttnForm:
     chain2_main: str = ""
     extras2: tuple[tuple[str, str], ...] = ()
     split: int = 0
+    # F.normalize over the head dim of Q, of K (its eps; None: none), done as the rows are loaded: q and k
+    # then name the raw operands (SwinV2's cosine attention)
+    norm_q: float | None = None
+    norm_k: float | None = None
 
 
 def _pad(n: int) -> int:
@@ -131,6 +135,25 @@ __device__ __forceinline__ float4 split4(float4 x, float4& lo) {{
 }}
 }}  // namespace kp_{rid}
 """
+
+
+# F.normalize's x / max(||x||, eps) on a row of the head dim held as float4s by LANES lanes (consecutive,
+# aligned): every lane of the warp calls it. A NaN norm stays NaN, as clamp_min keeps it.
+NORMALIZED = """// x / max(||x||, eps) over a row held as float4s by LANES consecutive lanes (every lane of the warp calls it)
+template <int LANES>
+__device__ __forceinline__ float4 normalized(float4 x, float eps) {
+    float ss = x.x * x.x + x.y * x.y + x.z * x.z + x.w * x.w;
+    #pragma unroll
+    for (int o = 1; o < LANES; o <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float n = sqrtf(ss);
+    n = n < eps ? eps : n;
+    return make_float4(x.x / n, x.y / n, x.z / n, x.w / n);
+}"""
+
+
+def norms_fit(d: int) -> bool:
+    """Whether a head dim's rows can be normalized in the kernels: its float4 chunks a power of two up to 32."""
+    return d % 4 == 0 and 0 < d // 4 <= 32 and (d // 4) & (d // 4 - 1) == 0
 
 
 def score_lines(f: AttnForm, u: int, guarded: bool) -> list[str]:
@@ -277,6 +300,7 @@ def render(r: Region, f: AttnForm, rp: AttnPlan, hunter: object = None) -> Code:
     # the warp's first row.
     inner = "k0 + BN <= S && w0 + 16 <= L" + (" && k0 + BN - 1 <= w0" if f.causal and f.softmax else "")
     pre = prefetch(f, rp)
+    norm_defs, q_load, k_norm = _norm_lines(f)
     cuda = f"""{_helpers(rid, atom)}
 {chain}
 namespace kp_{rid} {{
@@ -284,7 +308,7 @@ constexpr int D = {f.d}, DV = {f.dv}, WARPS = {warps}, BM = 16 * WARPS, BN = {bn
 constexpr int KS = {_pad(f.d)}, VS = {_pad(bn)};  // row strides of K and of V transposed, 8 words mod 32
 constexpr int KR = D / 4, VR = DV / 4, K4 = BN * KR, V4 = BN * VR;  // float4 chunks: a row, a tile
 constexpr int KPER = (K4 + THREADS - 1) / THREADS, VPER = (V4 + THREADS - 1) / THREADS;
-constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LOG2E = 1.4426950408889634f;{norm_defs}
 }}  // namespace kp_{rid}
 extern "C" __global__ void {launch_bounds(threads, rp.min_blocks)} kp_{rid}_attn({sig.decls()}) {{
     using namespace kp_{rid};
@@ -308,7 +332,7 @@ extern "C" __global__ void {launch_bounds(threads, rp.min_blocks)} kp_{rid}_attn
     // (j even) or j / 2 + 4 (odd): register (row >= 8) + 2 * (j & 1) of lane 4 * (row % 8) + j / 2.
     for (int e = tid; e < BM * D / 4; e += THREADS) {{
         const int rr = e / (D / 4), cc = (e - rr * (D / 4)) * 4;
-        const float4 x = q0 + rr < L ? *reinterpret_cast<const float4*>(qb + (q0 + rr) * qs2 + cc) : make_float4(0.f, 0.f, 0.f, 0.f);
+        {q_load}
         float4 lo;
         const float4 hi = split4(x, lo);
         const float xh[4] = {{hi.x, hi.y, hi.z, hi.w}}, xl[4] = {{lo.x, lo.y, lo.z, lo.w}};
@@ -342,7 +366,7 @@ extern "C" __global__ void {launch_bounds(threads, rp.min_blocks)} kp_{rid}_attn
         #pragma unroll
         for (int i = 0; i < KPER; ++i) {{
             const int e = tid + i * THREADS, rr = e / KR, cc = (e % KR) * 4;
-            if (i < K4 / THREADS || e < K4) {{
+{k_norm}            if (i < K4 / THREADS || e < K4) {{
                 float4 lo;
                 *reinterpret_cast<float4*>(kh + rr * KS + cc) = split4(pk[i], lo);
                 *reinterpret_cast<float4*>(kl + rr * KS + cc) = lo;
@@ -435,6 +459,29 @@ extern "C" __global__ void {launch_bounds(threads, rp.min_blocks)} kp_{rid}_attn
 """
     launcher = _launcher(rid, f, rp, sig, extras)
     return Code(cuda, launcher, f"_attn_{rid}", (f"kp_{rid}_attn",), args(f), (f.out,), at=rp.pv)
+
+
+def _norm_lines(f: AttnForm) -> tuple[str, str, str]:
+    """(the namespace's eps constants and helper, Q's load, K's staging prefix): F.normalize of Q's rows as
+    they are loaded, of K's as a tile is staged (the KR lanes of a row consecutive: THREADS is a multiple of
+    KR, a power of two); the plain load and nothing where no norm is fused."""
+    load = "const float4 x = q0 + rr < L ? *reinterpret_cast<const float4*>(qb + (q0 + rr) * qs2 + cc) : make_float4(0.f, 0.f, 0.f, 0.f);"
+    if f.norm_q is None and f.norm_k is None:
+        return "", load, ""
+    eps = [f"EPS_{t} = {e!r}f" for t, e in (("Q", f.norm_q), ("K", f.norm_k)) if e is not None]
+    defs = f"\nconstexpr float {', '.join(eps)};\n{NORMALIZED}"
+    if (
+        f.norm_q is not None
+    ):  # a row's D / 4 chunks are D / 4 consecutive lanes; every thread runs D / 8 chunks
+        load = load.replace("const float4 x = ", "const float4 x = normalized<D / 4>(", 1).replace(
+            "0.f, 0.f);", "0.f, 0.f), EPS_Q);"
+        )
+    k_norm = (
+        "            pk[i] = normalized<KR>(pk[i], EPS_K);  // F.normalize of the key's row\n"
+        if f.norm_k is not None
+        else ""
+    )
+    return defs, load, k_norm
 
 
 def args(f: AttnForm) -> tuple[str, ...]:

@@ -57,11 +57,12 @@ def render(r: Region, f: AttnForm, rp: AttnPlan) -> Code:
         else "        const float al = 1.f, p = x;  // the chain's activation weighs V itself"
     )
     inv = "1.f / sum" if f.softmax else "1.f"
+    q_norm, k_sum0, k_sum, k_norm = _norm_lines(f)
     cuda = f"""{chain}
 namespace kp_{rid} {{
 constexpr int D = {f.d}, DV = {f.dv}, LANES = {per_row}, THREADS = {THREADS};
 constexpr int QC = D / (4 * LANES), VC = DV / (4 * LANES);  // float4 chunks a lane
-constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LOG2E = 1.4426950408889634f;{_eps(f)}
 }}  // namespace kp_{rid}
 extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls()}) {{
     using namespace kp_{rid};
@@ -81,22 +82,22 @@ extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls
     float4 qv[QC], o[VC];
     #pragma unroll
     for (int c = 0; c < QC; ++c) qv[c] = *reinterpret_cast<const float4*>(qr + (c * LANES + sub) * 4);
-    #pragma unroll
+{q_norm}    #pragma unroll
     for (int c = 0; c < VC; ++c) o[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     float mx = -CUDART_INF_F, sum = 0.f;  // the running maximum and sum (m names the mask)
     (void)mx;
     (void)sum;
     for (long long col = 0; col < S; ++col) {{
         const float* kr = kb + col * ks2;
-        float x = 0.f;
+        float x = 0.f{k_sum0};
         #pragma unroll
         for (int c = 0; c < QC; ++c) {{
             const float4 kv = *reinterpret_cast<const float4*>(kr + (c * LANES + sub) * 4);
-            x = fmaf(qv[c].x, kv.x, fmaf(qv[c].y, kv.y, fmaf(qv[c].z, kv.z, fmaf(qv[c].w, kv.w, x))));
+            x = fmaf(qv[c].x, kv.x, fmaf(qv[c].y, kv.y, fmaf(qv[c].z, kv.z, fmaf(qv[c].w, kv.w, x))));{k_sum}
         }}
         #pragma unroll
         for (int off = LANES / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off, LANES);
-{score}{causal}
+{k_norm}{score}{causal}
 {weigh}
         const float* vr = vb + col * vs2;
         #pragma unroll
@@ -122,3 +123,43 @@ extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls
     how = f"on the CUDA cores in fp32: a query row to {per_row} lanes, {groups} rows a block"
     launcher = attention.launcher(rid, f, sig, extras, how, call)
     return Code(cuda, launcher, f"_attn_{rid}", (f"kp_{rid}_attn",), attention.args(f), (f.out,), at=rp.pv)
+
+
+def _eps(f: AttnForm) -> str:
+    eps = [f"EPS_{t} = {e!r}f" for t, e in (("Q", f.norm_q), ("K", f.norm_k)) if e is not None]
+    return f"\nconstexpr float {', '.join(eps)};" if eps else ""
+
+
+# x / max(||x||, eps), as F.normalize: a NaN norm stays NaN (clamp_min keeps it)
+_CLAMP = "n = n < EPS_{t} ? EPS_{t} : n;"
+
+
+def _norm_lines(f: AttnForm) -> tuple[str, str, str, str]:
+    """F.normalize over the head dim, fused: Q's row scaled once loaded; each key's dot product divided by the
+    key row's norm, summed beside it over the same chunks and lanes. Empty where no norm is fused."""
+    q_norm = k_sum0 = k_sum = k_norm = ""
+    if f.norm_q is not None:
+        q_norm = (
+            "    {  // F.normalize of the query row\n"
+            "        float ss = 0.f;\n"
+            "        #pragma unroll\n"
+            "        for (int c = 0; c < QC; ++c) ss += qv[c].x * qv[c].x + qv[c].y * qv[c].y + qv[c].z * qv[c].z + qv[c].w * qv[c].w;\n"
+            "        #pragma unroll\n"
+            "        for (int off = LANES / 2; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off, LANES);\n"
+            f"        float n = sqrtf(ss);\n        {_CLAMP.format(t='Q')}\n"
+            "        #pragma unroll\n"
+            "        for (int c = 0; c < QC; ++c) qv[c] = make_float4(qv[c].x / n, qv[c].y / n, qv[c].z / n, qv[c].w / n);\n"
+            "    }\n"
+        )
+    if f.norm_k is not None:
+        k_sum0 = ", kk = 0.f"
+        k_sum = (
+            "\n            kk = fmaf(kv.x, kv.x, fmaf(kv.y, kv.y, fmaf(kv.z, kv.z, fmaf(kv.w, kv.w, kk))));"
+        )
+        k_norm = (
+            "        #pragma unroll\n"
+            "        for (int off = LANES / 2; off > 0; off >>= 1) kk += __shfl_xor_sync(0xffffffffu, kk, off, LANES);\n"
+            f"        {{  // the key row's F.normalize: its dot product over the row's norm\n"
+            f"            float n = sqrtf(kk);\n            {_CLAMP.format(t='K')}\n            x /= n;\n        }}\n"
+        )
+    return q_norm, k_sum0, k_sum, k_norm
