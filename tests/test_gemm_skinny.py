@@ -134,6 +134,41 @@ def test_emulated_skinny_candidates_match_float64(tmp_path, lead, k, n):
         assert any(name.endswith("_skinny") for name, *_ in kernels.launches)
 
 
+@pytest.mark.parametrize(("lead", "k", "n"), [("169", 2, 512), ("3, 50", 3, 37), ("4", 8, 9)])
+def test_a_layer_over_a_tiny_k_is_an_outer_product_on_the_cuda_cores(tmp_path, lead, k, n):
+    """K of at most TINY_K, any rows: one output a thread, its weight row in registers (SwinV2's Linear(2,
+    512) over 169 positions took two pad launches and a tensor-core tile); no rows or cols edits, which the
+    kernel does not read; emulated against float64, and built for sm_90a without spills."""
+    path = task(tmp_path, "t", lead, k, n)
+    low, _, tuned = plans(path)
+    assert len([x for x in tuned.regions if isinstance(x, gemm_skinny.SkinnyPlan)]) == 1
+    assert not any(isinstance(x, gemm_tf32.Tf32Plan) for x in tuned.regions)
+    assert not [label for label, _ in legal_edits(tuned, low) if "rows=" in label or "cols=" in label]
+    source, launcher = render(low, tuned)
+    assert f"constexpr int TK = {k};" in source and "_pad" not in launcher
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    x, y = module.get_inputs()
+    with torch.no_grad():
+        want = ref.double()(x.double(), y.double())
+    ref.float()
+    kernels = build(source, tmp_path)
+    model = load_model(launcher, kernels)()
+    model.load_state_dict(ref.state_dict())
+    with torch.no_grad():
+        got = model(x, y)
+    assert got.shape == want.shape and ((got.double() - want).norm() / want.norm()).item() < 1e-6
+    assert [name for name, *_ in kernels.launches if name.startswith("kp_linear")] == ["kp_linear_mm_outer"]
+    if k == 2:
+        t = probe(path)
+        cand = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+        (b,) = compile_candidates([cand], Config(home=tmp_path / "h", arch="sm_90a"))
+        assert b.status == Status.OK, b.log
+        (res,) = [x for x in b.resources if x.name.endswith("_outer")]
+        assert res.spill_stores == 0
+
+
 def test_a_lone_few_row_linear_layer_is_ours_in_the_plain_plan_and_compiles_without_spills(tmp_path):
     body = "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
     body += "        super().__init__()\n        self.fc = nn.Linear(8192, 128, bias=False)\n\n    def forward(self, x):\n"

@@ -544,6 +544,17 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "linear_f32_tiny_k": (  # K = 3: an outer product on the CUDA cores, an output a thread, the epilogue fused
+        """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(3, 300)
+            def forward(self, x):
+                return torch.relu(self.linear(x))
+        """,
+        "[]",
+    ),
     "bmm_f32_persistent": (  # one GEMM a batch, the batch read from the tile index of a persistent grid
         """
         class Model(nn.Module):
@@ -1189,6 +1200,7 @@ SHAPES = {
     # 266 x 3 tiles, 4 k tiles (the last one short), ragged at the bottom and right; one wave's worth: not persistent
     "linear_f32_persistent": ["(2, 16999, 100)", "(130, 100)"],
     "linear_f32_narrow": ["(169, 512)", "(3, 45, 512)"],  # SwinV2's position-bias MLP's second layer
+    "linear_f32_tiny_k": ["(169, 3)", "(2, 1001, 3)"],
     "bmm_f32_persistent": ["(5, 4001, 68); (5, 68, 260)"],  # 5 x 32 x 3 tiles, B row-major, gathered K-major
     # 77 x 200: 2 tiles of 128 x 128, so 7 of 128 x 32 with K (129 k tiles) split 8 ways, the last short
     "linear_f32_split": ["(77, 4100); (77, 200)", "(3, 5, 4100); (3, 5, 200)"],  # the second: 15 rows, skinny

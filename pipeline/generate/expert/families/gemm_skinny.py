@@ -1,6 +1,7 @@
 """fp32 linear layers over few rows (at most MAX_ROWS: CvT's 20 tokens, classifier heads over a batch of
 10), or into few columns from a small x (NARROW_*: SwinV2's position-bias MLP, 169 rows into a column a
-head), on the CUDA cores: templates/gemm_skinny.py. The 3xTF32 kernel's 128-row tile would compute 6x the
+head), or over a K of a few (TINY_K: an outer product, one output a thread), on the CUDA cores:
+templates/gemm_skinny.py. The 3xTF32 kernel's 128-row tile would compute 6x the
 work there and, with few output columns, leave most SMs idle; here the weight is read once and every SM
 gets columns. The plain plan keeps cuBLAS, the tuned one takes our kernel with the elementwise region
 after it fused on its stores (bias, activations, a residual).
@@ -31,6 +32,9 @@ MAX_ROWS = 32
 # all of K on as many SMs (SwinV2's position-bias MLP, (169, 512) by (512, heads): 12.8 us on two SMs, H200),
 # while here each group of rows takes its own blocks and x, re-read by every block of columns, stays in L2.
 NARROW_COLS, NARROW_ROWS, NARROW_X_BYTES = 32, 256, 4 << 20
+# A K of at most TINY_K is an outer product whatever the rows (SwinV2's position-bias MLP, Linear(2, 512)): the
+# tensor cores' kernel would copy x and w into rows of 4 for TMA (two pad launches) and run a tile for it.
+TINY_K = 8
 MAX_COLS = 8
 MAX_SUMS = 64  # rows x cols accumulators a thread
 
@@ -59,6 +63,8 @@ def form(r: Region, low: Lowered) -> int | str:
     if a.shape[-1] != b.shape[-1]:
         return "the weight is not (N, K)"
     rows = math.prod(a.shape[:-1])
+    if 0 < a.shape[-1] <= TINY_K:
+        return rows
     narrow = b.shape[0] <= NARROW_COLS and rows <= NARROW_ROWS and rows * a.shape[-1] * 4 <= NARROW_X_BYTES
     if rows > MAX_ROWS and not narrow:
         return f"{rows} rows: the tensor cores' (more than {MAX_ROWS}, {b.shape[0]} columns)"
@@ -89,7 +95,14 @@ def render(r: Region, rp: SkinnyPlan, low: Lowered, hunter: Any) -> Code:
         raise RenderError(f"region {r.rid} cannot be our skinny GEMM: {rows}")
     if rp.rows * rp.cols > MAX_SUMS or rp.cols > MAX_COLS:
         raise RenderError(f"region {r.rid}: {rp.rows} x {rp.cols} sums a thread do not fit")
-    return gemm_skinny.render(r, rp, gemm_kit.planned_epilogue(rp, r, low, gemm_kit.epilogue))
+    epi = gemm_kit.planned_epilogue(rp, r, low, gemm_kit.epilogue)
+    return gemm_skinny.render(r, rp, epi, tiny_k=_tiny_k(r, low))
+
+
+def _tiny_k(r: Region, low: Lowered) -> int:
+    """The static K of a layer over at most TINY_K of it (the outer-product kernel: rows and cols unused), else 0."""
+    k = low.by_name[r.node.args[0].name].shape[-1]
+    return k if 0 < k <= TINY_K else 0
 
 
 _fuse = gemm_kit.fuse_edit(gemm_kit.epilogue)
@@ -97,7 +110,7 @@ _fuse = gemm_kit.fuse_edit(gemm_kit.epilogue)
 
 def _cols(edit: str, factor: float) -> Any:
     def apply(plan: Plan, rp: SkinnyPlan | None, r: Region, low: Lowered) -> Any:
-        if rp is None:
+        if rp is None or _tiny_k(r, low):
             return
         cols = int(rp.cols * factor)
         if 1 <= cols <= MAX_COLS and rp.rows * cols <= MAX_SUMS:
@@ -107,7 +120,7 @@ def _cols(edit: str, factor: float) -> Any:
 
 
 def _rows(plan: Plan, rp: SkinnyPlan | None, r: Region, low: Lowered) -> Any:
-    if rp is None:
+    if rp is None or _tiny_k(r, low):
         return
     for rows in (rp.rows * 2, rp.rows // 2):
         if 1 <= rows <= 16 and rows * rp.cols <= MAX_SUMS:

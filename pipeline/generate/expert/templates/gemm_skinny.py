@@ -109,20 +109,60 @@ kp_{rid}_skinny({sig.decls()}) {{
 """
 
 
-def render(r: Region, rp: SkinnyPlan, epi: GemmEpilogue | None) -> Code:
-    """The kernel and its launcher for an fp32 linear layer (x (..., K) by a weight (N, K))."""
+def outer_kernel(rid: str, k: int, epi: GemmEpilogue | None, out_dt: str, sig: Signature) -> str:
+    """A layer over a K of a few (TINY_K): one output column a thread, its weight row held in registers,
+    the rows walked by the grid's y; K FMAs and the epilogue an output, the stores coalesced along n."""
+    value = gemm.epilogue_call(epi, "a", "", "n", "v") if epi else "v = a"
+    return f"""extern "C" __global__ void __launch_bounds__({THREADS})
+kp_{rid}_outer({sig.decls()}) {{
+    constexpr int TK = {k};
+    const long long n = (long long)blockIdx.x * {THREADS} + threadIdx.x;
+    if (n >= N || K != TK) return;
+    float wk[TK];
+#pragma unroll
+    for (int j = 0; j < TK; ++j) wk[j] = w[n * TK + j];
+    for (long long r = blockIdx.y; r < M; r += gridDim.y) {{
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TK; ++j) a = fmaf(x[r * TK + j], wk[j], a);
+        const long long m = r;  // a linear layer's rows: its matrix is the whole output
+        (void)m;
+        (void)V;
+        float v;
+        {value};
+        out[r * N + n] = kp::cv<{ctype(out_dt)}>(v);
+    }}
+}}
+"""
+
+
+def render(r: Region, rp: SkinnyPlan, epi: GemmEpilogue | None, tiny_k: int = 0) -> Code:
+    """The kernel and its launcher for an fp32 linear layer (x (..., K) by a weight (N, K)); tiny_k: the
+    static K of a layer over a few of it, which takes outer_kernel."""
     rid = r.rid
     out_dt = epi.out_dtype if epi else "float32"
     sig = signature(epi, out_dt)
     ops_ = epi.operands if epi else ()
     a, w = r.node.args[:2]
     inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
-    header = f"// region {rid}: x @ w^T over few rows on the CUDA cores ({rp.rows} x {rp.cols} sums a thread)"
-    cuda = "\n".join([header, *gemm.epilogue_function(epi, out_dt), kernel(rid, rp, epi, out_dt, sig)])
+    if tiny_k:
+        header = f"// region {rid}: x @ w^T over K = {tiny_k} on the CUDA cores (an output a thread)"
+        body = outer_kernel(rid, tiny_k, epi, out_dt, sig)
+    else:
+        header = (
+            f"// region {rid}: x @ w^T over few rows on the CUDA cores ({rp.rows} x {rp.cols} sums a thread)"
+        )
+        body = kernel(rid, rp, epi, out_dt, sig)
+    cuda = "\n".join([header, *gemm.epilogue_function(epi, out_dt), body])
     lines = [
         f"def _skinny_{rid}(sms, {', '.join(name for name, _ in inputs)}):",
-        f'    """x @ w^T{" and the fused epilogue" if epi else ""}: few rows, CUDA cores, {rp.cols} columns a '
-        'block."""',
+        f'    """x @ w^T{" and the fused epilogue" if epi else ""}: '
+        + (
+            f"K = {tiny_k}, CUDA cores, an output a thread."
+            if tiny_k
+            else f"few rows, CUDA cores, {rp.cols} columns a block."
+        )
+        + '"""',
         "    k = x.shape[-1]",
         "    lead = tuple(x.shape[:-1])",
         "    n = w.shape[0]",
@@ -131,17 +171,28 @@ def render(r: Region, rp: SkinnyPlan, epi: GemmEpilogue | None) -> Code:
         f"    out = torch.empty((m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
         *gemm.operand_lines(ops_, "*lead", "m"),
         "    if m and n:",
-        "        vec = 4 if k % 4 == 0 and _aligned((x, w), 4) else 1",
-        f"        grid = (-(-n // {rp.cols}), min(-(-m // {rp.rows}), MAX_GRID_Y))",
-        f"        kernels.kp_{rid}_skinny(grid, ({THREADS},), ({sig.args()}))  # noqa: F821",
-        "    return out.reshape(*lead, n)",
     ]
+    if tiny_k:
+        lines += [
+            f"        if k != {tiny_k}:",
+            f"            raise ValueError(f'kernelpro expert: compiled for K = {tiny_k}, got {{k}}')",
+            "        vec = 1",
+            f"        grid = (-(-n // {THREADS}), min(m, MAX_GRID_Y))",
+            f"        kernels.kp_{rid}_outer(grid, ({THREADS},), ({sig.args()}))  # noqa: F821",
+        ]
+    else:
+        lines += [
+            "        vec = 4 if k % 4 == 0 and _aligned((x, w), 4) else 1",
+            f"        grid = (-(-n // {rp.cols}), min(-(-m // {rp.rows}), MAX_GRID_Y))",
+            f"        kernels.kp_{rid}_skinny(grid, ({THREADS},), ({sig.args()}))  # noqa: F821",
+        ]
+    lines.append("    return out.reshape(*lead, n)")
     outs = (epi.out,) if epi else r.outputs
     return Code(
         cuda + "\n",
         "\n".join(lines),
         f"_skinny_{rid}",
-        (f"kp_{rid}_skinny",),
+        (f"kp_{rid}_outer" if tiny_k else f"kp_{rid}_skinny",),
         tuple(v for _, v in inputs),
         outs,
     )
