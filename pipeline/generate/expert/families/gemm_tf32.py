@@ -81,13 +81,11 @@ MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), 
 # element a split) at about 3 TB/s.
 KTILE_US = {32: 0.94, 64: 1.33, 128: 1.85}
 SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
-# The tuned plan walks the tiles with a persistent grid wherever there is more than a wave of them: some
-# block then has a second tile, whose loads run under the first one's stores (and its launch, barrier set-up
-# and first fill are not paid again). Swin's fc2 (245 tiles, 1.9 waves) ran 5% faster so (H200, two passes).
-# Measured on the H200 (docs/benchmarks.md, 2026-12-07), the persistent grid against a block a tile, same run:
-# level 1's small-K product (32768 x 64 x 32768) 2.07 against 3.35 ms, its other 3xTF32 products 2-4%
-# faster, Swin's stage-1 layers 2-11%; and with a ring of 4 stages (128 x 128) in place of 5, 2-4% faster
-# again on all seven shapes timed both ways (a stage less leaves the SM more L1 beside shared memory).
+# The persistent grid measured on the H200 against a block a tile, same runs (docs/benchmarks.md, 2026-12-07):
+# level 1's small-K product (32768 x 64 x 32768) 2.07 against 3.35 ms, its other 3xTF32 products 2-4% faster,
+# Swin's layers 2-11%; and with a ring of 4 stages (128 x 128) in place of 5, 2-4% faster again on all seven
+# shapes timed both ways (a stage less leaves the SM more L1 beside shared memory): its ring's stages under
+# the deepest.
 PERSIST_SHALLOWER = 1
 
 
@@ -167,17 +165,17 @@ def _split_edit(edit: str) -> Any:
 
 
 def persistent_pays(r: Region, low: Lowered, bn: int, splits: int) -> bool:
-    """The tuned plan's bet: a grid of more than a wave of tiles, K whole, walked by one block an SM."""
+    """The tuned plan's bet: a grid of more than a wave of tiles, K whole, walked by one block an SM. Some
+    block then has a second tile, whose loads run under the first one's stores, and its launch, barrier
+    set-up and first fill are not paid again (Swin's fc2, 245 tiles: 5% faster so, H200, two passes)."""
     tk = _tiles_and_ktiles(r, low, bn)
     return splits == 1 and tk is not None and tk[0] > WAVE
 
 
 def _persistent_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
     """persistent_grid: one block an SM walking its tiles (K whole), or back to a block a tile."""
-    if rp is not None and rp.splits == 1:
-        tk = _tiles_and_ktiles(r, low, rp.bn)
-        if rp.persistent or (tk is not None and tk[0] > WAVE):
-            yield from change("persistent_grid", plan, rp, persistent=not rp.persistent)
+    if rp is not None and (rp.persistent or persistent_pays(r, low, rp.bn, rp.splits)):
+        yield from change("persistent_grid", plan, rp, persistent=not rp.persistent)
 
 
 def _family() -> Any:
