@@ -470,9 +470,8 @@ def _norm_lines(f: AttnForm) -> tuple[str, str, str]:
         return "", load, ""
     eps = [f"EPS_{t} = {e!r}f" for t, e in (("Q", f.norm_q), ("K", f.norm_k)) if e is not None]
     defs = f"\nconstexpr float {', '.join(eps)};\n{NORMALIZED}"
-    if (
-        f.norm_q is not None
-    ):  # a row's D / 4 chunks are D / 4 consecutive lanes; every thread runs D / 8 chunks
+    # a row's D / 4 chunks are D / 4 consecutive lanes, and every thread runs D / 8 chunks: all call the shuffles
+    if f.norm_q is not None:
         load = load.replace("const float4 x = ", "const float4 x = normalized<D / 4>(", 1).replace(
             "0.f, 0.f);", "0.f, 0.f), EPS_Q);"
         )
