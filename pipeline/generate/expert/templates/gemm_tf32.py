@@ -544,17 +544,27 @@ def _splitters(count: str, k: str) -> str:
     return _SPLIT.replace(head, "@LOOP@").replace("kt", k).replace("@LOOP@", loop)
 
 
+def _load_stage(g: str, indent: int) -> str:
+    """The producer thread's loads of k tile kt (its A and B tiles, by TMA) into ring position `g`, once the
+    consumers have freed it: the one-tile and the persistent bodies' own."""
+    lines = [
+        f"const int st = {g} % STAGES;",
+        f"if ({g} >= STAGES) Barrier::wait(&s.empty[st], (({g} / STAGES) - 1) & 1);",
+        "Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));",
+        "TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);",
+        "TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);",
+    ]
+    return "".join(" " * indent + ln + "\n" for ln in lines)
+
+
 _BODY = (
     gemm.PROLOGUE
     + _INIT
     + r"""        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
             for (int kt = 0; kt < ktiles; ++kt) {
-                const int st = kt % STAGES;
-                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
-                Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
-                TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
-                TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
-            }
+"""
+    + _load_stage("kt", 16)
+    + r"""            }
 """
     + _splitters("ktiles", "kt")
     + _CONSUMERS_RS
@@ -600,12 +610,9 @@ _PERSISTENT = (
                 int batch, m_blk, n_blk;
                 coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);
                 for (int kt = 0; kt < ktiles; ++kt, ++g) {
-                    const int st = g % STAGES;
-                    if (g >= STAGES) Barrier::wait(&s.empty[st], ((g / STAGES) - 1) & 1);
-                    Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));
-                    TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
-                    TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
-                }
+"""
+    + _load_stage("g", 20)
+    + r"""                }
             }
 """
     + _splitters("mine * ktiles", "g")
