@@ -76,10 +76,11 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
     head = [header(plan), HALF_DEFINE, PRELUDE] if half else [header(plan), PRELUDE]
     head += on_use([c.cuda for c in codes.values()])
     tail = [GATHER, GATHER_HALF] if half else [GATHER]
-    if gather.wanted(low):  # views the launcher may gather: the fast fp32 gather beside the generic one
+    fast = gather.wanted(low)  # views the launcher may gather: the fast fp32 gather beside the generic one
+    if fast:
         tail.append(gather.FAST_GATHER)
     cuda = "\n".join([*head, *(c.cuda for c in codes.values()), *tail]) + "\n"
-    return cuda, _launcher(low, plan, codes, half)
+    return cuda, _launcher(low, plan, codes, half, fast)
 
 
 def on_use(texts: list[str]) -> list[str]:
@@ -107,7 +108,7 @@ def nvcc_flags(plan: Plan) -> tuple[str, ...]:
 # The launcher
 
 
-def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> str:
+def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool, fast_gather: bool) -> str:
     g = low.graph
     fused = plan.fused()
     summary = "; ".join(f"{r.rid}: {r.kind}" for r in low.regions if r.rid not in fused)
@@ -122,7 +123,7 @@ def _launcher(low: Lowered, plan: Plan, codes: dict[str, Code], half: bool) -> s
         "import torch.nn.functional as F",
         gathered(half),
         LAUNCHER_HELPERS,
-        *([gather.FAST_CONTIG] if gather.wanted(low) else []),
+        *([gather.FAST_CONTIG] if fast_gather else []),
     ]
     model = _model(low, plan, codes)
     if any("_reshape(" in ln for ln in model):

@@ -117,6 +117,8 @@ def _contig(t):
         return _contig_any(t)
     key = (tuple(t.shape), tuple(t.stride()))
     if key not in _GATHER_PLANS:
+        if len(_GATHER_PLANS) >= 4096:  # shapes that never repeat: start again rather than grow
+            _GATHER_PLANS.clear()
         _GATHER_PLANS[key] = _gather_plan(*key)
     plan = _GATHER_PLANS[key]
     if plan is None or (plan[0] > 1 and t.data_ptr() % 16):
