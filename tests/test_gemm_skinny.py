@@ -102,6 +102,26 @@ def _candidates(path: Path) -> list:
     return out
 
 
+def _float64_reference(path: Path):
+    """(the reference's fp32 weights, its inputs, its output in float64) of a task file."""
+    module = load_module(path)
+    torch.manual_seed(0)
+    ref = module.Model()
+    xs = module.get_inputs()
+    with torch.no_grad():
+        want = ref.double()(*(x.double() for x in xs))
+    return ref.float().state_dict(), xs, want
+
+
+def _emulated(source: str, launcher: str, state, xs, tmp_path: Path):
+    """(the candidate's output on the inputs, the emulator's kernels with their launches)."""
+    kernels = build(source, tmp_path)
+    model = load_model(launcher, kernels)()
+    model.load_state_dict(state)
+    with torch.no_grad():
+        return model(*xs), kernels
+
+
 @pytest.mark.parametrize(
     ("lead", "k", "n"),
     [("20", 264, 9), ("3, 5", 262, 6), ("1", 2056, 8), ("2, 16", 264, 5), ("3, 45", 128, 20)],
@@ -115,20 +135,10 @@ def test_emulated_skinny_candidates_match_float64(tmp_path, lead, k, n):
     cands = _candidates(path)
     assert len(cands) >= 3
     cands = cands[:3]  # the tuned candidate and two edits: the emulator runs every thread as a thread
-    module = load_module(path)
-    torch.manual_seed(0)
-    ref = module.Model()
-    x, y = module.get_inputs()
-    with torch.no_grad():
-        want = ref.double()(x.double(), y.double())
-    ref.float()
+    state, xs, want = _float64_reference(path)
     assert want.norm() > 0  # not every output cut to zero by the ReLU
     for c in cands:
-        kernels = build(c.source, tmp_path)
-        model = load_model(c.launcher, kernels)()
-        model.load_state_dict(ref.state_dict())
-        with torch.no_grad():
-            got = model(x, y)
+        got, kernels = _emulated(c.source, c.launcher, state, xs, tmp_path)
         assert got.shape == want.shape and got.dtype == torch.float32
         assert ((got.double() - want).norm() / want.norm()).item() < 1e-6, c.edit
         assert any(name.endswith("_skinny") for name, *_ in kernels.launches)
@@ -146,18 +156,8 @@ def test_a_layer_over_a_tiny_k_is_an_outer_product_on_the_cuda_cores(tmp_path, l
     assert not [label for label, _ in legal_edits(tuned, low) if "rows=" in label or "cols=" in label]
     source, launcher = render(low, tuned)
     assert f"constexpr int TK = {k};" in source and "_pad" not in launcher
-    module = load_module(path)
-    torch.manual_seed(0)
-    ref = module.Model()
-    x, y = module.get_inputs()
-    with torch.no_grad():
-        want = ref.double()(x.double(), y.double())
-    ref.float()
-    kernels = build(source, tmp_path)
-    model = load_model(launcher, kernels)()
-    model.load_state_dict(ref.state_dict())
-    with torch.no_grad():
-        got = model(x, y)
+    state, xs, want = _float64_reference(path)
+    got, kernels = _emulated(source, launcher, state, xs, tmp_path)
     assert got.shape == want.shape and ((got.double() - want).norm() / want.norm()).item() < 1e-6
     assert [name for name, *_ in kernels.launches if name.startswith("kp_linear")] == ["kp_linear_mm_outer"]
     if k == 2:
