@@ -1,7 +1,7 @@
 """ncu's view of one bench_gemm.py case: its candidates (the tuned plan and its first edits) compiled,
 exported standalone and run once each under Nsight Compute, the kernels whose names match --kernel.
 
-    python benchmarks/ncu_case.py CASE [--kernel REGEX] [--count 2] [--out DIR]
+    python benchmarks/ncu_case.py CASE [--kernel REGEX] [--count 2] [--out DIR] [--metrics M1,M2,...]
 
 Prints the Speed Of Light, Occupancy, Warp State and Launch sections' key lines per candidate (run on the
 GPU machine: ncu needs the device and its counters).
@@ -51,6 +51,9 @@ def main() -> int:
     ap.add_argument("--kernel", default=".", help="regex of the kernel names to profile")
     ap.add_argument("--count", type=int, default=2, help="candidates to profile")
     ap.add_argument("--out", type=Path, default=Path("/tmp/kernelpro-ncu"))
+    ap.add_argument(
+        "--metrics", default="", help="comma-separated ncu metrics, printed whole, for the sections"
+    )
     args = ap.parse_args()
     (args.out / "tasks").mkdir(parents=True, exist_ok=True)
     path = bench_gemm.write_task(args.out / "tasks", args.case)
@@ -63,10 +66,13 @@ def main() -> int:
             continue
         module = export_standalone(c, b, args.out / f"{args.case}_{i}.py")
         cmd = ["ncu", "--kernel-name", f"regex:{args.kernel}", "--launch-skip", "1", "--launch-count", "1"]
-        cmd += [x for s in SECTIONS for x in ("--section", s)]
+        cmd += (
+            ["--metrics", args.metrics] if args.metrics else [x for s in SECTIONS for x in ("--section", s)]
+        )
         cmd += [sys.executable, __file__, "--child", str(module), str(path)]
         rep = subprocess.run(cmd, capture_output=True, text=True)
-        print("\n".join(ln for ln in rep.stdout.splitlines() if any(k in ln for k in KEEP)), flush=True)
+        keep = ("__",) if args.metrics else KEEP
+        print("\n".join(ln for ln in rep.stdout.splitlines() if any(k in ln for k in keep)), flush=True)
         if rep.returncode:
             print(rep.stderr[-1500:])
     return 0
