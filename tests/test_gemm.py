@@ -474,6 +474,13 @@ def test_a_grid_of_several_waves_walks_its_tiles_with_a_persistent_grid_and_hedg
     assert ("min(grid, sms)" in launcher and "numpy.int32(grid)" in launcher) == persistent
     assert ("int TILES" in source and "for (int j = 0, base = 0; j < mine;" in source) == persistent
     assert check_launcher(launcher).ok
+    # the next k tile's A loaded under this tile's MMAs, before a promotion drains them (one-tile and persistent)
+    step = source[source.index("auto step = ") :]
+    assert (
+        step.index("load(kt + 1, ph, pl);")
+        < step.index("warpgroup_wait<0>();")
+        < step.index("sum(i) += acc(i)")
+    )
     edits = legal_edits(tuned, low)
     if persistent:
         label, undone = edits[0]  # the bet timed against a block a tile first

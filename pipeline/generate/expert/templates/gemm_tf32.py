@@ -362,13 +362,13 @@ __device__ __forceinline__ void split_same(const float* x, float* l, int n, int 
         reinterpret_cast<float4*>(l)[i] = lo4(reinterpret_cast<const float4*>(x)[i]);
 }"""
 
-# The consumer warpgroups' promotion: every PROMOTE k tiles the tensor cores' sum is added to fp32 registers
-# on the CUDA cores (the module doc says why); between, the previous k tile's MMAs are waited for and its
-# stages released while this tile's run. FENCE_DONE pins registers the finished MMAs read.
+# The convolution's promotion: every PROMOTE k tiles the tensor cores' sum is added to fp32 registers on the
+# CUDA cores (the module doc says why); between, the previous k tile's MMAs are waited for and its stages
+# released while this tile's run. (The GEMM's, in its consumers' step below, loads the next A first.)
 _PROMOTE = r"""        if (kt % PROMOTE == PROMOTE - 1 || kt == ktiles - 1) {  // the chunk's end: promote it
             warpgroup_wait<0>();
             warpgroup_fence_operand(acc);
-FENCE_ALL            CUTE_UNROLL
+            CUTE_UNROLL
             for (int i = 0; i < size(acc); ++i) {
                 sum(i) += acc(i);
                 acc(i) = 0.f;
@@ -381,7 +381,7 @@ FENCE_ALL            CUTE_UNROLL
         } else {
             warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
             warpgroup_fence_operand(acc);
-FENCE_DONE            if (held >= 0 && threadIdx.x % 128 == 0) release(held);
+            if (held >= 0 && threadIdx.x % 128 == 0) release(held);
             held = kt;
         }
 """
@@ -425,13 +425,14 @@ WAIT_FULL        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);
 PROMOTE    }
 DRAINED    CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
-""".replace("DRAINED", _DRAINED).replace(
-    "PROMOTE", _PROMOTE.replace("FENCE_ALL", "").replace("FENCE_DONE", "")
-)
+""".replace("DRAINED", _DRAINED).replace("PROMOTE", _PROMOTE)
 
 # The GEMM's consumers: their rows of A copied from the raw stage into registers and split there, B and its
 # lo from shared memory. Two register sets alternate by k tile: a set is written again only once the MMAs
-# that read it are done (the wait before it, and the fences that keep its registers live until then).
+# that read it are done (the wait before it, and the fences that keep its registers live until then). The
+# next k tile's A is loaded while this one's MMAs run, before a promotion's drain: loaded after it, its
+# barrier waits, loads and split stood between the two warpgroups' MMAs (both promote on the same k tile)
+# and the tensor cores idled through them.
 _CONSUMERS_RS = r"""    TiledMma mma;
     auto thr = mma.get_slice(threadIdx.x - 128);
     Tensor sA = make_tensor(make_smem_ptr(reinterpret_cast<T*>(s.a)), SmemA{});
@@ -453,7 +454,7 @@ _CONSUMERS_RS = r"""    TiledMma mma;
         Barrier::arrive(&s.empty[k % STAGES]);
         Barrier::arrive(&s.lo_empty[k % LO_STAGES]);
     };
-    auto step = [&](const int kt, auto& ah, auto& al, auto& ph, auto& pl) {
+    auto load = [&](const int kt, auto& ah, auto& al) {  // k tile kt's rows of A, split, once B's is split
         const int st = kt % STAGES, sl = kt % LO_STAGES;
         Barrier::wait(&s.ready[sl], (kt / LO_STAGES) & 1);  // B split
         Full::wait(&s.full[st], (kt / STAGES) & 1);  // done already: makes A's TMA writes ours to read
@@ -464,6 +465,10 @@ _CONSUMERS_RS = r"""    TiledMma mma;
             al(i) = T::bitcast(__float_as_uint(__uint_as_float(x) - __uint_as_float(h)));
             ah(i) = T::bitcast(h);
         }
+    };
+    // k tile kt's MMAs on (ah, al), loaded already; (ph, pl): the previous tile's set, the next one's
+    auto step = [&](const int kt, auto& ah, auto& al, auto& ph, auto& pl) {
+        const int st = kt % STAGES, sl = kt % LO_STAGES;
         warpgroup_fence_operand(ah);
         warpgroup_fence_operand(al);
         warpgroup_fence_operand(acc);
@@ -476,23 +481,37 @@ _CONSUMERS_RS = r"""    TiledMma mma;
         CUTE_UNROLL
         for (int kb = 0; kb < size<2>(ah); ++kb) cute::gemm(mma, ah(_, _, kb), tB(_, _, kb, st), acc);
         warpgroup_commit_batch();
-PROMOTE    };
+        warpgroup_wait<1>();  // keep this tile's MMAs in flight; the previous tile's are done
+        warpgroup_fence_operand(acc);
+        warpgroup_fence_operand(ph);
+        warpgroup_fence_operand(pl);
+        if (held >= 0 && threadIdx.x % 128 == 0) release(held);
+        held = kt;
+        if (kt + 1 < ktiles) load(kt + 1, ph, pl);
+        if (kt % PROMOTE == PROMOTE - 1 || kt == ktiles - 1) {  // the chunk's end: promote it
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(acc);
+            warpgroup_fence_operand(ah);
+            warpgroup_fence_operand(al);
+            warpgroup_fence_operand(ph);
+            warpgroup_fence_operand(pl);
+            CUTE_UNROLL
+            for (int i = 0; i < size(acc); ++i) {
+                sum(i) += acc(i);
+                acc(i) = 0.f;
+            }
+            if (threadIdx.x % 128 == 0) release(kt);
+            held = -1;
+        }
+    };
+    if (ktiles > 0) load(0, ah0, al0);
     for (int kt = 0; kt < ktiles; kt += 2) {
         step(kt, ah0, al0, ah1, al1);
         if (kt + 1 < ktiles) step(kt + 1, ah1, al1, ah0, al0);
     }
 DRAINED    CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);
-""".replace("DRAINED", _DRAINED).replace(
-    "PROMOTE",
-    _PROMOTE.replace(
-        "FENCE_ALL",
-        "            warpgroup_fence_operand(ah);\n            warpgroup_fence_operand(al);\n"
-        "            warpgroup_fence_operand(ph);\n            warpgroup_fence_operand(pl);\n",
-    ).replace(
-        "FENCE_DONE", "            warpgroup_fence_operand(ph);\n            warpgroup_fence_operand(pl);\n"
-    ),
-)
+""".replace("DRAINED", _DRAINED)
 
 
 def consumers(wait_full: bool) -> str:
@@ -625,14 +644,14 @@ def _persistent_consumers() -> str:
     subs = {
         "Barrier::arrive(&s.empty[k % STAGES]);": "Barrier::arrive(&s.empty[(base + k) % STAGES]);",
         "Barrier::arrive(&s.lo_empty[k % LO_STAGES]);": "Barrier::arrive(&s.lo_empty[(base + k) % LO_STAGES]);",
-        "const int st = kt % STAGES, sl = kt % LO_STAGES;":
+        "const int st = kt % STAGES, sl = kt % LO_STAGES;":  # in the load and the step
         "const int g = base + kt, st = g % STAGES, sl = g % LO_STAGES;",
         "(kt / LO_STAGES) & 1": "(g / LO_STAGES) & 1",
         "(kt / STAGES) & 1": "(g / STAGES) & 1",
         "    for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);\n": "",
     }  # fmt: skip
     for old, new in subs.items():
-        assert rest.count(old) == 1, old
+        assert rest.count(old) == (2 if old.startswith("const int st") else 1), old
         rest = rest.replace(old, new)
     assert rest.endswith("CUTE_UNROLL\n"), "the consumers' tail changed"
     rest = rest[: -len("    CUTE_UNROLL\n")]
