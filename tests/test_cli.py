@@ -615,6 +615,48 @@ def test_make_test_gpu_skips_without_a_cuda_device_and_its_workers_keep_each_fil
     assert xdist_scope("tests/test_sandbox.py::test_gpu_payloads") == "tests/test_sandbox.py"
 
 
+_SHARED_GPU_CASES = """import os
+
+import pytest
+
+
+@pytest.mark.gpu
+def test_tripped_by_the_other_workers():  # fails on its first run only, as hidden_work under sharing did
+    flag = os.path.join(os.path.dirname(__file__), "ran")
+    if not os.path.exists(flag):
+        open(flag, "w").close()
+        raise AssertionError("hidden_work: host time against events (another process time-slicing the GPU)")
+
+
+@pytest.mark.gpu
+def test_broken():
+    assert os.environ.get("KP_BROKEN") != "1"
+"""
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_make_test_gpu_runs_the_failures_of_its_workers_again_alone_and_that_run_decides(tmp_path, broken):
+    """GPU_WORKERS=2: a case that failed while the workers shared the GPU passes alone and the suite passes;
+    a case that fails both times fails it."""
+    import shutil
+
+    (tmp_path / "test_shared.py").write_text(_SHARED_GPU_CASES)
+    env = {**os.environ, "KP_BROKEN": "1" if broken else "0"}
+    args = [
+        "test-gpu",
+        "GPU_WORKERS=2",
+        f"GPU_FILES={tmp_path / 'test_shared.py'}",
+        f"GPU_CACHE={tmp_path / 'c'}",
+    ]
+    r = subprocess.run([shutil.which("make") or "make", "-C", str(ROOT), *args],
+                       capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert "once more alone in one process" in r.stdout, r.stdout[-3000:]
+    assert (r.returncode != 0) == broken, r.stdout[-3000:]
+    alone = r.stdout.rsplit("once more alone in one process", 1)[1]  # after the echo, not the command
+    (summary,) = re.findall(r"^.*\d+ passed.*$", alone, re.M)
+    assert summary.startswith("1 failed, 1 passed" if broken else "1 passed"), summary
+
+
 def test_an_append_cut_short_by_ctrl_c_is_resynced_before_the_interrupted_mark(tmp_path):
     """Ctrl-C between an append's write and its bookkeeping: the file has the line, the RunLog does not."""
     from pipeline.runlog import RunLog, read_events
