@@ -43,6 +43,20 @@ ADVERSARIAL = ROOT / "tests" / "adversarial"
 ESCAPE = Path("/tmp/kernelpro_escape")
 IS_ROOT = os.geteuid() == 0
 
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+# Asked at collection, not inside the test: a skip there comes after the module's arena is set up and torn
+# down, which empties ESCAPE under the tests another process (make test-gpu run by test_cli, beside this
+# file's own worker) is running.
+needs_cuda = pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+
 HONEST_FORWARD = "        return torch.tanh(x * self.scale) + 0.5 * x\n"
 
 
@@ -659,10 +673,8 @@ def test_config_rejects_unknown_layers():
 
 # -- the same payloads on a GPU -----------------------------------------------------------------------------
 @pytest.mark.gpu
+@needs_cuda
 def test_gpu_payloads(arena, tmp_path):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     cfg_kw = dict(device="cuda", job_timeout_s=120, sandbox_read=(str(ESCAPE),), energy=False)
     open_w = Worker(load(home=tmp_path / "open", sandbox=False, **cfg_kw), name="gpu-open")
     shut_w = Worker(load(home=tmp_path / "shut", **cfg_kw), name="gpu-shut")
@@ -684,12 +696,10 @@ def test_gpu_payloads(arena, tmp_path):
 
 
 @pytest.mark.gpu
+@needs_cuda
 def test_gpu_reach_launchers(arena, tmp_path):
     """Every reach_* launcher with its compiled kernels on its real task, sent straight to the workers (the
     static check, which rejects them all, is bypassed): each escapes an open worker, none a confined one."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     if not REACH:
         pytest.skip("no tests/adversarial/reach_* case yet")
     from pipeline.candidates import load_candidate
@@ -734,12 +744,10 @@ def test_gpu_reach_launchers(arena, tmp_path):
 
 
 @pytest.mark.gpu
+@needs_cuda
 def test_gpu_softmax_verifies_confined_and_ncu_profiles_it(tmp_path):
     """The honest softmax in full (timing, profiler, energy) in a confined GPU worker, then profiled: the
     system profile in the confined worker, the counters from ncu with the layers cfg gives its tree."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     from pipeline import stages
 
     task, folder = ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax"
