@@ -79,6 +79,8 @@ def probe(path: str | Path) -> Task:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    from pipeline.forced_reads import ForcedReads
+
     path = Path(path)
     module = load_module(path)
     source = path.read_text()
@@ -114,10 +116,13 @@ def probe(path: str | Path) -> Task:
             f"more than the {MAX_TASK_BYTES / 2**30:.0f} GiB a task may use"
         )
     counter = FlopCounterMode(display=False)
+    reads = ForcedReads(inputs)  # on the meta run alone: the fallbacks below count one read of each input
     try:
-        with counter, torch.no_grad():
+        with counter, reads, torch.no_grad():
             out = model(*inputs)
+        forced = reads.bytes
     except Exception as e:
+        forced = 0
         # A forward that reads values (an MoE layer's tokens per expert) cannot run on meta inputs alone:
         # once more with its integer inputs real, on the CPU (they are small; the rest stays on meta).
         try:
@@ -163,7 +168,7 @@ def probe(path: str | Path) -> Task:
         outputs=out_specs,
         init_args=repr(init_args),
         flops=float(counter.get_total_flops()),
-        min_bytes=int(in_bytes + param_bytes + out_bytes),
+        min_bytes=int(in_bytes + param_bytes + out_bytes + forced),
         param_bytes=int(param_bytes),
     )
 

@@ -60,7 +60,7 @@ class Task:
     outputs: tuple[TensorSpec, ...]
     init_args: str  # repr of get_init_inputs(), for the record
     flops: float  # torch's flop counter on the reference forward
-    min_bytes: int  # each input, parameter and output moved once
+    min_bytes: int  # each input, parameter and output moved once; twice what no kernel can read once (forced_reads.py)
     param_bytes: int
 
 
