@@ -53,10 +53,11 @@ class ForcedReads(TorchDispatchMode):
         self.waits: dict[int, dict[int, int]] = {}  # tensor -> {input: bytes re-read if it meets the input}
         self.forced: dict[int, int] = {}
         self._alive: list[torch.Tensor] = list(tensors)  # storages stay alive, so keys are not reused
+        self.lost = False
 
     @property
     def bytes(self) -> int:
-        return sum(self.forced.values())
+        return 0 if self.lost else sum(self.forced.values())
 
     def _reread(self, src: frozenset[int], slices: int) -> dict[int, int]:
         """{input: bytes read twice} for inputs reduced in `slices` slices, where a slice outgrows the chip."""
@@ -72,6 +73,14 @@ class ForcedReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if not self.lost:
+            try:
+                self._follow(func, args, kwargs, out)
+            except Exception:  # an op this does not understand: the floor counts each input once, as before
+                self.lost = True
+        return out
+
+    def _follow(self, func: Any, args: tuple, kwargs: dict | None, out: Any) -> None:
         ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         src = frozenset().union(*(self.sources.get(_key(t), frozenset()) for t in ins))
@@ -94,4 +103,3 @@ class ForcedReads(TorchDispatchMode):
             if waits:
                 self.waits[_key(t)] = waits
             self._alive.append(t)
-        return out

@@ -85,3 +85,19 @@ def test_kernelbench_frobenius_norm_floor_counts_its_second_read_and_group_norm_
     x = 112 * 64 * 512 * 512 * 4
     assert fro.min_bytes == 2 * x + (x - ON_CHIP_BYTES)
     assert gn.min_bytes == 2 * x + gn.param_bytes
+
+
+def test_an_op_the_follower_cannot_read_leaves_the_forward_running_and_each_input_counted_once(monkeypatch):
+    import torch
+    import torch.nn.functional as F
+
+    from pipeline import forced_reads
+
+    x = torch.empty(2, 2**28, device="meta")
+    with forced_reads.ForcedReads([x]) as reads:
+        y = x / x.norm()
+    assert reads.bytes == x.numel() * 4 - ON_CHIP_BYTES and y.shape == x.shape
+    monkeypatch.setitem(forced_reads.SELF_NORMALISING, "_softmax", lambda a, o: o[7].numel())  # IndexError
+    with forced_reads.ForcedReads([x]) as reads:
+        y = F.softmax(x, dim=-1) + x / x.norm()  # the forward runs on; nothing after the softmax is counted
+    assert reads.lost and reads.bytes == 0 and y.shape == x.shape
