@@ -48,12 +48,15 @@ class ForcedReads(TorchDispatchMode):
     def __init__(self, inputs: list[Any]) -> None:
         super().__init__()
         tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-        self.size = {_key(x): x.numel() * x.element_size() for x in tensors}
+        self.lost = False
+        try:
+            self.size = {_key(x): x.numel() * x.element_size() for x in tensors}
+        except Exception:  # an input without plain storage: each input counted once, as before
+            self.size, self.lost = {}, True
         self.sources: dict[int, frozenset[int]] = {k: frozenset((k,)) for k in self.size}
         self.waits: dict[int, dict[int, int]] = {}  # tensor -> {input: bytes re-read if it meets the input}
         self.forced: dict[int, int] = {}
         self._alive: list[torch.Tensor] = list(tensors)  # storages stay alive, so keys are not reused
-        self.lost = False
 
     @property
     def bytes(self) -> int:
