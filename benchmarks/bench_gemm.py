@@ -22,6 +22,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -247,6 +248,32 @@ def candidates(path: Path) -> list:
     return [p.candidate for p in first] + unrolled[:2]
 
 
+def timed_rows(path: Path, cands: list, cfg: Any, pool: Any, repeat: int, baselines: tuple[str, ...]) -> dict:
+    """{edit: row}: each candidate verified and timed `repeat` times in separate passes; a row holds each
+    pass's median and the baselines' beside it, the worst relative error against float64 beside eager's own,
+    the status (the reasons where it failed), the floor, and the speedup of the best pass over each baseline's."""
+    rows: dict[str, dict] = {c.edit: {"ours_ms": [], **{f"{b}_ms": [] for b in baselines}} for c in cands}
+    for _ in range(repeat):
+        for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
+            row = rows[c.edit]
+            row["status"] = r.verdict.status.value
+            row.setdefault("rel_error", []).append(r.verdict.worst_rel_error)
+            row["eager_rel_error"] = r.verdict.ref_rel_error
+            m = r.measurement
+            if r.status != Status.OK or m is None or m.timing is None:
+                row["reasons"] = list(r.verdict.reasons)
+                continue
+            row["ours_ms"].append(m.timing.median_ms)
+            for b in baselines:
+                row[f"{b}_ms"].append(m.baselines[b].median_ms)
+            row["floor_ms"] = m.floor_ms
+    for row in rows.values():
+        if row["ours_ms"]:
+            for b in baselines:
+                row[f"vs_{b}"] = speedup(min(row[f"{b}_ms"]), min(row["ours_ms"]))
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
@@ -263,27 +290,12 @@ def main() -> int:
     with stages.open_pool(cfg) as pool:
         for name in args.cases.split(","):
             path = write_task(args.out / "tasks", name)
-            cands = candidates(path)
-            rows = {c.edit: {"ours_ms": [], **{f"{b}_ms": [] for b in baselines}} for c in cands}
-            for _ in range(args.repeat):
-                for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
-                    row = rows[c.edit]
-                    row["status"] = r.verdict.status.value
-                    m = r.measurement
-                    if r.status != Status.OK or m is None or m.timing is None:
-                        row["reasons"] = list(r.verdict.reasons)
-                        continue
-                    row["ours_ms"].append(m.timing.median_ms)
-                    for b in baselines:
-                        row[f"{b}_ms"].append(m.baselines[b].median_ms)
-                    row["floor_ms"] = m.floor_ms
+            rows = timed_rows(path, candidates(path), cfg, pool, args.repeat, baselines)
             flops = CASES[name][2]
             for row in rows.values():
                 if row["ours_ms"]:
                     best = min(row["ours_ms"])
                     row["tflops"] = flops / best / 1e9
-                    for b in baselines:
-                        row[f"vs_{b}"] = speedup(min(row[f"{b}_ms"]), best)
                     if row.get("floor_ms"):
                         row["fraction_of_floor"] = row["floor_ms"] / best
             results[name] = rows

@@ -27,7 +27,7 @@ import bench_gemm  # noqa: E402
 from pipeline import stages  # noqa: E402
 from pipeline.candidates import candidate_key  # noqa: E402
 from pipeline.config import load  # noqa: E402
-from pipeline.types import Candidate, Status, speedup  # noqa: E402
+from pipeline.types import Candidate  # noqa: E402
 
 
 def variant(base: Candidate, name: str, subs: list[list[str]]) -> Candidate:
@@ -55,23 +55,8 @@ def main() -> int:
     cfg = load(
         home=args.out / "home", baselines=("eager",), energy=False, timing_trials=50, timing_budget_s=2.0
     )
-    rows = {c.edit: {"ours_ms": [], "eager_ms": []} for c in cands}
     with stages.open_pool(cfg) as pool:
-        for _ in range(args.repeat):
-            for c, r in zip(cands, stages.evaluate_candidates(path, cands, cfg, pool=pool), strict=True):
-                row = rows[c.edit]
-                row["status"] = r.verdict.status.value
-                row.setdefault("rel_error", []).append(r.verdict.worst_rel_error)  # against float64
-                row["eager_rel_error"] = r.verdict.ref_rel_error
-                m = r.measurement
-                if r.status != Status.OK or m is None or m.timing is None:
-                    row["reasons"] = list(r.verdict.reasons)
-                    continue
-                row["ours_ms"].append(m.timing.median_ms)
-                row["eager_ms"].append(m.baselines["eager"].median_ms)
-    for row in rows.values():
-        if row["ours_ms"]:
-            row["vs_eager"] = speedup(min(row["eager_ms"]), min(row["ours_ms"]))
+        rows = bench_gemm.timed_rows(path, cands, cfg, pool, args.repeat, ("eager",))
     print(f"{args.case}: {json.dumps(rows)}", flush=True)
     (args.out / "results.json").write_text(json.dumps({args.case: rows}, indent=1))
     return 0
