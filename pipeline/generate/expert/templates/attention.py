@@ -151,6 +151,12 @@ __device__ __forceinline__ float4 normalized(float4 x, float eps) {
 }"""
 
 
+def eps_constants(f: AttnForm) -> str:
+    """The kernel namespace's EPS_Q and EPS_K, the fused norms' eps (a line, or nothing without a norm)."""
+    eps = [f"EPS_{t} = {e!r}f" for t, e in (("Q", f.norm_q), ("K", f.norm_k)) if e is not None]
+    return f"\nconstexpr float {', '.join(eps)};" if eps else ""
+
+
 def norms_fit(d: int) -> bool:
     """Whether a head dim's rows can be normalized in the kernels: its float4 chunks a power of two up to 32."""
     return d % 4 == 0 and 0 < d // 4 <= 32 and (d // 4) & (d // 4 - 1) == 0
@@ -468,8 +474,7 @@ def _norm_lines(f: AttnForm) -> tuple[str, str, str]:
     load = "const float4 x = q0 + rr < L ? *reinterpret_cast<const float4*>(qb + (q0 + rr) * qs2 + cc) : make_float4(0.f, 0.f, 0.f, 0.f);"
     if f.norm_q is None and f.norm_k is None:
         return "", load, ""
-    eps = [f"EPS_{t} = {e!r}f" for t, e in (("Q", f.norm_q), ("K", f.norm_k)) if e is not None]
-    defs = f"\nconstexpr float {', '.join(eps)};\n{NORMALIZED}"
+    defs = f"{eps_constants(f)}\n{NORMALIZED}"
     # a row's D / 4 chunks are D / 4 consecutive lanes, and every thread runs D / 8 chunks: all call the shuffles
     if f.norm_q is not None:
         load = load.replace("const float4 x = ", "const float4 x = normalized<D / 4>(", 1).replace(

@@ -62,7 +62,7 @@ def render(r: Region, f: AttnForm, rp: AttnPlan) -> Code:
 namespace kp_{rid} {{
 constexpr int D = {f.d}, DV = {f.dv}, LANES = {per_row}, THREADS = {THREADS};
 constexpr int QC = D / (4 * LANES), VC = DV / (4 * LANES);  // float4 chunks a lane
-constexpr float LOG2E = 1.4426950408889634f;{_eps(f)}
+constexpr float LOG2E = 1.4426950408889634f;{attention.eps_constants(f)}
 }}  // namespace kp_{rid}
 extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls()}) {{
     using namespace kp_{rid};
@@ -123,11 +123,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) kp_{rid}_attn({sig.decls
     how = f"on the CUDA cores in fp32: a query row to {per_row} lanes, {groups} rows a block"
     launcher = attention.launcher(rid, f, sig, extras, how, call)
     return Code(cuda, launcher, f"_attn_{rid}", (f"kp_{rid}_attn",), attention.args(f), (f.out,), at=rp.pv)
-
-
-def _eps(f: AttnForm) -> str:
-    eps = [f"EPS_{t} = {e!r}f" for t, e in (("Q", f.norm_q), ("K", f.norm_k)) if e is not None]
-    return f"\nconstexpr float {', '.join(eps)};" if eps else ""
 
 
 # x / max(||x||, eps), as F.normalize: a NaN norm stays NaN (clamp_min keeps it)
