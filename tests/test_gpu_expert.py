@@ -1351,6 +1351,37 @@ def test_a_persistent_cluster_grid_verifies_on_long_rows(pool, home, tmp_path, s
     assert_ok([cand], [r], hybrid=False)
 
 
+@pytest.mark.parametrize(("shape", "lag", "hints"), [("(2, 12, 600, 501)", 2, True), ("(2, 12, 600, 501)", 3, False),
+                                                     ("(2, 12, 600, 501)", 1, True)])  # fmt: skip
+def test_grid_rows_with_cache_hints_or_a_lag_verify(pool, home, tmp_path, shape, lag, hints):
+    """The cooperative grid's 3.6 MB groups with the L2 cache hints (createpolicy, ld/st cache_hint) and the
+    tiles written `lag` steps after their statistics: the blocks drift that far apart before one waits."""
+    import dataclasses
+
+    from pipeline.generate.expert.families.rowwise import RowPlan
+    from pipeline.generate.expert.policy import analyse
+    from pipeline.generate.expert.render import nvcc_flags, render
+
+    path = family_task(tmp_path, "group_instance", shape)
+    low, why = analyse(path)
+    assert low is not None, why
+    base = tuned_with_edit(path, "pipeline_loads")  # the grid's first such move: the hints
+    plan = plan_of(base.source)
+    assert any(isinstance(rp, RowPlan) and rp.grid_row and rp.l2_hints for rp in plan.regions), plan
+    regions = tuple(
+        dataclasses.replace(rp, grid_lag=lag, l2_hints=hints)
+        if isinstance(rp, RowPlan) and rp.grid_row
+        else rp
+        for rp in plan.regions
+    )
+    plan = dataclasses.replace(plan, regions=regions)
+    source, launcher = render(low, plan)
+    cand = make_candidate(base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit=f"lag {lag}")
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=False)
+    assert any("_grid_" in k for k in r.measurement.kernels), r.measurement.kernels
+
+
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"

@@ -39,18 +39,21 @@ def _task(folder: Path, name: str) -> Path:
     return op_task(folder, name, *CASES[name])
 
 
-def _grid(path: Path):
-    """The tuned plan with its row op moved onto the cooperative grid (what the tuned plan takes over 3 MB)."""
+def _grid(path: Path, **knobs):
+    """The tuned plan with its row op moved onto the cooperative grid (what the tuned plan takes over 3 MB),
+    `knobs` changed besides."""
     low, why = analyse(path)
     assert low is not None, why
     plan = plan_of(tuned(path).source)
     rp = next(r for r in plan.regions if r.TAG == "row")
-    forced = dataclasses.replace(rp, cluster=0, regs=0, grid_row=True, persistent=2, threads=256, unroll=8)
+    forced = dataclasses.replace(
+        rp, cluster=0, regs=0, grid_row=True, persistent=2, threads=256, unroll=8, **knobs
+    )
     plan = dataclasses.replace(plan, regions=tuple(forced if r is rp else r for r in plan.regions))
     return render(low, plan)
 
 
-def _run(tmp_path, name: str, x: torch.Tensor, blocks_per_sm: int = 2):
+def _run(tmp_path, name: str, x: torch.Tensor, blocks_per_sm: int = 2, **knobs):
     path = _task(tmp_path, name)
     ref = load_module(path).Model()
     torch.manual_seed(0)
@@ -58,7 +61,7 @@ def _run(tmp_path, name: str, x: torch.Tensor, blocks_per_sm: int = 2):
         for p in ref.parameters():
             p.copy_(torch.randn_like(p))
         want = ref(x)
-    source, launcher = _grid(path)
+    source, launcher = _grid(path, **knobs)
     report = check_launcher(launcher)
     assert report.ok and report.kind == Kind.CUSTOM, (report.library_ops, report.violations)
     kernels = build(source, tmp_path)
@@ -83,6 +86,46 @@ def test_rows_over_a_cooperative_grid_match_pytorch(tmp_path, name, blocks_per_s
     (grid,) = {launch[1][0] for launch in kernels.launches}
     assert grid <= 4 * blocks_per_sm, grid  # resident at once: the SMs times what each holds
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "lag", "hints"), [("group_norm_spanning", 2, True), ("softmax", 3, False),
+                                                    ("layer_norm_affine", 2, False)])  # fmt: skip
+def test_grid_tiles_written_steps_later_or_cache_hinted_match_pytorch(tmp_path, name, lag, hints):
+    """A tile written `lag` steps after its statistics were taken (the blocks drift that far before one
+    waits), its first read kept in L2 by cache hints (the emulator loads plainly: the hints are the GPU's):
+    at one block an SM of 4 every row's tiles span two steps, so a row's wait crosses steps."""
+    x = load_module(_task(tmp_path, name)).get_inputs()[0]
+    for bps in (1, 2):
+        kernels, got, want = _run(tmp_path, name, x, bps, grid_lag=lag, l2_hints=hints)
+        assert len(kernels.launches) == 1 and kernels.cooperative == [kernels.launches[0][0]]
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_grid_forms_cache_hints_and_lag_compile_without_spills(tmp_path):
+    """GroupNorm's 8 MB groups on the grid with the L2 cache hints and a lag of 2: built for sm_90a (the
+    createpolicy and cache_hint forms ptxas accepts), no spills; the pipeline_loads edit offers both."""
+    from pipeline.generate.expert.edits import legal_edits
+    from pipeline.generate.expert.families.rowwise import RowPlan
+
+    path = op_task(tmp_path, "group", "nn.GroupNorm(8, 64)", "y", "112, 64, 512, 512")
+    low, why = analyse(path)
+    assert low is not None, why
+    base = tuned(path)
+    plan = plan_of(base.source)
+    moves = [(label, p) for label, p in legal_edits(plan, low) if label.startswith("pipeline_loads(")]
+    rows = [next(r for r in p.regions if isinstance(r, RowPlan)) for _, p in moves]
+    assert [(r.l2_hints, r.grid_lag) for r in rows[:2]] == [(True, 1), (False, 2)], moves
+    source, launcher = _grid(path, grid_lag=2, l2_hints=True)
+    assert "kp_vload_last<" in source and "kp_vstore_first<" in source and "s < steps + 2" in source
+    from pipeline.candidates import make_candidate
+    from pipeline.generate.expert.render import nvcc_flags
+
+    cand = make_candidate(base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit="hinted")
+    (b,) = compile_candidates([cand], Config(home=tmp_path / "home", arch="sm_90a"))
+    assert b.status == Status.OK and not b.log, b.log
+    grid = [r for r in b.resources if "_grid_" in r.name]
+    assert len(grid) == 2 and all(r.spill_stores == 0 and r.spill_loads == 0 for r in grid), grid
 
 
 @pytest.mark.slow

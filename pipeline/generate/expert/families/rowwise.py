@@ -66,6 +66,8 @@ class RowPlan(RegionPlan):
     smem_row: bool = False  # two-pass ops: the row cached in shared memory between the passes
     cluster: int = 0  # two-pass ops: a row over this many blocks of a thread-block cluster (0: none)
     grid_row: bool = False  # two-pass ops: a row no cluster holds over the tiles of a cooperative grid
+    grid_lag: int = 1  # with grid_row: steps between a tile's first read and its second (its write)
+    l2_hints: bool = False  # with grid_row: the first read kept in L2 for the second, the stores evict-first
     intrinsics: bool = False  # fused neighbours' logs and exponentials by the special-function unit
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
@@ -297,6 +299,20 @@ def _occupancy(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves
         yield from common.increase_occupancy(plan, rp, r, low)
 
 
+MAX_GRID_LAG = 3
+_more_unroll = common.unroll("pipeline_loads")
+
+
+def _pipeline(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
+    """A grid row's tiles: their first read kept in L2 for the second (cache hints), or written a step later
+    (the blocks drift further apart before one waits); other rows: more loads in flight a thread."""
+    if rp.grid_row:
+        yield from change("pipeline_loads", plan, rp, l2_hints=not rp.l2_hints)
+        if rp.grid_lag < MAX_GRID_LAG:
+            yield from change("pipeline_loads", plan, rp, grid_lag=rp.grid_lag + 1)
+    yield from _more_unroll(plan, rp, r, low)
+
+
 def _hedges(rp: RowPlan) -> tuple[str, ...]:
     """A row over a cluster or a cooperative grid is a bet on the GPU: a cluster of 16 needs a GPC's 16 free
     SMs, a grid's every step waits on the last one. Measured against the block per row it replaced, the
@@ -329,7 +345,7 @@ FAMILY = Family(
         "remove_divergence": _divergence,
         "persistent_grid": common.persistent_grid,
         "lower_power": common.fewer_sms,
-        "pipeline_loads": common.unroll("pipeline_loads"),
+        "pipeline_loads": _pipeline,
         "resize_grid": _resize,
         "increase_occupancy": _occupancy,
         "reduce_registers": _registers,
