@@ -1,7 +1,11 @@
-"""ncu's view of one bench_gemm.py case: its candidates (the tuned plan and its first edits) compiled,
-exported standalone and run once each under Nsight Compute, the kernels whose names match --kernel.
+"""ncu's view of one bench_gemm.py case, or of a task file: its candidates compiled, exported standalone and
+run once each under Nsight Compute, the kernels whose names match --kernel.
 
     python benchmarks/ncu_case.py CASE [--kernel REGEX] [--count 2] [--out DIR] [--metrics M1,M2,...]
+    python benchmarks/ncu_case.py TASK.py [--forms long_rows] ...
+
+A case's candidates are the tuned plan and its first edits; a task file's are the expert's tuned candidate,
+or the forms a forms script (benchmarks/long_rows.py, cluster_regs.py, ...) compares, `--forms MODULE`.
 
 Prints the Speed Of Light, Occupancy, Warp State and Launch sections' key lines per candidate (run on the
 GPU machine: ncu needs the device and its counters).
@@ -29,11 +33,26 @@ def _run_once(module_path: str, task_path: str) -> None:
 
     from pipeline.candidates import load_export
 
-    model = load_export(module_path, "candidate").ModelNew().cuda()
-    xs = [x.cuda() for x in load_export(task_path, "task").get_inputs()]
+    task = load_export(task_path, "task")
+    init = task.get_init_inputs() if hasattr(task, "get_init_inputs") else []
+    model = load_export(module_path, "candidate").ModelNew(*init).cuda()
+    torch.set_default_device("cuda")  # inputs drawn on the GPU: GroupNorm's 7.5 GB took ~20 s on the host
+    xs = [x.cuda() for x in task.get_inputs()]
     for _ in range(2):
         model(*xs)
     torch.cuda.synchronize()
+
+
+def _task_forms(path: Path, forms: str) -> list:
+    """(label, candidate) of a task file: a forms script's, or the expert's tuned candidate alone."""
+    if forms:
+        import importlib
+
+        return importlib.import_module(forms).candidates(path)
+    sys.path.insert(0, str(ROOT / "tests"))
+    from expert_plans import tuned
+
+    return [("tuned", tuned(path))]
 
 
 def main() -> int:
@@ -54,10 +73,15 @@ def main() -> int:
     ap.add_argument(
         "--metrics", default="", help="comma-separated ncu metrics, printed whole, for the sections"
     )
+    ap.add_argument("--forms", default="", help="a task file's forms: the benchmarks module that lists them")
     args = ap.parse_args()
     (args.out / "tasks").mkdir(parents=True, exist_ok=True)
-    path = bench_gemm.write_task(args.out / "tasks", args.case)
-    cands = bench_gemm.candidates(path)[: args.count]
+    if args.case.endswith(".py"):
+        path = Path(args.case)
+        cands = [c for _, c in _task_forms(path, args.forms)][: args.count]
+    else:
+        path = bench_gemm.write_task(args.out / "tasks", args.case)
+        cands = bench_gemm.candidates(path)[: args.count]
     builds = compile_candidates(cands, Config(home=args.out / "home", arch="sm_90a"))
     for i, (c, b) in enumerate(zip(cands, builds, strict=True)):
         print(f"== {args.case} [{i}] {c.edit}: {[str(r) for r in b.resources]}", flush=True)
