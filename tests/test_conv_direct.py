@@ -74,7 +74,7 @@ def test_a_thread_takes_as_many_channels_of_its_group_as_divide_it_and_fit(tmp_p
     def moves(edit, rp):
         return [(p.regions[0].outs, p.regions[0].chans) for _, p in edits[edit](Plan((rp,)), rp, r, low)]
 
-    assert moves("coarsen_threads", rp) == [(4, 8), (2, 16)]
+    assert moves("coarsen_threads", rp) == [(4, 8), (2, 16), (2, 8)]  # the last 2 rows a thread
     assert moves("more_parallelism", rp) == [(2, 4), (1, 8)]
     four = conv_direct.DirectPlan(r.rid, outs=4, chans=8)
     assert moves("coarsen_threads", four) == []  # 8 x 8 or 4 x 16: 64 accumulators

@@ -7,7 +7,8 @@ search keeps whichever measures faster.
 The elementwise region after it (the convolution's bias among it) is fused on its stores in the tuned plan
 (the same epilogue rule as the implicit GEMM's: families/conv_tf32.py). Edits: use_direct_kernel (from
 cuDNN), fuse_epilogue, coarsen_threads (outputs of a row a thread x2, up to 8; or output channels x2, up
-to the group's and MAX_ACC accumulators), more_parallelism (channels, then outputs, x1/2), pipeline_loads
+to the group's; or, where windows overlap vertically, output rows x2, up to 8; all within MAX_ACC
+accumulators), more_parallelism (rows, then channels, then outputs, x1/2), pipeline_loads
 (the other loop order: input channels innermost or outermost), resize_grid (threads x2 and /2),
 coalesce_accesses (a strided transposed one's stores staged through shared memory, or not).
 """
@@ -29,7 +30,8 @@ from pipeline.generate.expert.templates.conv_tf32 import ConvForm
 DTYPES = ("float32", "float16", "bfloat16")
 MAX_OUTS = 8
 MAX_CHANS = 16
-MAX_ACC = 32  # accumulators a thread (outs x chans): 64 took 255 registers on a grouped 3-D one
+MAX_ACC = 32  # accumulators a thread (rows x outs x chans): 64 took 255 registers on a grouped 3-D one
+MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class DirectPlan(RegionPlan):
     ci_inner: bool = False  # input channels innermost: a tap's coordinates computed once for all of them
     staged: bool = False  # a strided transposed one's stores through shared memory, in column order
     epilogue: str = ""  # rid of the ew region computed on the sums before the one store
+    rows: int = 1  # output rows a thread computes where windows overlap vertically: each input row read once
+    # for them (templates/conv_direct.py)
 
 
 def form(r: Region, low: Lowered) -> ConvForm | str:
@@ -63,7 +67,7 @@ def claims(r: Region, low: Lowered) -> bool:
 
 def chans(f: ConvForm, outs: int) -> int:
     """The most output channels a thread can take: a power of two that divides the group's, within
-    MAX_CHANS and MAX_ACC accumulators."""
+    MAX_CHANS and MAX_ACC accumulators (`outs` a channel's: outputs of a row x rows)."""
     cout_g = f.cout // f.groups
     return next(c for c in (16, 8, 4, 2, 1) if c <= MAX_CHANS and cout_g % c == 0 and c * outs <= MAX_ACC)
 
@@ -74,7 +78,8 @@ def tuned_plan(rid: str, f: ConvForm) -> DirectPlan:
     channels innermost when a group has several: 1.07-1.64x faster on all 6 convolutions timed both ways.
     A strided transposed one's stores staged where they fit (its phases' columns are `stride` apart: a
     warp's store fills 1/stride of the sectors it touches); not yet timed against the unstaged stores, which
-    coalesce_accesses gives back."""
+    coalesce_accesses gives back. One output row a thread: a column of them (DirectPlan.rows) is
+    coarsen_threads' until it is timed."""
     c = min(8, chans(f, 2))
     rp = DirectPlan(rid, outs=2 if c == 8 else 4, chans=c, ci_inner=f.cin // f.groups > 1)
     return replace(rp, staged=not conv_direct.why_unstageable(f, rp))
@@ -102,14 +107,21 @@ OUTPUT_EDITS = common.output_edits(MAX_OUTS)
 
 
 def _coarsen(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
-    """More outputs of a row a thread, or more channels (inputs read fewer times)."""
+    """More outputs of a row a thread, or more channels (inputs read fewer times), or where windows overlap
+    vertically more output rows (each input row read once for them, not once for each through L2)."""
     if rp is None:
         return
     f = form(r, low)
-    if rp.outs * 2 * rp.chans <= MAX_ACC:
+    if rp.outs * 2 * rp.chans * rp.rows <= MAX_ACC:
         yield from OUTPUT_EDITS["coarsen_threads"](plan, rp, r, low)
-    if not isinstance(f, str) and chans(f, rp.outs) >= rp.chans * 2:
+    if isinstance(f, str):
+        return
+    if chans(f, rp.outs * rp.rows) >= rp.chans * 2:
         yield from change("coarsen_threads", plan, rp, chans=rp.chans * 2)
+    taller = replace(rp, rows=rp.rows * 2)
+    fits = taller.rows <= MAX_ROWS and rp.outs * rp.chans * taller.rows <= MAX_ACC
+    if fits and not conv_direct.why_no_rows(f, taller):
+        yield from change("coarsen_threads", plan, rp, rows=taller.rows)
 
 
 def _order(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
@@ -121,7 +133,9 @@ def _order(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common
 
 
 def _parallelism(plan: Plan, rp: DirectPlan | None, r: Region, low: Lowered) -> common.Moves:
-    """Fewer channels a thread first, then fewer outputs of a row."""
+    """Fewer output rows a thread first, then fewer channels, then fewer outputs of a row."""
+    if rp is not None and rp.rows > 1:
+        yield from change("more_parallelism", plan, rp, rows=rp.rows // 2)
     if rp is not None and rp.chans > 1:
         yield from change("more_parallelism", plan, rp, chans=rp.chans // 2)
     yield from OUTPUT_EDITS["more_parallelism"](plan, rp, r, low)

@@ -14,7 +14,10 @@ innermost loop (a tap's coordinates and bounds computed once for all of them). A
 stride along the
 row takes its pixels one phase (ox mod stride) at a time: a warp's threads then agree on which taps land,
 where consecutive pixels would each skip a different (stride - 1) in stride of them, the warp running
-all, and they read consecutive inputs. The geometry is compiled in (1-D and 2-D
+all, and they read consecutive inputs. Where the windows of vertically neighbouring outputs share input
+rows (a forward convolution whose window is taller than its stride), a thread may take a column of `rows`
+output rows: each input row their windows span read once for all of them, where a thread an output row
+read it again for each (through L2). The geometry is compiled in (1-D and 2-D
 convolutions are 3-D ones with unit extents in front), the batch size is not.
 """
 
@@ -87,26 +90,65 @@ def block_threads(f: ConvForm, rp: DirectPlan) -> int:
 
 
 def grid_expr(f: ConvForm, rp: DirectPlan) -> str:
-    """The launcher's block count for `rows` (the batch's output rows of CH channels)."""
+    """The launcher's block count for `rows` (the batch's output rows of CH channels, or with a column of RO
+    rows a thread, their columns)."""
     if rp.staged:
         return f"rows * {-(-f.out[2] // segment(f, rp))}"
     return f"-(-rows * {lanes(f, rp.outs)} // {rp.threads})"
+
+
+# A column of output rows a thread (DirectPlan.rows): where the windows of vertically neighbouring outputs
+# share input rows, a thread computes RO of them (OUTS outputs of each) and reads each input row their windows
+# span once, the products merged into every output row whose window holds it; a thread an output row read
+# KH rows, its neighbours the same rows again through L2 (KernelBench's depthwise 3 x 3 at stride 1: L2 at 89%
+# of its peak with 3x the input in L2 traffic, the DRAM read once).
+ROWS_SPAN_MAX = 64  # input rows a column's windows span: the bits of USED, the rows some window takes
+
+
+def overlaps_rows(f: ConvForm) -> bool:
+    """Whether vertically neighbouring outputs' windows share input rows (what a column of outputs saves). A
+    transposed one gathers: which taps land on an output depends on the output's own coordinates."""
+    return not f.transposed and (f.kernel[1] - 1) * f.dil[1] + 1 > f.stride[1]
+
+
+def rows_span(f: ConvForm, ro: int) -> int:
+    """The input rows the windows of `ro` consecutive output rows span."""
+    return (ro - 1) * f.stride[1] + (f.kernel[1] - 1) * f.dil[1] + 1
+
+
+def why_no_rows(f: ConvForm, rp: DirectPlan) -> str:
+    """Why a thread cannot take the plan's column of rp.rows output rows, or "" when it can (or rows is 1)."""
+    if rp.rows == 1:
+        return ""
+    if rp.rows < 1:
+        return f"{rp.rows} output rows a thread"
+    if not overlaps_rows(f):
+        return "neighbouring output rows share no input row (a transposed one, or a stride past the window)"
+    if rows_span(f, rp.rows) > ROWS_SPAN_MAX:
+        return f"{rp.rows} output rows span {rows_span(f, rp.rows)} input rows, more than {ROWS_SPAN_MAX}"
+    return ""
 
 
 # A tap loop is unrolled while its body stays within this many FMAs a thread: KernelBench's grouped 3-D one
 # fully unrolled (105 taps x 8 outputs of one channel) took 255 registers and ran 3.2x slower than 2 outputs
 # (80 registers) on the H200.
 UNROLLED_FMAS = 256
+# A column of rows with its width taps unrolled too: ptxas hoisted the loads of the rows ahead, 3 x 5 and
+# 3 x 7 windows (no padding) at 4 rows of 8 outputs took 176 and 214 registers (64 with the width taps
+# rolled), 3 x 3 ones 64 either way.
+ROWS_UNROLLED_KW = 3
 
 
 def unrolled(f: ConvForm, rp: DirectPlan) -> tuple[str, str, str]:
     """The unroll pragmas' counts for the depth, height and width tap loops ("" all, "1" none), each while
     the body stays within UNROLLED_FMAS: the width taps always with input channels outermost (their
     phase test is uniform), with them innermost only while small too (7 taps x 4 channels x 16 products
-    took 128 registers and spilled)."""
+    took 128 registers and spilled). With a column of rows the input rows' loop is unrolled whatever the
+    height flag says (which outputs a row feeds must be known at compile time), and the width taps only
+    for a window at most ROWS_UNROLLED_KW wide."""
     (kd, kh, kw) = f.kernel
-    per = rp.outs * rp.chans * (ci_unroll(f, rp) if rp.ci_inner else 1)
-    kx = not rp.ci_inner or per * kw <= UNROLLED_FMAS
+    per = rp.outs * rp.chans * rp.rows * (ci_unroll(f, rp) if rp.ci_inner else 1)
+    kx = (not rp.ci_inner or per * kw <= UNROLLED_FMAS) and (rp.rows == 1 or kw <= ROWS_UNROLLED_KW)
     body = per * kw if kx else per
     ky = kx and body * kh <= UNROLLED_FMAS
     kz = ky and body * kh * kd <= UNROLLED_FMAS
@@ -160,10 +202,47 @@ for (int kz = 0; kz < KD; ++kz) {{
 }}"""
 
 
-def _outer_nest(t: str, vw: bool, rolled: tuple[str, str, str], _u: int) -> str:
+def _row_loops(t: str, rolled: tuple[str, str, str], xr: str, body: str) -> str:
+    """A column of output rows' tap loops: the depth taps, the input rows its windows span (each read once
+    for all of them), the width taps, xr the input row of (iz, iy), around `body`. Unrolled along the rows:
+    which output rows and taps a row feeds must be known at compile time (acc's row index a register, not
+    local memory)."""
+    return f"""#pragma unroll {rolled[0]}
+for (int kz = 0; kz < KD; ++kz) {{
+    const int iz = src(oz, kz, SD, PD, DD, ID);
+    if (iz < 0) continue;
+    #pragma unroll
+    for (int t = 0; t < T; ++t) {{
+        const int iy = oy0 * SH - PH + t;
+        if (!((USED >> t) & 1) || (unsigned)iy >= (unsigned)IH) continue;
+        const {t}* xr = {xr};
+        #pragma unroll {rolled[2]}
+        for (int kx = 0; kx < KW; ++kx) {{
+{textwrap.indent(body.rstrip(), " " * 12)}
+        }}
+    }}
+}}"""
+
+
+def _merged(fma: str, tap: str = "") -> str:
+    """A column of rows: the products of input row t go to each output row r whose window takes it at tap ky
+    (r * SH + ky * DH == t: known at compile time, the other pairs unrolled away); `tap` declares what the
+    products need of ky."""
+    inner = "\n".join(filter(None, [tap, fma.replace("acc[", "acc[r][")]))
+    return f"""#pragma unroll
+for (int r = 0; r < RO; ++r)
+    #pragma unroll
+    for (int ky = 0; ky < KH; ++ky)
+        if (r * SH + ky * DH == t) {{
+{textwrap.indent(inner, " " * 12)}
+        }}"""
+
+
+def _outer_nest(t: str, vw: bool, rolled: tuple[str, str, str], _u: int, ro: int = 1) -> str:
     """Input channels outermost: each tap's input coordinates recomputed for every channel."""
     w4 = "wc + (ci * TAPS + (kz * KH + ky) * KW + kx) * COUT_G"
     w1 = "wc[ci * WCI + c * WCO + (kz * KH + ky) * KW + kx]"
+    fma = _fma(t, vw, w4, w1, "")
     body = f"""{_XV}
 float xv[OUTS];
 #pragma unroll
@@ -171,9 +250,12 @@ for (int v = 0; v < OUTS; ++v) {{
     const int ox = ox_of(v), ix = ox < OW ? src(ox, kx, SW, PW, DW, IW) : -1;
     xv[v] = ix >= 0 ? ld(xr[ix]) : 0.f;
 }}
-{_fma(t, vw, w4, w1, "")}"""
-    loops = _tap_loops(
-        t, rolled, "xg + ci * CHW + ((long long)iz * IH + iy) * IW", textwrap.indent(body, " " * 12)
+{_merged(fma) if ro > 1 else fma}"""
+    xr = "xg + ci * CHW + ((long long)iz * IH + iy) * IW"
+    loops = (
+        _row_loops(t, rolled, xr, body)
+        if ro > 1
+        else _tap_loops(t, rolled, xr, textwrap.indent(body, " " * 12))
     )
     return (
         "    #pragma unroll 1\n    for (int ci = 0; ci < CIN_G; ++ci) {\n"
@@ -182,15 +264,20 @@ for (int v = 0; v < OUTS; ++v) {{
     )
 
 
-def _inner_nest(t: str, vw: bool, rolled: tuple[str, str, str], u: int) -> str:
+def _inner_nest(t: str, vw: bool, rolled: tuple[str, str, str], u: int, ro: int = 1) -> str:
     """Input channels innermost: a tap's input columns and their bounds computed once for all channels (its
     inputs CHW apart), the weights of a tap (channel-inner: (groups, taps, C_in / groups, C_out / groups))
-    read in order."""
+    read in order. With a column of rows the tap (its ky) is known only where a product lands."""
     w4 = "wt + ci * COUT_G"
     w1 = "wc[ci * WCI + c * WCO + tap]"
     wt = f"\nconst {t}* wt = wc + tap * CIN_G * COUT_G;" if vw else ""
-    body = f"""const int tap = (kz * KH + ky) * KW + kx;
-int ix[OUTS];
+    tap = "const int tap = (kz * KH + ky) * KW + kx;"
+    if ro > 1:
+        products = textwrap.indent(_merged(_fma(t, vw, w4, w1, ""), tap + wt), "    ")
+        tap = wt = ""
+    else:
+        products, tap = _fma(t, vw, w4, w1, "    "), tap + "\n"
+    body = f"""{tap}int ix[OUTS];
 #pragma unroll
 for (int v = 0; v < OUTS; ++v) {{
     const int ox = ox_of(v);
@@ -202,16 +289,16 @@ for (int ci = 0; ci < CIN_G; ++ci) {{
     float xv[OUTS];
     #pragma unroll
     for (int v = 0; v < OUTS; ++v) xv[v] = ix[v] >= 0 ? ld(xr[ci * CHW + ix[v]]) : 0.f;
-{_fma(t, vw, w4, w1, "    ")}
+{products}
 }}"""
-    loops = _tap_loops(t, rolled, "xg + ((long long)iz * IH + iy) * IW", body)
+    loops = (_row_loops if ro > 1 else _tap_loops)(t, rolled, "xg + ((long long)iz * IH + iy) * IW", body)
     return textwrap.indent(loops, " " * 4)
 
 
 def ci_unroll(f: ConvForm, rp: DirectPlan) -> int:
     """Input channels a channels-innermost loop unrolls: all of a group's while its body stays within
     UNROLLED_FMAS / 4 FMAs a thread (128 took 128 registers and spilled at 8 channels x 2 outputs)."""
-    per = rp.outs * rp.chans
+    per = rp.outs * rp.chans * rp.rows
     return max(1, min(f.cin // f.groups, UNROLLED_FMAS // 4 // per))
 
 
@@ -279,14 +366,22 @@ _STAGED_HEAD = """    const long long row = blockIdx.x / NSEG;  // ((n * CBLK + 
 """
 
 
-def _stores(staged: bool, at: str, value: str, ot: str) -> str:
-    """The sums' stores, the chain on them (`value` sets v from VALUE): a thread its own columns, or
-    staged, the block's channels x SEG columns through shared memory, consecutive threads consecutive
-    columns."""
+def _stores(staged: bool, at: str, value: str, ot: str, ro: int = 1) -> str:
+    """The sums' stores, the chain on them (`value` sets v from VALUE): a thread its own columns (of each
+    of its RO rows), or staged, the block's channels x SEG columns through shared memory, consecutive
+    threads consecutive columns."""
     one = f"""const long long o = {at} + oz) * OH + oy) * OW + ox;
 float v;
 {value};
 out[o] = cv<{ot}>(v);"""
+    if ro > 1:  # a column's rows (a forward convolution's: never staged)
+        rows = _stores(False, at, value, ot).replace("acc[c][u]", "acc[r][c][u]")
+        return f"""    #pragma unroll
+    for (int r = 0; r < RO; ++r) {{
+        const int oy = oy0 + r;
+        if (oy >= OH) continue;  // the last column's rows past the output
+{textwrap.indent(rows, "    ")}    }}
+"""
     if not staged:
         return f"""    #pragma unroll
     for (int c = 0; c < CH; ++c) {{
@@ -340,6 +435,9 @@ def render(
         raise ValueError(f"{ch} channels a thread do not divide the group's {cout_g} output channels")
     if rp.staged and (why := why_unstageable(f, rp)):
         raise ValueError(f"staged stores: {why}")
+    if why := why_no_rows(f, rp):
+        raise ValueError(f"{rp.rows} output rows a thread: {why}")
+    ro = rp.rows
     vw, inner = channel_inner(rp), rp.ci_inner
     rolled = unrolled(f, rp)
     w_steps = (
@@ -354,7 +452,34 @@ constexpr long long WCI = TRANSPOSED ? COUT_G * TAPS : TAPS, WCO = TRANSPOSED ? 
     else:
         w_base = f"""    const {t}* wc = TRANSPOSED ? w + ((long long)grp * CIN_G * COUT_G + co0 % COUT_G) * TAPS
                                : w + (long long)co0 * CIN_G * TAPS;"""
-    nest = (_inner_nest if inner else _outer_nest)(t, vw, rolled, ci_unroll(f, rp))
+    nest = (_inner_nest if inner else _outer_nest)(t, vw, rolled, ci_unroll(f, rp), ro)
+    ohb = -(-oh // ro)  # a thread's columns of output rows along H
+    if ro > 1:  # a column of RO output rows a thread: where it starts, RO x CH x OUTS sums
+        used = sum(1 << y for y in {r * sh + k * dh for r in range(ro) for k in range(kh)})
+        column = f"""constexpr int RO = {ro}, OHB = {ohb}, T = {rows_span(f, ro)};  // output rows a thread, its columns, the input rows they span
+constexpr unsigned long long USED = {used:#x}ull;  // the rows some window takes (dilation may skip some), a bit each
+"""
+        locate = _HEAD.replace("* OH + oy", "* OHB + oy / RO") + (
+            "    const int oy0 = (int)(row % OHB) * RO, oz = (int)((row / OHB) % OD);\n"
+        )
+        acc = """    float acc[RO][CH][OUTS];
+    #pragma unroll
+    for (int r = 0; r < RO; ++r)
+        #pragma unroll
+        for (int c = 0; c < CH; ++c)
+            #pragma unroll
+            for (int v = 0; v < OUTS; ++v) acc[r][c][v] = 0.f;"""
+    else:
+        column = ""
+        locate = (_STAGED_HEAD if rp.staged else _HEAD) + (
+            "    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);\n"
+        )
+        acc = """    float acc[CH][OUTS];
+    #pragma unroll
+    for (int c = 0; c < CH; ++c)
+        #pragma unroll
+        for (int v = 0; v < OUTS; ++v) acc[c][v] = 0.f;"""
+    oh_ = "OHB" if ro > 1 else "OH"
     cuda = (
         chain
         + f"""
@@ -368,7 +493,7 @@ constexpr int KD = {kd}, KH = {kh}, KW = {kw}, SD = {sd}, SH = {sh}, SW = {sw};
 constexpr int PD = {pd}, PH = {ph}, PW = {pw}, DD = {dd}, DH = {dh}, DW = {dw};
 constexpr long long CHW = (long long)ID * IH * IW, TAPS = (long long)KD * KH * KW;
 constexpr bool TRANSPOSED = {"true" if f.transposed else "false"};  // weight (C_in, C_out / groups, taps)
-{w_steps}// The input coordinate a tap reads for an output coordinate, or -1: forward, o * S - P + k * D; transposed,
+{w_steps}{column}// The input coordinate a tap reads for an output coordinate, or -1: forward, o * S - P + k * D; transposed,
 // the i with i * S - P + k * D == o (none unless S divides it).
 __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
     if (!TRANSPOSED) {{
@@ -382,18 +507,13 @@ __device__ __forceinline__ int src(int o, int k, int S, int P, int D, int n) {{
 }}  // namespace kp_{rid}
 extern "C" __global__ void {launch_bounds(block_threads(f, rp), min_blocks(rp, block_threads(f, rp)))} kp_{rid}_dconv({sig.decls()}) {{
     using namespace kp_{rid};
-{_STAGED_HEAD if rp.staged else _HEAD}    const int oy = (int)(row % OH), oz = (int)((row / OH) % OD);
-    const int co0 = (int)((row / ((long long)OH * OD)) % CBLK) * CH, grp = co0 / COUT_G;
-    const long long n = row / ((long long)OH * OD * CBLK);
+{locate}    const int co0 = (int)((row / ((long long){oh_} * OD)) % CBLK) * CH, grp = co0 / COUT_G;
+    const long long n = row / ((long long){oh_} * OD * CBLK);
     const {t}* xg = x + (n * (CIN_G * (COUT / COUT_G)) + (long long)grp * CIN_G) * CHW;  // its group
 {w_base}
-    float acc[CH][OUTS];
-    #pragma unroll
-    for (int c = 0; c < CH; ++c)
-        #pragma unroll
-        for (int v = 0; v < OUTS; ++v) acc[c][v] = 0.f;
+{acc}
 {nest}
-{_stores(rp.staged, "n * ldo + ((co * OD" if into else "(((n * COUT + co) * OD", chain_value(epi, "VALUE"), ot)}}}
+{_stores(rp.staged, "n * ldo + ((co * OD" if into else "(((n * COUT + co) * OD", chain_value(epi, "VALUE"), ot, ro)}}}
 """
     )
     if vw:
@@ -409,7 +529,7 @@ extern "C" __global__ void {launch_bounds(block_threads(f, rp), min_blocks(rp, b
     launcher = "\n".join([
         f"def _dconv_{rid}(sms, {', '.join(n for n, _ in inputs)}{', out=None' if into else ''}):",
         f'    """The {"depthwise" if cin_g == 1 else "grouped"}{" transposed" if f.transposed else ""} convolution ({f.groups} groups) on the CUDA '
-        f'cores: {rp.outs} outputs of {ch} channels a thread, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
+        f'cores: {rp.outs} outputs of {ch} channels a thread{f" in each of {ro} output rows" if ro > 1 else ""}, {rp.threads} threads a block{", the chain fused" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
         "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
         f"{', '.join(map(str, in_shape))}) and a weight {w_shape}, not {{tuple(x.shape)}} and "
@@ -438,7 +558,7 @@ extern "C" __global__ void {launch_bounds(block_threads(f, rp), min_blocks(rp, b
             ]
         ),
         *prepare_operands(epi),
-        f"    rows = x.shape[0] * {f.cout // ch * od * oh}",
+        f"    rows = x.shape[0] * {f.cout // ch * od * ohb}",
         "    if rows:",
         f"        kernels.kp_{rid}_dconv(({grid_expr(f, rp)},), ({block_threads(f, rp)},), "
         f"({sig.args()}))  # noqa: F821",
