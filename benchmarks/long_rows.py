@@ -9,8 +9,8 @@ believed only when the passes agree:
   - a cluster of 16 whose blocks hold their segments in registers (rows of 1-2 MB, LogSoftmax's 1.5 MB):
     against the cluster of 8 caching its segments in shared memory it replaced, and the block per row;
   - the tiles of a persistent cooperative grid (rows over 3 MB, GroupNorm's 8 MB groups, LayerNorm over
-    4M elements): with L2 cache hints (the first read kept for the second), tiles written 2 or 3 steps after
-    they were read, 4 blocks an SM; against the block per row it replaced (the split two-pass kernels,
+    4M elements): with L2 cache hints (the first read kept for the second), tiles written 2 steps after
+    they were read, a step's loads issued before the last step's tile is written; against the block per row it replaced (the split two-pass kernels,
     where the plan has them, for few rows). (1 block an SM and 512 threads lost to 2 and 256 on the H100,
     2026-12-07: 12.5 and 9.5 ms against 9.1.)
 Writes DIR/results.json as it goes.
@@ -53,9 +53,13 @@ def candidates(path: Path) -> list[tuple[str, object]]:
             variant("grid, L2 cache hints", l2_hints=True),
             variant("grid, tiles written 2 steps later", grid_lag=2),
             variant("grid, 2 steps later, L2 cache hints", grid_lag=2, l2_hints=True),
-            variant("grid, 3 steps later, L2 cache hints", grid_lag=3, l2_hints=True),
+            variant("grid, loads ahead of the write", grid_prefetch=True),
+            variant("grid, loads ahead, L2 cache hints", grid_prefetch=True, l2_hints=True),
             variant(
-                "grid, 4 blocks an SM, 2 steps later, L2 cache hints", persistent=4, grid_lag=2, l2_hints=True
+                "grid, loads ahead, 2 steps later, L2 cache hints",
+                grid_prefetch=True,
+                grid_lag=2,
+                l2_hints=True,
             ),
         ]
     # before: a block per row, or (a plan with splits, few rows) each row split over blocks: read twice

@@ -89,22 +89,27 @@ def test_rows_over_a_cooperative_grid_match_pytorch(tmp_path, name, blocks_per_s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "lag", "hints"), [("group_norm_spanning", 2, True), ("softmax", 3, False),
-                                                    ("layer_norm_affine", 2, False)])  # fmt: skip
-def test_grid_tiles_written_steps_later_or_cache_hinted_match_pytorch(tmp_path, name, lag, hints):
+@pytest.mark.parametrize(("name", "lag", "hints", "ahead"), [
+    ("group_norm_spanning", 2, True, True), ("softmax", 3, False, False), ("layer_norm_affine", 2, False, True),
+    ("log_softmax_odd", 1, True, True), ("rms_norm", 1, False, True),
+])  # fmt: skip
+def test_grid_tiles_written_steps_later_cache_hinted_or_prefetched_match_pytorch(tmp_path, name, lag, hints,
+                                                                                ahead):  # fmt: skip
     """A tile written `lag` steps after its statistics were taken (the blocks drift that far before one
-    waits), its first read kept in L2 by cache hints (the emulator loads plainly: the hints are the GPU's):
-    at one block an SM of 4 every row's tiles span two steps, so a row's wait crosses steps."""
+    waits), its first read kept in L2 by cache hints (the emulator loads plainly: the hints are the GPU's),
+    a step's first batch loaded before the last step's tile is written (`ahead`): at one block an SM of 4
+    every row's tiles span two steps, so a row's wait crosses steps; rows start unaligned in one."""
     x = load_module(_task(tmp_path, name)).get_inputs()[0]
     for bps in (1, 2):
-        kernels, got, want = _run(tmp_path, name, x, bps, grid_lag=lag, l2_hints=hints)
+        kernels, got, want = _run(tmp_path, name, x, bps, grid_lag=lag, l2_hints=hints, grid_prefetch=ahead)
         assert len(kernels.launches) == 1 and kernels.cooperative == [kernels.launches[0][0]]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_the_grid_forms_cache_hints_and_lag_compile_without_spills(tmp_path):
-    """GroupNorm's 8 MB groups on the grid with the L2 cache hints and a lag of 2: built for sm_90a (the
-    createpolicy and cache_hint forms ptxas accepts), no spills; the pipeline_loads edit offers both."""
+def test_the_grid_forms_cache_hints_prefetch_and_lag_compile_without_spills(tmp_path):
+    """GroupNorm's 8 MB groups on the grid with the L2 cache hints, the step's loads issued ahead and a lag
+    of 2: built for sm_90a (the createpolicy and cache_hint forms ptxas accepts), no spills, no warning; the
+    pipeline_loads edit offers each."""
     from pipeline.generate.expert.edits import legal_edits
     from pipeline.generate.expert.families.rowwise import RowPlan
 
@@ -115,9 +120,14 @@ def test_the_grid_forms_cache_hints_and_lag_compile_without_spills(tmp_path):
     plan = plan_of(base.source)
     moves = [(label, p) for label, p in legal_edits(plan, low) if label.startswith("pipeline_loads(")]
     rows = [next(r for r in p.regions if isinstance(r, RowPlan)) for _, p in moves]
-    assert [(r.l2_hints, r.grid_lag) for r in rows[:2]] == [(True, 1), (False, 2)], moves
-    source, launcher = _grid(path, grid_lag=2, l2_hints=True)
+    assert [(r.l2_hints, r.grid_prefetch, r.grid_lag) for r in rows[:3]] == [
+        (True, False, 1),
+        (False, True, 1),
+        (False, False, 2),
+    ], moves
+    source, launcher = _grid(path, grid_lag=2, l2_hints=True, grid_prefetch=True)
     assert "kp_vload_last<" in source and "kp_vstore_first<" in source and "s < steps + 2" in source
+    assert "t_[u] = j0 == tid ? p_[u] :" in source
     from pipeline.candidates import make_candidate
     from pipeline.generate.expert.render import nvcc_flags
 

@@ -68,6 +68,7 @@ class RowPlan(RegionPlan):
     grid_row: bool = False  # two-pass ops: a row no cluster holds over the tiles of a cooperative grid
     grid_lag: int = 1  # with grid_row: steps between a tile's first read and its second (its write)
     l2_hints: bool = False  # with grid_row: the first read kept in L2 for the second, the stores evict-first
+    grid_prefetch: bool = False  # with grid_row: a step's first loads issued before the last tile is written
     intrinsics: bool = False  # fused neighbours' logs and exponentials by the special-function unit
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
@@ -304,10 +305,13 @@ _more_unroll = common.unroll("pipeline_loads")
 
 
 def _pipeline(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
-    """A grid row's tiles: their first read kept in L2 for the second (cache hints), or written a step later
-    (the blocks drift further apart before one waits); other rows: more loads in flight a thread."""
+    """A grid row's tiles: their first read kept in L2 for the second (cache hints), a step's loads issued
+    before the last step's tile is written, or written a step later (the blocks drift further apart before
+    one waits); other rows: more loads in flight a thread."""
     if rp.grid_row:
         yield from change("pipeline_loads", plan, rp, l2_hints=not rp.l2_hints)
+        if not rp.grid_prefetch:
+            yield from change("pipeline_loads", plan, rp, grid_prefetch=True)
         if rp.grid_lag < MAX_GRID_LAG:
             yield from change("pipeline_loads", plan, rp, grid_lag=rp.grid_lag + 1)
     yield from _more_unroll(plan, rp, r, low)

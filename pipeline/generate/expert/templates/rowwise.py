@@ -564,9 +564,27 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
         f = f.replace("w[c]", "w[c0 + c]").replace("b[c]", "b[c0 + c]")  # the weight's index is the column
         write = _write_segment("start", "c0", "n", f, x_dt, out_dt)
     shift = ["            const float K = pre(ld(x[rs]), rs);  // the row's first element, in every tile"]
-    read = ["    " + t for t in _read(kind, rp, x_dt, batched=rp.unroll > 1)]
+    ahead = rp.grid_prefetch and rp.unroll > 1
+    read = ["    " + t for t in _read(kind, rp, x_dt, batched=rp.unroll > 1, first="p_" if ahead else "")]
+    xt, U = ctype(x_dt), max(1, rp.unroll)
+    # The step's first batch loaded before the write below and used after it (grid_prefetch): its DRAM
+    # latency spent on the write's L2 reads and stores, where the read waited on it alone.
+    prefetch = [
+        f"        Vec<{xt}, V> p_[{U}];",
+        "        if (on) {",
+        "            const long long r = s * per + r0;",
+        "            const long long rs = r * cols;",
+        "            const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        "            const long long start = rs + c0;",
+        "            const long long head = head_of<V>(start, n), nv = (n - head) / V;",
+        "#pragma unroll",
+        f"            for (int u = 0; u < {U}; ++u)",
+        f"                if (tid + u * nt < nv) p_[u] = vload<{xt}, V>(x + start + head + (tid + u * nt) * V);",
+        "        }",
+    ]
     if rp.l2_hints:  # the first read kept in L2, the second and the stores let go of it (HINT_HELPERS)
         read = [t.replace("vload<", "kp_vload_last<") for t in read]
+        prefetch = [t.replace("vload<", "kp_vload_last<") for t in prefetch]
         write = [t.replace("vload<", "kp_vload_first<").replace("vstore<", "kp_vstore_first<") for t in write]
     # The tile written `lag` steps after it was read: 1 keeps every block within a step of the slowest; more
     # lets them drift that far (each step's wait then rarely blocks) for lag steps' tiles held in L2.
@@ -582,13 +600,10 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
         "            const long long start = rs + c0;",
         "            (void)start;",
     ]
-    return [
-        *_block_start(f"kp_{rid}_grid", sig, pre, post, smem=True, uncached=True),
-        "    const unsigned T = (unsigned)k, ti = blockIdx.x % T;  // tiles a row, this block's",
-        "    const long long per = gridDim.x / T, r0 = blockIdx.x / T, c0 = (long long)ti * chunk;",
-        "    const long long steps = (rows + per - 1) / per;",
-        f"    for (long long s = 0; {loop}; ++s) {{",
-        "        if (s < steps && s * per + r0 < rows) {  // this step's row: the tile's statistics",
+    stats_step = [
+        "        if (s < steps && s * per + r0 < rows) {  // this step's row: the tile's statistics"
+        if not ahead
+        else "        if (on) {  // this step's row: the tile's statistics",
         "            const long long r = s * per + r0;",
         *tile,
         f"            Acc acc = {kind.init};",
@@ -600,6 +615,8 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
         "                kp_grid_arrive(count + r);",
         "            }",
         "        }",
+    ]
+    write_step = [
         f"        if ({last}) {{  // the {'last step' if lag == 1 else f'{lag} steps ago'}'s row: the tile written",
         f"            const long long r = (s - {lag}) * per + r0;",
         *tile,
@@ -612,6 +629,24 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
         *("    " + t for t in stats),
         *("    " + t for t in write),
         "        }",
+    ]
+    steps = (
+        [
+            "        const bool on = s < steps && s * per + r0 < rows;",
+            *prefetch,
+            *write_step,
+            *stats_step,
+        ]
+        if ahead
+        else [*stats_step, *write_step]
+    )
+    return [
+        *_block_start(f"kp_{rid}_grid", sig, pre, post, smem=True, uncached=True),
+        "    const unsigned T = (unsigned)k, ti = blockIdx.x % T;  // tiles a row, this block's",
+        "    const long long per = gridDim.x / T, r0 = blockIdx.x / T, c0 = (long long)ti * chunk;",
+        "    const long long steps = (rows + per - 1) / per;",
+        f"    for (long long s = 0; {loop}; ++s) {{",
+        *steps,
         "    }",
         "}",
     ]
@@ -759,6 +794,7 @@ def _read(
     compensated: bool = False,
     xat: str = "start",
     fvec: list[tuple[str, str]] | None = None,
+    first: str = "",
 ) -> list[str]:
     """Pass 1 over [start, start + n): acc takes every (pre-processed) element, 16-byte vectors after a head;
     with `cache`, each also goes to the shared-memory copy of the row (when CACHE). `batched`: a thread
@@ -768,7 +804,8 @@ def _read(
     (reduce_ops.Kind.push). `xat`: where the row starts in x (`start` unless x is read at its own strides);
     the prologue and the columns' indices stay the row's place in the logical rows x cols. `fvec` (with
     `batched`, x read at `start`): the prologue's operands (name, dtype) loaded as vectors beside x's, handed
-    to its `prev` form."""
+    to its `prev` form. `first` (with `batched`, no `fvec`): the array holding the first batch's vectors,
+    loaded before (a grid's tile, its loads issued before the last step's tile is written)."""
     slot = "kc + c" if vec_cache else "c"
     kahan = compensated and kind.op == "SumOp"
     push = [
@@ -812,6 +849,11 @@ def _read(
         )
         at = "head + (j0 + u * nt) * V"
         loads = [f"                if (j0 + u * nt < nv) t_[u] = vload<{xt}, V>(x + {xat} + {at});"]
+        if first:
+            assert not fvec, "a prefetched batch holds x's vectors only"
+            loads = [
+                f"                if (j0 + u * nt < nv) t_[u] = j0 == tid ? {first}[u] : vload<{xt}, V>(x + {xat} + {at});"
+            ]
         if fvec:  # each element's operands from vectors loaded with x's (the form without them is kept as it
             # was: recorded candidates' keys are their text)
             vpush = [
