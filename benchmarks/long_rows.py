@@ -10,8 +10,8 @@ believed only when the passes agree:
     against the cluster of 8 caching its segments in shared memory it replaced, and the block per row;
   - the tiles of a persistent cooperative grid (rows over 3 MB, GroupNorm's 8 MB groups, LayerNorm over
     4M elements): with L2 cache hints (the first read kept for the second), tiles written 2 steps after
-    they were read, a step's loads issued before the last step's tile is written; against the block per row it replaced (the split two-pass kernels,
-    where the plan has them, for few rows). (1 block an SM and 512 threads lost to 2 and 256 on the H100,
+    they were read, a step's loads issued before the last step's tile is written; against the block per
+    row it replaced (the split two-pass kernels, where the plan has them, for few rows). (1 block an SM and 512 threads lost to 2 and 256 on the H100,
     2026-12-07: 12.5 and 9.5 ms against 9.1.)
 Writes DIR/results.json as it goes.
 """
