@@ -14,6 +14,7 @@ GPU machine: ncu needs the device and its counters).
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,11 +75,12 @@ def main() -> int:
         "--metrics", default="", help="comma-separated ncu metrics, printed whole, for the sections"
     )
     ap.add_argument("--forms", default="", help="a task file's forms: the benchmarks module that lists them")
+    ap.add_argument("--only", default="", help="a task file's forms whose labels match this regex")
     args = ap.parse_args()
     (args.out / "tasks").mkdir(parents=True, exist_ok=True)
     if args.case.endswith(".py"):
         path = Path(args.case)
-        cands = [c for _, c in _task_forms(path, args.forms)][: args.count]
+        cands = [c for label, c in _task_forms(path, args.forms) if re.search(args.only, label)][: args.count]
     else:
         path = bench_gemm.write_task(args.out / "tasks", args.case)
         cands = bench_gemm.candidates(path)[: args.count]
