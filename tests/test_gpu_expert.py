@@ -1351,25 +1351,26 @@ def test_a_persistent_cluster_grid_verifies_on_long_rows(pool, home, tmp_path, s
     assert_ok([cand], [r], hybrid=False)
 
 
-@pytest.mark.parametrize(("shape", "lag", "hints"), [("(2, 12, 600, 501)", 2, True), ("(2, 12, 600, 501)", 3, False),
-                                                     ("(2, 12, 600, 501)", 1, True)])  # fmt: skip
-def test_grid_rows_with_cache_hints_or_a_lag_verify(pool, home, tmp_path, shape, lag, hints):
-    """The cooperative grid's 3.6 MB groups with the L2 cache hints (createpolicy, ld/st cache_hint) and the
-    tiles written `lag` steps after their statistics: the blocks drift that far apart before one waits."""
+@pytest.mark.parametrize(("lag", "hints", "ahead"), [(2, True, True), (3, False, False), (1, True, False),
+                                                   (1, False, True)])  # fmt: skip
+def test_grid_rows_with_cache_hints_or_a_lag_verify(pool, home, tmp_path, lag, hints, ahead):
+    """The cooperative grid's 3.6 MB groups with the L2 cache hints (createpolicy, ld/st cache_hint), the
+    tiles written `lag` steps after their statistics (the blocks drift that far apart before one waits), a
+    step's loads issued before the last step's tile is written (`ahead`)."""
     import dataclasses
 
     from pipeline.generate.expert.families.rowwise import RowPlan
     from pipeline.generate.expert.policy import analyse
     from pipeline.generate.expert.render import nvcc_flags, render
 
-    path = family_task(tmp_path, "group_instance", shape)
+    path = family_task(tmp_path, "group_instance", "(2, 12, 600, 501)")
     low, why = analyse(path)
     assert low is not None, why
     base = tuned_with_edit(path, "pipeline_loads")  # the grid's first such move: the hints
     plan = plan_of(base.source)
     assert any(isinstance(rp, RowPlan) and rp.grid_row and rp.l2_hints for rp in plan.regions), plan
     regions = tuple(
-        dataclasses.replace(rp, grid_lag=lag, l2_hints=hints)
+        dataclasses.replace(rp, grid_lag=lag, l2_hints=hints, grid_prefetch=ahead)
         if isinstance(rp, RowPlan) and rp.grid_row
         else rp
         for rp in plan.regions
