@@ -1351,36 +1351,52 @@ def test_a_persistent_cluster_grid_verifies_on_long_rows(pool, home, tmp_path, s
     assert_ok([cand], [r], hybrid=False)
 
 
+def with_knobs(path: Path, base, tag: str, **knobs):
+    """`base` with `knobs` set on its plan's regions of family `tag` (at least one), rendered as the expert
+    would: a form no first plan or single edit reaches."""
+    import dataclasses
+
+    from pipeline.generate.expert.policy import analyse
+    from pipeline.generate.expert.render import nvcc_flags, render
+
+    low, why = analyse(path)
+    assert low is not None, why
+    plan = plan_of(base.source)
+    assert any(tag == rp.TAG for rp in plan.regions), plan
+    regions = tuple(dataclasses.replace(rp, **knobs) if tag == rp.TAG else rp for rp in plan.regions)
+    plan = dataclasses.replace(plan, regions=regions)
+    source, launcher = render(low, plan)
+    return make_candidate(base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit=str(knobs))
+
+
 @pytest.mark.parametrize(("lag", "hints", "ahead"), [(2, True, True), (3, False, False), (1, True, False),
                                                    (1, False, True)])  # fmt: skip
 def test_grid_rows_with_cache_hints_or_a_lag_verify(pool, home, tmp_path, lag, hints, ahead):
     """The cooperative grid's 3.6 MB groups with the L2 cache hints (createpolicy, ld/st cache_hint), the
     tiles written `lag` steps after their statistics (the blocks drift that far apart before one waits), a
     step's loads issued before the last step's tile is written (`ahead`)."""
-    import dataclasses
-
-    from pipeline.generate.expert.families.rowwise import RowPlan
-    from pipeline.generate.expert.policy import analyse
-    from pipeline.generate.expert.render import nvcc_flags, render
-
     path = family_task(tmp_path, "group_instance", "(2, 12, 600, 501)")
-    low, why = analyse(path)
-    assert low is not None, why
     base = tuned_with_edit(path, "pipeline_loads")  # the grid's first such move: the hints
-    plan = plan_of(base.source)
-    assert any(isinstance(rp, RowPlan) and rp.grid_row and rp.l2_hints for rp in plan.regions), plan
-    regions = tuple(
-        dataclasses.replace(rp, grid_lag=lag, l2_hints=hints, grid_prefetch=ahead)
-        if isinstance(rp, RowPlan) and rp.grid_row
-        else rp
-        for rp in plan.regions
-    )
-    plan = dataclasses.replace(plan, regions=regions)
-    source, launcher = render(low, plan)
-    cand = make_candidate(base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit=f"lag {lag}")
+    assert '"grid_row":true,"l2_hints":true' in base.source.splitlines()[0], base.source.splitlines()[0]
+    cand = with_knobs(path, base, "row", grid_lag=lag, l2_hints=hints, grid_prefetch=ahead)
     (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
     assert_ok([cand], [r], hybrid=False)
     assert any("_grid_" in k for k in r.measurement.kernels), r.measurement.kernels
+
+
+@pytest.mark.parametrize(("rows", "outs"), [(2, 4), (4, 4), (8, 2)])
+def test_a_column_of_output_rows_a_thread_verifies_on_a_depthwise_convolution(
+    pool, home, tmp_path, rows, outs
+):
+    """The direct convolution with `rows` output rows a thread (each input row read once for them): stride 2
+    under a 3-row window, a channel multiplier of 2, 19 output rows (the last column partial)."""
+    path = family_task(tmp_path, "dwconv_f32", "(3, 12, 37, 53)")
+    probe_task = probe(path)
+    base = ExpertPolicy().propose(Context(task=probe_task, reference=probe_task.source, parent=None), 2)[1]
+    cand = with_knobs(path, base.candidate, "direct_conv", rows=rows, outs=outs)
+    assert f"in each of {rows} output rows" in cand.launcher
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=True)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)
