@@ -121,9 +121,9 @@ def test_the_grid_forms_cache_hints_prefetch_and_lag_compile_without_spills(tmp_
     moves = [(label, p) for label, p in legal_edits(plan, low) if label.startswith("pipeline_loads(")]
     rows = [next(r for r in p.regions if isinstance(r, RowPlan)) for _, p in moves]
     assert [(r.l2_hints, r.grid_prefetch, r.grid_lag) for r in rows[:3]] == [
-        (True, False, 1),
-        (False, True, 1),
-        (False, False, 2),
+        (False, False, 1),  # the tuned plan's hints taken off
+        (True, True, 1),
+        (True, False, 2),
     ], moves
     source, launcher = _grid(path, grid_lag=2, l2_hints=True, grid_prefetch=True)
     assert "kp_vload_last<" in source and "kp_vstore_first<" in source and "s < steps + 2" in source
@@ -162,7 +162,7 @@ def test_without_resident_blocks_a_row_takes_a_block(tmp_path):
 
 def test_kernelbench_rows_no_cluster_holds_take_the_grid(tmp_path):
     """Level 1's GroupNorm (8 MB groups) and KernelBench's LayerNorm over (64, 256, 256) (16 MB rows): the
-    tuned plan takes the cooperative grid, 2 blocks an SM of 256 threads, 8 vectors in flight a thread; the
+    tuned plan takes the cooperative grid, 2 blocks an SM of 256 threads, 8 vectors in flight a thread, its first read kept in L2 (hints); the
     launcher sizes it by the runtime's answer and launches it cooperatively; compiled for sm_90a without
     spills. A 1.5 MB row keeps its cluster."""
     shapes = {  # name -> (forward's expression of x, init, its shape): nothing of this size is allocated
@@ -180,8 +180,8 @@ def test_kernelbench_rows_no_cluster_holds_take_the_grid(tmp_path):
         )
     cands = [tuned(p) for p in paths]
     plans = [next(r for r in plan_of(c.source).regions if r.TAG == "row") for c in cands]
-    assert [(rp.grid_row, rp.persistent, rp.threads, rp.unroll) for rp in plans[:2]] == [
-        (True, 2, 256, 8)
+    assert [(rp.grid_row, rp.persistent, rp.threads, rp.unroll, rp.l2_hints) for rp in plans[:2]] == [
+        (True, 2, 256, 8, True)
     ] * 2
     assert not plans[2].grid_row and plans[2].cluster == 8  # its segments in shared memory
     for c, rp in zip(cands[:2], plans[:2], strict=True):
