@@ -162,9 +162,9 @@ def test_without_resident_blocks_a_row_takes_a_block(tmp_path):
 
 def test_kernelbench_rows_no_cluster_holds_take_the_grid(tmp_path):
     """Level 1's GroupNorm (8 MB groups) and KernelBench's LayerNorm over (64, 256, 256) (16 MB rows): the
-    tuned plan takes the cooperative grid, 2 blocks an SM of 256 threads, 8 vectors in flight a thread, its first read kept in L2 (hints); the
-    launcher sizes it by the runtime's answer and launches it cooperatively; compiled for sm_90a without
-    spills. A 1.5 MB row keeps its cluster."""
+    tuned plan takes the cooperative grid, 2 blocks an SM of 256 threads, 8 vectors in flight a thread, its
+    first read kept in L2 (hints); the launcher sizes it by the runtime's answer and launches it
+    cooperatively; compiled for sm_90a without spills. A 1.5 MB row keeps its cluster."""
     shapes = {  # name -> (forward's expression of x, init, its shape): nothing of this size is allocated
         "group": ("self.op(x)", "nn.GroupNorm(8, 64)", "112, 64, 512, 512"),
         "layer": ("self.op(x)", "nn.LayerNorm((64, 256, 256))", "16, 64, 256, 256"),
