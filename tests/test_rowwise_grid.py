@@ -106,6 +106,17 @@ def test_grid_tiles_written_steps_later_cache_hinted_or_prefetched_match_pytorch
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("tile", [16384, 32768])
+def test_grid_tiles_twice_or_four_times_as_large_match_pytorch(tmp_path, tile):
+    """Larger tiles (fewer steps, more rows a step): 50000-element rows in 4 or 2 tiles over 8 blocks."""
+    x = load_module(_task(tmp_path, "layer_norm_affine")).get_inputs()[0]
+    kernels, got, want = _run(tmp_path, "layer_norm_affine", x, 2, grid_tile=tile)
+    ((name, grid, *_),) = kernels.launches
+    k = -(-50000 // tile)  # tiles a row; whole rows a step, 3 rows at most
+    assert name == "kp_layer_norm_grid_v4" and grid[0] == min(3, 8 // k) * k, grid
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_grid_forms_cache_hints_prefetch_and_lag_compile_without_spills(tmp_path):
     """GroupNorm's 8 MB groups on the grid with the L2 cache hints, the step's loads issued ahead and a lag
     of 2: built for sm_90a (the createpolicy and cache_hint forms ptxas accepts), no spills, no warning; the
@@ -125,6 +136,7 @@ def test_the_grid_forms_cache_hints_prefetch_and_lag_compile_without_spills(tmp_
         (True, True, 1),
         (True, False, 2),
     ], moves
+    assert rows[3].grid_tile == 16384 and rows[3].l2_hints, moves
     source, launcher = _grid(path, grid_lag=2, l2_hints=True, grid_prefetch=True)
     assert "kp_vload_last<" in source and "kp_vstore_first<" in source and "s < steps + 2" in source
     assert "t_[u] = j0 == tid ? p_[u] :" in source

@@ -69,6 +69,9 @@ class RowPlan(RegionPlan):
     grid_lag: int = 1  # with grid_row: steps between a tile's first read and its second (its write)
     l2_hints: bool = False  # with grid_row: the first read kept in L2 for the second, the stores evict-first
     grid_prefetch: bool = False  # with grid_row: a step's first loads issued before the last tile is written
+    grid_tile: int = (
+        0  # with grid_row: elements of a row a block's tile takes, at least (0: rowwise.GRID_TILE)
+    )
     intrinsics: bool = False  # fused neighbours' logs and exponentials by the special-function unit
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
@@ -303,19 +306,25 @@ def _occupancy(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves
 
 
 MAX_GRID_LAG = 3
+# A grid step is a chain of round trips (the tile's DRAM read, the partial's fence and counter, the partials'
+# and the tile's L2 reads, the stores): GroupNorm's took ~9 us a step for 8 MB on the H100 with hints, about
+# twice its bytes' time. Larger tiles, fewer steps, spread that chain over more bytes (and more L2 a step).
+MAX_GRID_TILE = 4 * rowwise.GRID_TILE
 _more_unroll = common.unroll("pipeline_loads")
 
 
 def _pipeline(plan: Plan, rp: RowPlan, r: Region, low: Lowered) -> common.Moves:
     """A grid row's tiles: their first read kept in L2 for the second (cache hints), a step's loads issued
-    before the last step's tile is written, or written a step later (the blocks drift further apart before
-    one waits); other rows: more loads in flight a thread."""
+    before the last step's tile is written, written a step later (the blocks drift further apart before one
+    waits), or twice as large (fewer steps); other rows: more loads in flight a thread."""
     if rp.grid_row:
         yield from change("pipeline_loads", plan, rp, l2_hints=not rp.l2_hints)
         if not rp.grid_prefetch:
             yield from change("pipeline_loads", plan, rp, grid_prefetch=True)
         if rp.grid_lag < MAX_GRID_LAG:
             yield from change("pipeline_loads", plan, rp, grid_lag=rp.grid_lag + 1)
+        if (tile := 2 * (rp.grid_tile or rowwise.GRID_TILE)) <= MAX_GRID_TILE:
+            yield from change("pipeline_loads", plan, rp, grid_tile=tile)
     yield from _more_unroll(plan, rp, r, low)
 
 

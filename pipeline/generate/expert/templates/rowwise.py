@@ -1404,7 +1404,7 @@ def _launcher(region: Region, lay: RowLayout, rp: RowPlan, pre: Fused | None, po
             f"        gv = {V} if _aligned((x, y), {V}) else 1",
             f"        gp = sms * min({rp.persistent}, kernels.active_blocks(f'kp_{rid}_grid_v{{gv}}', ({T},), {gsmem}))",
             "        if gp > 0:",
-            f"            gk = min(gp, -(-cols // {GRID_TILE}))  # tiles a row",
+            f"            gk = min(gp, -(-cols // {rp.grid_tile or GRID_TILE}))  # tiles a row",
             f"            gchunk = -(-cols // gk)\n            gchunk = -(-gchunk // {V}) * {V}\n            gk = -(-cols // gchunk)",
             "            gblocks = min(rows, gp // gk) * gk  # whole rows a step",
             "            gcount = torch.zeros((rows,), dtype=torch.int32, device=x.device)  # tiles done a row",
