@@ -153,24 +153,38 @@ def test_emulated_direct_convolutions_match_pytorch(tmp_path, name):
     path = conv_task(tmp_path, "c", batch=2, **kw)
     cands = _ours(path)
     assert cands, "no proposal takes the direct kernel"
+    ref = reference(path)
+    for cand in cands:
+        rel = emulated_error(cand.source, cand.launcher, tmp_path, ref)
+        assert rel < (2e-3 if ref[1].dtype == torch.float16 else 1e-6), (cand.edit, rel)
+
+
+def reference(path) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The task's model seeded: its parameters (for a candidate), an input, its output in its own dtype
+    and in float64."""
     module = load_module(path)
     torch.manual_seed(0)
     ref = module.Model()
     state = {k: v.clone() for k, v in ref.state_dict().items()}
     x = module.get_inputs()[0]
     with torch.no_grad():
-        native = ref(x)
+        native = ref(x)  # its dtype: a chain's fp32 parameter promotes a 16-bit convolution's output
         want = ref.double()(x.double())
-    for cand in cands:
-        kernels = build(cand.source, tmp_path)
-        model = load_model(cand.launcher, kernels)()
-        model.load_state_dict(state, strict=False)
-        with torch.no_grad():
-            got = model(x)
-        assert got.shape == want.shape and got.dtype == native.dtype
-        rel = ((got.double() - want).norm() / want.norm()).item()
-        assert rel < (2e-3 if x.dtype == torch.float16 else 1e-6), (cand.edit, rel)
-        assert any(n.endswith("_dconv") for n, *_ in kernels.launches), cand.edit
+    return state, x, native, want
+
+
+def emulated_error(source: str, launcher: str, tmp_path, ref) -> float:
+    """A candidate run on the emulator against `reference`'s: the relative error of its output (its shape and
+    dtype eager's), the direct kernel launched."""
+    state, x, native, want = ref
+    kernels = build(source, tmp_path)
+    model = load_model(launcher, kernels)()
+    model.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        got = model(x)
+    assert got.shape == want.shape and got.dtype == native.dtype
+    assert any(n.endswith("_dconv") for n, *_ in kernels.launches)
+    return ((got.double() - want).norm() / want.norm()).item()
 
 
 ORDERS = [
