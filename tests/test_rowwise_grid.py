@@ -8,6 +8,7 @@ plans of KernelBench's shapes compiled for sm_90a."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from pipeline.config import Config
 from pipeline.generate.expert import plan_of
 from pipeline.generate.expert.policy import analyse
 from pipeline.generate.expert.render import render
+from pipeline.profile.collect import dump_sass, find_cuobjdump
 from pipeline.static_check import check_launcher
 from pipeline.tasks import load_module
 from pipeline.types import Kind, Status
@@ -144,10 +146,32 @@ def test_the_grid_forms_cache_hints_prefetch_and_lag_compile_without_spills(tmp_
     from pipeline.generate.expert.render import nvcc_flags
 
     cand = make_candidate(base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit="hinted")
-    (b,) = compile_candidates([cand], Config(home=tmp_path / "home", arch="sm_90a"))
+    plain = make_candidate(base.task_id, *_grid(path, l2_hints=False), nvcc_flags(plan), parent=None, edit="")
+    b, b_plain = compile_candidates([cand, plain], Config(home=tmp_path / "home", arch="sm_90a"))
     assert b.status == Status.OK and not b.log, b.log
     grid = [r for r in b.resources if "_grid_" in r.name]
     assert len(grid) == 2 and all(r.spill_stores == 0 and r.spill_loads == 0 for r in grid), grid
+    if find_cuobjdump() is None:
+        return
+    # In SASS a hint is the access's memory descriptor: built from the policy (UMOV) where a plain access
+    # takes the default one from the constant bank (ULDC c[0x0][0x208]).
+    hinted = _descriptor_sources(dump_sass(b.cubin_path) or "", "kp_group_norm_grid_v4")
+    assert {"LDG.E.128", "STG.E.128"} <= {op for op, src in hinted if src == "UMOV"}, hinted
+    unhinted = _descriptor_sources(dump_sass(b_plain.cubin_path) or "", "kp_group_norm_grid_v4")
+    assert unhinted and all(src == "ULDC" for op, src in unhinted if ".128" in op), unhinted
+
+
+def _descriptor_sources(sass: str, kernel: str) -> set[tuple[str, str]]:
+    """(opcode, what set its descriptor register: UMOV or ULDC) of each global load and store of `kernel`."""
+    body = sass.split(f"Function : {kernel}", 1)[-1].split("Function :", 1)[0]
+    setters: dict[str, str] = {}
+    out: set[tuple[str, str]] = set()
+    for line in body.splitlines():
+        if m := re.search(r"\b(UMOV|ULDC)(?:\.64)?\s+(UR\d+),", line):
+            setters[m.group(2)] = m.group(1)
+        if m := re.search(r"\b((?:LDG|STG)\.[A-Z0-9.]+)\s.*desc\[(UR\d+)\]", line):
+            out.add((m.group(1), setters.get(m.group(2), "?")))
+    return out
 
 
 @pytest.mark.slow
