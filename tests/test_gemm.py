@@ -4,6 +4,7 @@ on the GPU are in tests/test_gpu_expert.py (the linear_* families and the matmul
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import textwrap
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.candidates import make_candidate
 from pipeline.compile import _cutlass, compile_candidates
 from pipeline.config import Config
 from pipeline.generate.base import Context, Outcome, ProposalStatus
@@ -21,7 +23,7 @@ from pipeline.generate.expert.families.gemm16 import GemmPlan
 from pipeline.generate.expert.families.gemm_kit import FEW_TILES
 from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 from pipeline.generate.expert.regions import RegionKind
-from pipeline.generate.expert.render import prepare, render, uses_cute
+from pipeline.generate.expert.render import nvcc_flags, prepare, render, uses_cute
 from pipeline.generate.expert.templates import gemm
 from pipeline.generate.expert.templates import gemm_tf32 as tf32_template
 from pipeline.generate.expert.templates.code import CUTE_FLAGS
@@ -530,6 +532,66 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
         (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
         assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
         # ptxas neither serialized the MMAs nor drained them with waits of its own (C7518, C7517)
+        assert not k.wgmma_serialized and not k.wgmma_waits_injected, (c.edit, k)
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+def test_3xtf32_staged_stores_are_offered_and_compile_for_sm90a_without_spills(tmp_path):
+    """coalesce_accesses stages the stores through shared memory (whole 16-byte row pieces): offered on a
+    128-wide tile (the ring made shallow enough for the staging), never on a 32-wide one, a split, or a
+    persistent grid with a fused epilogue (it spilled); the persistent form stores its sums; built for sm_90a
+    with a fused GELU and with a bf16 output's cast, persistent or not, without spills or ptxas's WGMMA
+    waits."""
+    paths = [
+        task(  # Swin's stage-1 fc1: K = 96, 245 tiles (persistent), its bias and GELU fused
+            tmp_path,
+            "swin32",
+            LINEAR.format(k=96, n=384, bias=True, dt="float32", expr="F.gelu(self.linear(x))"),
+            "torch.randn(10, 3136, 96)",
+        ),
+        task(  # level 1's small-K product's shape, smaller: 33 x 9 tiles (persistent), nothing fused
+            tmp_path,
+            "small_k",
+            PRODUCT.format(expr="torch.mm(a, b)"),
+            "torch.randn(4100, 64), torch.randn(64, 1030)",
+        ),
+    ]
+    cands = []
+    for path in paths:
+        low = prepare(capture(path))
+        tuned = base_plan(low, True)
+        (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
+        assert g.persistent, g
+        moves = [(label, p) for label, p in legal_edits(tuned, low) if label.startswith("coalesce_accesses(")]
+        plans = [p for _, p in moves]
+        if g.epilogue:  # not on the persistent grid: from its block-a-tile form
+            assert not moves, moves
+            plain = tuned.replace(dataclasses.replace(g, persistent=False))
+            plans = [p for label, p in legal_edits(plain, low) if label.startswith("coalesce_accesses(")]
+        else:
+            plans.append(plans[0].replace(dataclasses.replace(plans[0].get(g.rid), persistent=False)))
+        assert len(plans) == (1 if g.epilogue else 2), plans
+        for plan in plans:
+            staged = plan.get(g.rid)
+            assert staged.staged and "staged stores" in staged.describe()
+            assert staged.stages <= tf32_template.max_stages(g.bn, gemm.staging_bytes("float32"))
+            source, launcher = render(low, plan)
+            assert "TN = BN" in source and "s.c + (wg - 1) * 64 * CP" in source and "pairs" not in source
+            if staged.persistent:  # the staged stores read the sums
+                assert "sum(i + 0)" in source and "acc(i + 0)" not in source
+            cands.append(make_candidate(probe(path).id, source, launcher, nvcc_flags(plan), parent=None,
+                                        edit=f"{path.stem} persistent={staged.persistent}"))  # fmt: skip
+        assert tf32_template.why_unstaged(dataclasses.replace(g, bn=32), "float32").startswith(
+            "a 32-wide tile"
+        )
+        split = dataclasses.replace(g, splits=2, persistent=False)
+        assert tf32_template.why_unstaged(split, "float32") == "a split's partials are stored directly"
+    assert len(cands) == 3
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK and not b.log, (c.edit, b.log)
+        (k,) = [r for r in b.resources if r.name.endswith("_gemm")]
+        assert k.spill_stores == 0 and k.registers <= 168, (c.edit, k)
         assert not k.wgmma_serialized and not k.wgmma_waits_injected, (c.edit, k)
 
 

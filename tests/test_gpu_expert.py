@@ -1399,6 +1399,28 @@ def test_a_column_of_output_rows_a_thread_verifies_on_a_depthwise_convolution(
     assert_ok([cand], [r], hybrid=True)
 
 
+@pytest.mark.parametrize(("name", "shape", "persistent"), [
+    ("linear_f32_persistent", "(2, 16999, 100)", True), ("linear_f32_persistent", "(2, 16999, 100)", False),
+    ("matmul_f32", "(300, 1028); (1028, 1000)", False),
+])  # fmt: skip
+def test_3xtf32_staged_stores_verify(pool, home, tmp_path, name, shape, persistent):
+    """The 3xTF32 GEMM's stores through shared memory (whole 16-byte row pieces), on ragged tiles: the last
+    rows and columns of each block past the output neither computed nor stored."""
+    from pipeline.generate.expert.templates import gemm, gemm_tf32
+
+    path = family_task(tmp_path, name, shape)
+    t = probe(path)
+    base = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    (g,) = [rp for rp in plan_of(base.source).regions if rp.TAG == "wgmma_3xtf32"]
+    depth = min(g.stages, gemm_tf32.max_stages(g.bn, gemm.staging_bytes("float32")))
+    # K whole (a split's partials are stored directly), the ring shallow enough for the staging
+    cand = with_knobs(path, base, "wgmma_3xtf32", staged=True, persistent=persistent, stages=depth, splits=1)
+    assert "s.c + (wg - 1) * 64 * CP" in cand.source
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=True)
+    assert r.measurement is not None and r.measurement.timing is not None
+
+
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"

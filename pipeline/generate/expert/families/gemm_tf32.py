@@ -33,7 +33,7 @@ from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region
-from pipeline.generate.expert.templates import gemm_tf32
+from pipeline.generate.expert.templates import gemm, gemm_tf32
 from pipeline.generate.expert.templates.gemm import Form
 
 
@@ -44,10 +44,16 @@ class Tf32Plan(GemmPlan):
 
     splits: int = 1  # K split across this many blocks a tile (split-K), their partials summed after
     persistent: bool = False  # one block an SM walking its tiles, the ring running on across them
+    staged: bool = False  # stores through shared memory in whole 16-byte row pieces (gemm.staged_store)
 
     def describe(self) -> str:
         split = f" split-K={self.splits}" if self.splits > 1 else ""
-        return super().describe() + split + (" persistent" if self.persistent else "")
+        return (
+            super().describe()
+            + split
+            + (" persistent" if self.persistent else "")
+            + (" staged stores" if self.staged else "")
+        )
 
 
 def _form(r: Region, low: Lowered) -> Form | str:
@@ -178,6 +184,48 @@ def _persistent_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -
         yield from change("persistent_grid", plan, rp, persistent=not rp.persistent)
 
 
+STAGED_DT = "float32"  # the staging's size taken at fp32 outputs' (a 16-bit output's is half): it fits either
+
+
+def _unstageable(rp: Tf32Plan) -> str:
+    """Why the family does not stage this plan's stores, or "": the template's reasons, and a persistent
+    grid with a fused epilogue (Swin's fc1 with its GELU spilled 12 bytes at 168 registers: the next
+    tile's zeroed accumulators stay live beside the sums and the staging)."""
+    if rp.persistent and rp.epilogue:
+        return "a persistent grid's staged stores with a fused epilogue spill"
+    return gemm_tf32.why_unstaged(rp, STAGED_DT)
+
+
+def _stores_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
+    """coalesce_accesses: the stores through shared memory in whole 16-byte row pieces, or back to each
+    thread's own pairs; the ring a stage shallower where the staging would not fit beside it. The
+    accumulators' layout puts 8 bytes of 8 rows in a warp's store; a K of 64 or 96 (level 1's small-K
+    product, Swin's stage-1 layers) leaves a tile's stores about as long as its MMAs."""
+    if rp is None:
+        return
+    if rp.staged:
+        yield from change("coalesce_accesses", plan, rp, staged=False)
+        return
+    top = gemm_tf32.max_stages(rp.bn, gemm.staging_bytes(STAGED_DT))
+    staged = dataclasses.replace(rp, staged=True, stages=min(rp.stages, top))
+    if staged.stages >= 2 and not _unstageable(staged):
+        yield from change("coalesce_accesses", plan, rp, staged=True, stages=staged.stages)
+
+
+def _staging_kept(edit: Any) -> Any:
+    """An edit's moves less those a staged plan cannot take (a 32-wide tile, a split, a ring too deep, a
+    persistent grid with a fused epilogue)."""
+
+    def moves(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
+        for name, p in edit(plan, rp, r, low):
+            q = p.get(r.rid)
+            if isinstance(q, Tf32Plan) and q.staged and _unstageable(q):
+                continue
+            yield name, p
+
+    return moves
+
+
 def _family() -> Any:
     base = gemm_kit.family(SPEC)
 
@@ -204,6 +252,8 @@ def _family() -> Any:
 
         edits[name] = both
     edits["persistent_grid"] = _persistent_edit
+    edits["coalesce_accesses"] = _stores_edit
+    edits = {name: _staging_kept(edit) for name, edit in edits.items()}
     # the persistent grid won wherever it was timed (H200), on few shapes yet: the first batch times its undoing
     hedges = lambda rp: ("persistent_grid",) if isinstance(rp, Tf32Plan) and rp.persistent else ()  # noqa: E731
     return dataclasses.replace(base, edits=edits, settle=settle, hedges=hedges)

@@ -225,10 +225,15 @@ LOAD_B
 """
 )
 # After the main loop, before the stores: where each accumulator lies in the output.
-EPILOGUE_HEAD = r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
+PAIRS_LINE = (
+    "\n    const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned"
+)
+EPILOGUE_HEAD = (
+    r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM, n0 = (long long)n_blk * BN;
-    const long long r0 = (long long)batch * M;  // the batch's first row of the output (and of row operands)
-    const bool pairs = (N & 1) == 0;  // two adjacent columns per store when rows stay aligned"""
+    const long long r0 = (long long)batch * M;  // the batch's first row of the output (and of row operands)"""
+    + PAIRS_LINE
+)
 
 
 def epilogue_function(epi: GemmEpilogue | None, out_dt: str) -> list[str]:

@@ -74,13 +74,26 @@ def lo_bytes(bn: int) -> int:
     return LO_STAGES * bn * BK * _FLOAT
 
 
-def max_stages(bn: int) -> int:
-    return (SMEM_LIMIT - 2048 - lo_bytes(bn)) // stage_bytes(bn)
+def max_stages(bn: int, staging: int = 0) -> int:
+    """The deepest ring that fits beside the lo ring (and `staging` bytes of staged stores)."""
+    return (SMEM_LIMIT - 2048 - lo_bytes(bn) - staging) // stage_bytes(bn)
 
 
-def smem_bytes(bn: int, stages: int) -> int:
+def smem_bytes(bn: int, stages: int, staging: int = 0) -> int:
     """sizeof(Smem) (tiles in 1024-byte aligned arrays, then the barriers) plus 1024 for aligning the base."""
-    return stage_bytes(bn) * stages + lo_bytes(bn) + 1024 + 1024
+    return stage_bytes(bn) * stages + lo_bytes(bn) + staging + 1024 + 1024
+
+
+def why_unstaged(rp: Tf32Plan, out_dt: str) -> str:
+    """Why the plan's stores cannot go through shared memory (gemm.staged_store), or "" when they can: its
+    blocks are 64 columns wide, a split's partials are stored apart, and the staging takes ~34 KB."""
+    if rp.bn % 64:
+        return f"a {rp.bn}-wide tile (staged blocks are 64 columns)"
+    if rp.splits > 1:
+        return "a split's partials are stored directly"
+    if rp.stages > (top := max_stages(rp.bn, gemm.staging_bytes(out_dt))):
+        return f"{rp.stages} stages and the staging do not fit shared memory ({top} stages at most)"
+    return ""
 
 
 def blocks(rp: Tf32Plan, hunter: Any = None, a_regs: bool = False) -> dict[str, atoms.Atom]:
@@ -96,10 +109,11 @@ def blocks(rp: Tf32Plan, hunter: Any = None, a_regs: bool = False) -> dict[str, 
     }
 
 
-def split_stages(b: dict[str, atoms.Atom], smem: int, a_regs: bool = False) -> list[str]:
+def split_stages(b: dict[str, atoms.Atom], smem: int, a_regs: bool = False, staged: str = "") -> list[str]:
     """The MMA, the ring of swizzled K-major A and B stages, the lo halves, the barriers and the split
     helpers: the 3xTF32 kernel's (a_regs: B's lo alone, in a ring of LO_STAGES) and the implicit-GEMM
-    convolution's (A's and B's lo beside each stage: its gatherers write A and a_lo at once)."""
+    convolution's (A's and B's lo beside each stage: its gatherers write A and a_lo at once). `staged`: the
+    output's C type, whose blocks of staged stores (gemm.staged_store) the Smem holds."""
     swz = b["smem"].name
     lo = (
         [
@@ -121,6 +135,11 @@ def split_stages(b: dict[str, atoms.Atom], smem: int, a_regs: bool = False) -> l
         *([] if a_regs else ["    alignas(1024) float alo[cosize_v<SmemA>];"]),
         "    alignas(1024) float b[cosize_v<SmemB>];",
         "    alignas(1024) float blo[cosize_v<SmemBl>];",
+        *(
+            [f"    alignas(16) {staged} c[2 * 64 * (64 + 16 / sizeof({staged}))];  // staged stores"]
+            if staged
+            else []
+        ),
         "    uint64_t full[STAGES];",
         "    uint64_t ready[LO_STAGES];  // a k tile split (the GEMM) or gathered (the convolution)",
         "    uint64_t empty[STAGES];",
@@ -136,15 +155,17 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     rid = r.rid
     bn, stages = rp.bn, rp.stages
     b = blocks(rp, hunter, a_regs=True)
-    smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else "float32"
+    if rp.staged and (why := why_unstaged(rp, out_dt)):
+        raise ValueError(f"region {rid}: staged stores: {why}")
+    smem = smem_bytes(bn, stages, gemm.staging_bytes(out_dt) if rp.staged else 0)
     lines = [
         *gemm.preamble(rid, b),
         "using T = cutlass::tfloat32_t;  // the MMA's operand type; the splitters move the raw fp32 bits",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, "
         f"SPLITTERS = {SPLITTERS}, PROMOTE = {PROMOTE}, LO_STAGES = {LO_STAGES}"
-        f"{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''};",
-        *split_stages(b, smem, a_regs=True),
+        f"{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''}{', TN = BN' if rp.staged else ''};",
+        *split_stages(b, smem, a_regs=True, staged=ctype(out_dt) if rp.staged else ""),
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
     ]
@@ -167,7 +188,10 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         body = _split_k(body)
         kernel_epi, kernel_dt = None, "float32"
         kernel_sig = gemm.signature(kernel_epi, kernel_dt)
-    stores = gemm.store(kernel_epi, kernel_dt)
+    # Staged (rp.staged): each consumer warpgroup's 64 rows through shared memory, stored in whole 16-byte row
+    # pieces, where the accumulators' own layout stores 8 bytes of 8 rows a warp instruction
+    stores = gemm.staged_store(kernel_epi, kernel_dt) if rp.staged else gemm.store(kernel_epi, kernel_dt)
+    head = gemm.EPILOGUE_HEAD.replace(gemm.PAIRS_LINE, "") if rp.staged else gemm.EPILOGUE_HEAD
     if persistent:  # the stores read the tile's sums: acc stays zero for the next tile (see _PERSISTENT)
         stores = [re.sub(r"\bacc\b", "sum", ln) for ln in stores]
     lines += [
@@ -175,7 +199,7 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
-        body + gemm.EPILOGUE_HEAD,
+        body + head,
         *stores,
         *(["    }  // the block's next tile"] if persistent else []),
         "}",
