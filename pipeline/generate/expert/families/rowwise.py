@@ -69,9 +69,7 @@ class RowPlan(RegionPlan):
     grid_lag: int = 1  # with grid_row: steps between a tile's first read and its second (its write)
     l2_hints: bool = False  # with grid_row: the first read kept in L2 for the second, the stores evict-first
     grid_prefetch: bool = False  # with grid_row: a step's first loads issued before the last tile is written
-    grid_tile: int = (
-        0  # with grid_row: elements of a row a block's tile takes, at least (0: rowwise.GRID_TILE)
-    )
+    grid_tile: int = 0  # with grid_row: a tile's elements, at least (0: rowwise.GRID_TILE)
     intrinsics: bool = False  # fused neighbours' logs and exponentials by the special-function unit
     prologue: str = ""  # rid of an ew region computed on this region's loads
     epilogue: str = ""  # rid of an ew region computed on this region's stores
