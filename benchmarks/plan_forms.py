@@ -11,17 +11,14 @@ and skipped. Every form verified and timed against eager (L2 flushed, median of 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from expert_plans import tuned  # noqa: E402  (the tests' helper: the expert's tuned candidate)
-from harness_forms import compare, lowered, parser, plan_form, plan_line  # noqa: E402
-
-from pipeline.generate.expert.plan import Plan, plan_of  # noqa: E402
+from expert_plans import tuned, with_knobs  # noqa: E402  (the tests' helpers: the same candidates)
+from harness_forms import compare, parser, plan_line  # noqa: E402
 
 
 def knobs_of(text: str) -> dict[str, int | bool]:
@@ -38,21 +35,14 @@ def knobs_of(text: str) -> dict[str, int | bool]:
 
 def forms(path: Path, sets: list[str]) -> list[tuple[str, object]]:
     base = tuned(path)
-    plan, low = plan_of(base.source), lowered(path)
     out: list[tuple[str, object]] = [("tuned", base)]
     for text in sets:
-        knobs = knobs_of(text)
-        regions = tuple(
-            dataclasses.replace(rp, **knobs) if all(hasattr(rp, k) for k in knobs) else rp
-            for rp in plan.regions
-        )
-        if regions == plan.regions:
-            print(f"{path.stem}: --set {text!r} changes no region of {plan.to_json()}", flush=True)
-            continue
         try:
-            out.append(plan_form(base.task_id, low, Plan(regions), text))
-        except Exception as e:  # a family's refusal: reported, the other forms still run
-            print(f"{path.stem}: --set {text!r} does not render: {e}", flush=True)
+            out.append((text, with_knobs(path, base, edit=text, **knobs_of(text))))
+        except (
+            Exception
+        ) as e:  # no region changed, or a family's refusal: reported, the other forms still run
+            print(f"{path.stem}: --set {text!r}: {e}", flush=True)
     return out
 
 

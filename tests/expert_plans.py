@@ -1,9 +1,10 @@
 """Test helpers: a task's tuned candidate, and that candidate with one edit made on every region that takes
-it (what the search reaches in several steps, e.g. a doubled cluster for each long-row region); a task of
-one module applied to its input."""
+it (what the search reaches in several steps, e.g. a doubled cluster for each long-row region) or with knobs
+set on its regions (a form no single edit reaches); a task of one module applied to its input."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pipeline.candidates import make_candidate
@@ -35,6 +36,24 @@ def tuned_with_edit(path: Path, edit: str) -> Candidate:
         plan = next((p for label, p in legal_edits(plan, low) if label.startswith(f"{edit}({rid}:")), plan)
     source, launcher = render(low, plan)
     return make_candidate(t.id, source, launcher, nvcc_flags(plan), parent=base.key, edit=edit)
+
+
+def with_knobs(path: Path, base: Candidate, tag: str = "", edit: str = "", **knobs) -> Candidate:
+    """`base` with `knobs` set on its plan's regions of family `tag` (every region with those knobs where
+    no tag is given), rendered as the expert would; the plan's other fields (its CUDA graph) kept.
+    LookupError where that changes no region."""
+    low, why = analyse(path)
+    assert low is not None, why
+    plan = plan_of(base.source)
+    picked = (lambda rp: tag == rp.TAG) if tag else (lambda rp: all(hasattr(rp, k) for k in knobs))
+    regions = tuple(dataclasses.replace(rp, **knobs) if picked(rp) else rp for rp in plan.regions)
+    if regions == plan.regions:
+        raise LookupError(f"{knobs} change no region of {plan.to_json()}")
+    plan = dataclasses.replace(plan, regions=regions)
+    source, launcher = render(low, plan)
+    return make_candidate(
+        base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit=edit or str(knobs)
+    )
 
 
 def op_task(folder: Path, name: str, module: str, ret: str, shape: str, dtype: str = "") -> Path:

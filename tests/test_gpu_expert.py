@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from expert_plans import tuned_with_edit
+from expert_plans import tuned_with_edit, with_knobs
 
 from pipeline import stages
 from pipeline.candidates import make_candidate
@@ -1349,24 +1349,6 @@ def test_a_persistent_cluster_grid_verifies_on_long_rows(pool, home, tmp_path, s
     cand = tuned_with_edit(path, "persistent_grid")
     (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
     assert_ok([cand], [r], hybrid=False)
-
-
-def with_knobs(path: Path, base, tag: str, **knobs):
-    """`base` with `knobs` set on its plan's regions of family `tag` (at least one), rendered as the expert
-    would: a form no first plan or single edit reaches."""
-    import dataclasses
-
-    from pipeline.generate.expert.policy import analyse
-    from pipeline.generate.expert.render import nvcc_flags, render
-
-    low, why = analyse(path)
-    assert low is not None, why
-    plan = plan_of(base.source)
-    assert any(tag == rp.TAG for rp in plan.regions), plan
-    regions = tuple(dataclasses.replace(rp, **knobs) if tag == rp.TAG else rp for rp in plan.regions)
-    plan = dataclasses.replace(plan, regions=regions)
-    source, launcher = render(low, plan)
-    return make_candidate(base.task_id, source, launcher, nvcc_flags(plan), parent=None, edit=str(knobs))
 
 
 @pytest.mark.parametrize(("lag", "hints", "ahead"), [(2, True, True), (3, False, False), (1, True, False),
