@@ -569,13 +569,17 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
     xt, U = ctype(x_dt), max(1, rp.unroll)
     # The step's first batch loaded before the write below and used after it (grid_prefetch): its DRAM
     # latency spent on the write's L2 reads and stores, where the read waited on it alone.
+    tile = [
+        "            const long long rs = r * cols;",
+        "            const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
+        "            const long long start = rs + c0;",
+        "            (void)start;",
+    ]
     prefetch = [
         f"        Vec<{xt}, V> p_[{U}];",
         "        if (on) {",
         "            const long long r = s * per + r0;",
-        "            const long long rs = r * cols;",
-        "            const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
-        "            const long long start = rs + c0;",
+        *tile,
         "            const long long head = head_of<V>(start, n), nv = (n - head) / V;",
         "#pragma unroll",
         f"            for (int u = 0; u < {U}; ++u)",
@@ -594,12 +598,6 @@ def _grid_body(rid: str, sig: Signature, lay: RowLayout, rp: RowPlan, pre: Fused
         if lag == 1
         else (f"s < steps + {lag}", f"s >= {lag} && (s - {lag}) * per + r0 < rows")
     )
-    tile = [
-        "            const long long rs = r * cols;",
-        "            const long long n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;",
-        "            const long long start = rs + c0;",
-        "            (void)start;",
-    ]
     stats_step = [
         "        if (s < steps && s * per + r0 < rows) {  // this step's row: the tile's statistics"
         if not ahead
