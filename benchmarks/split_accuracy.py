@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,15 @@ def bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(torch.float32)
 
 
+def fp16_pair(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and y as fp16 MMA operands of one product: x scaled by 2^-e and y by 2^e (the product unchanged, so
+    it shares the fp32 accumulator), e balancing their largest magnitudes inside fp16's narrow range, then
+    rounded to nearest (subnormals as the hardware keeps them)."""
+    mx, my = x.abs().max().item(), y.abs().max().item()
+    e = round((math.log2(mx) - math.log2(my)) / 2) if mx > 0 and my > 0 else 0
+    return (x * 2.0**-e).half().float() * 2.0**e, (y * 2.0**e).half().float() * 2.0**-e
+
+
 def cut(x: torch.Tensor, read: Callable[[torch.Tensor], torch.Tensor], n: int) -> Parts:
     """x as n parts, each what the MMA reads of the remainder so far (remainders are exact in fp32)."""
     parts, rest = [], x
@@ -54,9 +64,19 @@ SPLITS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], int, list[tuple[
     "bf16x3": (bf16, 2, [(0, 0), (0, 1), (1, 0)], 1.5),
     "bf16x6": (bf16, 3, [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0)], 3.0),
 }
+# tf32's hi.hi product, and the two cross products on 16-bit MMAs at twice the rate (1 + 2 x 0.5 passes): the
+# cross products are 2^-11 of the result, so a 16-bit operand's rounding there costs what tf32's cut of lo does
+MIXED: dict[str, tuple[str, float]] = {"tf32 + bf16 cross": ("bf16", 2.0), "tf32 + fp16 cross": ("fp16", 2.0)}
 
 
 def emulate(a: torch.Tensor, b: torch.Tensor, split: str) -> torch.Tensor:
+    if split in MIXED:
+        (ah, al), (bh, bl) = cut(a, tf32, 2), cut(b, tf32, 2)
+        acc = ah.double() @ bh.double()
+        for x, y in ((ah, bl), (al, bh)):
+            x, y = fp16_pair(x, y) if MIXED[split][0] == "fp16" else (bf16(x), bf16(y))
+            acc += x.double() @ y.double()
+        return acc.float()
     read, n, pairs, _ = SPLITS[split]
     pa, pb = cut(a, read, n), cut(b, read, n)
     acc = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float64)
@@ -92,11 +112,12 @@ def main() -> None:
     for case, (a, b) in cases(args.seed).items():
         ref = a.double() @ b.double()
         anchor = tolerance.reference_error(a @ b, ref)
-        for split in SPLITS:
+        for split in [*SPLITS, *MIXED]:
+            cost = SPLITS[split][3] if split in SPLITS else MIXED[split][1]
             stats = tolerance.compare_output(emulate(a, b, split), ref, atol, rtol)
             why = stats.reasons(0, atol, rtol, norm_tol, anchor, tolerance.REF_ERROR_MULTIPLE)
             row = {
-                "case": case, "split": split, "cost_tf32_passes": SPLITS[split][3],
+                "case": case, "split": split, "cost_tf32_passes": cost,
                 "max_abs": stats.max_abs, "rel_norm": stats.rel_error, "eager_max_abs": anchor.abs_max,
                 "eager_rel_norm": anchor.rel_norm, "elements_outside_base": stats.over_base,
                 "passes": not why, "why": why,
