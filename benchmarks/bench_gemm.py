@@ -226,18 +226,20 @@ def candidates(path: Path) -> list:
     policy = ExpertPolicy()
     first = policy.propose(Context(task=task, reference=task.source, parent=None), 2)
     tuned = first[-1].candidate
-    kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 8)
+    kids = policy.propose(Context(task=task, reference=task.source, parent=tuned), 12)
     moved = [
         k.candidate
         for k in kids
         if k.status == ProposalStatus.OK
         and any(x in k.edit for x in ("bn=", "stages=", "warps=", "persistent="))
     ]
+    # and the fp32 GEMM's three products in fp16 (use_tensor_cores: templates/gemm_f16x3.py)
+    f16 = [k.candidate for k in kids if k.status == ProposalStatus.OK and "f16=True" in k.edit]
     # The plain plan too where it is already ours (an attention alone: its first kernel; a tuned plan equal to
     # it comes back edited, so that it differs)
     plain = [first[0].candidate] if len(first) > 1 and first[0].candidate.key != tuned.key else []
     unique: dict[str, object] = {}  # each plan once, first come
-    for c in (*plain, tuned, *moved[:2]):
+    for c in (*plain, tuned, *moved[:2], *f16):
         if uses_cute(plan := plan_of(c.source)):
             unique.setdefault(plan.to_json(), c)
     ours = list(unique.values())

@@ -24,7 +24,7 @@ from pipeline.generate.expert.families.gemm_kit import FEW_TILES
 from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import nvcc_flags, prepare, render, uses_cute
-from pipeline.generate.expert.templates import gemm
+from pipeline.generate.expert.templates import gemm, gemm_f16x3
 from pipeline.generate.expert.templates import gemm_tf32 as tf32_template
 from pipeline.generate.expert.templates.code import CUTE_FLAGS
 from pipeline.static_check import check_launcher
@@ -434,7 +434,10 @@ def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, wa
     shallower = (
         gemm_tf32.PERSIST_SHALLOWER if g.persistent else 0
     )  # a persistent ring a stage under the deepest
-    assert (g.bn, g.splits) == want and g.stages == tf32_template.max_stages(want[0]) - shallower
+    # K whole and long: the fp16x3 form at the same tile (tests/test_gemm_f16x3.py), its own deepest ring
+    f16 = want[1] == 1 and k >= gemm_tf32.F16_MIN_K
+    top = gemm_f16x3.max_stages(want[0]) if f16 else tf32_template.max_stages(want[0]) - shallower
+    assert (g.bn, g.splits, g.f16) == (*want, f16) and g.stages == top
     # narrower and wider: a step along the tiles, not a jump to the ends
     moved = {label.split("(")[0]: p.get(lib.rid).bn for label, p in legal_edits(base_plan(low, True), low)
              if "bn=" in label}  # fmt: skip
@@ -446,16 +449,17 @@ def test_the_3xtf32_cost_model_picks_tiles_for_the_grid(tmp_path, rows, k, n, wa
     assert few == (rows != 4096)
     narrower = moved.get("more_parallelism", moved.get("resize_grid", moved.get("reduce_registers")))
     assert narrower in ((tiles[at - 1],) if at and few else (None,))
-    splits = [label for label, _ in legal_edits(base_plan(low, True), low) if "splits=" in label]
+    splits = [label for label, _ in legal_edits(base_plan(low, True), low)
+              if "splits=" in label and not label.startswith("use_tensor_cores")]  # fmt: skip
     shares = k >= 2 * gemm_tf32.MIN_SHARE * tf32_template.BK  # two splits keep their k tiles each
     assert bool(splits) == (few and shares), splits  # a split of K only for a grid of few tiles
 
 
 @pytest.mark.parametrize(("rows", "k", "n", "persistent"), [
     (31360, 96, 384, True),  # Swin's stage-1 MLP: 245 x 3 tiles over 3 k tiles, about 6 waves
-    (4096, 4096, 4096, True),  # 1024 tiles
+    (4096, 384, 4096, True),  # 1024 tiles over a K too short for the fp16x3 form
     (31360, 384, 96, True),  # Swin's stage-1 fc2: 245 tiles, under two waves but more than one
-    (394, 512, 1536, False),  # ViT's qkv: 96 tiles of 128 x 64, under a wave
+    (394, 384, 1536, False),  # 96 tiles of 128 x 64, under a wave
     (256, 262144, 256, False),  # K split: the blocks of a tile keep their own share
 ])  # fmt: skip
 def test_a_grid_of_several_waves_walks_its_tiles_with_a_persistent_grid_and_hedges_it(
@@ -521,7 +525,12 @@ def test_3xtf32_instantiations_compile_for_sm90a_without_spills(tmp_path):
         policy = ExpertPolicy()
         tuned = policy.propose(Context(task=t, reference=t.source, parent=None), 2)[-1].candidate
         kids = policy.propose(Context(task=t, reference=t.source, parent=tuned), 8)
-        cands += [tuned, *(k.candidate for k in kids if "bn=" in k.edit or "stages=" in k.edit)][:2]
+        moved = [k.candidate for k in kids if "bn=" in k.edit or "stages=" in k.edit]
+        # the 3xTF32 forms (a tuned plan in the fp16x3 form: its hedge back, tests/test_gemm_f16x3.py)
+        tf32 = [
+            c for c in (tuned, *moved) if not any(getattr(p, "f16", False) for p in plan_of(c.source).regions)
+        ]
+        cands += tf32[:2]
     # K-major B read in place; a row-major one gathered K-major by our kernel first (tf32 reads K-major only)
     assert any(p.persistent for c in cands for p in plan_of(c.source).regions if isinstance(p, Tf32Plan))
     gathered = {"transposed(w)" in c.launcher for c in cands}
@@ -711,7 +720,8 @@ def test_a_product_with_few_tiles_and_a_long_k_splits_k_and_sums_the_partials_in
     (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
     assert (g.bn, g.splits, g.epilogue) == (32, 8, "") and "split-K=8" in g.describe()
     moves = {label: p for label, p in legal_edits(tuned, low)}
-    splits = sorted(p.get(g.rid).splits for label, p in moves.items() if "splits=" in label)
+    splits = sorted(p.get(g.rid).splits for label, p in moves.items()
+                    if "splits=" in label and not label.startswith("use_tensor_cores"))  # fmt: skip
     assert splits == [1, 4]
     assert not any(label.startswith("fuse_epilogue") for label in moves)
     t = probe(path)

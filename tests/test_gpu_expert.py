@@ -1403,6 +1403,29 @@ def test_3xtf32_staged_stores_verify(pool, home, tmp_path, name, shape, persiste
     assert r.measurement is not None and r.measurement.timing is not None
 
 
+@pytest.mark.parametrize(("name", "shape"), [
+    ("linear_f32_epilogue", "(999, 1036)"), ("linear_f32_epilogue", "(3, 70, 1036)"),
+    ("matmul_f32", "(301, 1030); (1030, 1001)"),  # B row-major: split and transposed; K padded to 1032
+    ("matmul_f32", "(200, 8196); (8196, 136)"),  # a long K: the promotions hold its error to eager's
+    ("bmm_f32_epilogue", "(3, 257, 516); (3, 516, 388); (3, 257, 1)"),
+])  # fmt: skip
+def test_fp16x3_gemm_verifies(pool, home, tmp_path, name, shape):
+    """Our fp32 GEMM as three fp16 products (templates/gemm_f16x3.py) passes the harness's fp32 rule on
+    ragged tiles, both operand forms, batches and a fused epilogue."""
+    from pipeline.generate.expert.templates import gemm_f16x3
+
+    path = family_task(tmp_path, name, shape)
+    t = probe(path)
+    base = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    (g,) = [rp for rp in plan_of(base.source).regions if rp.TAG == "wgmma_3xtf32"]
+    cand = with_knobs(path, base, "wgmma_3xtf32", f16=True, persistent=False, splits=1, staged=False,
+                      stages=gemm_f16x3.max_stages(g.bn))  # fmt: skip
+    assert "fp16x3 WGMMA kernel" in cand.launcher
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=True)
+    assert r.measurement is not None and r.measurement.timing is not None
+
+
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"

@@ -19,6 +19,12 @@ resize_grid edits offer half and twice the split and the next narrower tile, on 
 A grid of more than a wave of tiles, K whole, is walked by a persistent grid in the tuned plan (one
 block an SM, the ring running on across its tiles: templates/gemm_tf32.py), its ring a stage under the
 deepest: hedged all the same (the first batch times a block a tile beside it); persistent_grid toggles it.
+
+Where K is whole and at least F16_MIN_K, the tuned plan takes the fp16x3 form instead (`f16`:
+templates/gemm_f16x3.py): the operands scaled by powers of two a row (A) and a column (B), split into
+fp16 halves by our kernel, three fp16 products at twice tf32's rate, as accurate as 3xTF32; a block a
+tile, K whole. use_tensor_cores toggles it (back to 3xTF32 as the tuned plan sets it), and the first
+batch times that hedge.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region
-from pipeline.generate.expert.templates import gemm, gemm_tf32
+from pipeline.generate.expert.templates import gemm, gemm_f16x3, gemm_tf32
 from pipeline.generate.expert.templates.gemm import Form
 
 
@@ -45,14 +51,22 @@ class Tf32Plan(GemmPlan):
     splits: int = 1  # K split across this many blocks a tile (split-K), their partials summed after
     persistent: bool = False  # one block an SM walking its tiles, the ring running on across them
     staged: bool = False  # stores through shared memory in whole 16-byte row pieces (gemm.staged_store)
+    # three fp16 products of operands scaled by powers of two and split by our kernel first, in place of
+    # three tf32 ones (templates/gemm_f16x3.py): twice the MMA rate at the same accuracy; K whole, a block
+    # a tile, unstaged stores
+    f16: bool = False
 
     def describe(self) -> str:
         split = f" split-K={self.splits}" if self.splits > 1 else ""
+        base = super().describe()
+        if self.f16:  # its k tiles are 64 fp16 deep
+            base = base.replace(f"x{self.BK} ", f"x{gemm_f16x3.BK} ", 1)
         return (
-            super().describe()
+            base
             + split
             + (" persistent" if self.persistent else "")
             + (" staged stores" if self.staged else "")
+            + (" fp16x3" if self.f16 else "")
         )
 
 
@@ -93,6 +107,10 @@ SUM_US, SPLIT_BYTES_PER_US = 3.0, 3.0e6
 # shapes timed both ways (a stage less leaves the SM more L1 beside shared memory): its ring's stages under
 # the deepest.
 PERSIST_SHALLOWER = 1
+# K from which the tuned plan takes the fp16x3 form (8 of its 64-deep k tiles). Measured on the H200
+# (docs/benchmarks.md, 2026-12-07): 4096^3 1.18 -> 0.74 ms (linear) and 1.22 -> 0.87 ms (mm, B split and
+# transposed), 8192^3 10.1 -> 5.6 ms, level 1's batched product (K = 1024) 3.12 -> 2.88 ms.
+F16_MIN_K = 512
 
 
 def _tiles_and_ktiles(r: Region, low: Lowered, bn: int = gemm_tf32.TILE_N[-1]) -> tuple[int, int, int] | None:
@@ -212,15 +230,59 @@ def _stores_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> An
         yield from change("coalesce_accesses", plan, rp, staged=True, stages=staged.stages)
 
 
+def f16_pays(r: Region, low: Lowered, splits: int) -> bool:
+    """The tuned plan's bet on the fp16x3 form: K whole and long enough (F16_MIN_K) that a tile's set-up and
+    stores are a small part of it. Where the cost model splits K over few tiles, or K is short and a
+    persistent grid pays (level 1's K = 64 product: 2.07 against 3.35 ms a block a tile), 3xTF32 stays."""
+    tk = _tiles_and_ktiles(r, low)
+    return splits == 1 and tk is not None and tk[1] * gemm_tf32.BK >= F16_MIN_K
+
+
+def _tf32_tuned(r: Region, low: Lowered, rp: Tf32Plan) -> dict[str, Any]:
+    """The knobs the tuned plan gives 3xTF32 at this tile width: the cost model's split, a persistent grid
+    where it pays, its ring."""
+    splits = wave_split(r, low, rp.bn)
+    persistent = persistent_pays(r, low, rp.bn, splits)
+    top = gemm_tf32.max_stages(rp.bn)
+    return {"splits": splits, "persistent": persistent,
+            "stages": max(2, top - PERSIST_SHALLOWER) if persistent else top}  # fmt: skip
+
+
+def _f16_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
+    """use_tensor_cores on our kernel: its three products in fp16 at twice tf32's rate (K whole, a block a
+    tile, unstaged stores: what that template takes), or back to tf32's as the tuned plan sets it."""
+    if rp is None:
+        return
+    if rp.f16:
+        yield from change("use_tensor_cores", plan, rp, f16=False, **_tf32_tuned(r, low, rp))
+    else:
+        stages = min(rp.stages, gemm_f16x3.max_stages(rp.bn))
+        yield from change(
+            "use_tensor_cores", plan, rp, f16=True, splits=1, persistent=False, staged=False, stages=stages
+        )
+
+
+def _unusable(q: Tf32Plan) -> bool:
+    """A plan no template renders: staged stores it cannot take; an fp16x3 plan with a split, a persistent
+    grid or staged stores."""
+    if q.staged and _unstageable(q):
+        return True
+    return q.f16 and (q.splits > 1 or q.persistent or q.staged)
+
+
 def _staging_kept(edit: Any) -> Any:
-    """An edit's moves less those a staged plan cannot take (a 32-wide tile, a split, a ring too deep, a
-    persistent grid with a fused epilogue)."""
+    """An edit's moves less those whose plan no template renders (_unusable); an fp16x3 plan's ring no
+    deeper than its stages fit (a wider tile's move keeps the 3xTF32 ring's depth)."""
 
     def moves(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
         for name, p in edit(plan, rp, r, low):
             q = p.get(r.rid)
-            if isinstance(q, Tf32Plan) and q.staged and _unstageable(q):
+            if isinstance(q, Tf32Plan) and _unusable(q):
                 continue
+            if isinstance(q, Tf32Plan) and q.f16 and q.stages > (top := gemm_f16x3.max_stages(q.bn)):
+                p = p.replace(dataclasses.replace(q, stages=top))
+                if p == plan:
+                    continue
             yield name, p
 
     return moves
@@ -236,6 +298,9 @@ def _family() -> Any:
             bn, splits = wave_plan(r, low)
             if bn != rp.bn:
                 rp = dataclasses.replace(rp, bn=bn, stages=gemm_tf32.max_stages(bn))
+            if f16_pays(r, low, splits):
+                f16 = dataclasses.replace(rp, f16=True, splits=1, persistent=False)
+                return plan.replace(dataclasses.replace(f16, stages=gemm_f16x3.max_stages(bn)))
             persistent = persistent_pays(r, low, bn, splits)
             # a persistent grid's ring one stage under the deepest: 2-4% faster on seven shapes (H200)
             stages = max(2, gemm_tf32.max_stages(bn) - PERSIST_SHALLOWER) if persistent else rp.stages
@@ -252,10 +317,23 @@ def _family() -> Any:
 
         edits[name] = both
     edits["persistent_grid"] = _persistent_edit
+    take = base.edits["use_tensor_cores"]
+
+    def tensor_cores(plan: Plan, rp: Any, r: Region, low: Lowered) -> Any:
+        yield from take(plan, rp, r, low)
+        yield from _f16_edit(plan, rp, r, low)
+
+    edits["use_tensor_cores"] = tensor_cores
     edits["coalesce_accesses"] = _stores_edit
     edits = {name: _staging_kept(edit) for name, edit in edits.items()}
-    # the persistent grid won wherever it was timed (H200), on few shapes yet: the first batch times its undoing
-    hedges = lambda rp: ("persistent_grid",) if isinstance(rp, Tf32Plan) and rp.persistent else ()  # noqa: E731
+
+    # the persistent grid won wherever it was timed (H200), on few shapes yet: the first batch times its
+    # undoing; likewise 3xTF32 beside the fp16x3 form
+    def hedges(rp: Any) -> tuple[str, ...]:
+        if not isinstance(rp, Tf32Plan):
+            return ()
+        return ("persistent_grid",) if rp.persistent else ("use_tensor_cores",) if rp.f16 else ()
+
     return dataclasses.replace(base, edits=edits, settle=settle, hedges=hedges)
 
 

@@ -152,6 +152,10 @@ def split_stages(b: dict[str, atoms.Atom], smem: int, a_regs: bool = False, stag
 
 def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
     """The kernel and its launcher for an fp32 library region in the form `f`; raises atoms.AtomNotFound."""
+    if rp.f16:  # the same products as three fp16 ones
+        from pipeline.generate.expert.templates import gemm_f16x3
+
+        return gemm_f16x3.render(r, f, rp, epi, hunter)
     rid = r.rid
     bn, stages = rp.bn, rp.stages
     b = blocks(rp, hunter, a_regs=True)
@@ -538,11 +542,17 @@ DRAINED    CUTE_UNROLL
 """.replace("DRAINED", _DRAINED)
 
 
-def consumers(wait_full: bool) -> str:
+_READY = "        Barrier::wait(&s.ready[st], (kt / STAGES) & 1);\n"
+
+
+def consumers(wait_full: bool, ready: bool = True) -> str:
     """The convolution's consumer warpgroups' loop. wait_full: they wait for the stage's TMA themselves (its
-    gatherers write A while B lands)."""
+    gatherers write A while B lands); ready: and for its gatherers (the fp16x3 GEMM's stages hold TMA's
+    tiles alone)."""
     wait = "        Full::wait(&s.full[st], (kt / STAGES) & 1);  // B's TMA\n" if wait_full else ""
-    return _CONSUMERS_SS.replace("WAIT_FULL", wait)
+    body = _CONSUMERS_SS.replace("WAIT_FULL", wait)
+    assert body.count(_READY) == 1, "the consumers' ready wait changed"
+    return body if ready else body.replace(_READY, "")
 
 
 # The barriers' set-up and the producer warpgroup's start, shared by both bodies.

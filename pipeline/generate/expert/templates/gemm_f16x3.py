@@ -1,0 +1,315 @@
+"""fp32 GEMMs at fp32 accuracy as three fp16 products on the tensor cores (a form of the 3xTF32 family's
+plan, `Tf32Plan.f16`: families/gemm_tf32.py).
+
+Each operand is scaled by a power of two per line (a row of A; a column of B, over K), exact, so that the
+line's largest magnitude lands in [2^14, 2^15), inside fp16's range, then cut as hi = fp16(x) and
+lo = fp16(x - hi), both rounded to nearest: 11 + 11 significant bits, as tf32's hi and lo (10 + 1 each,
+truncated), while an fp16 MMA runs at twice tf32's rate. a.b is accumulated in fp32 as
+a_lo.b_hi + a_hi.b_lo + a_hi.b_hi and unscaled by 2^(e_row + e_col) before the epilogue: 1.5 tf32 passes
+of tensor-core work where 3xTF32 takes 3. The dropped a_lo.b_lo and lo's rounding are each about 2^-23 of
+|a||b|; an element far below its line's largest (2^-29 and less) is held with less precision, an absolute
+error about 2^-40 of that line's scale (benchmarks/fp16x3_probe.py: at or under eager's error on rand,
+randn, linear-layer and outlier operands, H100 2026-12-07; benchmarks/split_accuracy.py on the CPU).
+
+The split is a pass of its own before the GEMM (one read of each fp32 operand, mostly from L2 the second
+time, and a write of its two fp16 halves: the same bytes): `rowsplit` for rows over K (A, and a linear
+layer's (N, K) weight), `colsplit` for a row-major (K, N) B, whose columns it also transposes K-major.
+Rows of the halves are padded to 8 elements (16 bytes, TMA's rule) with zeros, so any K works.
+
+The GEMM: 384 threads, the producer warpgroup's first thread issues TMA loads of four tiles a stage (a_hi,
+a_lo: 128 x 64; b_hi, b_lo: BN x 64; 128-byte swizzle), two consumer warpgroups run the three WGMMA
+products on 64 x BN each from shared memory (the implicit-GEMM convolution's consumer loop,
+templates/gemm_tf32.py), promoting the tensor cores' sum to fp32 registers every PROMOTE k tiles (the
+accumulator's own additions drop bits: without it a 65536-long K was 20x eager's error on the H100).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.generate.expert import atoms
+from pipeline.generate.expert.regions import Region
+from pipeline.generate.expert.templates import gemm, gemm_tf32
+from pipeline.generate.expert.templates.code import Code, ctype, torch_dtype
+from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT, Form, GemmEpilogue
+from pipeline.generate.expert.templates.signature import Param, Signature, i32, ptr
+
+if TYPE_CHECKING:
+    from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
+
+BK = 64  # fp16 elements: one 128-byte swizzle row
+PROMOTE = 2  # k tiles (128 of K, three products each) summed by the tensor cores before a promotion
+ALIGN = 8  # fp16 elements per 16 bytes: the halves' rows are padded to it
+_HALF = 2
+
+
+def stage_bytes(bn: int) -> int:
+    """A stage: A's and B's hi and lo tiles."""
+    return 2 * (BM + bn) * BK * _HALF
+
+
+def max_stages(bn: int) -> int:
+    return (SMEM_LIMIT - 2048) // stage_bytes(bn)
+
+
+def smem_bytes(bn: int, stages: int) -> int:
+    """sizeof(Smem) (tiles in 1024-byte aligned arrays, then the barriers) plus 1024 for aligning the base."""
+    return stage_bytes(bn) * stages + 1024 + 1024
+
+
+def stages_of(rp: Tf32Plan) -> int:
+    """The plan's ring, no deeper than fits (the 3xTF32 plan's stages are counted in fp32 tiles)."""
+    return max(2, min(rp.stages, max_stages(rp.bn)))
+
+
+def blocks(bn: int, hunter: Any = None) -> dict[str, atoms.Atom]:
+    return {
+        "mma": atoms.find(atoms.gmma(bn, "float16"), hunter),
+        "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
+        "full": atoms.find(atoms.TX_BARRIER, hunter),
+        "empty": atoms.find(atoms.ARRIVE_BARRIER, hunter),
+        "smem": atoms.find(atoms.SW128_K, hunter),
+    }
+
+
+def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
+    tmap = "const __grid_constant__ CUtensorMap"
+    ops_ = epi.operands if epi else ()
+    return Signature((
+        Param("tma_ah", tmap, "tah"), Param("tma_al", tmap, "tal"), Param("tma_bh", tmap, "tbh"),
+        Param("tma_bl", tmap, "tbl"), ptr("out", ctype(out_dt), const=False), ptr("ea", "int"), ptr("eb", "int"),
+        *(ptr(f"e{k}", ctype(d)) for k, (_, d, _) in enumerate(ops_)), i32("M", "m"), i32("N", "n"), i32("K", "kp"),
+    ))  # fmt: skip
+
+
+def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
+    """The split kernels, the GEMM and its launcher for an fp32 library region in the form `f`."""
+    if rp.splits > 1 or rp.persistent or rp.staged:
+        raise ValueError(f"region {r.rid}: the fp16x3 GEMM takes K whole on a block a tile, stores unstaged")
+    rid, bn = r.rid, rp.bn
+    stages = stages_of(rp)
+    b = blocks(bn, hunter)
+    smem = smem_bytes(bn, stages)
+    out_dt = epi.out_dtype if epi else "float32"
+    sig = signature(epi, out_dt)
+    body = (
+        gemm.PROLOGUE
+        + _PRODUCER.replace("TMA_COPY", b["tma"].name)
+        + gemm_tf32.consumers(wait_full=True, ready=False)
+        + gemm.EPILOGUE_HEAD
+        + _UNSCALE
+    )
+    lines = [
+        *gemm.preamble(rid, b),
+        "using T = cutlass::half_t;",
+        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, PROMOTE = {PROMOTE};",
+        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::K>{{}},",
+        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
+        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        "struct Smem {",
+        "    alignas(1024) T a[cosize_v<SmemA>];  // hi",
+        "    alignas(1024) T alo[cosize_v<SmemA>];",
+        "    alignas(1024) T b[cosize_v<SmemB>];",
+        "    alignas(1024) T blo[cosize_v<SmemB>];",
+        "    uint64_t full[STAGES];",
+        "    uint64_t empty[STAGES];",
+        "};",
+        f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
+        f"}}  // namespace kp_{rid}",
+        *gemm.epilogue_function(epi, out_dt),
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
+        f"    using namespace kp_{rid};",
+        f"    using Full = {b['full'].name};",
+        f"    using Barrier = {b['empty'].name};",
+        body,
+        *gemm.store(epi, out_dt),
+        "}",
+        SPLIT.replace("RID", rid),
+    ]
+    a, w = r.node.args[:2]
+    ops_ = epi.operands if epi else ()
+    inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
+    src = launcher(rid, f, epi, bn, stages, smem, out_dt, [name for name, _ in inputs], sig)
+    outs = (epi.out,) if epi else r.outputs
+    kernels = (f"kp_{rid}_gemm", f"kp_{rid}_rowsplit", f"kp_{rid}_colsplit")
+    return Code("\n".join(lines) + "\n", src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
+
+
+# The producer warpgroup: its first thread loads the four tiles of each k tile, STAGES ahead.
+_PRODUCER = r"""    if (threadIdx.x == 0) {
+        for (int i = 0; i < STAGES; ++i) {
+            Full::init(&s.full[i], 1);
+            Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+    if (wg == 0) {
+        cutlass::arch::warpgroup_reg_dealloc<40>();
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < ktiles; ++kt) {
+                const int st = kt % STAGES;
+                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
+                Full::arrive_and_expect_tx(&s.full[st], 2 * (BM + BN) * BK * sizeof(T));
+                TMA_COPY::copy(&tma_ah, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
+                TMA_COPY::copy(&tma_al, &s.full[st], 0, s.alo + st * BM * BK, kt * BK, m_blk * BM, batch);
+                TMA_COPY::copy(&tma_bh, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
+                TMA_COPY::copy(&tma_bl, &s.full[st], 0, s.blo + st * BN * BK, kt * BK, n_blk * BN, batch);
+            }
+        }
+        return;
+    }
+    cutlass::arch::warpgroup_reg_alloc<232>();
+"""
+
+# The sums unscaled by their row's and column's powers of two (exact unless the result leaves fp32's range).
+_UNSCALE = r"""
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+        const long long m = m0 + get<0>(tCcC(i)), n = n0 + get<1>(tCcC(i));
+        if (m < M && n < N) acc(i) = ldexpf(acc(i), ea[r0 + m] + eb[(long long)batch * N + n]);
+    }
+"""
+
+# The split: a line's largest magnitude, its exponent e (max * 2^-e in [2^14, 2^15); 0 for a line of zeros
+# or one holding inf), then each x * 2^-e cut into hi and lo. ldexpf, not a multiply: 2^-e itself may not
+# be a float (a line of subnormals). rowsplit: a block a line (grid-stride), the line read twice (the
+# second time from cache). colsplit: 32 columns of a (batch, K, N) B a block, their maxima over K, then
+# 32 x 32 tiles transposed through shared memory into (batch, N, ld) rows.
+SPLIT = r"""__device__ __forceinline__ int kp_f16x3_exp(float mx) {
+    int e;
+    frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
+    return (mx > 0.f && isfinite(mx)) ? e - 15 : 0;
+}
+__device__ __forceinline__ void kp_f16x3_cut(float x, int e, __half& h, __half& l) {
+    const float v = ldexpf(x, -e);
+    h = __float2half_rn(v);
+    l = __float2half_rn(v - __half2float(h));
+}
+extern "C" __global__ void __launch_bounds__(256)
+kp_RID_rowsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* __restrict__ lo,
+                int* __restrict__ exps, long long lines, long long len, long long ld) {
+    __shared__ float part[8];
+    __shared__ int shared_e;
+    for (long long line = blockIdx.x; line < lines; line += gridDim.x) {
+        const float* x = src + line * len;
+        float mx = 0.f;
+        for (long long j = threadIdx.x; j < len; j += 256) mx = fmaxf(mx, fabsf(x[j]));
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = mx;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float m = part[0];
+            for (int w = 1; w < 8; ++w) m = fmaxf(m, part[w]);
+            shared_e = kp_f16x3_exp(m);
+            exps[line] = shared_e;
+        }
+        __syncthreads();
+        const int e = shared_e;
+        __half* h = hi + line * ld;
+        __half* l = lo + line * ld;
+        for (long long j = threadIdx.x; j < ld; j += 256) {
+            __half hv = __float2half_rn(0.f), lv = hv;
+            if (j < len) kp_f16x3_cut(x[j], e, hv, lv);
+            h[j] = hv;
+            l[j] = lv;
+        }
+        __syncthreads();  // part and shared_e are the next line's
+    }
+}
+extern "C" __global__ void __launch_bounds__(256)
+kp_RID_colsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* __restrict__ lo,
+                int* __restrict__ exps, long long K, long long N, long long ld) {
+    __shared__ float tile[32][33];
+    __shared__ int es[32];
+    const long long b = blockIdx.y, n0 = (long long)blockIdx.x * 32;
+    const float* x = src + b * K * N;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    float mx = 0.f;
+    if (n0 + tx < N)
+        for (long long k = ty; k < K; k += 8) mx = fmaxf(mx, fabsf(x[k * N + n0 + tx]));
+    tile[ty][tx] = mx;
+    __syncthreads();
+    if (ty == 0) {
+        for (int w = 1; w < 8; ++w) mx = fmaxf(mx, tile[w][tx]);
+        es[tx] = kp_f16x3_exp(mx);
+        if (n0 + tx < N) exps[b * N + n0 + tx] = es[tx];
+    }
+    __syncthreads();
+    for (long long k0 = 0; k0 < ld; k0 += 32) {
+        for (int i = ty; i < 32; i += 8) {
+            const long long k = k0 + i, n = n0 + tx;
+            tile[i][tx] = (k < K && n < N) ? x[k * N + n] : 0.f;
+        }
+        __syncthreads();
+        for (int i = ty; i < 32; i += 8) {
+            const long long n = n0 + i, k = k0 + tx;
+            if (n < N && k < ld) {
+                __half hv, lv;
+                kp_f16x3_cut(tile[tx][i], es[i], hv, lv);
+                hi[(b * N + n) * ld + k] = hv;
+                lo[(b * N + n) * ld + k] = lv;
+            }
+        }
+        __syncthreads();
+    }
+}
+"""
+
+
+def launcher(rid: str, f: Form, epi: GemmEpilogue | None, bn: int, stages: int, smem: int, out_dt: str,
+             names: list[str], sig: Signature) -> str:  # fmt: skip
+    ops_ = epi.operands if epi else ()
+    what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
+    lines = [
+        f"def _gemm_{rid}(sms, {', '.join(names)}):",
+        f'    """{what}{" and the fused epilogue" if epi else ""}: our fp16x3 WGMMA kernel (operands split '
+        f'into fp16 halves by our kernel first; TMA, 128 x {bn} tiles, {stages} stages)."""',
+        "    k = x.shape[-1]",
+        "    lead = tuple(x.shape[:-1])",
+    ]
+    if f.b_major == "K":
+        lines += ["    n = w.shape[0]", "    batch, m = 1, x.numel() // k", "    b = _contig(w)"]
+    else:
+        rows = "1, x.numel() // k" if not f.batched else "math.prod(lead[:-1]), lead[-1]"
+        lines += ["    n = w.shape[-1]", f"    batch, m = {rows}", "    b = _contig(w)"]
+    lines += [
+        f"    kp = -(-k // {ALIGN}) * {ALIGN}  # the halves' rows, 16 bytes apart for TMA",
+        "    a = _contig(x)",
+        "    half = dict(dtype=torch.float16, device=x.device)",
+        "    ah, al = torch.empty((batch, m, kp), **half), torch.empty((batch, m, kp), **half)",
+        "    bh, bl = torch.empty((batch, n, kp), **half), torch.empty((batch, n, kp), **half)",
+        "    ea = torch.empty(batch * m, dtype=torch.int32, device=x.device)",
+        "    eb = torch.empty(batch * n, dtype=torch.int32, device=x.device)",
+        f"    out = torch.empty((batch * m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
+        *gemm.operand_lines(ops_, "*lead", "batch * m"),
+        "    if batch and m and n:",
+        "        rows = batch * m",
+        f"        kernels.kp_{rid}_rowsplit((max(1, min(rows, MAX_GRID_Y * 32)),), (256,), (a, ah, al, ea, "
+        "numpy.int64(rows), numpy.int64(k), numpy.int64(kp)))  # noqa: F821",
+    ]
+    if f.b_major == "K":
+        lines.append(
+            f"        kernels.kp_{rid}_rowsplit((max(1, min(n, MAX_GRID_Y * 32)),), (256,), (b, bh, bl, eb, "
+            "numpy.int64(n), numpy.int64(k), numpy.int64(kp)))  # noqa: F821"
+        )
+    else:
+        lines += [
+            "        if batch > MAX_GRID_Y:",
+            "            raise ValueError(f'kernelpro expert: the fp16x3 split takes at most {MAX_GRID_Y} batches')",
+            f"        kernels.kp_{rid}_colsplit((-(-n // 32), batch), (256,), (b, bh, bl, eb, numpy.int64(k), "
+            "numpy.int64(n), numpy.int64(kp)))  # noqa: F821",
+        ]
+    lines += [
+        f"        tah = kernels.tensor_map(ah, {BM}, {BK})  # noqa: F821",
+        f"        tal = kernels.tensor_map(al, {BM}, {BK})  # noqa: F821",
+        f"        tbh = kernels.tensor_map(bh, {bn}, {BK})  # noqa: F821",
+        f"        tbl = kernels.tensor_map(bl, {bn}, {BK})  # noqa: F821",
+        f"        grid = batch * (-(-m // {BM})) * (-(-n // {bn}))",
+        f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821",
+        "    return out.reshape(*lead, n)",
+    ]
+    return "\n".join(lines)

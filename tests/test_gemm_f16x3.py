@@ -1,0 +1,207 @@
+"""The fp16x3 form of our fp32 GEMM (templates/gemm_f16x3.py): its split kernels emulated against the
+arithmetic they promise, its launcher end to end with the WGMMA product stood in for by torch on what its
+tensor maps describe, the edit that moves a plan to it and back, and its builds for sm_90a."""
+
+from __future__ import annotations
+
+import re
+
+import numpy
+import pytest
+import torch
+from expert_plans import with_knobs
+from test_gemm import PRODUCT, linear, task
+
+from pipeline.compile import _cutlass, compile_candidates
+from pipeline.config import Config
+from pipeline.generate.base import Context
+from pipeline.generate.expert import ExpertPolicy, capture, plan_of
+from pipeline.generate.expert.edits import base_plan, legal_edits
+from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
+from pipeline.generate.expert.render import prepare
+from pipeline.generate.expert.templates import gemm_f16x3
+from pipeline.static_check import check_launcher
+from pipeline.tasks import probe
+from pipeline.types import Status
+
+F32 = ".to(torch.float32)"
+
+
+def split_ref(lines: torch.Tensor, ld: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the split promises for each line (last dim): e with max|x| * 2^-e in [2^14, 2^15) (0 for zeros),
+    hi = fp16(x * 2^-e), lo = fp16(x * 2^-e - hi), rows zero-padded to ld."""
+    mx = lines.abs().amax(-1)
+    _, e = torch.frexp(mx)
+    e = torch.where(mx > 0, e - 15, torch.zeros_like(e))
+    v = (lines.double() * torch.pow(2.0, -e.double())[..., None]).float()  # exact: a power of two
+    hi = v.half()
+    lo = (v - hi.float()).half()
+    pad = ld - lines.shape[-1]
+    return (torch.nn.functional.pad(hi, (0, pad)), torch.nn.functional.pad(lo, (0, pad)), e.to(torch.int32))
+
+
+def lines_of_every_scale() -> torch.Tensor:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 37, generator=g)
+    x[1] = 0.0  # a line of zeros: exponent 0
+    x[2] *= 1e-42  # subnormal floats: 2^-e is not a float, ldexpf still exact
+    x[3] *= 1e30
+    x[4, ::5] *= 1e4  # a few large entries: the rest keep their bits below them
+    x[5, 7] = -65536.0  # the largest magnitude negative, an exact power of two
+    return x
+
+
+def test_the_split_kernels_cut_each_line_as_the_arithmetic_says(tmp_path):
+    from cuda_emulator import build
+
+    k = build(gemm_f16x3.SPLIT.replace("RID", "t"), tmp_path)
+    x = lines_of_every_scale()
+    ld = 40  # padded to 16 bytes of fp16
+    hi, lo = torch.full((6, ld), float("nan")).half(), torch.full((6, ld), float("nan")).half()
+    exps = torch.full((6,), -999, dtype=torch.int32)
+    k.kp_t_rowsplit((4,), (256,), (x, hi, lo, exps, numpy.int64(6), numpy.int64(37), numpy.int64(ld)))
+    want = split_ref(x, ld)
+    for got, w in zip((hi, lo, exps), want, strict=True):
+        assert torch.equal(got, w), (got, w)
+    # hi + lo holds each value to 2^-22 of its line's largest (the dropped lo.lo term is smaller still)
+    back = (hi.double() + lo.double())[:, :37] * torch.pow(2.0, exps.double())[:, None]
+    assert ((back - x.double()).abs() <= 2.0**-22 * x.double().abs().amax(-1, keepdim=True)).all()
+
+    # columns of a row-major (batch, K, N) B over K, transposed into (batch, N, ld) rows
+    b = torch.stack([x.t()[:, :5], x.t()[:, 1:6]])  # (2, 37, 5): the lines are its columns
+    hb, lb = torch.full((2, 5, ld), float("nan")).half(), torch.full((2, 5, ld), float("nan")).half()
+    eb = torch.full((2, 5), -999, dtype=torch.int32)
+    k.kp_t_colsplit((1, 2), (256,), (b, hb, lb, eb, numpy.int64(37), numpy.int64(5), numpy.int64(ld)))
+    want = split_ref(b.transpose(1, 2), ld)
+    for got, w in zip((hb, lb, eb), want, strict=True):
+        assert torch.equal(got, w), (got, w)
+
+
+class _F16x3Kernels:
+    """The launcher's kernels: the splits emulated from the source, the WGMMA product stood in for by torch on
+    the tensors its maps describe (a_hi.b_hi + a_hi.b_lo + a_lo.b_hi, unscaled by the exponents)."""
+
+    def __init__(self, emulated):
+        self.emulated = emulated
+        self.maps: list[tuple] = []
+
+    def tensor_map(self, t, box_rows, box_cols, swizzle=128):
+        assert t.dtype == torch.float16 and t.is_contiguous() and t.shape[-1] % 8 == 0, (t.dtype, t.shape)
+        self.maps.append((tuple(t.shape), box_rows, box_cols))
+        return t
+
+    def __getattr__(self, name):
+        return self._gemm if name.endswith("_gemm") else getattr(self.emulated, name)
+
+    @staticmethod
+    def _gemm(grid, block, args, shared_mem=0):
+        ah, al, bh, bl, out, ea, eb = args[:7]
+        m, n, kp = (int(v) for v in args[-3:])
+        assert ah.shape[-2:] == (m, kp) and bh.shape[-2:] == (n, kp)
+        ah, al, bh, bl = (t.double() for t in (ah, al, bh, bl))
+        prod = ah @ bh.transpose(-1, -2) + ah @ bl.transpose(-1, -2) + al @ bh.transpose(-1, -2)
+        scale = torch.pow(2.0, ea.double().reshape(-1, m, 1) + eb.double().reshape(-1, 1, n))
+        out.copy_((prod * scale).reshape(out.shape).to(out.dtype))
+
+
+@pytest.mark.parametrize(
+    ("name", "expr", "a", "b"),
+    [
+        ("mm", "torch.mm(a, b)", (150, 70), (70, 45)),  # B row-major: colsplit, K padded to 72
+        ("bmm", "torch.bmm(a, b)", (3, 130, 64), (3, 64, 33)),
+        ("linear", "F.linear(a, b)", (2, 80, 70), (33, 70)),  # a (N, K) weight: rowsplit for both
+    ],
+)
+def test_the_launcher_splits_both_operands_and_unscales_the_product(tmp_path, name, expr, a, b):
+    from cuda_emulator import build, load_model
+
+    from pipeline.generate.expert.templates.code import GATHER
+
+    inputs = ", ".join(f"torch.randn{s}{F32}" for s in (a, b))
+    path = task(tmp_path, f"f16x3_{name}", PRODUCT.format(expr=expr), inputs)
+    t = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    cand = with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=False, splits=1, stages=3)
+    assert check_launcher(cand.launcher).ok and "fp16x3 WGMMA kernel" in cand.launcher
+    rid = re.search(r"kernels\.kp_(\w+)_rowsplit\(", cand.launcher).group(1)
+    fake = _F16x3Kernels(build(gemm_f16x3.SPLIT.replace("RID", rid) + "\n" + GATHER, tmp_path))
+    model = load_model(cand.launcher, fake)()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(a, generator=g), torch.randn(b, generator=g)
+    x[..., 0, :] *= 1e5  # one row far larger than the others: scales are a row's own
+    ref = {"mm": lambda: x.double() @ y.double(), "bmm": lambda: x.double() @ y.double(),
+           "linear": lambda: x.double() @ y.double().t()}[name]()  # fmt: skip
+    got = model(x, y)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    rel = ((got.double() - ref).abs() / ref.abs().amax(-1, keepdim=True)).max().item()
+    assert rel < 2.0**-20, rel
+    assert len(fake.maps) == 4 and all(m[1:] == (128, 64) for m in fake.maps[:2])
+
+
+def test_a_long_k_takes_fp16x3_in_the_tuned_plan_hedged_by_3xtf32_and_moved_back_and_forth(tmp_path):
+    """K whole and at least F16_MIN_K: the tuned plan's fp16x3 form; the first batch times the 3xTF32 plan
+    the tuned rule would give (here a persistent grid: 256 tiles); use_tensor_cores moves between them,
+    and no move from fp16x3 makes a plan its template cannot render."""
+    path = task(tmp_path, "mm_moves", PRODUCT.format(expr="torch.mm(a, b)"),
+                f"torch.randn(2048, 1024){F32}, torch.randn(1024, 2048){F32}")  # fmt: skip
+    low = prepare(capture(path))
+    tuned = base_plan(low, True)
+    (g,) = [rp for rp in tuned.regions if isinstance(rp, Tf32Plan)]
+    assert g.f16 and g.splits == 1 and not g.persistent and g.stages == gemm_f16x3.max_stages(g.bn) == 3
+    assert "tile=128x128x64" in g.describe() and g.describe().endswith("fp16x3")
+    moves = legal_edits(tuned, low)
+    label, back = moves[0]  # the hedge first
+    b = back.get(g.rid)
+    assert label.startswith("use_tensor_cores(") and not b.f16 and b.persistent and b.splits == 1
+    forth = [p for lab, p in legal_edits(back, low) if lab.startswith("use_tensor_cores(")]
+    assert [p.get(g.rid) for p in forth] == [g]
+    for _, p in moves:
+        q = p.get(g.rid)
+        if q.f16:
+            assert q.splits == 1 and not q.persistent and not q.staged
+            assert q.stages <= gemm_f16x3.max_stages(q.bn)
+
+
+@pytest.mark.parametrize(("rows", "k", "n", "f16"), [
+    (4096, 4096, 4096, True),
+    (394, 512, 1536, True),  # ViT's qkv: under a wave of 128 x 64 tiles, K whole
+    (394, 2048, 512, False),  # ViT's fc2: few tiles, K split: 3xTF32 (the fp16x3 form keeps K whole)
+    (31360, 96, 384, False),  # Swin's stage-1 MLP: K = 96, a persistent 3xTF32 grid
+])  # fmt: skip
+def test_which_products_the_tuned_plan_gives_the_fp16x3_form(tmp_path, rows, k, n, f16):
+    path = linear(tmp_path, f"t{rows}_{k}_{n}", k=k, n=n, dt="float32")
+    path.write_text(path.read_text().replace("torch.randn(77,", f"torch.randn({rows},"))
+    (g,) = [rp for rp in base_plan(prepare(capture(path)), True).regions if isinstance(rp, Tf32Plan)]
+    assert g.f16 == f16, g
+
+
+@pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
+def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
+    """A row-major B (colsplit) and a linear layer with its epilogue (a scaled ReLU) fused on the stores."""
+    paths = [
+        task(
+            tmp_path,
+            "mm32",
+            PRODUCT.format(expr="torch.mm(a, b)"),
+            f"torch.randn(300, 1028){F32}, torch.randn(1028, 1000){F32}",
+        ),
+        linear(tmp_path, "l32", k=1036, dt="float32", expr="torch.relu(self.linear(x)) * self.s"),
+    ]
+    cands = []
+    for path in paths:
+        t = probe(path)
+        tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+        (g,) = [rp for rp in plan_of(tuned.source).regions if isinstance(rp, Tf32Plan)]
+        stages = gemm_f16x3.max_stages(g.bn)
+        cands.append(
+            with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=False, splits=1, stages=stages)
+        )
+    builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
+    for c, b in zip(cands, builds, strict=True):
+        assert b.status == Status.OK and not b.log, b.log
+        res = {r.name: r for r in b.resources}
+        (k,) = [r for name, r in res.items() if name.endswith("_gemm")]
+        assert k.spill_stores == 0 and k.registers <= 168, k
+        assert not k.wgmma_serialized and not k.wgmma_waits_injected, k
+        assert all(res[n].spill_stores == 0 for n in res if n.endswith(("_rowsplit", "_colsplit")))
+        assert "F32F16F16_SS" in c.source and c.source.count("cute::gemm(mma, ") == 3, c.edit
