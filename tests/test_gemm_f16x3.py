@@ -21,7 +21,7 @@ from pipeline.generate.expert.families.gemm_tf32 import Tf32Plan
 from pipeline.generate.expert.render import prepare
 from pipeline.generate.expert.templates import gemm_f16x3
 from pipeline.static_check import check_launcher
-from pipeline.tasks import probe
+from pipeline.tasks import load_module, probe
 from pipeline.types import Status
 
 F32 = ".to(torch.float32)"
@@ -84,6 +84,7 @@ class _F16x3Kernels:
     def __init__(self, emulated):
         self.emulated = emulated
         self.maps: list[tuple] = []
+        self.called: list[str] = []
 
     def tensor_map(self, t, box_rows, box_cols, swizzle=128):
         assert t.dtype == torch.float16 and t.is_contiguous() and t.shape[-1] % 8 == 0, (t.dtype, t.shape)
@@ -91,6 +92,7 @@ class _F16x3Kernels:
         return t
 
     def __getattr__(self, name):
+        self.called.append(name)
         return self._gemm if name.endswith("_gemm") else getattr(self.emulated, name)
 
     @staticmethod
@@ -110,6 +112,10 @@ class _F16x3Kernels:
         ("mm", "torch.mm(a, b)", (150, 70), (70, 45)),  # B row-major: colsplit, K padded to 72
         ("bmm", "torch.bmm(a, b)", (3, 130, 64), (3, 64, 33)),
         ("linear", "F.linear(a, b)", (2, 80, 70), (33, 70)),  # a (N, K) weight: rowsplit for both
+        # transposed views, split in place by the other kernel (no gather): A (K, M) read by columns, B (N, K)
+        ("mm_at", "torch.matmul(a.t(), b)", (70, 150), (70, 45)),
+        ("mm_bt", "torch.matmul(a, b.t())", (150, 70), (45, 70)),
+        ("bmm_both", "torch.bmm(a.transpose(1, 2), b.transpose(1, 2))", (3, 64, 130), (3, 33, 64)),
     ],
 )
 def test_the_launcher_splits_both_operands_and_unscales_the_product(tmp_path, name, expr, a, b):
@@ -129,13 +135,23 @@ def test_the_launcher_splits_both_operands_and_unscales_the_product(tmp_path, na
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(a, generator=g), torch.randn(b, generator=g)
     x[..., 0, :] *= 1e5  # one row far larger than the others: scales are a row's own
-    ref = {"mm": lambda: x.double() @ y.double(), "bmm": lambda: x.double() @ y.double(),
-           "linear": lambda: x.double() @ y.double().t()}[name]()  # fmt: skip
+    ref = load_module(path).Model()(x.double(), y.double())
     got = model(x, y)
     assert got.dtype == torch.float32 and got.shape == ref.shape
     rel = ((got.double() - ref).abs() / ref.abs().amax(-1, keepdim=True)).max().item()
     assert rel < 2.0**-20, rel
     assert len(fake.maps) == 4 and all(m[1:] == (128, 64) for m in fake.maps[:2])
+    assert not any(c.startswith("kp_gather") for c in fake.called), fake.called  # views read in place
+    splits = [c.rsplit("_", 1)[1] for c in fake.called if c.endswith("split")]
+    want = {
+        "mm": ["rowsplit", "colsplit"],
+        "bmm": ["rowsplit", "colsplit"],
+        "linear": ["rowsplit"] * 2,
+        "mm_at": ["colsplit"] * 2,
+        "mm_bt": ["rowsplit"] * 2,
+        "bmm_both": ["colsplit", "rowsplit"],
+    }[name]
+    assert splits == want, splits
 
 
 def test_a_long_k_takes_fp16x3_in_the_tuned_plan_hedged_by_3xtf32_and_moved_back_and_forth(tmp_path):

@@ -13,7 +13,8 @@ randn, linear-layer and outlier operands, H100 2026-12-07; benchmarks/split_accu
 
 The split is a pass of its own before the GEMM (one read of each fp32 operand, mostly from L2 the second
 time, and a write of its two fp16 halves: the same bytes): `rowsplit` for rows over K (A, and a linear
-layer's (N, K) weight), `colsplit` for a row-major (K, N) B, whose columns it also transposes K-major.
+layer's (N, K) weight), `colsplit` for a row-major (K, N) B, whose columns it also transposes K-major. A
+transposed view (level 1's A.T, B.T) is read in place by the other one, not gathered into a copy first.
 Rows of the halves are padded to 8 elements (16 bytes, TMA's rule) with zeros, so any K works.
 
 The GEMM: 384 threads, the producer warpgroup's first thread issues TMA loads of four tiles a stage (a_hi,
@@ -260,6 +261,36 @@ kp_RID_colsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* 
 """
 
 
+def _split_helpers(rid: str) -> list[str]:
+    """The launcher's split calls: lines over K, the rows of t (..., L, K) (A; a linear layer's weight) or the
+    columns of t (..., K, L) (a row-major B). A transposed view of a contiguous tensor has its lines the
+    other way in memory and is split in place by the other kernel, not gathered into a copy first."""
+    rows = f"kernels.kp_{rid}_rowsplit"
+    cols = f"kernels.kp_{rid}_colsplit"
+    return [
+        "    def over_k(t, hi, lo, exps):  # the rows of t (..., L, K) over K",
+        "        if t.dim() >= 2 and not t.is_contiguous() and t.transpose(-1, -2).is_contiguous():",
+        "            down_k(t.transpose(-1, -2), hi, lo, exps)",
+        "            return",
+        "        t = _contig(t)",
+        "        lines = t.numel() // k",
+        f"        {rows}((max(1, min(lines, MAX_GRID_Y * 32)),), (256,), (t, hi, lo, exps, numpy.int64(lines), "
+        "numpy.int64(k), numpy.int64(kp)))  # noqa: F821",
+        "",
+        "    def down_k(t, hi, lo, exps):  # the columns of t (..., K, L) over K",
+        "        if not t.is_contiguous() and t.transpose(-1, -2).is_contiguous():",
+        "            over_k(t.transpose(-1, -2), hi, lo, exps)",
+        "            return",
+        "        t = _contig(t)",
+        "        lines = t.shape[-1]",
+        "        mats = t.numel() // (k * lines)",
+        "        if mats > MAX_GRID_Y:",
+        "            raise ValueError(f'kernelpro expert: the fp16x3 split takes at most {MAX_GRID_Y} matrices')",
+        f"        {cols}((-(-lines // 32), mats), (256,), (t, hi, lo, exps, numpy.int64(k), numpy.int64(lines), "
+        "numpy.int64(kp)))  # noqa: F821",
+    ]
+
+
 def launcher(rid: str, f: Form, epi: GemmEpilogue | None, bn: int, stages: int, smem: int, out_dt: str,
              names: list[str], sig: Signature) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
@@ -272,13 +303,15 @@ def launcher(rid: str, f: Form, epi: GemmEpilogue | None, bn: int, stages: int, 
         "    lead = tuple(x.shape[:-1])",
     ]
     if f.b_major == "K":
-        lines += ["    n = w.shape[0]", "    batch, m = 1, x.numel() // k", "    b = _contig(w)"]
+        lines += ["    n = w.shape[0]", "    batch, m = 1, x.numel() // k"]
     else:
         rows = "1, x.numel() // k" if not f.batched else "math.prod(lead[:-1]), lead[-1]"
-        lines += ["    n = w.shape[-1]", f"    batch, m = {rows}", "    b = _contig(w)"]
+        lines += ["    n = w.shape[-1]", f"    batch, m = {rows}"]
     lines += [
         f"    kp = -(-k // {ALIGN}) * {ALIGN}  # the halves' rows, 16 bytes apart for TMA",
-        "    a = _contig(x)",
+        "",
+        *_split_helpers(rid),
+        "",
         "    half = dict(dtype=torch.float16, device=x.device)",
         "    ah, al = torch.empty((batch, m, kp), **half), torch.empty((batch, m, kp), **half)",
         "    bh, bl = torch.empty((batch, n, kp), **half), torch.empty((batch, n, kp), **half)",
@@ -287,22 +320,9 @@ def launcher(rid: str, f: Form, epi: GemmEpilogue | None, bn: int, stages: int, 
         f"    out = torch.empty((batch * m, n), dtype={torch_dtype(out_dt)}, device=x.device)",
         *gemm.operand_lines(ops_, "*lead", "batch * m"),
         "    if batch and m and n:",
-        "        rows = batch * m",
-        f"        kernels.kp_{rid}_rowsplit((max(1, min(rows, MAX_GRID_Y * 32)),), (256,), (a, ah, al, ea, "
-        "numpy.int64(rows), numpy.int64(k), numpy.int64(kp)))  # noqa: F821",
+        "        over_k(x, ah, al, ea)",
+        f"        {'over_k' if f.b_major == 'K' else 'down_k'}(w, bh, bl, eb)",
     ]
-    if f.b_major == "K":
-        lines.append(
-            f"        kernels.kp_{rid}_rowsplit((max(1, min(n, MAX_GRID_Y * 32)),), (256,), (b, bh, bl, eb, "
-            "numpy.int64(n), numpy.int64(k), numpy.int64(kp)))  # noqa: F821"
-        )
-    else:
-        lines += [
-            "        if batch > MAX_GRID_Y:",
-            "            raise ValueError(f'kernelpro expert: the fp16x3 split takes at most {MAX_GRID_Y} batches')",
-            f"        kernels.kp_{rid}_colsplit((-(-n // 32), batch), (256,), (b, bh, bl, eb, numpy.int64(k), "
-            "numpy.int64(n), numpy.int64(kp)))  # noqa: F821",
-        ]
     lines += [
         f"        tah = kernels.tensor_map(ah, {BM}, {BK})  # noqa: F821",
         f"        tal = kernels.tensor_map(al, {BM}, {BK})  # noqa: F821",
