@@ -582,6 +582,14 @@ FAMILIES = {
         """,
         "[]",
     ),
+    "matmul_f32_transposed": (  # fp32, both operands transposed views (level 1's 18): read in place
+        """
+        class Model(nn.Module):
+            def forward(self, a, b):
+                return torch.matmul(a.transpose(-1, -2), b.transpose(-1, -2))
+        """,
+        "[]",
+    ),
     "bmm_f32_epilogue": (  # fp32, one GEMM per batch, a per-row term
         """
         class Model(nn.Module):
@@ -1206,6 +1214,7 @@ SHAPES = {
     "linear_f32_split": ["(77, 4100); (77, 200)", "(3, 5, 4100); (3, 5, 200)"],  # the second: 15 rows, skinny
     # few rows (families/gemm_skinny.py), K = 1030 (scalar loads): two groups of 16 rows, one row, 32 rows
     "linear_f32_skinny": ["(20, 1030); (20, 200)", "(1, 1030); (1, 200)", "(2, 16, 1030); (2, 16, 200)"],
+    "matmul_f32_transposed": ["(1030, 301); (1001, 1030)"],
     "matmul_f32": [
         "(300, 1028); (1028, 1000)",
         "(3, 7, 4100); (4100, 132)",
@@ -1408,6 +1417,7 @@ def test_3xtf32_staged_stores_verify(pool, home, tmp_path, name, shape, persiste
     ("matmul_f32", "(301, 1030); (1030, 1001)"),  # B row-major: split and transposed; K padded to 1032
     ("matmul_f32", "(200, 8196); (8196, 136)"),  # a long K: the promotions hold its error to eager's
     ("bmm_f32_epilogue", "(3, 257, 516); (3, 516, 388); (3, 257, 1)"),
+    ("matmul_f32_transposed", "(1030, 301); (1001, 1030)"),  # both split in place by the other kernel
 ])  # fmt: skip
 def test_fp16x3_gemm_verifies(pool, home, tmp_path, name, shape):
     """Our fp32 GEMM as three fp16 products (templates/gemm_f16x3.py) passes the harness's fp32 rule on
