@@ -154,6 +154,86 @@ def test_the_launcher_splits_both_operands_and_unscales_the_product(tmp_path, na
     assert splits == want, splits
 
 
+class _F16x3SplitKernels(_F16x3Kernels):
+    """The same, block for block over the split of K (each split's unscaled partial into its workspace slice,
+    as the kernel's blocks store them); the sum kernel emulated from the source."""
+
+    def _gemm(self, grid, block, args, shared_mem=0):
+        ah, al, bh, bl, ws, ea, eb = args[:7]
+        m, n, kp = (int(v) for v in args[-3:])
+        splits = grid[1]
+        ktiles = -(-kp // gemm_f16x3.BK)
+        chunk = -(-ktiles // splits) * gemm_f16x3.BK  # the kernel's share of k tiles a split
+        scale = torch.pow(2.0, ea.double().reshape(-1, m, 1) + eb.double().reshape(-1, 1, n))
+        for z in range(splits):
+            lo, hi = min(kp, z * chunk), min(kp, (z + 1) * chunk)
+            a_h, a_l, b_h, b_l = (t[..., lo:hi].double() for t in (ah, al, bh, bl))
+            part = a_h @ b_h.transpose(-1, -2) + a_h @ b_l.transpose(-1, -2) + a_l @ b_h.transpose(-1, -2)
+            ws[z].copy_((part * scale).reshape(ws.shape[-2:]).to(ws.dtype))
+        self.grids.append(grid)
+
+    def __init__(self, emulated):
+        super().__init__(emulated)
+        self.grids: list[tuple] = []
+
+
+def test_a_split_fp16x3_product_sums_its_partials_and_computes_the_epilogue_on_the_total(tmp_path):
+    """Few tiles over a long K (77 x 200 over 4100, the tuned plan split 8 ways): in the fp16x3 form the split
+    stays, each block's partial is unscaled before it is stored, and the sum kernel (emulated) adds them and
+    computes the bias, residual and ReLU on the total."""
+    from cuda_emulator import build, load_model
+
+    from pipeline.generate.expert.families import gemm_kit
+    from pipeline.generate.expert.families import gemm_tf32 as tf32_family
+    from pipeline.generate.expert.templates import gemm
+    from pipeline.generate.expert.templates import gemm_tf32 as tf32_template
+    from pipeline.generate.expert.templates.code import GATHER
+    from pipeline.generate.expert.templates.common import PRELUDE
+
+    body = """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4100, 200)
+    def forward(self, x, y):
+        return torch.relu(self.linear(x) + y)
+"""
+    path = task(tmp_path, "split16", body, "torch.randn(77, 4100), torch.randn(77, 200)")
+    low = prepare(capture(path))
+    t = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    (g,) = [rp for rp in plan_of(tuned.source).regions if isinstance(rp, Tf32Plan)]
+    assert g.splits == 8 and not g.f16  # the tuned plan keeps 3xTF32 where it splits K
+    (f16,) = [
+        p for label, p in legal_edits(plan_of(tuned.source), low) if label.startswith("use_tensor_cores")
+    ]
+    assert f16.get(g.rid).f16 and f16.get(g.rid).splits == 8
+    cand = with_knobs(path, tuned, "wgmma_3xtf32", f16=True, stages=gemm_f16x3.max_stages(g.bn))
+    assert (
+        "SPLITS = 8" in cand.source and "K split 8 ways" in cand.launcher and check_launcher(cand.launcher).ok
+    )
+    region = next(r for r in low.regions if r.rid == g.rid)
+    epi = (tf32_family.SPEC.epilogue_of and tf32_family.SPEC.epilogue_of(region, low)) or gemm_kit.epilogue(
+        region, low
+    )
+    sig = tf32_template._sum_signature(epi, "float32", 8)
+    src = "\n".join([PRELUDE, *gemm.epilogue_function(epi, "float32"),
+                     tf32_template._split_sum_epilogue(g.rid, epi, "float32", sig)])  # fmt: skip
+    fake = _F16x3SplitKernels(
+        build(src + "\n" + gemm_f16x3.SPLIT.replace("RID", g.rid) + "\n" + GATHER, tmp_path)
+    )
+    torch.manual_seed(0)
+    ref = load_module(path).Model()
+    model = load_model(cand.launcher, fake)()
+    model.load_state_dict(ref.state_dict())
+    x, y = torch.randn(77, 4100), torch.randn(77, 200)
+    with torch.no_grad():
+        want = ref.double()(x.double(), y.double())
+        got = model(x, y)
+    assert ((got.double() - want).abs() / want.abs().max()).max().item() < 2.0**-20
+    assert fake.grids == [(7, 8)]
+
+
 def test_a_long_k_takes_fp16x3_in_the_tuned_plan_hedged_by_3xtf32_and_moved_back_and_forth(tmp_path):
     """K whole and at least F16_MIN_K: the tuned plan's fp16x3 form; the first batch times the 3xTF32 plan
     the tuned rule would give (here a persistent grid: 256 tiles); use_tensor_cores moves between them,
@@ -174,8 +254,7 @@ def test_a_long_k_takes_fp16x3_in_the_tuned_plan_hedged_by_3xtf32_and_moved_back
     for _, p in moves:
         q = p.get(g.rid)
         if q.f16:
-            assert q.splits == 1 and not q.persistent and not q.staged
-            assert q.stages <= gemm_f16x3.max_stages(q.bn)
+            assert not q.persistent and not q.staged and q.stages <= gemm_f16x3.max_stages(q.bn)
 
 
 @pytest.mark.parametrize(("rows", "k", "n", "f16"), [
@@ -193,8 +272,11 @@ def test_which_products_the_tuned_plan_gives_the_fp16x3_form(tmp_path, rows, k, 
 
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
 def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
-    """A row-major B (colsplit) and a linear layer with its epilogue (a scaled ReLU) fused on the stores."""
+    """A row-major B (colsplit), a linear layer with its epilogue (a scaled ReLU) fused on the stores, and a
+    linear layer whose K the tuned plan splits (kept: partials stored, the sum kernel beside)."""
+    split = linear(tmp_path, "split16c", k=4100, n=200, dt="float32")
     paths = [
+        split,
         task(
             tmp_path,
             "mm32",
@@ -209,8 +291,9 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
         tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
         (g,) = [rp for rp in plan_of(tuned.source).regions if isinstance(rp, Tf32Plan)]
         stages = gemm_f16x3.max_stages(g.bn)
+        keep = {} if path == split else {"splits": 1}
         cands.append(
-            with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=False, splits=1, stages=stages)
+            with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=False, stages=stages, **keep)
         )
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for c, b in zip(cands, builds, strict=True):
@@ -221,3 +304,4 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert not k.wgmma_serialized and not k.wgmma_waits_injected, k
         assert all(res[n].spill_stores == 0 for n in res if n.endswith(("_rowsplit", "_colsplit")))
         assert "F32F16F16_SS" in c.source and c.source.count("cute::gemm(mma, ") == 3, c.edit
+    assert "SPLITS = " in cands[0].source and any(r.name.endswith("_splitk") for r in builds[0].resources)

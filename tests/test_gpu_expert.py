@@ -1437,6 +1437,22 @@ def test_fp16x3_gemm_verifies(pool, home, tmp_path, name, shape):
     assert r.measurement is not None and r.measurement.timing is not None
 
 
+def test_fp16x3_split_k_verifies(pool, home, tmp_path):
+    """The fp16x3 form with the tuned plan's split of K kept (77 x 200 over 4100, 8 ways): each block's
+    unscaled partial into the workspace, the bias, residual and ReLU in the sum kernel."""
+    from pipeline.generate.expert.templates import gemm_f16x3
+
+    path = family_task(tmp_path, "linear_f32_split", "(77, 4100); (77, 200)")
+    t = probe(path)
+    base = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    (g,) = [rp for rp in plan_of(base.source).regions if rp.TAG == "wgmma_3xtf32"]
+    assert g.splits > 1
+    cand = with_knobs(path, base, "wgmma_3xtf32", f16=True, stages=gemm_f16x3.max_stages(g.bn))
+    assert "fp16x3 WGMMA kernel" in cand.launcher and "K split" in cand.launcher
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=True)
+
+
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"

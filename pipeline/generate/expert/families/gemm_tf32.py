@@ -23,8 +23,8 @@ deepest: hedged all the same (the first batch times a block a tile beside it); p
 Where K is whole and at least F16_MIN_K, the tuned plan takes the fp16x3 form instead (`f16`:
 templates/gemm_f16x3.py): the operands scaled by powers of two a row (A) and a column (B), split into
 fp16 halves by our kernel, three fp16 products at twice tf32's rate, as accurate as 3xTF32; a block a
-tile, K whole. use_tensor_cores toggles it (back to 3xTF32 as the tuned plan sets it), and the first
-batch times that hedge.
+tile. use_tensor_cores toggles it (back to 3xTF32 as the tuned plan sets it), and the first batch times
+that hedge. A split plan keeps its split in the form (reached by that edit only: not timed yet).
 """
 
 from __future__ import annotations
@@ -249,8 +249,8 @@ def _tf32_tuned(r: Region, low: Lowered, rp: Tf32Plan) -> dict[str, Any]:
 
 
 def _f16_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
-    """use_tensor_cores on our kernel: its three products in fp16 at twice tf32's rate (K whole, a block a
-    tile, unstaged stores: what that template takes), or back to tf32's as the tuned plan sets it."""
+    """use_tensor_cores on our kernel: its three products in fp16 at twice tf32's rate (a block a tile, its
+    split kept, unstaged stores: what that template takes), or back to tf32's as the tuned plan sets it."""
     if rp is None:
         return
     if rp.f16:
@@ -258,16 +258,16 @@ def _f16_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
     else:
         stages = min(rp.stages, gemm_f16x3.max_stages(rp.bn))
         yield from change(
-            "use_tensor_cores", plan, rp, f16=True, splits=1, persistent=False, staged=False, stages=stages
+            "use_tensor_cores", plan, rp, f16=True, persistent=False, staged=False, stages=stages
         )
 
 
 def _unusable(q: Tf32Plan) -> bool:
-    """A plan no template renders: staged stores it cannot take; an fp16x3 plan with a split, a persistent
-    grid or staged stores."""
+    """A plan no template renders: staged stores it cannot take; an fp16x3 plan with a persistent grid or
+    staged stores."""
     if q.staged and _unstageable(q):
         return True
-    return q.f16 and (q.splits > 1 or q.persistent or q.staged)
+    return q.f16 and (q.persistent or q.staged)
 
 
 def _staging_kept(edit: Any) -> Any:

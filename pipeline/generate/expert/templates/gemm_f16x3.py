@@ -22,6 +22,8 @@ a_lo: 128 x 64; b_hi, b_lo: BN x 64; 128-byte swizzle), two consumer warpgroups 
 products on 64 x BN each from shared memory (the implicit-GEMM convolution's consumer loop,
 templates/gemm_tf32.py), promoting the tensor cores' sum to fp32 registers every PROMOTE k tiles (the
 accumulator's own additions drop bits: without it a 65536-long K was 20x eager's error on the H100).
+A plan that splits K keeps its split: each block stores its share's unscaled sums into a workspace slice
+and the 3xTF32 kernel's sum kernel adds them (templates/gemm_tf32.py). A block a tile, never persistent.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
 
 def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
     """The split kernels, the GEMM and its launcher for an fp32 library region in the form `f`."""
-    if rp.splits > 1 or rp.persistent or rp.staged:
-        raise ValueError(f"region {r.rid}: the fp16x3 GEMM takes K whole on a block a tile, stores unstaged")
+    if rp.persistent or rp.staged:
+        raise ValueError(f"region {r.rid}: the fp16x3 GEMM runs a block a tile and stores unstaged")
     rid, bn = r.rid, rp.bn
     stages = stages_of(rp)
     b = blocks(bn, hunter)
@@ -100,10 +102,20 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         + gemm.EPILOGUE_HEAD
         + _UNSCALE
     )
+    # Split (few tiles, a long K): each block stores its share's unscaled sums into its workspace slice and
+    # the 3xTF32 kernel's sum kernel adds them in order, computing the fused epilogue on the total.
+    kernel_epi, kernel_dt, kernel_sig = epi, out_dt, sig
+    if rp.splits > 1:
+        if epi is not None and epi.up:  # the plan's edits never make this: gated pairs live in the tile
+            raise ValueError(f"region {rid}: split-K keeps no gated epilogue")
+        body = gemm_tf32._split_k(body, loads=4)
+        kernel_epi, kernel_dt = None, "float32"
+        kernel_sig = signature(None, "float32")
     lines = [
         *gemm.preamble(rid, b),
         "using T = cutlass::half_t;",
-        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, PROMOTE = {PROMOTE};",
+        f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, PROMOTE = {PROMOTE}"
+        f"{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''};",
         f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::K>{{}},",
         "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
         f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
@@ -121,12 +133,12 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
-        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({sig.decls()}) {{',
+        f'extern "C" __global__ void __launch_bounds__(384, 1) kp_{rid}_gemm({kernel_sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         body,
-        *gemm.store(epi, out_dt),
+        *gemm.store(kernel_epi, kernel_dt),
         "}",
         SPLIT.replace("RID", rid),
     ]
@@ -136,7 +148,10 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     src = launcher(rid, f, epi, bn, stages, smem, out_dt, [name for name, _ in inputs], sig)
     outs = (epi.out,) if epi else r.outputs
     kernels = (f"kp_{rid}_gemm", f"kp_{rid}_rowsplit", f"kp_{rid}_colsplit")
-    return Code("\n".join(lines) + "\n", src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
+    code = Code("\n".join(lines) + "\n", src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
+    if rp.splits > 1:
+        return gemm_tf32._with_split_sum(code, rid, sig, kernel_sig, smem, rp.splits, epi, out_dt)
+    return code
 
 
 # The producer warpgroup: its first thread loads the four tiles of each k tile, STAGES ahead.

@@ -266,16 +266,17 @@ kp_RID_transpose(const float* __restrict__ src, float* __restrict__ dst, long lo
 """
 
 
-def _split_k(body: str) -> str:
+def _split_k(body: str, loads: int = 2) -> str:
     """The kernel body with K split over blockIdx.y: each block sums its share of the k tiles into its own
-    slice of the fp32 workspace (out, SPLITS slices of batch x M x N); the sum kernel adds the slices."""
+    slice of the fp32 workspace (out, SPLITS slices of batch x M x N); the sum kernel adds the slices.
+    `loads`: the body's TMA loads a k tile (the fp16x3 kernel's four)."""
     whole = "    const int ktiles = (K + BK - 1) / BK;\n"
     share = (
         "    const int kall = (K + BK - 1) / BK, kchunk = (kall + SPLITS - 1) / SPLITS;\n"
         "    const int kbeg = blockIdx.y * kchunk;  // this block's first k tile\n"
         "    const int ktiles = max(0, min(kall, kbeg + kchunk) - kbeg);\n"
     )
-    assert body.count(whole) == 1 and body.count("kt * BK, ") == 2, "the body's K loop changed"
+    assert body.count(whole) == 1 and body.count("kt * BK, ") == loads, "the body's K loop changed"
     body = body.replace(whole, share).replace("kt * BK, ", "(kbeg + kt) * BK, ")
     # After the prologue's tile indices: this split's slice of the workspace.
     anchor = "    const int n_blk = (tile % per_group) / rows;\n"
