@@ -63,6 +63,13 @@ def test_the_split_kernels_cut_each_line_as_the_arithmetic_says(tmp_path):
     want = split_ref(x, ld)
     for got, w in zip((hi, lo, exps), want, strict=True):
         assert torch.equal(got, w), (got, w)
+    # lines of a multiple of 4 floats: 16-byte loads, 8-byte stores (the padding written as zeros too)
+    x4 = x[:, :36].contiguous()
+    h4, l4 = torch.full((6, ld), float("nan")).half(), torch.full((6, ld), float("nan")).half()
+    e4 = torch.full((6,), -999, dtype=torch.int32)
+    k.kp_t_rowsplit((4,), (256,), (x4, h4, l4, e4, numpy.int64(6), numpy.int64(36), numpy.int64(ld)))
+    for got, w in zip((h4, l4, e4), split_ref(x4, ld), strict=True):
+        assert torch.equal(got, w), (got, w)
     # hi + lo holds each value to 2^-22 of its line's largest (the dropped lo.lo term is smaller still)
     back = (hi.double() + lo.double())[:, :37] * torch.pow(2.0, exps.double())[:, None]
     assert ((back - x.double()).abs() <= 2.0**-22 * x.double().abs().amax(-1, keepdim=True)).all()

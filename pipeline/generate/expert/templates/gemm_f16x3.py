@@ -205,15 +205,26 @@ __device__ __forceinline__ void kp_f16x3_cut(float x, int e, __half& h, __half& 
     h = __float2half_rn(v);
     l = __float2half_rn(v - __half2float(h));
 }
+struct alignas(8) kp_f16x3_h4 { __half v[4]; };  // four halves, one 8-byte store
 extern "C" __global__ void __launch_bounds__(256)
 kp_RID_rowsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* __restrict__ lo,
                 int* __restrict__ exps, long long lines, long long len, long long ld) {
     __shared__ float part[8];
     __shared__ int shared_e;
+    // 16-byte loads and 8-byte stores where every line starts 16 bytes in (ld is a multiple of 8 halves)
+    const bool vec = (len & 3) == 0 && ((unsigned long long)src & 15) == 0;
     for (long long line = blockIdx.x; line < lines; line += gridDim.x) {
         const float* x = src + line * len;
+        const float4* x4 = reinterpret_cast<const float4*>(x);
         float mx = 0.f;
-        for (long long j = threadIdx.x; j < len; j += 256) mx = fmaxf(mx, fabsf(x[j]));
+        if (vec) {
+            for (long long j = threadIdx.x; j < len / 4; j += 256) {
+                const float4 v = x4[j];
+                mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+            }
+        } else {
+            for (long long j = threadIdx.x; j < len; j += 256) mx = fmaxf(mx, fabsf(x[j]));
+        }
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = mx;
         __syncthreads();
@@ -227,11 +238,24 @@ kp_RID_rowsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* 
         const int e = shared_e;
         __half* h = hi + line * ld;
         __half* l = lo + line * ld;
-        for (long long j = threadIdx.x; j < ld; j += 256) {
-            __half hv = __float2half_rn(0.f), lv = hv;
-            if (j < len) kp_f16x3_cut(x[j], e, hv, lv);
-            h[j] = hv;
-            l[j] = lv;
+        if (vec) {
+            for (long long j = threadIdx.x; j < ld / 4; j += 256) {
+                const float4 v = j < len / 4 ? x4[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+                kp_f16x3_h4 hv, lv;
+                kp_f16x3_cut(v.x, e, hv.v[0], lv.v[0]);
+                kp_f16x3_cut(v.y, e, hv.v[1], lv.v[1]);
+                kp_f16x3_cut(v.z, e, hv.v[2], lv.v[2]);
+                kp_f16x3_cut(v.w, e, hv.v[3], lv.v[3]);
+                reinterpret_cast<kp_f16x3_h4*>(h)[j] = hv;
+                reinterpret_cast<kp_f16x3_h4*>(l)[j] = lv;
+            }
+        } else {
+            for (long long j = threadIdx.x; j < ld; j += 256) {
+                __half hv = __float2half_rn(0.f), lv = hv;
+                if (j < len) kp_f16x3_cut(x[j], e, hv, lv);
+                h[j] = hv;
+                l[j] = lv;
+            }
         }
         __syncthreads();  // part and shared_e are the next line's
     }
