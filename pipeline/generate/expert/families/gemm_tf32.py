@@ -52,8 +52,8 @@ class Tf32Plan(GemmPlan):
     persistent: bool = False  # one block an SM walking its tiles, the ring running on across them
     staged: bool = False  # stores through shared memory in whole 16-byte row pieces (gemm.staged_store)
     # three fp16 products of operands scaled by powers of two and split by our kernel first, in place of
-    # three tf32 ones (templates/gemm_f16x3.py): twice the MMA rate at the same accuracy; K whole, a block
-    # a tile, unstaged stores
+    # three tf32 ones (templates/gemm_f16x3.py): twice the MMA rate at the same accuracy; a block a tile
+    # (its split of K kept), unstaged stores
     f16: bool = False
 
     def describe(self) -> str:

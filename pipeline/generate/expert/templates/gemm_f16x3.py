@@ -6,9 +6,9 @@ line's largest magnitude lands in [2^14, 2^15), inside fp16's range, then cut as
 lo = fp16(x - hi), both rounded to nearest: 11 + 11 significant bits, as tf32's hi and lo (10 + 1 each,
 truncated), while an fp16 MMA runs at twice tf32's rate. a.b is accumulated in fp32 as
 a_lo.b_hi + a_hi.b_lo + a_hi.b_hi and unscaled by 2^(e_row + e_col) before the epilogue: 1.5 tf32 passes
-of tensor-core work where 3xTF32 takes 3. The dropped a_lo.b_lo and lo's rounding are each about 2^-23 of
-|a||b|; an element far below its line's largest (2^-29 and less) is held with less precision, an absolute
-error about 2^-40 of that line's scale (benchmarks/fp16x3_probe.py: at or under eager's error on rand,
+of tensor-core work where 3xTF32 takes 3. The dropped a_lo.b_lo and lo's rounding are each at most about
+2^-22 of |a||b|; an element far below its line's largest (under 2^-28 of it: an fp16 subnormal) is held
+with less precision, an absolute error at most about 2^-40 of that largest (benchmarks/fp16x3_probe.py: at or under eager's error on rand,
 randn, linear-layer and outlier operands, H100 2026-12-07; benchmarks/split_accuracy.py on the CPU).
 
 The split is a pass of its own before the GEMM (one read of each fp32 operand, mostly from L2 the second
