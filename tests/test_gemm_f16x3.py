@@ -189,6 +189,7 @@ def test_a_split_fp16x3_product_sums_its_partials_and_computes_the_epilogue_on_t
     stays, each block's partial is unscaled before it is stored, and the sum kernel (emulated) adds them and
     computes the bias, residual and ReLU on the total."""
     from cuda_emulator import build, load_model
+    from test_gpu_expert import family_task
 
     from pipeline.generate.expert.families import gemm_kit
     from pipeline.generate.expert.families import gemm_tf32 as tf32_family
@@ -197,15 +198,7 @@ def test_a_split_fp16x3_product_sums_its_partials_and_computes_the_epilogue_on_t
     from pipeline.generate.expert.templates.code import GATHER
     from pipeline.generate.expert.templates.common import PRELUDE
 
-    body = """
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(4100, 200)
-    def forward(self, x, y):
-        return torch.relu(self.linear(x) + y)
-"""
-    path = task(tmp_path, "split16", body, "torch.randn(77, 4100), torch.randn(77, 200)")
+    path = family_task(tmp_path, "linear_f32_split", "(77, 4100); (77, 200)")
     low = prepare(capture(path))
     t = probe(path)
     tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate

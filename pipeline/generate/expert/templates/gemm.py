@@ -522,14 +522,20 @@ def tma_ready(gather: str) -> list[str]:
     ]
 
 
+def launcher_head(rid: str, f: Form, epi: GemmEpilogue | None, names: list[str], kernel: str) -> list[str]:
+    """A GEMM launcher's def line and docstring: what it computes, then `kernel` (which, and its tiles)."""
+    what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
+    return [
+        f"def _gemm_{rid}(sms, {', '.join(names)}):",
+        f'    """{what}{" and the fused epilogue" if epi else ""}: {kernel}."""',
+    ]
+
+
 def launcher(rid: str, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
               names: list[str], sig: Signature, bx: Boxes, pad: bool = False) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
-    what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
     lines = [
-        f"def _gemm_{rid}(sms, {', '.join(names)}):",
-        f'    """{what}{" and the fused epilogue" if epi else ""}: our {bx.kind} (TMA, 128 x {rp.bn} tiles, '
-        f'{rp.stages} stages)."""',
+        *launcher_head(rid, f, epi, names, f"our {bx.kind} (TMA, 128 x {rp.bn} tiles, {rp.stages} stages)"),
         "",
         *tma_ready(bx.gather),
         *(tma_rows(rid, bx.align) if pad else ()),

@@ -333,11 +333,12 @@ def _split_helpers(rid: str) -> list[str]:
 def launcher(rid: str, f: Form, epi: GemmEpilogue | None, bn: int, stages: int, smem: int, out_dt: str,
              names: list[str], sig: Signature) -> str:  # fmt: skip
     ops_ = epi.operands if epi else ()
-    what = {"K": "x @ w^T", "MN": "x @ w"}[f.b_major] + (" per batch" if f.batched else "")
+    kernel = (
+        "our fp16x3 WGMMA kernel (operands split into fp16 halves by our kernel first; TMA, "
+        f"128 x {bn} tiles, {stages} stages)"
+    )
     lines = [
-        f"def _gemm_{rid}(sms, {', '.join(names)}):",
-        f'    """{what}{" and the fused epilogue" if epi else ""}: our fp16x3 WGMMA kernel (operands split '
-        f'into fp16 halves by our kernel first; TMA, 128 x {bn} tiles, {stages} stages)."""',
+        *gemm.launcher_head(rid, f, epi, names, kernel),
         "    k = x.shape[-1]",
         "    lead = tuple(x.shape[:-1])",
     ]
