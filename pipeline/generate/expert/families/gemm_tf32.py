@@ -240,7 +240,8 @@ def f16_pays(r: Region, low: Lowered, splits: int) -> bool:
 
 def _tf32_tuned(r: Region, low: Lowered, rp: Tf32Plan) -> dict[str, Any]:
     """The knobs the tuned plan gives 3xTF32 at this tile width: the cost model's split, a persistent grid
-    where it pays, its ring."""
+    where it pays, its ring (the deepest; a persistent grid's one stage under it: 2-4% faster on seven
+    shapes, H200)."""
     splits = wave_split(r, low, rp.bn)
     persistent = persistent_pays(r, low, rp.bn, splits)
     top = gemm_tf32.max_stages(rp.bn)
@@ -296,15 +297,11 @@ def _family() -> Any:
         rp = plan.get(r.rid)
         if tuned and isinstance(rp, Tf32Plan):
             bn, splits = wave_plan(r, low)
-            if bn != rp.bn:
-                rp = dataclasses.replace(rp, bn=bn, stages=gemm_tf32.max_stages(bn))
+            rp = dataclasses.replace(rp, bn=bn)
             if f16_pays(r, low, splits):
                 f16 = dataclasses.replace(rp, f16=True, splits=1, persistent=False)
                 return plan.replace(dataclasses.replace(f16, stages=gemm_f16x3.max_stages(bn)))
-            persistent = persistent_pays(r, low, bn, splits)
-            # a persistent grid's ring one stage under the deepest: 2-4% faster on seven shapes (H200)
-            stages = max(2, gemm_tf32.max_stages(bn) - PERSIST_SHALLOWER) if persistent else rp.stages
-            plan = plan.replace(dataclasses.replace(rp, splits=splits, persistent=persistent, stages=stages))
+            plan = plan.replace(dataclasses.replace(rp, **_tf32_tuned(r, low, rp)))
         return plan
 
     edits = dict(base.edits)

@@ -104,13 +104,9 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     )
     # Split (few tiles, a long K): each block stores its share's unscaled sums into its workspace slice and
     # the 3xTF32 kernel's sum kernel adds them in order, computing the fused epilogue on the total.
-    kernel_epi, kernel_dt, kernel_sig = epi, out_dt, sig
-    if rp.splits > 1:
-        if epi is not None and epi.up:  # the plan's edits never make this: gated pairs live in the tile
-            raise ValueError(f"region {rid}: split-K keeps no gated epilogue")
-        body = gemm_tf32._split_k(body, loads=4)
-        kernel_epi, kernel_dt = None, "float32"
-        kernel_sig = signature(None, "float32")
+    body, kernel_epi, kernel_dt, kernel_sig = gemm_tf32.split_kernel(
+        rid, body, epi, out_dt, sig, rp.splits, signature, loads=4
+    )
     lines = [
         *gemm.preamble(rid, b),
         "using T = cutlass::half_t;",

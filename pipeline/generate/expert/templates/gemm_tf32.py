@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.generate.expert import atoms
@@ -185,13 +186,9 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     if persistent:
         sig = Signature((*sig.params, i32("TILES", "grid")))
     # Split, the GEMM stores raw fp32 partials and the sum kernel computes the fused epilogue on the total.
-    kernel_epi, kernel_dt, kernel_sig = epi, out_dt, sig
-    if splits > 1:
-        if epi is not None and epi.up:  # the plan's edits never make this: gated pairs live in the tile
-            raise ValueError(f"region {rid}: split-K keeps no gated epilogue")
-        body = _split_k(body)
-        kernel_epi, kernel_dt = None, "float32"
-        kernel_sig = gemm.signature(kernel_epi, kernel_dt)
+    body, kernel_epi, kernel_dt, kernel_sig = split_kernel(
+        rid, body, epi, out_dt, sig, splits, gemm.signature
+    )
     # Staged (rp.staged): each consumer warpgroup's 64 rows through shared memory, stored in whole 16-byte row
     # pieces, where the accumulators' own layout stores 8 bytes of 8 rows a warp instruction
     stores = gemm.staged_store(kernel_epi, kernel_dt) if rp.staged else gemm.store(kernel_epi, kernel_dt)
@@ -264,6 +261,19 @@ kp_RID_transpose(const float* __restrict__ src, float* __restrict__ dst, long lo
     }
 }
 """
+
+
+def split_kernel(rid: str, body: str, epi: GemmEpilogue | None, out_dt: str, sig: Signature, splits: int,
+                 signature: Callable[[GemmEpilogue | None, str], Signature], loads: int = 2,
+                 ) -> tuple[str, GemmEpilogue | None, str, Signature]:  # fmt: skip
+    """The GEMM kernel's body, epilogue, output dtype and signature: as given, or with K split `splits` ways
+    (each block's raw fp32 partial into its workspace slice, no epilogue: the sum kernel computes it).
+    `signature(epi, dtype)`: the kernel's parameters; `loads`: its TMA loads a k tile (_split_k)."""
+    if splits <= 1:
+        return body, epi, out_dt, sig
+    if epi is not None and epi.up:  # the plan's edits never make this: gated pairs live in the tile
+        raise ValueError(f"region {rid}: split-K keeps no gated epilogue")
+    return _split_k(body, loads), None, "float32", signature(None, "float32")
 
 
 def _split_k(body: str, loads: int = 2) -> str:
