@@ -17,8 +17,9 @@ from pipeline.types import Task
 # ceiling is the best of a memcpy and a vectorised kernel at two sizes, after the clocks are up (version 1
 # timed one cold memcpy first thing and read 3.8 TB/s, below what eager's own elementwise kernels reach).
 # 3: a third route, a plain 16-byte-a-thread stream, which moved 4.32 TB/s where torch's kernels moved
-# 4.20-4.27 (the expert's element-wise kernels measured 100.5% of the version-2 floor).
-VERSION = 3
+# 4.20-4.27 (the expert's element-wise kernels measured 100.5% of the version-2 floor). 4: each call timed
+# after the clean L2 flush (timing.L2Flusher), which no longer leaves dirty lines for the copy to write back.
+VERSION = 4
 
 # One 16-byte vector a thread, a block per 256 of them: the fastest form of a stream measured on the H200
 # (benchmarks/ew_variants.py), ahead of more vectors in flight a thread and of persistent grids.

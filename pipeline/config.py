@@ -45,6 +45,11 @@ class Config:
     timing_trials: int = 100
     timing_budget_s: float = 2.0
     warmup: int = 5
+    # How L2 is emptied before each timed call (pipeline/timing.py L2Flusher): "clean" reads twice its size,
+    # so a call starts with nothing of its own cached and nothing dirty to write back; "writes" fills a
+    # buffer instead (Triton's do_bench convention), which leaves an L2 of dirty lines that the call's own
+    # reads write back: a GEMV reading 134 MB moved a third more than it asked for
+    l2_flush: str = "clean"
     # Share of the timed calls whose outputs are checked against eager (each decided at random after the call
     # returns; the five synchronised calls always are). A candidate that cheats on enough calls to move the
     # median (50 of 100) escapes a quarter-share check with odds 0.75**50, below one in a million; checking
@@ -221,6 +226,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "objective": ("time", "energy", "edp"),
     "feedback": ("advice", "json", "raw", "none"),
     "device": ("cuda", "cpu"),
+    "l2_flush": ("clean", "writes"),
     # each element of the tuple; reduce-overhead (torch.compile with CUDA graphs) is the anchor for a candidate
     # that replays its own graph (plan.graph), and not a default: it compiles once more
     "baselines": ("eager", "compile", "max-autotune-no-cudagraphs", "reduce-overhead"),

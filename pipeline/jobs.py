@@ -31,6 +31,7 @@ class Settings:
     timing_trials: int = Config.timing_trials
     timing_budget_s: float = Config.timing_budget_s
     warmup: int = Config.warmup
+    l2_flush: str = Config.l2_flush
     check_fraction: float = Config.check_fraction
     energy: bool = Config.energy
     energy_window_s: float = Config.energy_window_s
@@ -50,6 +51,7 @@ class Settings:
             timing_trials=cfg.timing_trials,
             timing_budget_s=cfg.timing_budget_s,
             warmup=cfg.warmup,
+            l2_flush=cfg.l2_flush,
             check_fraction=cfg.check_fraction,
             energy=cfg.energy,
             energy_window_s=cfg.energy_window_s,

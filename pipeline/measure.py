@@ -71,7 +71,7 @@ class Session:
         seed = settings.seed
         self.reference = verify.build_reference(module, init_args, seed, device, redraw_constant=False)
         self.candidate, _ = verify.build_candidate(factory, init_args, seed, device, self.reference)
-        self.flusher = timing.L2Flusher(device)
+        self.flusher = timing.L2Flusher(device, settings.l2_flush)
         self._seed = seed + INPUT_SEED_OFFSET
         self.checked = 0
 

@@ -321,7 +321,7 @@ def _baseline(job: jobs.Baseline) -> Answer:
         del _compiled[k]  # another task's compiled model keeps its weights on the GPU: gone before eager runs
     if stale:
         _release_memory()
-    flusher = timing.L2Flusher(device)
+    flusher = timing.L2Flusher(device, s.l2_flush)
     timings: dict[str, Timing] = {}
     compile_s: dict[str, float] = {}
     notes: list[str] = []

@@ -38,6 +38,7 @@ def test_the_key_follows_the_source_the_settings_and_the_software_not_the_clocks
     assert k != baseline_cache.key(dataclasses.replace(TASK, source_hash="abc124"), settings(), ENV)
     assert k != baseline_cache.key(TASK, settings(energy=False), ENV)
     assert k != baseline_cache.key(TASK, settings(baselines=("eager",)), ENV)
+    assert k != baseline_cache.key(TASK, settings(l2_flush="writes"), ENV)  # how L2 was emptied moves a time
     assert k != baseline_cache.key(TASK, settings(), {**ENV, "driver": "590.1"})
     assert k != baseline_cache.key(TASK, settings(), {**ENV, "torch": "2.13.0"})
     assert k != baseline_cache.key(TASK, settings(), {**ENV, "gpu": "NVIDIA H100 80GB HBM3"})

@@ -345,6 +345,7 @@ def test_meaningless_config_values_are_named_with_their_range(tmp_path):
         ("KERNELPRO_CHECK_FRACTION", "1.5", "check_fraction = 1.5"),
         ("KERNELPRO_SEARCH", "beam", "search = 'beam' is not one of mcts, greedy"),
         ("KERNELPRO_BASELINES", "eager,turbo", "baselines = 'turbo' is not one of"),
+        ("KERNELPRO_L2_FLUSH", "dirty", "l2_flush = 'dirty' is not one of clean, writes"),
     ):  # fmt: skip
         res = opt(tmp_path, "--task", str(SOFTMAX), *REPLAY, env={var: value})
         assert_cli_one_line_error(res, needle)

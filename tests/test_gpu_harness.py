@@ -437,3 +437,65 @@ def test_a_tensor_map_is_encoded_once_per_geometry_and_equals_a_fresh_encoding()
     assert bytes(first.raw) == bytes(runtime.TensorMap(a, 128, 32).raw)  # uncached: the same descriptor
     other = runtime.TensorMap(a.view(600, 32), 128, 32, cache=cache)
     assert other.raw is not first.raw and bytes(other.raw) != bytes(first.raw) and len(cache) == 2
+
+
+_FLUSH_PROBE = r"""
+import sys
+import cupy, torch
+from pipeline import timing
+
+dev = torch.device("cuda")
+n = 8 * 2**20  # 32 MB of fp32: inside the L2, so a flush that misses it leaves it there
+x = torch.rand(n, device=dev)
+out = torch.zeros(1024, device=dev)
+probe = cupy.RawKernel(r'''extern "C" __global__ void kp_l2_probe(const float4* x, float* out, long long n) {
+    float s = 0.f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float4 v = x[i]; s += v.x + v.y + v.z + v.w;
+    }
+    atomicAdd(out + blockIdx.x, s);
+}''', "kp_l2_probe")
+flush = {"none": lambda: None, "writes": timing.L2Flusher(dev, "writes"), "clean": timing.L2Flusher(dev, "clean")}
+for mode in sys.argv[1:]:
+    x.mul_(1.0)  # x written: dirty and cached
+    torch.cuda.synchronize()
+    flush[mode]()
+    torch.cuda.synchronize()
+    probe((1024,), (256,), (cupy.from_dlpack(x), cupy.from_dlpack(out), cupy.int64(n // 4)))
+    torch.cuda.synchronize()
+"""
+
+
+def test_the_clean_flush_leaves_the_l2_empty_of_the_call_and_of_dirty_lines(tmp_path):
+    """What a timed call starts from (timing.L2Flusher), read by ncu's counters on the kernel that follows
+    the flush, with ncu's own cache control off: with no flush the probe's 32 MB are L2 hits (the control);
+    after either flush they are misses; after the writes flush the probe writes back the flush's dirty lines
+    it evicts, after the clean one nothing."""
+    from pipeline.profile.collect import find_ncu, parse_ncu_csv
+
+    pytest.importorskip("cupy")
+    ncu = find_ncu()
+    if ncu is None:
+        pytest.skip("no ncu")
+    script = tmp_path / "flush_probe.py"
+    script.write_text(_FLUSH_PROBE)
+    modes = ("none", "writes", "clean")
+    metrics = "lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum"
+    # application replay: every counter pass reruns the script, so no pass sees a cache an earlier one warmed
+    r = subprocess.run(
+        [ncu, "--cache-control", "none", "--replay-mode", "application", "--kernel-name", "kp_l2_probe",
+         "--csv", "--page", "raw", "--print-units", "base", "--metrics", metrics,
+         sys.executable, str(script), *modes],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT), os.environ.get("PYTHONPATH", "")))},
+    )  # fmt: skip
+    rows = parse_ncu_csv(r.stdout)
+    assert len(rows) == len(modes), (r.stdout[-3000:], r.stderr[-3000:])
+    got = {mode: row.metrics for mode, row in zip(modes, rows, strict=True)}
+    print({m: {k.split("__")[1]: round(v, 1) for k, v in g.items()} for m, g in got.items()})
+    size = 32 * 2**20
+    assert got["none"]["lts__t_sector_hit_rate.pct"] > 60, "the control: unflushed data must hit"
+    for mode in ("writes", "clean"):
+        assert got[mode]["lts__t_sector_hit_rate.pct"] < 20, f"{mode} flush left the call's data in L2"
+        assert got[mode]["dram__bytes_read.sum"] > 0.8 * size
+    assert got["writes"]["dram__bytes_write.sum"] > 0.5 * size  # the writes flush's lines, written back now
+    assert got["clean"]["dram__bytes_write.sum"] < 0.05 * size

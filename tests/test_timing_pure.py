@@ -13,7 +13,7 @@ import pytest
 from pipeline import calibrate
 from pipeline.calibrate import Ceilings, floor_ms
 from pipeline.energy import LoopMismatch, Window, energy_record, relative_spread, repeat_windows
-from pipeline.timing import hidden_work, summarize
+from pipeline.timing import L2Flusher, hidden_work, summarize
 from pipeline.types import Energy, Measurement, Status, Task, TensorSpec, Timing, from_dict, to_dict
 
 
@@ -309,3 +309,9 @@ def test_energy_without_a_check_keeps_no_output_past_its_call(monkeypatch):
     energy.measure_energy(fn, lambda i: [torch.zeros(4)], call_ms=0.02, window_s=0.004, repeats=2,
                           check=lambda i, o: checked.append(o), set_bytes=16, out_bytes=16)  # fmt: skip
     assert live[1] > 2 and checked  # with a check, the checked calls' outputs live until the window ends
+
+
+def test_an_unknown_flush_mode_is_refused_before_any_memory_is_taken():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="L2 flush mode 'dirty' is not one of clean, writes"):
+        L2Flusher(torch.device("cpu"), "dirty")
