@@ -81,6 +81,10 @@ WHOLE = {  # name -> (forward's body, inputs)
 def _whole_task(folder: Path, name: str) -> Path:
     body, inputs = WHOLE[name]
     args = "a, b" if "b" in body else "a"
+    return _forward_task(folder, name, args, body, inputs)
+
+
+def _forward_task(folder: Path, name: str, args: str, body: str, inputs: str) -> Path:
     path = folder / f"{name}.py"
     path.write_text(
         "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
@@ -146,3 +150,20 @@ def test_a_long_sum_is_compensated(tmp_path):
     assert any(launch[1][1] > 1 for launch in kernels.launches), kernels.launches  # even plain, over blocks
     want = x.double().sum()
     assert abs(got.double() - want) / want < 1e-6, (got.item(), want.item())
+
+
+def test_long_rows_that_outnumber_the_sms_keep_two_loads_a_thread_in_32_registers(tmp_path):
+    """A GEMV of 256 rows of 131072 (rowwise.long_row_unroll): two 16-byte loads in flight a thread, so the
+    1024-thread kernel fits 32 registers and two blocks share an SM (four loads took 58: one block an SM,
+    two waves for 256 rows). Rows no more than the SMs (96) keep four: a block alone on its SM."""
+    dot = "return torch.matmul(a, b)"
+    many = _forward_task(
+        tmp_path, "many_rows", "a, b", dot, "torch.randn(256, 131072), torch.randn(131072, 1)"
+    )
+    few = _forward_task(tmp_path, "few_rows", "a, b", dot, "torch.randn(96, 131072), torch.randn(131072, 1)")
+    plans = [tuned(p).source.splitlines()[0] for p in (many, few)]
+    assert '"threads":1024,"unroll":2' in plans[0] and '"threads":1024,"unroll":4' in plans[1], plans
+    (b,) = compile_candidates([tuned(many)], Config(home=tmp_path / "home", arch="sm_90a"))
+    assert b.status == Status.OK and not b.log, b.log
+    (vec,) = [r for r in b.resources if r.name.endswith("_v4")]
+    assert vec.registers <= 32 and vec.spill_stores == 0, vec
