@@ -491,11 +491,14 @@ def test_the_clean_flush_leaves_the_l2_empty_of_the_call_and_of_dirty_lines(tmp_
     rows = parse_ncu_csv(r.stdout)
     assert len(rows) == len(modes), (r.stdout[-3000:], r.stderr[-3000:])
     got = {mode: row.metrics for mode, row in zip(modes, rows, strict=True)}
-    print({m: {k: round(v, 1) for k, v in g.items() if "__" in k} for m, g in got.items()})
+    print({m: {k: g.get(k) for k in metrics.split(",")} for m, g in got.items()})
     size = 32 * 2**20
-    assert got["none"]["lts__t_sector_hit_rate.pct"] > 60, "the control: unflushed data must hit"
-    for mode in ("writes", "clean"):
-        assert got[mode]["lts__t_sector_hit_rate.pct"] < 20, f"{mode} flush left the call's data in L2"
-        assert got[mode]["dram__bytes_read.sum"] > 0.8 * size
-    assert got["writes"]["dram__bytes_write.sum"] > 0.5 * size  # the writes flush's lines, written back now
-    assert got["clean"]["dram__bytes_write.sum"] < 0.05 * size
+    hit = got["none"]["lts__t_sector_hit_rate.pct"]
+    assert hit > 60 and got["none"]["dram__bytes_read.sum"] < 0.2 * size, "the control: unflushed data hits"
+    for mode in ("writes", "clean"):  # a cold stream still hits on some sectors (~20% on the H100)
+        assert got[mode]["lts__t_sector_hit_rate.pct"] < hit / 2, f"{mode} flush left the call's data in L2"
+        assert got[mode]["dram__bytes_read.sum"] > 0.9 * size, f"{mode} flush left the call's data in L2"
+    # the writes flush's dirty lines, written back as the probe evicts them (10.9 MB on the H100: the L2 had
+    # cleaned some while idle); after the clean flush, nearly none
+    wrote = {mode: got[mode]["dram__bytes_write.sum"] for mode in modes}
+    assert wrote["writes"] > 0.1 * size and wrote["clean"] < wrote["writes"] / 4, wrote
