@@ -161,6 +161,45 @@ def test_the_launcher_splits_both_operands_and_unscales_the_product(tmp_path, na
     assert splits == want, splits
 
 
+class _F16x3PersistentKernels(_F16x3Kernels):
+    """The same for the persistent grid: one block an SM (the emulated GPU's 4), at most one a tile, and the
+    tile count passed last."""
+
+    def _gemm(self, grid, block, args, shared_mem=0):
+        m, n, tiles = (int(v) for v in (args[-4], args[-3], args[-1]))
+        bn = self.maps[2][1]  # b_hi's box: the tile's width
+        assert tiles == args[0].shape[0] * -(-m // 128) * -(-n // bn) and grid == (min(tiles, 4),), (
+            grid,
+            tiles,
+        )
+        _F16x3Kernels._gemm(grid, block, args[:-1], shared_mem)
+
+
+def test_a_persistent_fp16x3_launch_walks_every_tile_on_one_block_an_sm(tmp_path):
+    """persistent_grid on the fp16x3 form (a grid of more than a wave): the launch takes min(tiles, SMs)
+    blocks and passes the tile count; the product is the split operands' as on a block a tile."""
+    from cuda_emulator import build, load_model
+
+    from pipeline.generate.expert.templates.code import GATHER
+
+    path = task(tmp_path, "f16x3_persist", PRODUCT.format(expr="torch.mm(a, b)"),
+                f"torch.randn(300, 70){F32}, torch.randn(70, 520){F32}")  # fmt: skip
+    t = probe(path)
+    tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    cand = with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=True, splits=1, stages=3)
+    assert check_launcher(cand.launcher).ok and "stages, persistent)" in cand.launcher
+    assert "coords((int)blockIdx.x + j * (int)gridDim.x" in cand.source
+    rid = re.search(r"kernels\.kp_(\w+)_rowsplit\(", cand.launcher).group(1)
+    fake = _F16x3PersistentKernels(build(gemm_f16x3.SPLIT.replace("RID", rid) + "\n" + GATHER, tmp_path))
+    model = load_model(cand.launcher, fake)()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(300, 70, generator=g), torch.randn(70, 520, generator=g)
+    ref = x.double() @ y.double()
+    got = model(x, y)
+    assert ((got.double() - ref).abs() / ref.abs().amax(-1, keepdim=True)).max().item() < 2.0**-20
+    assert "kp_" + rid + "_gemm" in fake.called
+
+
 class _F16x3SplitKernels(_F16x3Kernels):
     """The same, block for block over the split of K (each split's unscaled partial into its workspace slice,
     as the kernel's blocks store them); the sum kernel emulated from the source."""
@@ -251,10 +290,12 @@ def test_a_long_k_takes_fp16x3_in_the_tuned_plan_hedged_by_3xtf32_and_moved_back
     assert label.startswith("use_tensor_cores(") and not b.f16 and b.persistent and b.splits == 1
     forth = [p for lab, p in legal_edits(back, low) if lab.startswith("use_tensor_cores(")]
     assert [p.get(g.rid) for p in forth] == [g]
-    for _, p in moves:
+    for lab, p in moves:
         q = p.get(g.rid)
-        if q.f16:
-            assert not q.persistent and not q.staged and q.stages <= gemm_f16x3.max_stages(q.bn)
+        if q.f16:  # persistent only by persistent_grid (256 tiles: more than a wave), never staged
+            assert q.persistent == lab.startswith("persistent_grid("), lab
+            assert not q.staged and q.stages <= gemm_f16x3.max_stages(q.bn)
+    assert any(lab.startswith("persistent_grid(") for lab, _ in moves)
 
 
 @pytest.mark.parametrize(("rows", "k", "n", "f16"), [
@@ -272,8 +313,9 @@ def test_which_products_the_tuned_plan_gives_the_fp16x3_form(tmp_path, rows, k, 
 
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
 def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
-    """A row-major B (colsplit), a linear layer with its epilogue (a scaled ReLU) fused on the stores, and a
-    linear layer whose K the tuned plan splits (kept: partials stored, the sum kernel beside)."""
+    """A row-major B (colsplit), a linear layer with its epilogue (a scaled ReLU) fused on the stores, a
+    linear layer whose K the tuned plan splits (kept: partials stored, the sum kernel beside), and a short-K
+    product on a persistent grid."""
     split = linear(tmp_path, "split16c", k=4100, n=200, dt="float32")
     paths = [
         split,
@@ -284,6 +326,12 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
             f"torch.randn(300, 1028){F32}, torch.randn(1028, 1000){F32}",
         ),
         linear(tmp_path, "l32", k=1036, dt="float32", expr="torch.relu(self.linear(x)) * self.s"),
+        task(  # level 1's short K: a persistent grid (persistent_grid from the fp16x3 form)
+            tmp_path,
+            "mm64",
+            PRODUCT.format(expr="torch.mm(a, b)"),
+            f"torch.randn(4096, 64){F32}, torch.randn(64, 4096){F32}",
+        ),
     ]
     cands = []
     for path in paths:
@@ -292,8 +340,9 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
         (g,) = [rp for rp in plan_of(tuned.source).regions if isinstance(rp, Tf32Plan)]
         stages = gemm_f16x3.max_stages(g.bn)
         keep = {} if path == split else {"splits": 1}
+        persistent = path.stem == "mm64"
         cands.append(
-            with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=False, stages=stages, **keep)
+            with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=persistent, stages=stages, **keep)
         )
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
     for c, b in zip(cands, builds, strict=True):
@@ -305,3 +354,4 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
         assert all(res[n].spill_stores == 0 for n in res if n.endswith(("_rowsplit", "_colsplit")))
         assert "F32F16F16_SS" in c.source and c.source.count("cute::gemm(mma, ") == 3, c.edit
     assert "SPLITS = " in cands[0].source and any(r.name.endswith("_splitk") for r in builds[0].resources)
+    assert "the block's next tile" in cands[-1].source

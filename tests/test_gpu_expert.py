@@ -1453,6 +1453,26 @@ def test_fp16x3_split_k_verifies(pool, home, tmp_path):
     assert_ok([cand], [r], hybrid=True)
 
 
+@pytest.mark.parametrize(("name", "shape"), [
+    ("linear_f32_persistent", "(2, 16999, 100)"),  # K = 100 over 266 tiles: a block walks two or three
+    ("matmul_f32", "(2051, 72); (72, 4099)"),  # level 1's short K, ragged both ways, B row-major
+])  # fmt: skip
+def test_fp16x3_persistent_grid_verifies(pool, home, tmp_path, name, shape):
+    """The fp16x3 form walked persistently (persistent_grid): the rings across a block's tiles, the stores
+    from the promoted sums, the ragged tiles' rows and columns past the output neither computed nor stored."""
+    from pipeline.generate.expert.templates import gemm_f16x3
+
+    path = family_task(tmp_path, name, shape)
+    t = probe(path)
+    base = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    (g,) = [rp for rp in plan_of(base.source).regions if rp.TAG == "wgmma_3xtf32"]
+    cand = with_knobs(path, base, "wgmma_3xtf32", f16=True, persistent=True, splits=1, staged=False,
+                      stages=gemm_f16x3.max_stages(g.bn))  # fmt: skip
+    assert "fp16x3 WGMMA kernel" in cand.launcher and "stages, persistent)" in cand.launcher
+    (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
+    assert_ok([cand], [r], hybrid=True)
+
+
 @pytest.mark.parametrize("task_id", BUILTIN)
 def test_builtin_task_first_proposals_and_an_edit_verify(pool, home, task_id):
     path = ROOT / "tasks" / f"{task_id}.py"

@@ -24,7 +24,9 @@ Where K is whole and at least F16_MIN_K, the tuned plan takes the fp16x3 form in
 templates/gemm_f16x3.py): the operands scaled by powers of two a row (A) and a column (B), split into
 fp16 halves by our kernel, three fp16 products at twice tf32's rate, as accurate as 3xTF32; a block a
 tile. use_tensor_cores toggles it (back to 3xTF32 as the tuned plan sets it), and the first batch times
-that hedge. A split plan keeps its split in the form (reached by that edit only: not timed yet).
+that hedge. A split plan keeps its split in the form (reached by that edit only: not timed yet);
+persistent_grid walks an fp16x3 grid of more than a wave persistently (written 2026-12-07, not yet timed: the
+tuned plan keeps a block a tile, and a short K keeps 3xTF32's persistent grid).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Tf32Plan(GemmPlan):
     staged: bool = False  # stores through shared memory in whole 16-byte row pieces (gemm.staged_store)
     # three fp16 products of operands scaled by powers of two and split by our kernel first, in place of
     # three tf32 ones (templates/gemm_f16x3.py): twice the MMA rate at the same accuracy; a block a tile
-    # (its split of K kept), unstaged stores
+    # (its split of K kept) or persistent, unstaged stores
     f16: bool = False
 
     def describe(self) -> str:
@@ -251,7 +253,8 @@ def _tf32_tuned(r: Region, low: Lowered, rp: Tf32Plan) -> dict[str, Any]:
 
 def _f16_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
     """use_tensor_cores on our kernel: its three products in fp16 at twice tf32's rate (a block a tile, its
-    split kept, unstaged stores: what that template takes), or back to tf32's as the tuned plan sets it."""
+    split kept, unstaged stores; persistent_grid walks its tiles from there), or back to tf32's as the tuned
+    plan sets it."""
     if rp is None:
         return
     if rp.f16:
@@ -264,11 +267,10 @@ def _f16_edit(plan: Plan, rp: Tf32Plan | None, r: Region, low: Lowered) -> Any:
 
 
 def _unusable(q: Tf32Plan) -> bool:
-    """A plan no template renders: staged stores it cannot take; an fp16x3 plan with a persistent grid or
-    staged stores."""
+    """A plan no template renders: staged stores it cannot take; an fp16x3 plan with staged stores."""
     if q.staged and _unstageable(q):
         return True
-    return q.f16 and (q.persistent or q.staged)
+    return q.f16 and q.staged
 
 
 def _staging_kept(edit: Any) -> Any:

@@ -23,11 +23,13 @@ products on 64 x BN each from shared memory (the implicit-GEMM convolution's con
 templates/gemm_tf32.py), promoting the tensor cores' sum to fp32 registers every PROMOTE k tiles (the
 accumulator's own additions drop bits: without it a 65536-long K was 20x eager's error on the H100).
 A plan that splits K keeps its split: each block stores its share's unscaled sums into a workspace slice
-and the 3xTF32 kernel's sum kernel adds them (templates/gemm_tf32.py). A block a tile, never persistent.
+and the 3xTF32 kernel's sum kernel adds them (templates/gemm_tf32.py). A grid of more than a wave of tiles may be walked persistently (one block an SM; `persistent`, the 3xTF32
+form's knob): the rings run on across a block's tiles, and the stores read the promoted sums.
 """
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from pipeline.generate.expert import atoms
@@ -87,20 +89,26 @@ def signature(epi: GemmEpilogue | None, out_dt: str) -> Signature:
 
 def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: Any = None) -> Code:
     """The split kernels, the GEMM and its launcher for an fp32 library region in the form `f`."""
-    if rp.persistent or rp.staged:
-        raise ValueError(f"region {r.rid}: the fp16x3 GEMM runs a block a tile and stores unstaged")
+    if rp.staged:
+        raise ValueError(f"region {r.rid}: the fp16x3 GEMM stores unstaged")
+    persistent = rp.persistent
+    if persistent and rp.splits > 1:  # the plan's edits never make this: a split grid is one of few tiles
+        raise ValueError(f"region {r.rid}: a persistent grid keeps K whole")
     rid, bn = r.rid, rp.bn
     stages = stages_of(rp)
     b = blocks(bn, hunter)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else "float32"
     sig = signature(epi, out_dt)
+    if persistent:
+        sig = Signature((*sig.params, i32("TILES", "grid")))
+    consumers = gemm_tf32.consumers(wait_full=True, ready=False)
     body = (
-        gemm.PROLOGUE
-        + _PRODUCER.replace("TMA_COPY", b["tma"].name)
-        + gemm_tf32.consumers(wait_full=True, ready=False)
+        (gemm_tf32.PERSISTENT_PROLOGUE if persistent else gemm.PROLOGUE)
+        + _producer(persistent).replace("TMA_COPY", b["tma"].name)
+        + (_persistent(consumers) if persistent else consumers)
         + gemm.EPILOGUE_HEAD
-        + _UNSCALE
+        + (_sums(_UNSCALE) if persistent else _UNSCALE)
     )
     # Split (few tiles, a long K): each block stores its share's unscaled sums into its workspace slice and
     # the 3xTF32 kernel's sum kernel adds them in order, computing the fused epilogue on the total.
@@ -134,7 +142,8 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         body,
-        *gemm.store(kernel_epi, kernel_dt),
+        *(_sums(ln) if persistent else ln for ln in gemm.store(kernel_epi, kernel_dt)),
+        *(["    }  // the block's next tile"] if persistent else []),
         "}",
         SPLIT.replace("RID", rid),
     ]
@@ -145,13 +154,17 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     outs = (epi.out,) if epi else r.outputs
     kernels = (f"kp_{rid}_gemm", f"kp_{rid}_rowsplit", f"kp_{rid}_colsplit")
     code = Code("\n".join(lines) + "\n", src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
+    if persistent:
+        code = gemm_tf32.with_persistent_grid(code, rid, sig, smem)
     if rp.splits > 1:
         return gemm_tf32._with_split_sum(code, rid, sig, kernel_sig, smem, rp.splits, epi, out_dt)
     return code
 
 
-# The producer warpgroup: its first thread loads the four tiles of each k tile, STAGES ahead.
-_PRODUCER = r"""    if (threadIdx.x == 0) {
+# The producer warpgroup: its first thread loads the four tiles of each k tile, STAGES ahead; on a persistent
+# grid across its block's tiles (ring position g: the k tiles it has passed over all of them), so the next
+# tile's loads run under this one's MMAs and stores (templates/gemm_tf32.py, the persistent 3xTF32 grid).
+_PRODUCER_HEAD = r"""    if (threadIdx.x == 0) {
         for (int i = 0; i < STAGES; ++i) {
             Full::init(&s.full[i], 1);
             Barrier::init(&s.empty[i], 2);  // one arrive per consumer warpgroup
@@ -162,20 +175,74 @@ _PRODUCER = r"""    if (threadIdx.x == 0) {
     if (wg == 0) {
         cutlass::arch::warpgroup_reg_dealloc<40>();
         if (threadIdx.x == 0) {
-            for (int kt = 0; kt < ktiles; ++kt) {
-                const int st = kt % STAGES;
-                if (kt >= STAGES) Barrier::wait(&s.empty[st], ((kt / STAGES) - 1) & 1);
-                Full::arrive_and_expect_tx(&s.full[st], 2 * (BM + BN) * BK * sizeof(T));
-                TMA_COPY::copy(&tma_ah, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);
-                TMA_COPY::copy(&tma_al, &s.full[st], 0, s.alo + st * BM * BK, kt * BK, m_blk * BM, batch);
-                TMA_COPY::copy(&tma_bh, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);
-                TMA_COPY::copy(&tma_bl, &s.full[st], 0, s.blo + st * BN * BK, kt * BK, n_blk * BN, batch);
-            }
-        }
+"""
+_PRODUCER_TAIL = r"""        }
         return;
     }
     cutlass::arch::warpgroup_reg_alloc<232>();
 """
+_LOADS = (
+    "const int st = @G % STAGES;",
+    "if (@G >= STAGES) Barrier::wait(&s.empty[st], ((@G / STAGES) - 1) & 1);",
+    "Full::arrive_and_expect_tx(&s.full[st], 2 * (BM + BN) * BK * sizeof(T));",
+    "TMA_COPY::copy(&tma_ah, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);",
+    "TMA_COPY::copy(&tma_al, &s.full[st], 0, s.alo + st * BM * BK, kt * BK, m_blk * BM, batch);",
+    "TMA_COPY::copy(&tma_bh, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);",
+    "TMA_COPY::copy(&tma_bl, &s.full[st], 0, s.blo + st * BN * BK, kt * BK, n_blk * BN, batch);",
+)
+
+
+def _producer(persistent: bool) -> str:
+    if not persistent:
+        loop = [
+            "for (int kt = 0; kt < ktiles; ++kt) {",
+            *("    " + ln.replace("@G", "kt") for ln in _LOADS),
+            "}",
+        ]
+    else:
+        loop = [
+            "int g = 0;",
+            "for (int j = 0; j < mine; ++j) {",
+            "    int batch, m_blk, n_blk;",
+            "    coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);",
+            "    for (int kt = 0; kt < ktiles; ++kt, ++g) {",
+            *("        " + ln.replace("@G", "g") for ln in _LOADS),
+            "    }",
+            "}",
+        ]
+    return _PRODUCER_HEAD + "".join(" " * 12 + ln + "\n" for ln in loop) + _PRODUCER_TAIL
+
+
+def _persistent(consumers: str) -> str:
+    """The consumers' loop over the block's tiles: ring positions and phases from g = base + kt. The stores
+    read the promoted sums, and acc is cleared once: each tile's last promotion leaves it zero, so nothing
+    writes it between two tiles' MMAs (gemm_tf32._persistent_consumers, the 3xTF32 form's own)."""
+    setup, rest = consumers.split("    clear(acc);\n    clear(sum);\n    int held = -1;", 1)
+    subs = {
+        "Barrier::arrive(&s.empty[k % STAGES]);": "Barrier::arrive(&s.empty[(base + k) % STAGES]);",
+        "const int st = kt % STAGES;": "const int g = base + kt, st = g % STAGES;",
+        "Full::wait(&s.full[st], (kt / STAGES) & 1);": "Full::wait(&s.full[st], (g / STAGES) & 1);",
+        "    CUTE_UNROLL\n    for (int i = 0; i < size(acc); ++i) acc(i) = sum(i);\n": "",
+    }
+    for old, new in subs.items():
+        assert rest.count(old) == 1, old
+        rest = rest.replace(old, new)
+    return (
+        setup
+        + "    clear(acc);  // once: each tile's last promotion leaves it zero\n"
+        + "    for (int j = 0, base = 0; j < mine; ++j, base += ktiles) {\n"
+        + "    int batch, m_blk, n_blk;\n"
+        + "    coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);\n"
+        + "    clear(sum);\n"
+        + "    int held = -1;"
+        + rest
+    )
+
+
+def _sums(text: str) -> str:
+    """The epilogue's text reading the promoted sums instead of acc."""
+    return re.sub(r"\bacc\b", "sum", text)
+
 
 # The sums unscaled by their row's and column's powers of two (exact unless the result leaves fp32's range).
 _UNSCALE = r"""

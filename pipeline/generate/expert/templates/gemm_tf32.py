@@ -208,7 +208,7 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     bx = Boxes((BM, BK), (bn, BK), 4, "f32", "3xTF32 WGMMA kernel", transpose_b=True)
     code = gemm.code(r, f, epi, rp, lines, smem, out_dt, sig, bx)
     if persistent:
-        code = _with_persistent_grid(code, rid, sig, smem)
+        code = with_persistent_grid(code, rid, sig, smem)
     if f.b_major == "MN":
         code = _with_transpose(code, rid)
     return _with_split_sum(code, rid, sig, kernel_sig, smem, splits, epi, out_dt) if splits > 1 else code
@@ -635,7 +635,7 @@ _BODY = (
 )
 
 
-def _with_persistent_grid(code: Code, rid: str, sig: Signature, smem: int) -> Code:
+def with_persistent_grid(code: Code, rid: str, sig: Signature, smem: int) -> Code:
     """The launch of a persistent plan: one block an SM (at most one a tile), each walking its tiles."""
     call = f"        kernels.kp_{rid}_gemm((grid,), (384,), ({sig.args()}), shared_mem={smem})  # noqa: F821"
     assert code.launcher.count(call) == 1, "the GEMM launch line changed"
@@ -652,7 +652,7 @@ def _with_persistent_grid(code: Code, rid: str, sig: Signature, smem: int) -> Co
 # time. The stores read the promoted sums (`sum`), not `acc`: the last k tile's promotion leaves acc zero
 # for the next tile, so no instruction between two tiles' MMAs writes the accumulators (zeroing them there
 # made ptxas serialize the grouped GEMM's MMAs, C7515: templates/grouped_gemm.py).
-_PERSISTENT = (
+PERSISTENT_PROLOGUE = (
     gemm.SMEM
     + r"""    const int ktiles = (K + BK - 1) / BK;
     const int mt = (M + BM - 1) / BM, nt = (N + BN - 1) / BN;
@@ -667,6 +667,9 @@ _PERSISTENT = (
     };
     const int mine = (TILES - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;  // this block's tiles
 """
+)
+_PERSISTENT = (
+    PERSISTENT_PROLOGUE
     + _INIT
     + r"""        if (threadIdx.x == 0) {  // TMA: STAGES k tiles ahead of the consumers, across the block's tiles
             int g = 0;
