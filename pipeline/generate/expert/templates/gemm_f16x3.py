@@ -217,7 +217,7 @@ def _persistent(consumers: str) -> str:
     """The consumers' loop over the block's tiles: ring positions and phases from g = base + kt. The stores
     read the promoted sums, and acc is cleared once: each tile's last promotion leaves it zero, so nothing
     writes it between two tiles' MMAs (gemm_tf32._persistent_consumers, the 3xTF32 form's own)."""
-    setup, rest = consumers.split("    clear(acc);\n    clear(sum);\n    int held = -1;", 1)
+    setup, rest = consumers.split(gemm_tf32.TILE_START, 1)
     subs = {
         "Barrier::arrive(&s.empty[k % STAGES]);": "Barrier::arrive(&s.empty[(base + k) % STAGES]);",
         "const int st = kt % STAGES;": "const int g = base + kt, st = g % STAGES;",
@@ -227,16 +227,7 @@ def _persistent(consumers: str) -> str:
     for old, new in subs.items():
         assert rest.count(old) == 1, old
         rest = rest.replace(old, new)
-    return (
-        setup
-        + "    clear(acc);  // once: each tile's last promotion leaves it zero\n"
-        + "    for (int j = 0, base = 0; j < mine; ++j, base += ktiles) {\n"
-        + "    int batch, m_blk, n_blk;\n"
-        + "    coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);\n"
-        + "    clear(sum);\n"
-        + "    int held = -1;"
-        + rest
-    )
+    return gemm_tf32.over_tiles(setup, rest)
 
 
 def _sums(text: str) -> str:

@@ -688,7 +688,7 @@ _PERSISTENT = (
 
 def _persistent_consumers() -> str:
     """_CONSUMERS_RS in a loop over the block's tiles: ring positions and phases from g = base + kt."""
-    setup, rest = _CONSUMERS_RS.split("    clear(acc);\n    clear(sum);\n    int held = -1;", 1)
+    setup, rest = _CONSUMERS_RS.split(TILE_START, 1)
     subs = {
         "Barrier::arrive(&s.empty[k % STAGES]);": "Barrier::arrive(&s.empty[(base + k) % STAGES]);",
         "Barrier::arrive(&s.lo_empty[k % LO_STAGES]);": "Barrier::arrive(&s.lo_empty[(base + k) % LO_STAGES]);",
@@ -703,6 +703,15 @@ def _persistent_consumers() -> str:
         rest = rest.replace(old, new)
     assert rest.endswith("CUTE_UNROLL\n"), "the consumers' tail changed"
     rest = rest[: -len("    CUTE_UNROLL\n")]
+    return over_tiles(setup, rest)
+
+
+TILE_START = "    clear(acc);\n    clear(sum);\n    int held = -1;"  # where a consumer loop's tile begins
+
+
+def over_tiles(setup: str, rest: str) -> str:
+    """A consumer loop split at TILE_START, its tile part run over the block's tiles (base: the k tiles
+    before this one); acc cleared once, since each tile's last promotion leaves it zero."""
     return (
         setup
         + "    clear(acc);  // once: each tile's last promotion leaves it zero\n"
