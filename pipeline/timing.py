@@ -36,8 +36,8 @@ class L2Flusher:
 
     "clean" reads the buffer: the lines left in L2 are clean, and what the last trial wrote (its outputs,
     the next trial's fresh inputs) is written back during the flush, as ncu's cache control leaves it.
-    "writes" fills the buffer (do_bench's convention): an L2 of dirty lines stays, and the trial's own
-    reads pay for writing them back, 50 MB or more that a kernel streaming 134 MB never asked to move.
+    "writes" fills the buffer (do_bench's convention): an L2 of dirty lines stays (50 MB on the H100, 60 on
+    the H200), and the trial's own reads pay for writing back what they evict: traffic it never asked for.
     """
 
     MODES = ("clean", "writes")
