@@ -3,8 +3,8 @@
     python benchmarks/plan_forms.py --out DIR --set "rows=8" --set "rows=8,outs=8" TASK.py [...] [--repeat 2]
 
 Each --set is one form: `knob=value` pairs (ints, or true/false) given to every region of the tuned plan
-whose family has those knobs; a form that changes no region, or that the family cannot render, is reported
-and skipped. Every form verified and timed against eager (L2 flushed, median of the harness's trials)
+whose family has those knobs, or, after a family's tag and a colon ("row:unroll=4"), to that family's
+regions only; a form that changes no region, or that the family cannot render, is reported and skipped. Every form verified and timed against eager (L2 flushed, median of the harness's trials)
 `--repeat` times in separate passes, so a difference is believed only when the passes agree
 (benchmarks/harness_forms.py). Writes DIR/results.json as it goes.
 """
@@ -33,12 +33,19 @@ def knobs_of(text: str) -> dict[str, int | bool]:
     return out
 
 
+def tag_and_knobs(text: str) -> tuple[str, dict[str, int | bool]]:
+    """A --set's family tag ("" for every family with the knobs) and its knobs."""
+    tag, sep, rest = text.partition(":")
+    return (tag.strip(), knobs_of(rest)) if sep else ("", knobs_of(text))
+
+
 def forms(path: Path, sets: list[str]) -> list[tuple[str, object]]:
     base = tuned(path)
     out: list[tuple[str, object]] = [("tuned", base)]
     for text in sets:
         try:
-            out.append((text, with_knobs(path, base, edit=text, **knobs_of(text))))
+            tag, knobs = tag_and_knobs(text)
+            out.append((text, with_knobs(path, base, tag, edit=text, **knobs)))
         except (
             Exception
         ) as e:  # no region changed, or a family's refusal: reported, the other forms still run
