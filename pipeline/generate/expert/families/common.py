@@ -20,6 +20,7 @@ from pipeline.generate.expert.templates.fused import Fused
 
 MAX_UNROLL = 8
 SM_THREADS = 2048  # resident threads per SM that the occupancy knobs aim for
+SMS = 132  # SMs of an H100 or H200: the waves and rows-an-SM rules count them
 
 Moves = Iterator[tuple[str, Plan]]
 

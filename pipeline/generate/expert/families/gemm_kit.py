@@ -85,7 +85,7 @@ class Spec:
 # channel tile, 4-46% (docs/benchmarks.md): each gathered A tile then feeds half the MMAs. In the benches'
 # logs to 2026-12-06, a narrower tile on such grids lost 36 of 38 times on convolutions (the two wins: 128
 # channels to 64, which adds a gathering warpgroup) and 30 of 30 on level 1's 3xTF32 GEMMs.
-FEW_TILES = 4 * 132
+FEW_TILES = 4 * common.SMS
 
 
 def form(r: Region, low: Lowered, spec: Spec) -> Form | str:

@@ -36,7 +36,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pipeline.generate.expert.families import gemm_kit, gemm_skinny
+from pipeline.generate.expert.families import common, gemm_kit, gemm_skinny
 from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.plan import Plan
@@ -94,7 +94,7 @@ SPEC = gemm_kit.Spec(
     order=21,
     grid_tiles=lambda r, low, f, bn: tk[0] if (tk := _tiles_and_ktiles(r, low, bn)) else 0,
 )
-WAVE = 132  # SMs of an H100 / H200: one block each (384 threads and ~200 KB of shared memory a block)
+WAVE = common.SMS  # one block an SM (384 threads and ~200 KB of shared memory a block)
 MIN_SHARE = 4 * gemm_tf32.PROMOTE  # k tiles a split keeps at least (512 of K), so its ring fills
 # A block's time a k tile (32 of K) at each tile width, microseconds, measured on an H100: ViT's
 # (394, 512) x (512, 1536) and (2048, 512) layers, one block an SM, A split in registers (docs/benchmarks.md,

@@ -40,7 +40,6 @@ FEW_ROWS = 256  # rows of a two-pass op below which a split is planned (about 2 
 SHORT_ROW = 1024  # a warp per row below this many elements
 LONG_ROW_PASSES = 4  # a reduction's tuned loop is unrolled this far when a row takes that many block passes
 SHARED_SM_PASSES = 2  # ... and this far where its rows outnumber the SMs (long_row_unroll)
-SMS = 132  # an H100's or H200's SMs
 CLUSTER_SEGMENT = 192 * 1024  # bytes of a row one block of a cluster caches, at most (of its 227 KB)
 CLUSTER_UNROLL = 8  # 16-byte loads in flight a thread of a cluster's block (1024 threads: 128 KB an SM)
 GRID_SMS_BLOCKS = 2  # a cooperative grid's blocks an SM for rows no cluster holds (a step's reads stay in L2)
@@ -208,7 +207,7 @@ def long_row_unroll(lay: RowLayout) -> int:
     on DRAM between loads. Where rows outnumber the SMs, two: the loop then fits 32 registers, so two blocks
     of 1024 threads (four of 512) share an SM. Four took 48-58 and left half the SM's threads idle: on the
     H100 (2026-12-07) GEMV 256 x 131072 0.062 -> 0.047 ms (71% -> 93% of the floor), 8192^2 0.093 -> 0.091."""
-    return LONG_ROW_PASSES if lay.outer * lay.inner <= SMS else SHARED_SM_PASSES
+    return LONG_ROW_PASSES if lay.outer * lay.inner <= common.SMS else SHARED_SM_PASSES
 
 
 def grid_rows(lay: RowLayout, r: Region) -> bool:

@@ -141,15 +141,22 @@ def code(r: Region, f: Form, epi: GemmEpilogue | None, rp: GemmPlan, lines: list
          sig: Signature, bx: Boxes) -> Code:  # fmt: skip
     """The region's Code: the kernel's lines, and the launcher that feeds it x, w and the epilogue's operands."""
     rid = r.rid
+    names, values, outs = region_io(r, epi)
+    pad = f.pad_rows
+    src = launcher(rid, f, epi, rp, smem, out_dt, names, sig, bx, pad)
+    cuda = "\n".join(lines + (pad_kernel(rid, r.node.dtype) if pad else [])) + "\n"
+    kernels = (f"kp_{rid}_gemm", *((f"kp_{rid}_pad",) if pad else ()))
+    return Code(cuda, src, f"_gemm_{rid}", kernels, values, outs)
+
+
+def region_io(r: Region, epi: GemmEpilogue | None) -> tuple[list[str], tuple[str, ...], tuple[str, ...]]:
+    """A GEMM launcher's parameter names (x, w, then e0... for the epilogue's operands), the values fed to
+    them, and the region's outputs (the epilogue's, where there is one)."""
     a, w = r.node.args[:2]
     ops_ = epi.operands if epi else ()
     inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
-    pad = f.pad_rows
-    src = launcher(rid, f, epi, rp, smem, out_dt, [name for name, _ in inputs], sig, bx, pad)
     outs = (epi.out,) if epi else r.outputs
-    cuda = "\n".join(lines + (pad_kernel(rid, r.node.dtype) if pad else [])) + "\n"
-    kernels = (f"kp_{rid}_gemm", *((f"kp_{rid}_pad",) if pad else ()))
-    return Code(cuda, src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
+    return [name for name, _ in inputs], tuple(v for _, v in inputs), outs
 
 
 # The consumer warpgroups' start: their registers, the MMA slice and fragments over the stages, the accumulators.

@@ -147,13 +147,10 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         "}",
         SPLIT.replace("RID", rid),
     ]
-    a, w = r.node.args[:2]
-    ops_ = epi.operands if epi else ()
-    inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
-    src = launcher(rid, f, epi, bn, stages, smem, out_dt, [name for name, _ in inputs], sig)
-    outs = (epi.out,) if epi else r.outputs
+    names, values, outs = gemm.region_io(r, epi)
+    src = launcher(rid, f, epi, bn, stages, smem, out_dt, names, sig)
     kernels = (f"kp_{rid}_gemm", f"kp_{rid}_rowsplit", f"kp_{rid}_colsplit")
-    code = Code("\n".join(lines) + "\n", src, f"_gemm_{rid}", kernels, tuple(v for _, v in inputs), outs)
+    code = Code("\n".join(lines) + "\n", src, f"_gemm_{rid}", kernels, values, outs)
     if persistent:
         code = gemm_tf32.with_persistent_grid(code, rid, sig, smem)
     if rp.splits > 1:

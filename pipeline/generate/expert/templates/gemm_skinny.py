@@ -143,8 +143,7 @@ def render(r: Region, rp: SkinnyPlan, epi: GemmEpilogue | None, tiny_k: int = 0)
     out_dt = epi.out_dtype if epi else "float32"
     sig = signature(epi, out_dt)
     ops_ = epi.operands if epi else ()
-    a, w = r.node.args[:2]
-    inputs = [("x", a.name), ("w", w.name), *((f"e{k}", v) for k, (v, _, _) in enumerate(ops_))]
+    names, values, outs = gemm.region_io(r, epi)
     if tiny_k:
         header = f"// region {rid}: x @ w^T over K = {tiny_k} on the CUDA cores (an output a thread)"
         body = outer_kernel(rid, tiny_k, epi, out_dt, sig)
@@ -155,7 +154,7 @@ def render(r: Region, rp: SkinnyPlan, epi: GemmEpilogue | None, tiny_k: int = 0)
         body = kernel(rid, rp, epi, out_dt, sig)
     cuda = "\n".join([header, *gemm.epilogue_function(epi, out_dt), body])
     lines = [
-        f"def _skinny_{rid}(sms, {', '.join(name for name, _ in inputs)}):",
+        f"def _skinny_{rid}(sms, {', '.join(names)}):",
         f'    """x @ w^T{" and the fused epilogue" if epi else ""}: '
         + (
             f"K = {tiny_k}, CUDA cores, an output a thread."
@@ -187,12 +186,11 @@ def render(r: Region, rp: SkinnyPlan, epi: GemmEpilogue | None, tiny_k: int = 0)
             f"        kernels.kp_{rid}_skinny(grid, ({THREADS},), ({sig.args()}))  # noqa: F821",
         ]
     lines.append("    return out.reshape(*lead, n)")
-    outs = (epi.out,) if epi else r.outputs
     return Code(
         cuda + "\n",
         "\n".join(lines),
         f"_skinny_{rid}",
         (f"kp_{rid}_outer" if tiny_k else f"kp_{rid}_skinny",),
-        tuple(v for _, v in inputs),
+        values,
         outs,
     )
