@@ -178,36 +178,21 @@ _PRODUCER_TAIL = r"""        }
     }
     cutlass::arch::warpgroup_reg_alloc<232>();
 """
-_LOADS = (
-    "const int st = @G % STAGES;",
-    "if (@G >= STAGES) Barrier::wait(&s.empty[st], ((@G / STAGES) - 1) & 1);",
-    "Full::arrive_and_expect_tx(&s.full[st], 2 * (BM + BN) * BK * sizeof(T));",
-    "TMA_COPY::copy(&tma_ah, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);",
-    "TMA_COPY::copy(&tma_al, &s.full[st], 0, s.alo + st * BM * BK, kt * BK, m_blk * BM, batch);",
-    "TMA_COPY::copy(&tma_bh, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);",
-    "TMA_COPY::copy(&tma_bl, &s.full[st], 0, s.blo + st * BN * BK, kt * BK, n_blk * BN, batch);",
-)
+_TILES = (("tma_ah", "s.a", "BM", "m_blk"), ("tma_al", "s.alo", "BM", "m_blk"),
+          ("tma_bh", "s.b", "BN", "n_blk"), ("tma_bl", "s.blo", "BN", "n_blk"))  # fmt: skip
+_TX = "2 * (BM + BN) * BK * sizeof(T)"
 
 
 def _producer(persistent: bool) -> str:
-    if not persistent:
-        loop = [
-            "for (int kt = 0; kt < ktiles; ++kt) {",
-            *("    " + ln.replace("@G", "kt") for ln in _LOADS),
-            "}",
-        ]
+    if persistent:
+        loop = gemm_tf32.walk_tiles(gemm_tf32.load_stage("g", 20, _TILES, _TX))
     else:
-        loop = [
-            "int g = 0;",
-            "for (int j = 0; j < mine; ++j) {",
-            "    int batch, m_blk, n_blk;",
-            "    coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);",
-            "    for (int kt = 0; kt < ktiles; ++kt, ++g) {",
-            *("        " + ln.replace("@G", "g") for ln in _LOADS),
-            "    }",
-            "}",
-        ]
-    return _PRODUCER_HEAD + "".join(" " * 12 + ln + "\n" for ln in loop) + _PRODUCER_TAIL
+        loop = (
+            "            for (int kt = 0; kt < ktiles; ++kt) {\n"
+            + gemm_tf32.load_stage("kt", 16, _TILES, _TX)
+            + "            }\n"
+        )
+    return _PRODUCER_HEAD + loop + _PRODUCER_TAIL
 
 
 def _persistent(consumers: str) -> str:

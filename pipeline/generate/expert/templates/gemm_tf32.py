@@ -608,17 +608,33 @@ def _splitters(count: str, k: str) -> str:
     return _SPLIT.replace(head, "@LOOP@").replace("kt", k).replace("@LOOP@", loop)
 
 
-def _load_stage(g: str, indent: int) -> str:
-    """The producer thread's loads of k tile kt (its A and B tiles, by TMA) into ring position `g`, once the
-    consumers have freed it: the one-tile and the persistent bodies' own."""
+TILES = (("tma_a", "s.a", "BM", "m_blk"), ("tma_b", "s.b", "BN", "n_blk"))  # (map, smem, rows, block)
+
+
+def load_stage(g: str, indent: int, tiles: tuple = TILES, tx: str = "(BM + BN) * BK * sizeof(float)") -> str:
+    """The producer thread's loads of k tile kt (`tiles`, by TMA: `tx` bytes) into ring position `g`, once
+    the consumers have freed it: the one-tile and the persistent bodies' own (the fp16x3 kernel's four)."""
     lines = [
         f"const int st = {g} % STAGES;",
         f"if ({g} >= STAGES) Barrier::wait(&s.empty[st], (({g} / STAGES) - 1) & 1);",
-        "Full::arrive_and_expect_tx(&s.full[st], (BM + BN) * BK * sizeof(float));",
-        "TMA_COPY::copy(&tma_a, &s.full[st], 0, s.a + st * BM * BK, kt * BK, m_blk * BM, batch);",
-        "TMA_COPY::copy(&tma_b, &s.full[st], 0, s.b + st * BN * BK, kt * BK, n_blk * BN, batch);",
-    ]
+        f"Full::arrive_and_expect_tx(&s.full[st], {tx});",
+        *(f"TMA_COPY::copy(&{m}, &s.full[st], 0, {dst} + st * {rows} * BK, kt * BK, {blk} * {rows}, batch);"
+          for m, dst, rows, blk in tiles),
+    ]  # fmt: skip
     return "".join(" " * indent + ln + "\n" for ln in lines)
+
+
+def walk_tiles(load: str) -> str:
+    """The producer thread's loop over its block's tiles on a persistent grid, `load` its loads of k tile kt
+    into ring position g (the k tiles it has passed over all of them)."""
+    return (
+        "            int g = 0;\n"
+        "            for (int j = 0; j < mine; ++j) {\n"
+        "                int batch, m_blk, n_blk;\n"
+        "                coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);\n"
+        "                for (int kt = 0; kt < ktiles; ++kt, ++g) {\n" + load + "                }\n"
+        "            }\n"
+    )
 
 
 _BODY = (
@@ -627,7 +643,7 @@ _BODY = (
     + r"""        if (threadIdx.x == 0) {  // TMA: STAGES tiles ahead of the consumers
             for (int kt = 0; kt < ktiles; ++kt) {
 """
-    + _load_stage("kt", 16)
+    + load_stage("kt", 16)
     + r"""            }
 """
     + _splitters("ktiles", "kt")
@@ -671,17 +687,8 @@ PERSISTENT_PROLOGUE = (
 _PERSISTENT = (
     PERSISTENT_PROLOGUE
     + _INIT
-    + r"""        if (threadIdx.x == 0) {  // TMA: STAGES k tiles ahead of the consumers, across the block's tiles
-            int g = 0;
-            for (int j = 0; j < mine; ++j) {
-                int batch, m_blk, n_blk;
-                coords((int)blockIdx.x + j * (int)gridDim.x, batch, m_blk, n_blk);
-                for (int kt = 0; kt < ktiles; ++kt, ++g) {
-"""
-    + _load_stage("g", 20)
-    + r"""                }
-            }
-"""
+    + "        if (threadIdx.x == 0) {  // TMA: STAGES k tiles ahead of the consumers, across the block's tiles\n"
+    + walk_tiles(load_stage("g", 20))
     + _splitters("mine * ktiles", "g")
 )
 
