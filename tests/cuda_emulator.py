@@ -64,6 +64,7 @@ unsigned kp_emu_rank = 0;  // this thread's block within its cluster
 template <class T> inline T __ldg(const T* p) { return *p; }
 inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 // PTX prmt's default mode: result byte i is byte (s >> 4i) & 7 of the 8 bytes {y, x} (x the low four).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
@@ -106,6 +107,7 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 // The emulated threads run one at a time and switch only at barriers and shuffles: a read-modify-write is
 // atomic as it stands.
 template <class T> inline T atomicAdd(T* p, T v) { const T old = *p; *p = old + v; return old; }
+template <class T> inline T atomicMax(T* p, T v) { const T old = *p; if (v > old) *p = v; return old; }
 
 // A GPU faults on a misaligned vector access; x86 does not, so the emulator counts them instead.
 // kp_emu_error: 1 when threads wait at a barrier the others never reach, 2 when no stacks could be mapped.
@@ -201,9 +203,14 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
 }
 inline float __half2float(__half h) { _Float16 v; memcpy(&v, &h.x, 2); return (float)v; }
 inline __half __float2half_rn(float f) { _Float16 v = (_Float16)f; __half h; memcpy(&h.x, &v, 2); return h; }
+struct alignas(4) __half2 { __half x, y; };
+inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
 
 struct alignas(8) float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float2 __half22float2(__half2 h) { return {__half2float(h.x), __half2float(h.y)}; }
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cuda_emulator import build
+from expert_plans import with_knobs
 
 from pipeline.compile import _cutlass, compile_candidates
 from pipeline.config import Config
@@ -329,10 +330,10 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
     assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
     assert [label for label, _ in legal_edits(tuned, low) if "bn=32" in label]  # and a narrower one
+    assert c.f16  # the fp16x3 form (templates/conv_f16x3.py), 3xTF32 its hedge
     source, launcher = render(low, tuned)
-    assert (
-        "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_w" in launcher
-    )  # B laid out in the gather's K order
+    assert "F32F16F16_SS" in source and "kp_conv2d_conv_w" in launcher  # B laid out in the gather's K order
+    assert "kp_conv2d_conv_amax" in launcher and "tensor_map(wk, 64, 32, 64)" in launcher  # fp16 rows, SW64
     assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source
     rep = check_launcher(launcher)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
@@ -401,11 +402,18 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
             if uses_cute(plan_of(p.candidate.source))
         ]
         cands.append(tuned)
+    # the tuned plans' fp16x3 form (templates/conv_f16x3.py) and the 3xTF32 one it is hedged by
+    cands += [
+        with_knobs(p, c, "wgmma_conv_3xtf32", f16=False, stages=3) for p, c in zip(paths, cands, strict=True)
+    ]
+    assert all("fp16x3 WGMMA" in c.launcher for c in cands[:6]) and not any(
+        "fp16x3" in c.launcher for c in cands[6:]
+    )
     assert "tap(x, win, (kt + GATHERERS) * BK + j, K)" in cands[4].source
     assert "constexpr int TAPS = KD * KH * KW, CINP = 48;" in cands[5].source
     # tiles of 64 channels or fewer: two gathering warpgroups (512 threads); the 128-channel tile one (384)
     bns = [next(rp.bn for rp in plan_of(c.source).regions if rp.TAG == "wgmma_conv_3xtf32") for c in cands]
-    assert [template.threads(bn) for bn in bns] == [384, 512, 384, 512, 512, 512], bns
+    assert [template.threads(bn) for bn in bns] == [384, 512, 384, 512, 512, 512] * 2, bns
     for c, bn in zip(cands, bns, strict=True):
         assert (
             f"({template.threads(bn)},), (" in c.launcher

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from expert_plans import tuned_with_edit, with_knobs
+from expert_plans import tuned, tuned_with_edit, with_knobs
 
 from pipeline import stages
 from pipeline.candidates import make_candidate
@@ -1471,6 +1471,29 @@ def test_fp16x3_persistent_grid_verifies(pool, home, tmp_path, name, shape):
     assert "fp16x3 WGMMA kernel" in cand.launcher and "stages, persistent)" in cand.launcher
     (r,) = stages.evaluate_candidates(path, [cand], cfg_for(home), pool=pool)
     assert_ok([cand], [r], hybrid=True)
+
+
+@pytest.mark.parametrize(("name", "shape"), [
+    ("conv2d_f32", "(3, 13, 37, 53)"),  # channel-inner, 13 channels padded to 16 a tap
+    ("convt2d_f32", "(3, 32, 17, 13)"),  # strided transposed: by phases
+    ("conv_tapwise_f32", "(3, 8, 21, 19)"),  # 81 taps: the tap-wise gather
+])  # fmt: skip
+def test_fp16x3_conv_verifies_on_images_of_other_scales(pool, home, tmp_path, name, shape):
+    """The tuned plan's fp16x3 convolution (templates/conv_f16x3.py) on a batch whose images are scaled by
+    1e-6, 1 and 1e6 (each image its own power of two, each weight row its own), and the 3xTF32 form it is
+    hedged by beside it: both pass the harness's fp32 rule."""
+    from pipeline.generate.expert.templates import conv_tf32 as template
+
+    path = family_task(tmp_path, name, shape)
+    ones = ", ".join(["1"] * shape.count(","))  # the dims after the batch
+    path.write_text(path.read_text().replace(
+        f"torch.randn({shape})", f"torch.randn({shape}) * torch.tensor([1e-6, 1.0, 1e6]).view(3, {ones})"))  # fmt: skip
+    base = tuned(path)
+    (c,) = [rp for rp in plan_of(base.source).regions if rp.TAG == "wgmma_conv_3xtf32"]
+    assert c.f16 and "fp16x3 WGMMA kernel" in base.launcher
+    tf32 = with_knobs(path, base, "wgmma_conv_3xtf32", f16=False, stages=template.max_stages(c.bn))
+    results = stages.evaluate_candidates(path, [base, tf32], cfg_for(home), pool=pool)
+    assert_ok([base, tf32], results, hybrid=True)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)

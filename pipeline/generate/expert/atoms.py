@@ -139,6 +139,15 @@ def _sw128(major: str) -> Need:
 
 
 SW128_K, SW128_MN = _sw128("K"), _sw128("MN")
+# K-major rows of 64 bytes (32 fp16: the fp16x3 convolution's k tile, gathered 32 wide as its 3xTF32 one)
+SW64_K = Need(
+    "GMMA shared-memory layout atom, K-major, 64-byte swizzle",
+    "Swizzle<2,4,3>",
+    ("cute/atom/mma_traits_sm90_gmma.hpp",),
+    name=r"Layout_K_\w*Atom_Bits",
+    kind="using",
+    queries=("GMMA Layout K SW64 Atom K-major swizzle",),
+)
 
 
 # Per hunter (a policy renders the same GEMM many times). Keyed by id, so each entry keeps a weak reference

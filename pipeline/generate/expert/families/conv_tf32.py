@@ -7,23 +7,34 @@ kernel, a failing one goes back to cuDNN in a repair (gemm_kit.py: the same plan
 The GEMM: rows are output pixels (batch and spatial dims), columns are output channels, K is the input
 channels times the kernel's taps. The tile along the channels is sized to them (a multiple of 8, at most
 128), so a 16-channel convolution does not compute 112 channels of zeros.
+
+The tuned plan takes the fp16x3 form (`f16`: templates/conv_f16x3.py): the input scaled by a power of two
+an image and the weight one a row, each cut into fp16 hi and lo, three fp16 products at twice tf32's rate,
+as accurate as 3xTF32, its ring twice as deep in the same shared memory. use_tensor_cores moves between
+the two forms, and the first batch times 3xTF32 beside it (the hedge).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pipeline.generate.expert import ops
 from pipeline.generate.expert.families import gemm_kit
+from pipeline.generate.expert.families.base import change
 from pipeline.generate.expert.families.gemm_kit import GemmPlan
 from pipeline.generate.expert.graph import Ref
 from pipeline.generate.expert.layout import Bcast
+from pipeline.generate.expert.plan import Plan
 from pipeline.generate.expert.regions import Lowered, Region, RegionKind
-from pipeline.generate.expert.templates import conv_tf32
+from pipeline.generate.expert.templates import conv_f16x3, conv_tf32
+from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm
 
+# The tuned plan takes the fp16x3 form (templates/conv_f16x3.py), hedged by 3xTF32 in the first batch.
+F16_TUNED = True
 CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
 TRANSPOSED_OPS = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
 
@@ -32,6 +43,13 @@ TRANSPOSED_OPS = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3
 class ConvPlan(GemmPlan):
     TAG: ClassVar[str] = "wgmma_conv_3xtf32"
     BK: ClassVar[int] = conv_tf32.BK
+
+    # three fp16 products of operands scaled by powers of two (an image of the input, a row of the weight)
+    # in place of three tf32 ones (templates/conv_f16x3.py): twice the MMA rate at the same accuracy
+    f16: bool = False
+
+    def describe(self) -> str:
+        return super().describe() + (" fp16x3" if self.f16 else "")
 
 
 def _triple(v: object, dims: int, default: int) -> tuple[int, ...] | None:
@@ -172,6 +190,17 @@ def epilogue(host: Region, low: Lowered) -> ConvEpilogue | None:
     return ConvEpilogue(e, out, tuple(operands), e.outputs[0], out_dt)
 
 
+def _render(r: Region, f: ConvForm, rp: ConvPlan, epi: ConvEpilogue | None, hunter: Any = None,
+            sinkable: bool = False) -> Code:  # fmt: skip
+    form_of = conv_f16x3 if rp.f16 else conv_tf32
+    return form_of.render(r, f, rp, epi, hunter, sinkable=sinkable)
+
+
+def _ring(rp: ConvPlan, f: ConvForm) -> int:
+    """The deepest ring that fits: an fp16x3 stage is half a 3xTF32 one's bytes."""
+    return conv_f16x3.max_stages(rp.bn) if rp.f16 else conv_tf32.max_stages(rp.bn)
+
+
 SPEC = gemm_kit.Spec(
     knobs=ConvPlan,
     dtypes=("float32",),
@@ -179,7 +208,8 @@ SPEC = gemm_kit.Spec(
     align=4,
     tiles=lambda f: conv_tf32.tiles(f.cout),
     max_stages=lambda bn, f: conv_tf32.max_stages(bn),
-    render=conv_tf32.render,
+    plan_stages=_ring,
+    render=_render,
     kernel="implicit-GEMM 3xTF32 convolution (fp32 accuracy on the tensor cores)",
     order=22,
     form_of=_gemm_form,
@@ -190,6 +220,41 @@ SPEC = gemm_kit.Spec(
     plain_widest=True,
     sinks=True,
 )
-FAMILY = gemm_kit.family(SPEC)
+
+
+def _f16_edit(plan: Plan, rp: ConvPlan | None, r: Region, low: Lowered) -> Any:
+    """use_tensor_cores on our kernel: its three products in fp16, the deepest ring that fits; or back to
+    tf32's, the ring cut to what fits."""
+    if rp is None:
+        return
+    f16 = not rp.f16
+    top = conv_f16x3.max_stages(rp.bn) if f16 else min(rp.stages, conv_tf32.max_stages(rp.bn))
+    yield from change("use_tensor_cores", plan, rp, f16=f16, stages=top)
+
+
+def _family() -> Any:
+    base = gemm_kit.family(SPEC)
+
+    def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
+        plan = base.settle(plan, r, low, tuned)
+        rp = plan.get(r.rid)
+        if tuned and isinstance(rp, ConvPlan) and F16_TUNED:
+            plan = plan.replace(dataclasses.replace(rp, f16=True, stages=conv_f16x3.max_stages(rp.bn)))
+        return plan
+
+    take = base.edits["use_tensor_cores"]
+
+    def tensor_cores(plan: Plan, rp: Any, r: Region, low: Lowered) -> Any:
+        yield from take(plan, rp, r, low)
+        yield from _f16_edit(plan, rp, r, low)
+
+    def hedges(rp: Any) -> tuple[str, ...]:  # the first batch times 3xTF32 beside the fp16x3 form
+        return ("use_tensor_cores",) if isinstance(rp, ConvPlan) and rp.f16 else ()
+
+    edits = {**base.edits, "use_tensor_cores": tensor_cores}
+    return dataclasses.replace(base, edits=edits, settle=settle, hedges=hedges)
+
+
+FAMILY = _family()
 
 __all__ = ["FAMILY", "SPEC", "ConvPlan", "epilogue", "form"]

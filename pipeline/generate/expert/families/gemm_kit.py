@@ -77,6 +77,9 @@ class Spec:
     # The template writes its one output into a cat's slice when handed one (render(..., sinkable=True):
     # out= at a batch stride, render.py's sinking).
     sinks: bool = False
+    # The deepest ring that fits a plan, where its other knobs change a stage's bytes (the fp16x3
+    # convolution's halves); max_stages of its tile width by default.
+    plan_stages: Callable[[Any, Any], int] | None = None
 
 
 # Tiles from which a narrower tile buys no parallelism: four waves on a 132-SM H200, whose last wave's tail
@@ -234,6 +237,10 @@ def family(spec: Spec) -> Family:
         top = spec.max_stages(bn, f)
         return spec.knobs(rp.rid, bn, min(rp.stages or top, top), rp.epilogue)
 
+    def ring(rp: GemmPlan, f: Any) -> int:
+        """The deepest ring that fits the plan."""
+        return spec.plan_stages(rp, f) if spec.plan_stages else spec.max_stages(rp.bn, f)
+
     def claims(r: Region, low: Lowered) -> bool:
         return not isinstance(form_or_why(r, low), str)
 
@@ -243,7 +250,7 @@ def family(spec: Spec) -> Family:
     def render(r: Region, rp: GemmPlan, low: Lowered, hunter: Any) -> Code:
         f = form_of(r, low)
         epi = planned_epilogue(rp, r, low, epilogue_any)
-        if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= spec.max_stages(rp.bn, f):
+        if rp.bn not in spec.tiles(f) or not 2 <= rp.stages <= ring(rp, f):
             raise RenderError(f"region {r.rid}: tile 128x{rp.bn} with {rp.stages} stages does not fit")
         try:
             if spec.sinks:  # a convolution: whole images a slice (a join along the batch or channels)
@@ -283,7 +290,7 @@ def family(spec: Spec) -> Family:
             if not widest and many and not pays:
                 return  # enough tiles already
             if rp.bn != bn:
-                top = spec.max_stages(bn, f)
+                top = ring(dataclasses.replace(rp, bn=bn), f)
                 yield from change(edit, plan, rp, bn=bn, stages=min(rp.stages, top) if rp.bn > bn else top)
 
         return apply
@@ -291,7 +298,7 @@ def family(spec: Spec) -> Family:
     def stages(plan: Plan, rp: GemmPlan | None, r: Region, low: Lowered) -> Any:
         if rp is None:
             return
-        top = spec.max_stages(rp.bn, form_of(r, low))
+        top = ring(rp, form_of(r, low))
         if rp.stages < top:
             yield from change("pipeline_loads", plan, rp, stages=rp.stages + 1)
         elif rp.stages > 3:  # at the limit: a shorter ring is the only other way to go

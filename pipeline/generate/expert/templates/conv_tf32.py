@@ -568,8 +568,27 @@ def weight_kernel(rid: str, f: ConvForm) -> str:
     output channels, each K4 long (K in the gather's order, zero-padded to a multiple of 4, TMA's row rule).
     A transposed convolution's (C_in, C_out, taps) weight is transposed here. Named for its region: a
     graph may hold several convolutions."""
+    k4 = -(-gemm_k(f) // 4) * 4
+    table, inside, at = weight_map(rid, f)
+    return (
+        table
+        + f"""extern "C" __global__ void __launch_bounds__(256)
+kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {f.cout * k4}LL; i += (long long)gridDim.x * blockDim.x) {{
+        const long long row = i / {k4};
+        const int col = (int)(i - row * {k4});
+        const float v = {inside} ? src[{at}] : 0.f;
+        dst[i] = v;
+        dst[i + {f.cout * k4}LL] = v - __uint_as_float(__float_as_uint(v) & 0xffffe000u);  // lo(v)
+    }}
+}}"""
+    )
+
+
+def weight_map(rid: str, f: ConvForm) -> tuple[str, str, str]:
+    """Where column `col` of the GEMM's B row `row` (an output channel) lies in the convolution's weight:
+    (a table it needs, the condition that it lies inside K, its C index expression)."""
     k = gemm_k(f)
-    k4 = -(-k // 4) * 4
     taps, cinp = math.prod(f.kernel), cin_pad(f)
     table = ""
     if phased(f):  # each phase's columns: its taps (WTAP: the tap of each CINP columns, -1 past them) x CINP
@@ -588,19 +607,7 @@ def weight_kernel(rid: str, f: ConvForm) -> str:
         if f.transposed
         else f"(row * {f.cin} + {ci}) * {taps} + {r}"
     )
-    return (
-        table
-        + f"""extern "C" __global__ void __launch_bounds__(256)
-kp_{rid}_w(const float* __restrict__ src, float* __restrict__ dst) {{
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {f.cout * k4}LL; i += (long long)gridDim.x * blockDim.x) {{
-        const long long row = i / {k4};
-        const int col = (int)(i - row * {k4});
-        const float v = {inside} ? src[{at}] : 0.f;
-        dst[i] = v;
-        dst[i + {f.cout * k4}LL] = v - __uint_as_float(__float_as_uint(v) & 0xffffe000u);  // lo(v)
-    }}
-}}"""
-    )
+    return table, inside, at
 
 
 # Each gather: what a gatherer sets up once for its row (one output pixel), and the loads of k tile KT into
@@ -642,8 +649,23 @@ _STS4 = r"""__device__ __forceinline__ void sts4(float* p, float4 v) {
 }"""
 
 
-def body(f: ConvForm) -> str:
-    """The kernel's body up to its stores, with the gather the geometry takes."""
+# A gatherer's k tile into its stage: the fp32 bits (tf32's hi) and their lo, in A's 128-byte swizzle.
+STORE_TF32 = r"""            float* ah = s.a + st * BM * BK + t * BK;
+            float* al = s.alo + st * BM * BK + t * BK;
+            #pragma unroll
+            for (int c = 0; c < BK / 4; ++c) {
+                const float4 q = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+                const int at = (c ^ (t % 8)) * 4;  // the 128-byte swizzle of a K-major row
+                sts4(ah + at, q);
+                sts4(al + at, lo4(q));
+            }
+"""
+
+
+def body(f: ConvForm, store_tile: str = STORE_TF32, row_setup: str = "") -> str:
+    """The kernel's body up to its stores, with the gather the geometry takes; store_tile: how a gatherer
+    writes its k tile v into stage st (the fp16x3 form's halves); row_setup: what else a gatherer sets up
+    once for its row t (PIX: an image's pixels, of the phase where the gather is by phases)."""
     if phased(f):
         head, gather, k0 = gemm.SMEM + _PHASE_PROLOGUE, _GATHER_PHASED, "Q.kcol + "
     else:
@@ -668,6 +690,7 @@ def body(f: ConvForm) -> str:
         const int t = threadIdx.x % 128;
 """
         + setup
+        + row_setup.replace("PIX", "Q.pix" if phased(f) else "P")
         + "        float v[BK];\n"
         + f"        if (wg < ktiles) {{\n            {load.replace('KT', 'wg').replace('DST', 'v')}\n        }}\n"
         + r"""        for (int kt = wg; kt < ktiles; kt += GATHERERS) {
@@ -687,23 +710,14 @@ def body(f: ConvForm) -> str:
                 TMA_COPY::copy(&tma_w, &s.full[st], 0, s.b + st * BN * BK, K0kt * BK, n_blk * BN, 0);
                 TMA_COPY::copy(&tma_w, &s.full[st], 0, s.blo + st * BN * BK, K0kt * BK, n_blk * BN, 1);
             }
-            float* ah = s.a + st * BM * BK + t * BK;
-            float* al = s.alo + st * BM * BK + t * BK;
-            #pragma unroll
-            for (int c = 0; c < BK / 4; ++c) {
-                const float4 q = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
-                const int at = (c ^ (t % 8)) * 4;  // the 128-byte swizzle of a K-major row
-                sts4(ah + at, q);
-                sts4(al + at, lo4(q));
-            }
-            FENCE();  // our writes, visible to the WGMMAs' async proxy
+STORE_TILE            FENCE();  // our writes, visible to the WGMMAs' async proxy
             Barrier::arrive(&s.ready[st]);  // B's TMA is the consumers' own wait: no round trip here
             #pragma unroll
             for (int j = 0; j < BK; ++j) v[j] = vn[j];
         }
         return;
     }
-""".replace("K0kt", k0 + "kt")
+""".replace("K0kt", k0 + "kt").replace("STORE_TILE", store_tile)
         + gemm_tf32.consumers(wait_full=True).replace("threadIdx.x - 128)", "threadIdx.x - 128 * GATHERERS)")
         + r"""    Tensor tCcC = thr.partition_C(make_identity_tensor(Shape<Int<BM>, Int<BN>>{}));
     const long long m0 = (long long)m_blk * BM;
