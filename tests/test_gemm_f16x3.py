@@ -314,8 +314,8 @@ def test_which_products_the_tuned_plan_gives_the_fp16x3_form(tmp_path, rows, k, 
 @pytest.mark.skipif(not _cutlass()[0], reason="nvidia-cutlass is not installed")
 def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
     """A row-major B (colsplit), a linear layer with its epilogue (a scaled ReLU) fused on the stores, a
-    linear layer whose K the tuned plan splits (kept: partials stored, the sum kernel beside), and a short-K
-    product on a persistent grid."""
+    linear layer whose K the tuned plan splits (kept: partials stored, the sum kernel beside), a short-K
+    product on a persistent grid, and two products in one source (the split's helpers defined once)."""
     split = linear(tmp_path, "split16c", k=4100, n=200, dt="float32")
     paths = [
         split,
@@ -332,12 +332,23 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
             PRODUCT.format(expr="torch.mm(a, b)"),
             f"torch.randn(4096, 64){F32}, torch.randn(64, 4096){F32}",
         ),
+        task(
+            tmp_path,
+            "two",
+            PRODUCT.format(expr="torch.mm(torch.mm(a, b), b.t())"),
+            f"torch.randn(300, 520){F32}, torch.randn(520, 520){F32}",
+        ),  # fmt: skip
     ]
     cands = []
     for path in paths:
         t = probe(path)
         tuned = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
-        (g,) = [rp for rp in plan_of(tuned.source).regions if isinstance(rp, Tf32Plan)]
+        gs = [rp for rp in plan_of(tuned.source).regions if isinstance(rp, Tf32Plan)]
+        if path.stem == "two":  # the tuned plan's own form for both (K = 520)
+            assert len(gs) == 2 and all(g.f16 for g in gs), gs
+            cands.append(tuned)
+            continue
+        (g,) = gs
         stages = gemm_f16x3.max_stages(g.bn)
         keep = {} if path == split else {"splits": 1}
         persistent = path.stem == "mm64"
@@ -345,13 +356,15 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
             with_knobs(path, tuned, "wgmma_3xtf32", f16=True, persistent=persistent, stages=stages, **keep)
         )
     builds = compile_candidates(cands, Config(home=tmp_path / "home", arch="sm_90a"))
-    for c, b in zip(cands, builds, strict=True):
+    for path, c, b in zip(paths, cands, builds, strict=True):
         assert b.status == Status.OK and not b.log, b.log
         res = {r.name: r for r in b.resources}
-        (k,) = [r for name, r in res.items() if name.endswith("_gemm")]
-        assert k.spill_stores == 0 and k.registers <= 168, k
-        assert not k.wgmma_serialized and not k.wgmma_waits_injected, k
+        gemms = [r for name, r in res.items() if name.endswith("_gemm")]
+        assert len(gemms) == (2 if path.stem == "two" else 1)
+        for k in gemms:
+            assert k.spill_stores == 0 and k.registers <= 168, k
+            assert not k.wgmma_serialized and not k.wgmma_waits_injected, k
         assert all(res[n].spill_stores == 0 for n in res if n.endswith(("_rowsplit", "_colsplit")))
-        assert "F32F16F16_SS" in c.source and c.source.count("cute::gemm(mma, ") == 3, c.edit
+        assert "F32F16F16_SS" in c.source and c.source.count("cute::gemm(mma, ") == 3 * len(gemms), c.edit
     assert "SPLITS = " in cands[0].source and any(r.name.endswith("_splitk") for r in builds[0].resources)
-    assert "the block's next tile" in cands[-1].source
+    assert "the block's next tile" in cands[3].source

@@ -231,8 +231,10 @@ _UNSCALE = r"""
 # be a float (a line of subnormals). rowsplit: a block a line (grid-stride), the line read twice (the
 # second time from cache). colsplit: 32 columns of a (batch, K, N) B a block, their maxima over K, then
 # 32 x 32 tiles transposed through shared memory into (batch, N, ld) rows. CUT (the exponent and the cut)
-# is the convolution's too (templates/conv_f16x3.py).
-CUT = r"""__device__ __forceinline__ int kp_f16x3_exp(float mx) {
+# is the convolution's too (templates/conv_f16x3.py), and defined once in a source of several such regions.
+CUT = r"""#ifndef KP_F16X3_CUT
+#define KP_F16X3_CUT
+__device__ __forceinline__ int kp_f16x3_exp(float mx) {
     int e;
     frexpf(mx, &e);  // mx = f * 2^e, f in [0.5, 1)
     return (mx > 0.f && isfinite(mx)) ? e - 15 : 0;
@@ -243,6 +245,7 @@ __device__ __forceinline__ void kp_f16x3_cut(float x, int e, __half& h, __half& 
     l = __float2half_rn(v - __half2float(h));
 }
 struct alignas(8) kp_f16x3_h4 { __half v[4]; };  // four halves, one 8-byte store
+#endif
 """
 SPLIT = CUT + r"""extern "C" __global__ void __launch_bounds__(256)
 kp_RID_rowsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* __restrict__ lo,
