@@ -27,6 +27,7 @@ from pipeline.generate.expert.families import conv_tf32
 from pipeline.generate.expert.families.gemm_kit import FEW_TILES
 from pipeline.generate.expert.regions import RegionKind
 from pipeline.generate.expert.render import prepare, render, uses_cute
+from pipeline.generate.expert.templates import conv_f16x3
 from pipeline.generate.expert.templates import conv_tf32 as template
 from pipeline.profile.collect import dump_sass, find_cuobjdump, parse_sass
 from pipeline.static_check import check_launcher
@@ -330,10 +331,11 @@ def test_the_tuned_plan_takes_our_kernel_with_the_bias_and_chain_fused(tmp_path)
     (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
     assert c.bn == 64 and c.epilogue  # the tile sized to the 40 channels; the chain on its stores
     assert [label for label, _ in legal_edits(tuned, low) if "bn=32" in label]  # and a narrower one
-    assert c.f16  # the fp16x3 form (templates/conv_f16x3.py), 3xTF32 its hedge
+    assert not c.f16  # K = 45: 3xTF32 (the fp16x3 form where K is long: test_conv_f16x3.py)
     source, launcher = render(low, tuned)
-    assert "F32F16F16_SS" in source and "kp_conv2d_conv_w" in launcher  # B laid out in the gather's K order
-    assert "kp_conv2d_conv_amax" in launcher and "tensor_map(wk, 64, 32, 64)" in launcher  # fp16 rows, SW64
+    assert (
+        "F32TF32TF32_SS_TN" in source and "kp_conv2d_conv_w" in launcher
+    )  # B laid out in the gather's K order
     assert "constexpr int CIN = 5, ID = 1, IH = 13, IW = 11;" in source
     rep = check_launcher(launcher)
     assert rep.ok and rep.kind is Kind.CUSTOM, rep.violations  # no cuDNN call left
@@ -402,11 +404,15 @@ def test_conv_instantiations_compile_for_sm90a_without_spills(tmp_path):
             if uses_cute(plan_of(p.candidate.source))
         ]
         cands.append(tuned)
-    # the tuned plans' fp16x3 form (templates/conv_f16x3.py) and the 3xTF32 one it is hedged by
-    cands += [
-        with_knobs(p, c, "wgmma_conv_3xtf32", f16=False, stages=3) for p, c in zip(paths, cands, strict=True)
-    ]
-    assert all("fp16x3 WGMMA" in c.launcher for c in cands[:6]) and not any(
+    # each in both forms: 3xTF32 and fp16x3 (templates/conv_f16x3.py), whichever the tuned plan took
+    forms = []
+    for f16 in (False, True):
+        for p, c in zip(paths, cands, strict=True):
+            (rp,) = [rp for rp in plan_of(c.source).regions if rp.TAG == "wgmma_conv_3xtf32"]
+            stages = (conv_f16x3.max_stages if f16 else template.max_stages)(rp.bn)
+            forms.append(c if rp.f16 == f16 else with_knobs(p, c, rp.TAG, f16=f16, stages=stages))
+    cands = forms
+    assert not any("fp16x3" in c.launcher for c in cands[:6]) and all(
         "fp16x3" in c.launcher for c in cands[6:]
     )
     assert "tap(x, win, (kt + GATHERERS) * BK + j, K)" in cands[4].source

@@ -15,6 +15,7 @@ import numpy
 import pytest
 import torch
 from cuda_emulator import build, load_model
+from expert_plans import with_knobs
 from test_conv import conv_task
 from test_gemm_f16x3 import split_ref
 
@@ -52,20 +53,34 @@ def _form(path):
     return f
 
 
+def conv_split_ref(lines: torch.Tensor, ld: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The GEMM's split (split_ref) with each line's exponent held at -126 or above (kp_conv_exp)."""
+    mx = lines.abs().amax(-1)
+    _, e = torch.frexp(mx)
+    e = torch.where(mx > 0, e - 15, torch.zeros_like(e)).clamp(min=-126)
+    v = (lines.double() * torch.pow(2.0, -e.double())[..., None]).float()
+    hi = v.half()
+    lo = (v - hi.float()).half()
+    pad = ld - lines.shape[-1]
+    return (torch.nn.functional.pad(hi, (0, pad)), torch.nn.functional.pad(lo, (0, pad)), e.to(torch.int32))
+
+
 def test_the_gatherers_cut_is_the_gemms_split_for_every_exponent(tmp_path):
-    """cut8 with the row's scale as two factors (kp_pow2(-e / 2), kp_pow2(-e - -e / 2)) gives what the GEMM's
-    split gives for exponent e, bit for bit, from a line of subnormals (e = -163) to one near fp32's largest
-    (e = 113): 2^-e itself is not always a float."""
+    """cut8 with the row's scale 2^-e (kp_conv_exp: e held at -126 or above, so that it is a float) gives the
+    GEMM's split bit for bit from lines near fp32's largest (e = 113) to lines of 1e-30; a line of
+    subnormals is scaled by 2^126, its largest magnitude then under 2^15 as everywhere."""
     k = build(
         gemm_f16x3.CUT
         + conv_f16x3.CUT8
         + r"""
-extern "C" __global__ void __launch_bounds__(32) cut(const float* x, const int* e, __half* h, __half* l, int n) {
+extern "C" __global__ void __launch_bounds__(32) cut(const float* x, int* e, __half* h, __half* l, int n) {
     const int i = blockIdx.x * 32 + threadIdx.x;
     if (i >= n) return;
-    const float sa = kp_pow2(-e[i] / 2), sb = kp_pow2(-e[i] - -e[i] / 2);
+    float mx = 0.f;
+    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(x[8 * i + j]));
+    e[i] = kp_conv_exp(mx);
     uint4 hv, lv;
-    cut8(x + 8 * i, sa, sb, hv, lv);
+    cut8(x + 8 * i, kp_pow2(-e[i]), hv, lv);
     reinterpret_cast<uint4*>(h)[i] = hv;
     reinterpret_cast<uint4*>(l)[i] = lv;
 }""",
@@ -75,15 +90,15 @@ extern "C" __global__ void __launch_bounds__(32) cut(const float* x, const int* 
     scales = [1e-42, 1e-30, 1e-8, 0.5, 1.0, 3.0, 1e4, 1e20, 3e38]
     x = torch.cat([torch.randn(4, 8, generator=g) * s for s in scales]).clamp(-3.4e38, 3.4e38)
     x[3, 2] = 0.0
-    mx = x.abs().amax(-1)
-    _, e = torch.frexp(mx)
-    e = torch.where(mx > 0, e - 15, torch.zeros_like(e)).to(torch.int32)
-    assert e.min() < -126 and e.max() > 100  # the two factors are needed at both ends
     n = x.shape[0]
+    e = torch.full((n,), -999, dtype=torch.int32)
     h, lo = torch.zeros(n, 8, dtype=torch.float16), torch.zeros(n, 8, dtype=torch.float16)
     k.cut((-(-n // 32),), (32,), (x, e, h, lo, numpy.int32(n)))
-    want_h, want_l, want_e = split_ref(x, 8)
-    assert torch.equal(e, want_e)
+    want_h, want_l, want_e = conv_split_ref(x, 8)
+    assert torch.equal(e, want_e) and e.min() == -126 and e.max() > 100
+    gemm_h, _, gemm_e = split_ref(x, 8)
+    same = gemm_e >= -126  # the GEMM's own split wherever its exponent is a float's
+    assert same.sum() == n - 4 and torch.equal(h[same].view(torch.int16), gemm_h[same].view(torch.int16))
     assert torch.equal(h.view(torch.int16), want_h.view(torch.int16))
     assert torch.equal(lo.view(torch.int16), want_l.view(torch.int16))
 
@@ -132,12 +147,18 @@ int main() {{
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
 def test_the_weight_kernel_cuts_each_row_of_b_as_the_gemms_split(tmp_path, name):
     """The fp16x3 weight kernel's planes are the split (gemm_f16x3's arithmetic, each row its own power of
-    two) of the 3xTF32 weight kernel's B, in the gather's K order, zero-padded to 16 bytes of fp16."""
+    two 2^e, e at -126 or above) of the 3xTF32 weight kernel's B, in the gather's K order, zero-padded to
+    16 bytes of fp16, and each row's 2^e as a float beside them."""
     f = _form(_task(tmp_path, name))
     k = tf32.gemm_k(f)
     k4, k8 = -(-k // 4) * 4, -(-k // 8) * 8
     emu = build(
-        gemm_f16x3.CUT + tf32.weight_kernel("a", f) + "\n" + conv_f16x3.weight_kernel("b", f), tmp_path
+        gemm_f16x3.CUT
+        + conv_f16x3.CUT8
+        + tf32.weight_kernel("a", f)
+        + "\n"
+        + conv_f16x3.weight_kernel("b", f),
+        tmp_path,
     )
     g = torch.Generator().manual_seed(1)
     wshape = (
@@ -147,13 +168,14 @@ def test_the_weight_kernel_cuts_each_row_of_b_as_the_gemms_split(tmp_path, name)
     w[0] *= 1e6  # rows of other scales: each takes its own exponent
     if not f.transposed:
         w[1] = 0.0
+        w[2] *= 1e-42  # subnormals: scaled by 2^126
     b32 = torch.full((2, f.cout, k4), float("nan"))
     emu.kp_a_w((4,), (256,), (w, b32))
     planes = torch.full((2, f.cout, k8), float("nan"), dtype=torch.float16)
-    exps = torch.full((f.cout,), -999, dtype=torch.int32)
-    emu.kp_b_w((3,), (256,), (w, planes, exps))  # fewer blocks than rows: the grid strides
-    hi, lo, e = split_ref(b32[0, :, :k], k8)
-    assert torch.equal(exps, e)
+    pow2 = torch.full((f.cout,), float("nan"))
+    emu.kp_b_w((3,), (256,), (w, planes, pow2))  # fewer blocks than rows: the grid strides
+    hi, lo, e = conv_split_ref(b32[0, :, :k], k8)
+    assert torch.equal(pow2, torch.pow(2.0, e.double()).float())
     assert torch.equal(planes[0].view(torch.int16), hi.view(torch.int16))
     assert torch.equal(planes[1].view(torch.int16), lo.view(torch.int16))
     assert (b32[0, :, :k] != 0).any(1).sum() >= f.cout - 1  # B holds the weight, not a padding of zeros
@@ -208,14 +230,16 @@ def test_the_launcher_prepares_both_operands_for_the_fp16_kernel(tmp_path, name)
     and the kernel launched with them, its ring in the shared memory it is given."""
     path = _task(tmp_path, name)
     t = probe(path)
-    cand = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    base = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)[1].candidate
+    (b,) = [rp for rp in plan_of(base.source).regions if isinstance(rp, conv_tf32.ConvPlan)]
+    cand = with_knobs(path, base, b.TAG, f16=True, stages=conv_f16x3.max_stages(b.bn))
     (c,) = [rp for rp in plan_of(cand.source).regions if isinstance(rp, conv_tf32.ConvPlan)]
-    assert c.f16 and c.stages == conv_f16x3.max_stages(c.bn)
     assert check_launcher(cand.launcher).ok and "fp16x3 WGMMA kernel" in cand.launcher
     rid = re.search(r"kernels\.kp_(\w+)_amax\(", cand.launcher).group(1)
     f = _form(path)
     src = (
         gemm_f16x3.CUT
+        + conv_f16x3.CUT8
         + f"namespace kp_{rid} {{ constexpr long long IMAGE = {f.cin * f.size[0] * f.size[1] * f.size[2]}; }}\n"
         + conv_f16x3.weight_kernel(rid, f)
         + "\n"
@@ -235,16 +259,21 @@ def test_the_launcher_prepares_both_operands_for_the_fp16_kernel(tmp_path, name)
     k8 = -(-tf32.gemm_k(f) // 8) * 8
     assert (dt, shape, rows, cols, swizzle) == (torch.float16, (2, f.cout, k8), c.bn, 32, 64)
     assert block == (tf32.threads(c.bn),) and smem == conv_f16x3.smem_bytes(c.bn, c.stages)
-    amax, we = args[-2:]
+    amax, wf = args[-2:]
     assert torch.equal(amax.view(torch.float32), x.abs().flatten(1).amax(1))
-    assert we.shape == (f.cout,) and we.dtype == torch.int32
+    assert wf.shape == (f.cout,) and wf.dtype == torch.float32 and (torch.frexp(wf).mantissa == 0.5).all()
 
 
-def test_the_tuned_plan_takes_the_form_hedged_by_3xtf32_and_moved_back_and_forth(tmp_path):
-    """Tuned: the fp16x3 form with the deepest ring its halves fit (twice the 3xTF32 one's stages, or
-    more); the first batch's hedge is use_tensor_cores, which moves to 3xTF32 with the ring cut to what
-    fits, and from there back; pipeline_loads grows an fp16x3 ring past 3xTF32's depth."""
-    low = prepare(capture(_task(tmp_path, "inner")))
+def test_the_tuned_plan_takes_the_form_where_k_is_long_hedged_by_3xtf32_and_moved_back_and_forth(tmp_path):
+    """Tuned, K at least F16_MIN_K: the fp16x3 form with the deepest ring its halves fit (twice the 3xTF32
+    one's stages, or more); the first batch's hedge is use_tensor_cores, which moves to 3xTF32 with the
+    ring cut to what fits, and from there back; pipeline_loads grows an fp16x3 ring past 3xTF32's depth.
+    A shorter K keeps 3xTF32, unhedged."""
+    short = base_plan(prepare(capture(_task(tmp_path, "inner"))), True)  # K = 144
+    (s,) = [rp for rp in short.regions if isinstance(rp, conv_tf32.ConvPlan)]
+    assert not s.f16 and conv_tf32.FAMILY.hedges(s) == ()
+    path = conv_task(tmp_path, "long", cin=64, cout=40, size=(9, 7), bias=False, expr="self.conv(x)")
+    low = prepare(capture(path))  # K = 576
     tuned = base_plan(low, True)
     (c,) = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
     assert c.f16 and c.stages == conv_f16x3.max_stages(c.bn) > tf32.max_stages(c.bn)

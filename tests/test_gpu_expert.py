@@ -1479,9 +1479,10 @@ def test_fp16x3_persistent_grid_verifies(pool, home, tmp_path, name, shape):
     ("conv_tapwise_f32", "(3, 8, 21, 19)"),  # 81 taps: the tap-wise gather
 ])  # fmt: skip
 def test_fp16x3_conv_verifies_on_images_of_other_scales(pool, home, tmp_path, name, shape):
-    """The tuned plan's fp16x3 convolution (templates/conv_f16x3.py) on a batch whose images are scaled by
-    1e-6, 1 and 1e6 (each image its own power of two, each weight row its own), and the 3xTF32 form it is
-    hedged by beside it: both pass the harness's fp32 rule."""
+    """The fp16x3 convolution (templates/conv_f16x3.py) on a batch whose images are scaled by 1e-6, 1 and
+    1e6 (each image its own power of two, each weight row its own), and the 3xTF32 form beside it: both
+    pass the harness's fp32 rule."""
+    from pipeline.generate.expert.templates import conv_f16x3
     from pipeline.generate.expert.templates import conv_tf32 as template
 
     path = family_task(tmp_path, name, shape)
@@ -1490,10 +1491,13 @@ def test_fp16x3_conv_verifies_on_images_of_other_scales(pool, home, tmp_path, na
         f"torch.randn({shape})", f"torch.randn({shape}) * torch.tensor([1e-6, 1.0, 1e6]).view(3, {ones})"))  # fmt: skip
     base = tuned(path)
     (c,) = [rp for rp in plan_of(base.source).regions if rp.TAG == "wgmma_conv_3xtf32"]
-    assert c.f16 and "fp16x3 WGMMA kernel" in base.launcher
-    tf32 = with_knobs(path, base, "wgmma_conv_3xtf32", f16=False, stages=template.max_stages(c.bn))
-    results = stages.evaluate_candidates(path, [base, tf32], cfg_for(home), pool=pool)
-    assert_ok([base, tf32], results, hybrid=True)
+    f16, tf32 = (
+        base if c.f16 == want else with_knobs(path, base, c.TAG, f16=want, stages=ring.max_stages(c.bn))
+        for want, ring in ((True, conv_f16x3), (False, template))
+    )
+    assert "fp16x3 WGMMA kernel" in f16.launcher and "fp16x3" not in tf32.launcher
+    results = stages.evaluate_candidates(path, [f16, tf32], cfg_for(home), pool=pool)
+    assert_ok([f16, tf32], results, hybrid=True)
 
 
 @pytest.mark.parametrize("task_id", BUILTIN)

@@ -8,10 +8,10 @@ The GEMM: rows are output pixels (batch and spatial dims), columns are output ch
 channels times the kernel's taps. The tile along the channels is sized to them (a multiple of 8, at most
 128), so a 16-channel convolution does not compute 112 channels of zeros.
 
-The tuned plan takes the fp16x3 form (`f16`: templates/conv_f16x3.py): the input scaled by a power of two
-an image and the weight one a row, each cut into fp16 hi and lo, three fp16 products at twice tf32's rate,
-as accurate as 3xTF32, its ring twice as deep in the same shared memory. use_tensor_cores moves between
-the two forms, and the first batch times 3xTF32 beside it (the hedge).
+Where K is long (F16_MIN_K) the tuned plan takes the fp16x3 form (`f16`: templates/conv_f16x3.py): the
+input scaled by a power of two an image and the weight one a row, each cut into fp16 hi and lo, three fp16
+products at twice tf32's rate, as accurate as 3xTF32, its ring twice as deep in the same shared memory.
+use_tensor_cores moves between the two forms, and the first batch times 3xTF32 beside it (the hedge).
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ from pipeline.generate.expert.templates import conv_f16x3, conv_tf32
 from pipeline.generate.expert.templates.code import Code
 from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm
 
-# The tuned plan takes the fp16x3 form (templates/conv_f16x3.py), hedged by 3xTF32 in the first batch.
-F16_TUNED = True
+# The tuned plan takes the fp16x3 form (templates/conv_f16x3.py) where K is at least this long, hedged by
+# 3xTF32 in the first batch: the form's MMAs take half the time, its image pass (a read of the input) and
+# cut are paid at any K. On the H100 (2026-12-07, docs/benchmarks.md), K from 64 to 576 ran 1.14-2.0x
+# slower than 3xTF32 (its first version: an ldexpf an output), K = 1296 5% faster.
+F16_MIN_K = 512
 CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
 TRANSPOSED_OPS = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
 
@@ -238,7 +241,8 @@ def _family() -> Any:
     def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
         plan = base.settle(plan, r, low, tuned)
         rp = plan.get(r.rid)
-        if tuned and isinstance(rp, ConvPlan) and F16_TUNED:
+        f = form(r, low)
+        if tuned and isinstance(rp, ConvPlan) and not isinstance(f, str) and conv_tf32.gemm_k(f) >= F16_MIN_K:
             plan = plan.replace(dataclasses.replace(rp, f16=True, stages=conv_f16x3.max_stages(rp.bn)))
         return plan
 

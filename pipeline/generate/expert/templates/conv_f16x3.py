@@ -68,15 +68,21 @@ def blocks(bn: int, hunter: Any = None) -> dict[str, atoms.Atom]:
     }
 
 
-# 2^k as a float for k in [-126, 127]; eight values of a row scaled by sa * sb (a power of two: exact) and
+# 2^k as a float for k in [-126, 127]; eight values of a row scaled by sc (a power of two: exact) and
 # cut into fp16 hi and lo, each rounded to nearest as the GEMM's split cuts them (kp_f16x3_cut), two at a
-# time (plain C++ but for the intrinsics: tests run it on the CPU).
-CUT8 = r"""__device__ __forceinline__ float kp_pow2(int k) { return __int_as_float((k + 127) << 23); }
-__device__ __forceinline__ void cut8(const float* v, float sa, float sb, uint4& h, uint4& l) {
+# time (plain C++ but for the intrinsics: tests run it on the CPU). Defined once in a source of several
+# convolutions, after gemm_f16x3.CUT.
+CUT8 = r"""#ifndef KP_CONV_CUT8
+#define KP_CONV_CUT8
+__device__ __forceinline__ float kp_pow2(int k) { return __int_as_float((k + 127) << 23); }
+// A line's exponent (kp_f16x3_exp) held at -126 or above, so that 2^-e and 2^e are floats: a line of
+// magnitudes under 2^-111 is scaled less than the GEMM's split would (its max under 2^15 all the same).
+__device__ __forceinline__ int kp_conv_exp(float mx) { return max(kp_f16x3_exp(mx), -126); }
+__device__ __forceinline__ void cut8(const float* v, float sc, uint4& h, uint4& l) {
     unsigned hw[4], lw[4];
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const float a = v[2 * i] * sa * sb, b = v[2 * i + 1] * sa * sb;
+        const float a = v[2 * i] * sc, b = v[2 * i + 1] * sc;
         const __half2 hh = __floats2half2_rn(a, b);
         const float2 back = __half22float2(hh);
         const __half2 ll = __floats2half2_rn(a - back.x, b - back.y);
@@ -85,58 +91,62 @@ __device__ __forceinline__ void cut8(const float* v, float sa, float sb, uint4& 
     }
     h = make_uint4(hw[0], hw[1], hw[2], hw[3]);
     l = make_uint4(lw[0], lw[1], lw[2], lw[3]);
-}"""
+}
+#endif
+"""
 # A 16-byte shared store: the compiler splits what it cannot prove aligned.
 STS16 = r"""__device__ __forceinline__ void sts16(void* p, uint4 v) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};"
                  :: "r"((unsigned)__cvta_generic_to_shared(p)), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }"""
 
-# A gatherer's scale: its row's image's exponent (rows past M: none), as two factors that are floats.
-ROW_SCALE = r"""        const long long pt = (long long)m_blk * BM + t;  // this row's pixel: its image's power of two
-        const int et = pt < M ? kp_f16x3_exp(__uint_as_float(amax[pt / PIX])) : 0;
-        const float sa = kp_pow2(-et / 2), sb = kp_pow2(-et - -et / 2);  // each within a float's exponents
+# A gatherer's scale: its row's image's power of two (rows past M: none).
+ROW_SCALE = r"""        const long long pt = (long long)m_blk * BM + t;  // this row's pixel
+        const float sc = kp_pow2(pt < M ? -kp_conv_exp(__uint_as_float(amax[pt / PIX])) : 0);
 """
 STORE_F16 = r"""            T* ah = s.a + st * BM * BK + t * BK;
             T* al = s.alo + st * BM * BK + t * BK;
             #pragma unroll
             for (int c = 0; c < BK / 8; ++c) {
                 uint4 h, l;
-                cut8(v + 8 * c, sa, sb, h, l);
+                cut8(v + 8 * c, sc, h, l);
                 const int at = (c ^ ((t >> 1) % 4)) * 8;  // the 64-byte swizzle of a K-major row
                 sts16(ah + at, h);
                 sts16(al + at, l);
             }
 """
-# The sums unscaled by their image's and channel's exponents (a thread's sums lie on two rows: the image's
-# exponent read once a row).
+# The sums unscaled by their image's and channel's powers of two, two multiplies (a thread's sums lie on
+# two rows: the image's read once a row; ldexpf took a branch an element, and the stores of a short K were
+# a large part of the kernel). Their product is exact but where it leaves fp32's normal range: an output
+# under about 2^-120 of scale then loses bits, one over 2^127 is inf as it would be.
 UNSCALE = r"""
     long long last = -1;
-    int ex = 0;
+    float rf = 1.f;
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) {
         const long long p = m0 + get<0>(tCcC(i));
         const int co = n0 + get<1>(tCcC(i));
         if (p >= M || co >= N) continue;
         if (p != last) {
-            ex = kp_f16x3_exp(__uint_as_float(amax[p / PIX]));
+            rf = kp_pow2(kp_conv_exp(__uint_as_float(amax[p / PIX])));
             last = p;
         }
-        acc(i) = ldexpf(acc(i), ex + we[co]);
+        acc(i) *= rf * wf[co];
     }
 """
 
 
 def weight_kernel(rid: str, f: ConvForm) -> str:
     """The weight as the GEMM's B in fp16 halves (plane 0 hi, plane 1 lo; rows of output channels, each K8
-    long in the gather's K order, zero-padded to 16 bytes), and each row's exponent: a block a row."""
+    long in the gather's K order, zero-padded to 16 bytes), and each row's power of two 2^e (its values
+    were scaled by 2^-e): a block a row."""
     k8 = -(-conv_tf32.gemm_k(f) // ALIGN) * ALIGN
     table, inside, at = conv_tf32.weight_map(rid, f)
     value = f"{inside} ? src[{at}] : 0.f"
     return (
         table
         + f"""extern "C" __global__ void __launch_bounds__(256)
-kp_{rid}_w(const float* __restrict__ src, __half* __restrict__ dst, int* __restrict__ exps) {{
+kp_{rid}_w(const float* __restrict__ src, __half* __restrict__ dst, float* __restrict__ pow2) {{
     __shared__ float part[8];
     for (long long row = blockIdx.x; row < {f.cout}; row += gridDim.x) {{
         float mx = 0.f;
@@ -146,8 +156,8 @@ kp_{rid}_w(const float* __restrict__ src, __half* __restrict__ dst, int* __restr
         __syncthreads();
         float m = part[0];
         for (int w = 1; w < 8; ++w) m = fmaxf(m, part[w]);
-        const int e = kp_f16x3_exp(m);
-        if (threadIdx.x == 0) exps[row] = e;
+        const int e = kp_conv_exp(m);
+        if (threadIdx.x == 0) pow2[row] = kp_pow2(e);
         for (int col = threadIdx.x; col < {k8}; col += 256) {{
             const float v = {value};
             kp_f16x3_cut(v, e, dst[row * {k8} + col], dst[{f.cout * k8}LL + row * {k8} + col]);
@@ -228,16 +238,16 @@ def render(
         f"PROMOTE = {gemm_tf32.PROMOTE}, GATHERERS = {conv_tf32.gatherers(bn)};",
         conv_tf32.geometry(f),
         *_smem(b, smem),
-        CUT8,
         STS16,
         f"}}  // namespace kp_{rid}",
         gemm_f16x3.CUT,
+        CUT8,
         *gemm.epilogue_function(epi, out_dt),
         weight_kernel(rid, f),
         amax_kernel(rid),
     ]
     base = conv_tf32.signature(epi, out_dt, bool(into))
-    sig = Signature((*base.params, ptr("amax", "unsigned"), ptr("we", "int")))
+    sig = Signature((*base.params, ptr("amax", "unsigned"), ptr("wf", "float")))
     text = conv_tf32.body(f, STORE_F16, ROW_SCALE)
     text = _replace(text, "2 * BN * BK * sizeof(float)", "2 * BN * BK * sizeof(T)")
     text = text.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
@@ -284,8 +294,8 @@ def launcher(tf32: str, rid: str, f: ConvForm, bn: int) -> str:
     )
     text = _replace(text, weight, (
         f"    wk = torch.empty((2, n, {k8}), dtype=torch.float16, device=x.device)  # B's hi and lo planes\n"
-        "    we = torch.empty(n, dtype=torch.int32, device=x.device)  # each row's power of two\n"
-        f"    kernels.kp_{rid}_w((max(1, min(n, MAX_GRID_Y * 32)),), (256,), (w, wk, we))  # noqa: F821\n"
+        "    wf = torch.empty(n, dtype=torch.float32, device=x.device)  # each row's power of two\n"
+        f"    kernels.kp_{rid}_w((max(1, min(n, MAX_GRID_Y * 32)),), (256,), (w, wk, wf))  # noqa: F821\n"
         "    amax = torch.zeros(nb, dtype=torch.int32, device=x.device)  # each image's largest |x|, its bits\n"
     ))  # fmt: skip
     text = _replace(text, "    if m:\n", (

@@ -247,7 +247,9 @@ __device__ __forceinline__ void kp_f16x3_cut(float x, int e, __half& h, __half& 
 struct alignas(8) kp_f16x3_h4 { __half v[4]; };  // four halves, one 8-byte store
 #endif
 """
-SPLIT = CUT + r"""extern "C" __global__ void __launch_bounds__(256)
+SPLIT = (
+    CUT
+    + r"""extern "C" __global__ void __launch_bounds__(256)
 kp_RID_rowsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* __restrict__ lo,
                 int* __restrict__ exps, long long lines, long long len, long long ld) {
     __shared__ float part[8];
@@ -339,6 +341,7 @@ kp_RID_colsplit(const float* __restrict__ src, __half* __restrict__ hi, __half* 
     }
 }
 """
+)
 
 
 def _split_helpers(rid: str) -> list[str]:
