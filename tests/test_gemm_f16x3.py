@@ -337,7 +337,7 @@ def test_fp16x3_instantiations_compile_for_sm90a_without_spills(tmp_path):
             "two",
             PRODUCT.format(expr="torch.mm(torch.mm(a, b), b.t())"),
             f"torch.randn(300, 520){F32}, torch.randn(520, 520){F32}",
-        ),  # fmt: skip
+        ),
     ]
     cands = []
     for path in paths:

@@ -115,23 +115,26 @@ STORE_F16 = r"""            T* ah = s.a + st * BM * BK + t * BK;
                 sts16(al + at, l);
             }
 """
-# The sums unscaled by their image's and channel's powers of two, two multiplies (a thread's sums lie on
-# two rows: the image's read once a row; ldexpf took a branch an element, and the stores of a short K were
-# a large part of the kernel). Their product is exact but where it leaves fp32's normal range: an output
-# under about 2^-120 of scale then loses bits, one over 2^127 is inf as it would be.
+# The sums unscaled by their image's and channel's powers of two, two multiplies. A tile within one image (most
+# of them) reads the image's once; one across images, each row's (a 64-bit division: the image of a pixel).
+# A thread's rows change every other sum: recomputed as they came, with an ldexpf an output, its short-K
+# tiles ran 1.5-2x longer than 3xTF32's (H100). The product is exact but where it leaves fp32's normal range:
+# an output under about 2^-120 of scale then loses bits, one over 2^127 is inf as it would be.
 UNSCALE = r"""
-    long long last = -1;
-    float rf = 1.f;
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) {
-        const long long p = m0 + get<0>(tCcC(i));
-        const int co = n0 + get<1>(tCcC(i));
-        if (p >= M || co >= N) continue;
-        if (p != last) {
-            rf = kp_pow2(kp_conv_exp(__uint_as_float(amax[p / PIX])));
-            last = p;
+    if (m0 / PIX == (min(m0 + BM, (long long)M) - 1) / PIX) {  // the tile within one image
+        const float rf = kp_pow2(kp_conv_exp(__uint_as_float(amax[m0 / PIX])));
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); ++i) {
+            const int co = n0 + get<1>(tCcC(i));
+            if (co < N) acc(i) *= rf * wf[co];
         }
-        acc(i) *= rf * wf[co];
+    } else {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc); ++i) {
+            const long long p = m0 + get<0>(tCcC(i));
+            const int co = n0 + get<1>(tCcC(i));
+            if (p < M && co < N) acc(i) *= kp_pow2(kp_conv_exp(__uint_as_float(amax[p / PIX]))) * wf[co];
+        }
     }
 """
 
