@@ -35,8 +35,9 @@ from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm
 
 # The tuned plan takes the fp16x3 form (templates/conv_f16x3.py) where K is at least this long, hedged by
 # 3xTF32 in the first batch: the form's MMAs take half the time, its image pass (a read of the input) and
-# cut are paid at any K. On the H100 (2026-12-07, docs/benchmarks.md), K from 64 to 576 ran 1.14-2.0x
-# slower than 3xTF32 (its first version: an ldexpf an output), K = 1296 5% faster.
+# cut are paid at any K. On the H100 (2026-12-07, docs/benchmarks.md) its first version (an ldexpf an
+# output) ran 1.14-2.0x slower than 3xTF32 at K from 64 to 576; at K = 1296 the form now runs 1.20x faster
+# (level 1's 61). The short K have not been timed since the stores were mended.
 F16_MIN_K = 512
 CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
 TRANSPOSED_OPS = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
@@ -195,8 +196,8 @@ def epilogue(host: Region, low: Lowered) -> ConvEpilogue | None:
 
 def _render(r: Region, f: ConvForm, rp: ConvPlan, epi: ConvEpilogue | None, hunter: Any = None,
             sinkable: bool = False) -> Code:  # fmt: skip
-    form_of = conv_f16x3 if rp.f16 else conv_tf32
-    return form_of.render(r, f, rp, epi, hunter, sinkable=sinkable)
+    template = conv_f16x3 if rp.f16 else conv_tf32
+    return template.render(r, f, rp, epi, hunter, sinkable=sinkable)
 
 
 def _ring(rp: ConvPlan, f: ConvForm) -> int:
@@ -241,8 +242,10 @@ def _family() -> Any:
     def settle(plan: Plan, r: Region, low: Lowered, tuned: bool) -> Plan:
         plan = base.settle(plan, r, low, tuned)
         rp = plan.get(r.rid)
+        if not tuned or not isinstance(rp, ConvPlan):
+            return plan
         f = form(r, low)
-        if tuned and isinstance(rp, ConvPlan) and not isinstance(f, str) and conv_tf32.gemm_k(f) >= F16_MIN_K:
+        if not isinstance(f, str) and conv_tf32.gemm_k(f) >= F16_MIN_K:
             plan = plan.replace(dataclasses.replace(rp, f16=True, stages=conv_f16x3.max_stages(rp.bn)))
         return plan
 

@@ -4,13 +4,15 @@ why: 11 + 11 significant bits in hi and lo, sums promoted to fp32 registers ever
 
 The GEMM's lines are scaled by powers of two so that fp16's range holds them:
 - B (the weight, a row an output channel): our weight kernel finds each row's largest magnitude and
-  writes the row's fp16 hi and lo planes (the GEMM's split, `kp_f16x3_cut`), and the row's exponent.
+  writes the row's fp16 hi and lo planes (the GEMM's split, `kp_f16x3_cut`), and the row's power of two.
 - A (the gathered input) has no lines in memory: a row is an output pixel's window. Its scale is its
   image's: a small kernel first takes each image's largest magnitude (one read of the input), and each
-  gatherer scales its row's values by its image's power of two as it cuts them into hi and lo (two
-  exact multiplies: the power itself may not be a float). An element far below its image's largest
-  (under 2^-28 of it) keeps fewer bits, an absolute error at most about 2^-40 of that largest.
-- The stores unscale each sum by its image's and channel's exponents before the fused epilogue.
+  gatherer scales its row's values by its image's power of two as it cuts them into hi and lo (one exact
+  multiply). An element far below its image's largest (under 2^-28 of it) keeps fewer bits, an absolute
+  error at most about 2^-40 of that largest.
+- Exponents are held at -126 or above (`kp_conv_exp`), so each power of two and its inverse is a float: an
+  image or weight row whose largest magnitude is under 2^-111 is scaled less than the GEMM's split would.
+- The stores multiply each sum by its image's and its channel's powers of two before the fused epilogue.
 
 Everything else is the 3xTF32 convolution's: its gathers (32 fp32 values of a row a k tile, the next
 tile's loads in flight while this one is cut and stored), its phases, its weight order, its consumer loop
