@@ -125,29 +125,22 @@ ARRIVE_BARRIER = Need(
 )
 
 
-def _sw128(major: str) -> Need:
-    """The GMMA shared-memory layout with the 128-byte swizzle: rows of 1024 bits (128 bytes) with K
+def _swizzled(major: str, row_bytes: int = 128) -> Need:
+    """The GMMA shared-memory layout with the row_bytes swizzle (128 or 64): rows of that many bytes with K
     contiguous ("K"), or M / N contiguous ("MN": a row-major (K, N) B operand); typed by `upcast`."""
     return Need(
-        f"GMMA shared-memory layout atom, {major}-major, 128-byte swizzle",
-        "Swizzle<3,4,3>",
+        f"GMMA shared-memory layout atom, {major}-major, {row_bytes}-byte swizzle",
+        f"Swizzle<{row_bytes.bit_length() - 5},4,3>",  # 16-byte chunks, 2^B of them a row
         ("cute/atom/mma_traits_sm90_gmma.hpp",),
         name=rf"Layout_{major}_\w*Atom_Bits",
         kind="using",
-        queries=(f"GMMA Layout {major} SW128 Atom {major}-major swizzle",),
+        queries=(f"GMMA Layout {major} SW{row_bytes} Atom {major}-major swizzle",),
     )
 
 
-SW128_K, SW128_MN = _sw128("K"), _sw128("MN")
+SW128_K, SW128_MN = _swizzled("K"), _swizzled("MN")
 # K-major rows of 64 bytes (32 fp16: the fp16x3 convolution's k tile, gathered 32 wide as its 3xTF32 one)
-SW64_K = Need(
-    "GMMA shared-memory layout atom, K-major, 64-byte swizzle",
-    "Swizzle<2,4,3>",
-    ("cute/atom/mma_traits_sm90_gmma.hpp",),
-    name=r"Layout_K_\w*Atom_Bits",
-    kind="using",
-    queries=("GMMA Layout K SW64 Atom K-major swizzle",),
-)
+SW64_K = _swizzled("K", 64)
 
 
 # Per hunter (a policy renders the same GEMM many times). Keyed by id, so each entry keeps a weak reference

@@ -54,17 +54,10 @@ def smem_bytes(bn: int, stages: int) -> int:
     return stage_bytes(bn) * stages + 1024 + 1024
 
 
-def stages_of(rp: GemmPlan) -> int:
-    """The plan's ring, no deeper than fits (a 3xTF32 plan's stages were counted in fp32 tiles)."""
-    return max(2, min(rp.stages, max_stages(rp.bn)))
-
-
 def blocks(bn: int, hunter: Any = None) -> dict[str, atoms.Atom]:
+    """The fp16x3 GEMM's, with 64-byte rows and the fence the gatherers' stores need."""
     return {
-        "mma": atoms.find(atoms.gmma(bn, "float16"), hunter),
-        "tma": atoms.find(atoms.TMA_LOAD_3D, hunter),
-        "full": atoms.find(atoms.TX_BARRIER, hunter),
-        "empty": atoms.find(atoms.ARRIVE_BARRIER, hunter),
+        **gemm_f16x3.blocks(bn, hunter),
         "smem": atoms.find(atoms.SW64_K, hunter),
         "fence": atoms.find(atoms.FENCE_ASYNC_SHARED, hunter),
     }
@@ -200,23 +193,10 @@ kp_{rid}_amax(const float* __restrict__ x, unsigned* __restrict__ amax, long lon
 
 
 def _smem(b: dict[str, atoms.Atom], smem: int) -> list[str]:
-    swz, mma = b["smem"].name, b["mma"].name
     return [
-        f"using TiledMma = decltype(make_tiled_mma({mma}<GMMA::Major::K, GMMA::Major::K>{{}},",
-        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
-        f"using SmemA = decltype(tile_to_shape({swz}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, Int<STAGES>{{}})));",
-        f"using SmemB = decltype(tile_to_shape({swz}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, Int<STAGES>{{}})));",
-        "struct Smem {",
-        "    alignas(1024) T a[cosize_v<SmemA>];  // hi",
-        "    alignas(1024) T alo[cosize_v<SmemA>];",
-        "    alignas(1024) T b[cosize_v<SmemB>];",
-        "    alignas(1024) T blo[cosize_v<SmemB>];",
-        "    uint64_t full[STAGES];",
-        "    uint64_t ready[STAGES];  // a k tile gathered",
-        "    uint64_t empty[STAGES];",
-        "};",
+        *gemm_f16x3.stage_decls(b, ready=True),
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
-    ]  # fmt: skip
+    ]
 
 
 def _replace(text: str, old: str, new: str) -> str:
@@ -230,7 +210,7 @@ def render(
     """The kernels and the launcher of an fp32 convolution region in the fp16x3 form (conv_tf32.render's
     contract: sinkable, AtomNotFound)."""
     rid, bn = r.rid, rp.bn
-    stages = stages_of(rp)
+    stages = max(2, min(rp.stages, max_stages(bn)))  # a 3xTF32 plan's ring was counted in fp32 tiles
     b = blocks(bn, hunter)
     smem = smem_bytes(bn, stages)
     out_dt = epi.out_dtype if epi else "float32"

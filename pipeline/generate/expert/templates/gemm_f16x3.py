@@ -120,20 +120,7 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
         "using T = cutlass::half_t;",
         f"constexpr int BM = {BM}, BN = {bn}, BK = {BK}, STAGES = {stages}, GROUP = {GROUP}, PROMOTE = {PROMOTE}"
         f"{f', SPLITS = {rp.splits}' if rp.splits > 1 else ''};",
-        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::K>{{}},",
-        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
-        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
-        "Int<STAGES>{})));",
-        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
-        "Int<STAGES>{})));",
-        "struct Smem {",
-        "    alignas(1024) T a[cosize_v<SmemA>];  // hi",
-        "    alignas(1024) T alo[cosize_v<SmemA>];",
-        "    alignas(1024) T b[cosize_v<SmemB>];",
-        "    alignas(1024) T blo[cosize_v<SmemB>];",
-        "    uint64_t full[STAGES];",
-        "    uint64_t empty[STAGES];",
-        "};",
+        *stage_decls(b),
         f'static_assert(sizeof(Smem) + 1024 <= {smem}, "the launcher\'s shared-memory size is too small");',
         f"}}  // namespace kp_{rid}",
         *gemm.epilogue_function(epi, out_dt),
@@ -156,6 +143,28 @@ def render(r: Region, f: Form, rp: Tf32Plan, epi: GemmEpilogue | None, hunter: A
     if rp.splits > 1:
         return gemm_tf32._with_split_sum(code, rid, sig, kernel_sig, smem, rp.splits, epi, out_dt)
     return code
+
+
+def stage_decls(b: dict[str, atoms.Atom], ready: bool = False) -> list[str]:
+    """The MMA, the ring's layouts (the `smem` block's swizzle) and its Smem: hi and lo of A and B a stage,
+    then the barriers; `ready`: a barrier a stage for writers other than TMA (the convolution's gatherers)."""
+    return [
+        f"using TiledMma = decltype(make_tiled_mma({b['mma'].name}<GMMA::Major::K, GMMA::Major::K>{{}},",
+        "                                         Layout<Shape<_2, _1, _1>>{}));  // two consumer warpgroups",
+        f"using SmemA = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BM>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        f"using SmemB = decltype(tile_to_shape({b['smem'].name}<T>{{}}, make_shape(Int<BN>{{}}, Int<BK>{{}}, "
+        "Int<STAGES>{})));",
+        "struct Smem {",
+        "    alignas(1024) T a[cosize_v<SmemA>];  // hi",
+        "    alignas(1024) T alo[cosize_v<SmemA>];",
+        "    alignas(1024) T b[cosize_v<SmemB>];",
+        "    alignas(1024) T blo[cosize_v<SmemB>];",
+        "    uint64_t full[STAGES];",
+        *(["    uint64_t ready[STAGES];  // a k tile gathered"] if ready else []),
+        "    uint64_t empty[STAGES];",
+        "};",
+    ]
 
 
 # The producer warpgroup: its first thread loads the four tiles of each k tile, STAGES ahead; on a persistent
