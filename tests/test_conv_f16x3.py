@@ -292,3 +292,26 @@ def test_the_tuned_plan_takes_the_form_where_k_is_long_hedged_by_3xtf32_and_move
     assert [rp.stages for p in deeper for rp in p.regions if isinstance(rp, conv_tf32.ConvPlan)] == [
         shorter.stages + 1
     ]
+
+
+def test_the_first_batch_undoes_the_heaviest_convolutions_bet_first(tmp_path):
+    """A plan of several fp16x3 convolutions: the hedges (each convolution back to 3xTF32) come first among
+    the edits, the one over the largest tensors before the first in the graph."""
+    path = tmp_path / "two.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n        self.small = nn.Conv2d(64, 40, 3, bias=False)\n"
+        "        self.big = nn.Conv2d(64, 40, 3, bias=False)\n\n    def forward(self, x, y):\n"
+        "        return self.small(x), self.big(y)\n\n\ndef get_inputs():\n"
+        "    return [torch.randn(2, 64, 9, 9), torch.randn(2, 64, 40, 40)]\n\n\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    low = prepare(capture(path))
+    tuned = base_plan(low, True)
+    convs = [rp for rp in tuned.regions if isinstance(rp, conv_tf32.ConvPlan)]
+    assert len(convs) == 2 and all(c.f16 for c in convs)  # K = 576
+    small, big = (r.rid for r in low.regions if r.rid in {c.rid for c in convs})  # graph order
+    labels = [label for label, _ in legal_edits(tuned, low)][:2]
+    assert labels[0].startswith(f"use_tensor_cores({big}:") and labels[1].startswith(
+        f"use_tensor_cores({small}:"
+    )

@@ -127,6 +127,9 @@ def legal_edits(
             hedged.append((r, rp, f.edits, undo))
     index = {r.rid: i for i, r in enumerate(low.regions)}
     live.sort(key=lambda x: (-_weight(x[0], low), index[x[0].rid]))
+    # the heaviest region's bet first: a network of many (a CNN's fp16x3 convolutions) has its first batch
+    # time the undoing that can move its time most, not the first layer's
+    hedged.sort(key=lambda x: (-_weight(x[0], low), index[x[0].rid]))
     seen = {plan.to_json()}
     out: list[tuple[str, Plan]] = []
     # no advice: the bets a plan makes are timed against their undoing first
