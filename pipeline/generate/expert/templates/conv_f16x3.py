@@ -233,59 +233,31 @@ def render(
     ]
     base = conv_tf32.signature(epi, out_dt, bool(into))
     sig = Signature((*base.params, ptr("amax", "unsigned"), ptr("wf", "float")))
-    text = conv_tf32.body(f, STORE_F16, ROW_SCALE)
-    text = _replace(text, "2 * BN * BK * sizeof(float)", "2 * BN * BK * sizeof(T)")
-    text = text.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
-    at = "out_at_phase(Q, p, co, N)" if conv_tf32.phased(f) else "out_at(p, co, N)"
-    if into:
-        at += f" + p / {pix} * (ldo - (long long)N * P)"
-    lines += [
-        f'extern "C" __global__ void __launch_bounds__({conv_tf32.threads(bn)}, 1) kp_{rid}_conv({sig.decls()}) {{',
-        f"    using namespace kp_{rid};",
-        f"    using Full = {b['full'].name};",
-        f"    using Barrier = {b['empty'].name};",
-        text,
-        UNSCALE.replace("PIX", pix),
-        *conv_tf32.store(epi, out_dt, at),
-        "}",
-    ]  # fmt: skip
-    ops_ = epi.operands if epi else ()
-    x, w = r.node.args[:2]
-    inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
-    ring = dataclasses.replace(rp, stages=stages)  # the launcher's words name the ring it runs
-    names = [n for n, _ in inputs]
-    src = launcher(conv_tf32.launcher(rid, f, epi, ring, smem, out_dt, names, sig, bool(into)), rid, f, bn)
-    outs = (epi.out,) if epi else r.outputs
-    kernels = (f"kp_{rid}_conv", f"kp_{rid}_w", f"kp_{rid}_amax")
-    slot = f"({{0}}.shape[0], {f.cout}, {', '.join(str(o) for o in f.out[3 - f.dims :])})" if into else ""
-    return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs,
-                into=into, slot=slot)  # fmt: skip
-
-
-def launcher(tf32: str, rid: str, f: ConvForm, bn: int) -> str:
-    """The 3xTF32 convolution's launcher with the fp16x3 form's preparation: the weight's fp16 planes and row
-    exponents, each image's largest magnitude, and a tensor map of fp16 rows in the 64-byte swizzle."""
-    k8 = -(-conv_tf32.gemm_k(f) // ALIGN) * ALIGN
-    k4 = -(-conv_tf32.gemm_k(f) // 4) * 4
     text = _replace(
-        tf32,
-        "our 3xTF32 WGMMA kernel (",
+        conv_tf32.body(f, STORE_F16, ROW_SCALE), "2 * BN * BK * sizeof(float)", "2 * BN * BK * sizeof(T)"
+    )
+    ring = dataclasses.replace(rp, stages=stages)  # the launcher's words name the ring it runs
+    kernels = (f"kp_{rid}_conv", f"kp_{rid}_w", f"kp_{rid}_amax")
+    return conv_tf32.region_code(r, f, ring, epi, b, lines, text, sig, smem, into, kernels,
+                                 UNSCALE.replace("PIX", pix), prep(rid, f))  # fmt: skip
+
+
+def prep(rid: str, f: ConvForm) -> conv_tf32.Prep:
+    """The launcher's preparation: the weight's fp16 planes and rows' powers of two, each image's largest
+    magnitude (its kernel launched first), and a tensor map of fp16 rows in the 64-byte swizzle."""
+    k8 = -(-conv_tf32.gemm_k(f) // ALIGN) * ALIGN
+    image = f.cin * f.size[0] * f.size[1] * f.size[2]
+    return conv_tf32.Prep(
         "our fp16x3 WGMMA kernel (operands scaled and cut into fp16 halves; ",
+        (
+            f"    wk = torch.empty((2, n, {k8}), dtype=torch.float16, device=x.device)  # B's hi and lo planes",
+            "    wf = torch.empty(n, dtype=torch.float32, device=x.device)  # each row's power of two",
+            f"    kernels.kp_{rid}_w((max(1, min(n, MAX_GRID_Y * 32)),), (256,), (w, wk, wf))  # noqa: F821",
+            "    amax = torch.zeros(nb, dtype=torch.int32, device=x.device)  # each image's largest |x|, its bits",
+        ),
+        (
+            f"        blocks = max(1, min(-(-{image} // 8192), 256))",
+            f"        kernels.kp_{rid}_amax((blocks, min(nb, 65535)), (256,), (x, amax, numpy.int64(nb)))  # noqa: F821",
+        ),
+        ", 64",
     )
-    weight = (
-        f"    wk = torch.empty((2, n, {k4}), dtype=torch.float32, device=x.device)  # B and its low part\n"
-        f"    kernels.kp_{rid}_w((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), (w, wk))"
-        "  # noqa: F821\n"
-    )
-    text = _replace(text, weight, (
-        f"    wk = torch.empty((2, n, {k8}), dtype=torch.float16, device=x.device)  # B's hi and lo planes\n"
-        "    wf = torch.empty(n, dtype=torch.float32, device=x.device)  # each row's power of two\n"
-        f"    kernels.kp_{rid}_w((max(1, min(n, MAX_GRID_Y * 32)),), (256,), (w, wk, wf))  # noqa: F821\n"
-        "    amax = torch.zeros(nb, dtype=torch.int32, device=x.device)  # each image's largest |x|, its bits\n"
-    ))  # fmt: skip
-    text = _replace(text, "    if m:\n", (
-        "    if m:\n"
-        f"        blocks = max(1, min(-(-{f.cin * f.size[0] * f.size[1] * f.size[2]} // 8192), 256))\n"
-        f"        kernels.kp_{rid}_amax((blocks, min(nb, 65535)), (256,), (x, amax, numpy.int64(nb)))  # noqa: F821\n"
-    ))  # fmt: skip
-    return _replace(text, f"kernels.tensor_map(wk, {bn}, {BK})", f"kernels.tensor_map(wk, {bn}, {BK}, 64)")

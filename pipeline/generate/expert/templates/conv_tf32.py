@@ -64,6 +64,7 @@ from pipeline.generate.expert.templates.gemm import BM, GROUP, SMEM_LIMIT
 from pipeline.generate.expert.templates.signature import Param, Signature, i32, i64, ptr
 
 if TYPE_CHECKING:
+    from pipeline.generate.expert import atoms
     from pipeline.generate.expert.families.gemm_kit import GemmPlan
 
 BK = gemm_tf32.BK
@@ -307,25 +308,35 @@ def render(
         weight_kernel(rid, f),
     ]
     sig = signature(epi, out_dt, bool(into))
-    text = body(f).replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
+    return region_code(r, f, rp, epi, b, lines, body(f), sig, smem, into, (f"kp_{rid}_conv", f"kp_{rid}_w"))
+
+
+def region_code(r: Region, f: ConvForm, rp: GemmPlan, epi: ConvEpilogue | None, b: dict[str, atoms.Atom],
+                lines: list[str], text: str, sig: Signature, smem: int, into: str, kernels: tuple[str, ...],
+                unscale: str = "", prep: Prep | None = None) -> Code:  # fmt: skip
+    """A form's Code: its source `lines`, then the convolution kernel (the body `text`, then `unscale` and
+    the stores), and the launcher that feeds it x, w and the epilogue's operands (`prep`: the form's)."""
+    rid, out_dt = r.rid, epi.out_dtype if epi else "float32"
+    text = text.replace("TMA_COPY", b["tma"].name).replace("FENCE", b["fence"].name)
     at = "out_at_phase(Q, p, co, N)" if phased(f) else "out_at(p, co, N)"
     if into:  # the image's block moved from n * N * P to n * ldo
         at += f" + p / {'Q.pix' if phased(f) else 'P'} * (ldo - (long long)N * P)"
-    lines += [
-        f'extern "C" __global__ void __launch_bounds__({threads(bn)}, 1) kp_{rid}_conv({sig.decls()}) {{',
+    lines = [
+        *lines,
+        f'extern "C" __global__ void __launch_bounds__({threads(rp.bn)}, 1) kp_{rid}_conv({sig.decls()}) {{',
         f"    using namespace kp_{rid};",
         f"    using Full = {b['full'].name};",
         f"    using Barrier = {b['empty'].name};",
         text,
+        *([unscale] if unscale else []),
         *store(epi, out_dt, at),
         "}",
     ]
     ops_ = epi.operands if epi else ()
     x, w = r.node.args[:2]
     inputs = [("x", x.name), ("w", w.name), *((f"e{j}", v) for j, (_, v, _, _) in enumerate(ops_))]
-    src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig, bool(into))
+    src = launcher(rid, f, epi, rp, smem, out_dt, [n for n, _ in inputs], sig, bool(into), prep)
     outs = (epi.out,) if epi else r.outputs
-    kernels = (f"kp_{rid}_conv", f"kp_{rid}_w")
     slot = f"({{0}}.shape[0], {f.cout}, {', '.join(str(o) for o in f.out[3 - f.dims :])})" if into else ""
     return Code("\n".join(lines) + "\n", src, f"_conv_{rid}", kernels, tuple(v for _, v in inputs), outs,
                 into=into, slot=slot)  # fmt: skip
@@ -767,18 +778,39 @@ def store(epi: ConvEpilogue | None, out_dt: str, at: str) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class Prep:
+    """What a form of the kernel has its launcher do first: its words, the weight's layout as B (lines after
+    w is contiguous), lines before the launch, and the tensor map's swizzle."""
+
+    words: str
+    weights: tuple[str, ...]
+    before: tuple[str, ...] = ()
+    swizzle: str = ""  # the tensor map's extra argument; "" for the 128-byte default
+
+
+def tf32_prep(rid: str, f: ConvForm) -> Prep:
+    """The 3xTF32 form's: B and its low part in fp32 rows of K4."""
+    k4 = -(-gemm_k(f) // 4) * 4
+    return Prep("our 3xTF32 WGMMA kernel (", (
+        f"    wk = torch.empty((2, n, {k4}), dtype=torch.float32, device=x.device)  # B and its low part",
+        f"    kernels.kp_{rid}_w((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), (w, wk))"
+        "  # noqa: F821",
+    ))  # fmt: skip
+
+
 def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem: int, out_dt: str,
-             names: list[str], sig: Signature, into: bool = False) -> str:  # fmt: skip
+             names: list[str], sig: Signature, into: bool = False, prep: Prep | None = None) -> str:  # fmt: skip
+    prep = prep or tf32_prep(rid, f)
     dims = f.dims
     in_shape = (f.cin, *f.size[3 - dims :])
     w_shape = (
         (f.cin, f.cout, *f.kernel[3 - dims :]) if f.transposed else (f.cout, f.cin, *f.kernel[3 - dims :])
     )
     k = gemm_k(f)
-    k4 = -(-k // 4) * 4
     lines = [
         f"def _conv_{rid}(sms, {', '.join(names)}{', out=None' if into else ''}):",
-        f'    """The convolution as an implicit GEMM: our 3xTF32 WGMMA kernel (128 pixels x {rp.bn} channels, '
+        f'    """The convolution as an implicit GEMM: {prep.words}128 pixels x {rp.bn} channels, '
         f'{rp.stages} stages){" and the fused epilogue" if epi else ""}."""',
         f"    if tuple(x.shape[1:]) != {in_shape} or tuple(w.shape) != {w_shape}:",
         "        raise ValueError(f'kernelpro expert: the convolution was compiled for inputs (N, "
@@ -790,11 +822,7 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
         "    if m >= 2**31:",
         "        raise ValueError('kernelpro expert: more than 2^31 output pixels for one convolution')",
         "    w = _contig(w)",
-    ]
-    lines += [
-        f"    wk = torch.empty((2, n, {k4}), dtype=torch.float32, device=x.device)  # B and its low part",
-        f"    kernels.kp_{rid}_w((max(1, min(-(-n * {k4} // 256), MAX_GRID_Y * 32)),), (256,), (w, wk))"
-        "  # noqa: F821",
+        *prep.weights,
     ]
     out_shape = f"(nb, n, {', '.join(str(o) for o in f.out[3 - dims :])})"
     fresh = f"torch.empty({out_shape}, dtype={torch_dtype(out_dt)}, device=x.device)"
@@ -806,7 +834,8 @@ def launcher(rid: str, f: ConvForm, epi: ConvEpilogue | None, rp: GemmPlan, smem
     lines += prepare_operands(epi)
     lines += [
         "    if m:",
-        f"        tw = kernels.tensor_map(wk, {rp.bn}, {BK})  # noqa: F821",
+        *prep.before,
+        f"        tw = kernels.tensor_map(wk, {rp.bn}, {BK}{prep.swizzle})  # noqa: F821",
         (
             f"        grid = sum(-(-nb * q // {BM}) for q in {tuple(math.prod(q.dims) for q in phases(f))})"
             f" * (-(-n // {rp.bn}))  # the phases' tiles, one phase after another"
