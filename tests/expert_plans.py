@@ -10,7 +10,7 @@ from pathlib import Path
 from pipeline.candidates import make_candidate
 from pipeline.generate.base import Context
 from pipeline.generate.expert import ExpertPolicy, plan_of
-from pipeline.generate.expert.edits import legal_edits
+from pipeline.generate.expert.edits import base_plan, for_arch, legal_edits
 from pipeline.generate.expert.policy import analyse
 from pipeline.generate.expert.render import nvcc_flags, render
 from pipeline.tasks import probe
@@ -18,12 +18,19 @@ from pipeline.types import Candidate
 
 
 def tuned(path: Path) -> Candidate:
-    """The task's tuned candidate: the expert's second first proposal; LookupError when it proposes none."""
+    """The task's tuned candidate, as the search's first batch has it; LookupError when it proposes none.
+    Where the tuned plan is the plain one (a lone convolution takes its widest tile in both), the policy
+    proposes it once, as the plain kernels: the second proposal is then the tuned plan's first edit."""
     t = probe(path)
     props = ExpertPolicy().propose(Context(task=t, reference=t.source, parent=None), 2)
-    if len(props) < 2:
-        raise LookupError(f"the expert proposes no tuned candidate ({len(props)} proposals)")
-    return props[1].candidate
+    by_label = {p.edit: p.candidate for p in props if p.candidate is not None}
+    if "expert: tuned kernels" in by_label:
+        return by_label["expert: tuned kernels"]
+    low, why = analyse(path)
+    plain = by_label.get("expert: plain kernels")
+    if low is None or plain is None or plan_of(plain.source) != for_arch(base_plan(low, True), "sm_90a"):
+        raise LookupError(f"the expert proposes no tuned candidate ({[p.edit for p in props]})")
+    return plain
 
 
 def tuned_with_edit(path: Path, edit: str) -> Candidate:
