@@ -1760,3 +1760,43 @@ def test_weighted_and_spatial_losses_verify_as_our_kernels(pool, home, tmp_path)
                 return [1001]
             """
     verify_ours(pool, home, tmp_path / "weighted_losses.py", body)
+
+
+def test_repeated_blocks_share_their_wgmma_kernels_and_verify(pool, home, tmp_path):
+    """Blocks of one form render one kernel text (generate/expert/shared_kernels.py): three identical fp32
+    convolutions over 64 channels (K = 576: the fp16x3 form, each with its own weights and scales) and
+    three identical linears (3xTF32), each block's launcher calling the first block's kernels. The first
+    proposals (plain: cuDNN and cuBLAS; tuned: ours) verify."""
+    body = """
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.convs = nn.ModuleList([nn.Conv2d(64, 64, 3, padding=1) for _ in range(3)])
+                self.fcs = nn.ModuleList([nn.Linear(200, 200) for _ in range(3)])
+
+            def forward(self, x, y):
+                for c in self.convs:
+                    x = torch.relu(c(x)) + x
+                for f in self.fcs:
+                    y = torch.tanh(f(y))
+                return x, y
+
+
+        def get_inputs():
+            return [torch.randn(3, 64, 19, 23), torch.randn(333, 200)]
+
+
+        def get_init_inputs():
+            return []
+        """
+    path = tmp_path / "blocks.py"
+    path.write_text(HEADER + textwrap.dedent(body).lstrip())
+    cands = proposals(path)
+    tuned_c = next(c for c in cands if ours(c))
+    assert "fp16x3 WGMMA kernel" in tuned_c.launcher
+    defined = tuned_c.source.count('extern "C" __global__')
+    for kernel in ("kp_conv2d_conv_conv", "kp_linear_mm_gemm"):  # the first block's, called by all three
+        assert tuned_c.launcher.count(f"kernels.{kernel}(") == 3, kernel
+    assert defined < 12, defined
+    results = stages.evaluate_candidates(path, cands, cfg_for(home), pool=pool)
+    assert_ok(cands, results, hybrid=True)

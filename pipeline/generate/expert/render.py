@@ -13,6 +13,7 @@ from pipeline.generate.expert.families.base import RenderError
 from pipeline.generate.expert.graph import Graph, Node, Ref
 from pipeline.generate.expert.plan import Plan, header
 from pipeline.generate.expert.regions import FALLBACK, Lowered, RegionKind, lower
+from pipeline.generate.expert.shared_kernels import share_kernels
 from pipeline.generate.expert.templates import gather
 from pipeline.generate.expert.templates.code import (
     CUTE_FLAGS,
@@ -70,6 +71,10 @@ def render(low: Lowered, plan: Plan, hunter: Any = None) -> tuple[str, str]:
         codes[r.rid] = family.render(r, rp, low, hunter)
     if not codes:
         raise RenderError("no region is computed by our kernels")
+    # repeated blocks (a ResNet's, a transformer's layers, an unrolled RNN's steps): one copy of each text
+    codes = share_kernels(
+        codes, (PRELUDE, HALF_DEFINE, GATHER, GATHER_HALF, gather.FAST_GATHER, *ON_USE.values())
+    )
     # fp16/bf16 headers, helpers and gathers only where a kernel or launcher uses them: the headers are
     # most of a float-only build's nvcc time
     half = any(HALF_TYPES.search(c.cuda) or HALF_TYPES.search(c.launcher) for c in codes.values())
