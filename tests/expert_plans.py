@@ -26,7 +26,7 @@ def tuned(path: Path) -> Candidate:
     by_label = {p.edit: p.candidate for p in props if p.candidate is not None}
     if "expert: tuned kernels" in by_label:
         return by_label["expert: tuned kernels"]
-    low, why = analyse(path)
+    low, _ = analyse(path)
     plain = by_label.get("expert: plain kernels")
     if low is None or plain is None or plan_of(plain.source) != for_arch(base_plan(low, True), "sm_90a"):
         raise LookupError(f"the expert proposes no tuned candidate ({[p.edit for p in props]})")
