@@ -12,7 +12,9 @@ kernels, device functions, namespaces and chain values) and no other region's co
 mentions it. Two texts are the same when they are equal with their own names numbered in order of first
 use and their line comments removed; every other name must match as written. A name shared with another
 region is thus the same name in both texts, and a region's own names are defined in its own text (nothing
-else mentions them), so calling the earlier region's kernels computes what the dropped text would have.
+else mentions them, and the headers a source includes declare no such name it could call: CuTe's `v_idx`
+and the like are its functions' locals), so calling the earlier region's kernels computes what the dropped
+text would have.
 """
 
 from __future__ import annotations
