@@ -184,3 +184,20 @@ def test_blocks_of_another_form_keep_their_kernels(blocks):
         assert all(re.match(r"kp_(layer_norm|gelu)(_3)?_v\d$", k) for k in norms), norms
         assert any("_3_" in k for k in norms), norms
     _emulate(blocks, [p.candidate for p in props], 1e-5)
+
+
+@needs_nvcc
+def test_build_times_script_times_the_tuned_build(rnn):
+    """benchmarks/build_times.py (the figures of docs/benchmarks.md): the tuned candidate built into an
+    empty cache, and its kernels counted: those its source defines, once each."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import build_times
+    from expert_plans import tuned
+
+    row = build_times.build_time(rnn, "sm_90a")
+    source = tuned(rnn).source
+    assert row["status"] == "ok" and row["seconds"] > 0 and row["source_bytes"] == len(source)
+    assert row["kernels"] == len(set(_defined(source))), row
