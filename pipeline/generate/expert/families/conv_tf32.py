@@ -35,9 +35,8 @@ from pipeline.generate.expert.templates.conv_tf32 import ConvEpilogue, ConvForm
 
 # The tuned plan takes the fp16x3 form (templates/conv_f16x3.py) where K is at least this long, hedged by
 # 3xTF32 in the first batch: the form's MMAs take half the time, its image pass (a read of the input) and
-# cut are paid at any K. On the H100 (2026-12-07, docs/benchmarks.md) its first version (an ldexpf an
-# output) ran 1.14-2.0x slower than 3xTF32 at K from 64 to 576; at K = 1296 the form now runs 1.20x faster
-# (level 1's 61). The short K have not been timed since the stores were mended.
+# cut are paid at any K. On the H100 (2026-12-07, docs/benchmarks.md), against 3xTF32 at the same tile:
+# 1.20-1.24x faster at K of 1296 to 1440, 8% at 576, 2-3% at 363 and 384, level at 192.
 F16_MIN_K = 512
 CONV_OPS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
 TRANSPOSED_OPS = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
