@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -33,13 +34,13 @@ DEFAULT_TASKS = "elementwise_chain,softmax,layernorm,reduce_mean"
 
 
 def run_pass(out: Path, tasks: list[Path], evals: int, home: Path, energy: bool = True,
-             prefetch: bool = True) -> bench.BenchResult:  # fmt: skip
+             prefetch: bool = True, **settings: float) -> bench.BenchResult:  # fmt: skip
     suite_file = out.with_suffix(".txt")
     suite_file.write_text("".join(f"{p}\n" for p in tasks))
     suite = bench.load_suite(suite_file)
     settings = {"evals": evals, "policy": "expert", "search": None, "energy": energy}
     manifest = bench.open_bench(out, suite, settings, False)
-    return bench.run_bench(out, suite, config.load(home=home, prefetch=prefetch), manifest)
+    return bench.run_bench(out, suite, config.load(home=home, prefetch=prefetch, **settings), manifest)
 
 
 def throughput(result: bench.BenchResult) -> dict:
@@ -50,6 +51,7 @@ def throughput(result: bench.BenchResult) -> dict:
     timing: dict[str, float] = {}  # the timing loops' parts (Timing.seconds: inputs, flush, calls, checks)
     per_task = {}
     profiles = warm = 0  # profiles, and those whose ncu target was started ahead (pipeline/profile/warm.py)
+    spared = 0  # nodes expanded without a profile, at their floor (the runs' end notes)
 
     def add(into: dict[str, float], parts: dict[str, float]) -> None:
         for k, v in parts.items():
@@ -69,6 +71,9 @@ def throughput(result: bench.BenchResult) -> dict:
             if node.profile and node.profile.seconds.get("ncu"):
                 profiles += 1
                 warm += any("started ahead" in n for n in node.profile.notes)
+        for note in events[-1].data.get("notes", ()) if events[-1].type == "end" else ():
+            if m := re.match(r"(\d+) node\(s\) expanded without a profile", note):
+                spared += int(m.group(1))
         wall = events[-1].t - events[0].t
         counted, seconds = counted + n, seconds + wall
         for k, v in bench.seconds_by_stage(events).items():
@@ -83,6 +88,7 @@ def throughput(result: bench.BenchResult) -> dict:
         "profile_seconds": {k: round(v, 1) for k, v in sorted(profiling.items())},
         "profiles": profiles,
         "profiles_started_ahead": warm,
+        "expanded_unprofiled_at_floor": spared,
         "timing_seconds": {k: round(v, 1) for k, v in sorted(timing.items())},
         "per_task": per_task,
     }
@@ -94,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tasks", default=DEFAULT_TASKS, help="built-in tasks (tasks/NAME.py), comma-separated")
     ap.add_argument("--evals", type=int, default=16)
     ap.add_argument("--no-energy", action="store_true", help="the bench's --no-energy: no final energy")
+    ap.add_argument("--headroom", type=float, action="append",
+                    help="profile_headroom of a timed pass (repeat for one pass each, e.g. 0 and 0.1: 0 "
+                         "profiles every expanded node); default: the configuration's")  # fmt: skip
     args = ap.parse_args(argv)
     tasks = [ROOT / "tasks" / f"{t}.py" for t in args.tasks.split(",") if t]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -102,9 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     # The first pass measures the baselines, which their cache keeps; its builds are dropped, so the timed
     # pass compiles every candidate it evaluates (nothing built ahead by the first pass either).
     run_pass(args.out / "warm", tasks, 1, home, energy, prefetch=False)
-    shutil.rmtree(config.load(home=home).cache_dir / "cubin", ignore_errors=True)
-    result = run_pass(args.out / "timed", tasks, args.evals, home, energy)
-    doc = {"evals": args.evals, "energy": energy, "tasks": [t.stem for t in tasks], **throughput(result)}
+    doc: dict = {"evals": args.evals, "energy": energy, "tasks": [t.stem for t in tasks]}
+    headrooms = args.headroom or [config.load(home=home).profile_headroom]
+    for h in headrooms:  # each pass builds every candidate it evaluates
+        shutil.rmtree(config.load(home=home).cache_dir / "cubin", ignore_errors=True)
+        folder = args.out / ("timed" if len(headrooms) == 1 else f"timed-h{h:g}")
+        got = {"profile_headroom": h, **throughput(run_pass(folder, tasks, args.evals, home, energy,
+                                                            profile_headroom=h))}  # fmt: skip
+        if len(headrooms) == 1:
+            doc.update(got)
+        else:
+            doc.setdefault("passes", []).append(got)
     print(json.dumps(doc, indent=1))
     (args.out / "throughput.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -84,6 +84,10 @@ class Config:
     prune_after: int = 3  # a subtree whose last k expansions all failed or did not improve is closed
     repair_rounds: int = 2  # per failed child: compile errors and mismatches handed back with the errors
     feedback: str = "advice"  # advice | json | raw | none: what the policy sees of the profile (ablations)
+    # Under the time objective a node this close to its roofline floor by its own timing is not profiled:
+    # the counters could find at most this share, and a profile costs as much GPU time as 5-10 small
+    # candidates (~3.5 s on the H200). 0 profiles every node the search expands.
+    profile_headroom: float = 0.10
     memory: bool = True  # lessons across runs, in Chroma
     memory_collection: str = "kernelpro-memory"  # an experiment gives each cell and seed its own
     # where building blocks come from: a corpus (corpora/*.toml), corpora joined by "+" (cutlass+cccl), or
@@ -199,6 +203,7 @@ _RANGES: dict[str, tuple[float | None, float | None, bool]] = {
     "energy_max_repeats": (1, None, False),
     "energy_spread": (0, None, True),
     "speed_tolerance": (0, None, False),
+    "profile_headroom": (0, 1, False),
     "suspicious_speedup": (1, None, True),
     "chroma_port": (1, 65535, False),
     "max_evals": (1, None, False),

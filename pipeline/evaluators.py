@@ -161,6 +161,9 @@ class ReplayEvaluator:
         self._task: Task | None = None
         self._baselines: Baselines | None = None
         self._ceilings: Ceilings | None = None
+        # The recordings' own profile_headroom (0 before that setting: every expanded node was profiled), so
+        # that a replay profiles the nodes the recording did and stays on its landscape
+        self.profile_headroom = float("inf")
         for i, path in enumerate(paths):  # several recordings of one task make one landscape
             if path.is_dir():
                 path = path / "log.jsonl"
@@ -177,6 +180,8 @@ class ReplayEvaluator:
             if i == 0:  # the first recording's task, baselines and ceilings
                 self._task, self._baselines = task, state.baselines
                 self._ceilings = state.ceilings
+            recorded = (state.header.config or {}).get("profile_headroom")
+            self.profile_headroom = min(self.profile_headroom, float(recorded) if recorded else 0.0)
             for p in state.points:
                 n = state.nodes[p.node]
                 if n.evaluation is not None:

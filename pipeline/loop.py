@@ -134,6 +134,9 @@ class _Run:
         self.search = make_search(cfg.search, seed=cfg.seed, cfg_like=cfg)
         self.keys: dict[str, int] = {}
         self.notes: list[str] = []
+        self.unprofiled: list[tuple[int, float]] = []  # (node, share of the floor): expanded, not profiled
+        # a replay's is its recording's
+        self.headroom = getattr(evaluator, "profile_headroom", cfg.profile_headroom)
         self.refusals = 0
 
     @property
@@ -285,6 +288,19 @@ class _Run:
         if new[skip:]:
             self.ev.prefetch(new[skip:])
         return new
+
+    def _near_floor(self, nid: int) -> float | None:
+        """The node's share of the task's roofline floor by its own timing, when that leaves a profile under
+        the time objective less than `profile_headroom` to find; else None (profile it)."""
+        headroom, floor = self.headroom, self.base.floor_ms
+        r = self.nodes[nid].evaluation
+        if self.objective is not Objective.TIME or headroom <= 0 or not floor or r is None:
+            return None
+        m = r.measurement if r.status == Status.OK else None
+        if m is None or m.timing is None or m.timing.median_ms <= 0:
+            return None
+        share = floor / m.timing.median_ms
+        return share if share >= 1.0 - headroom else None
 
     def _profile(self, nid: int) -> None:
         node = self.nodes[nid]
@@ -456,6 +472,9 @@ class _Run:
                 # every new move fits this expansion: the advice could only order them (and, with a source
                 # index or a memory, pick blocks or lessons: then the profile is taken)
                 self._tell(f"no profile of node {nid}: all {new} of its new moves fit this expansion")
+            elif (near := self._near_floor(nid)) is not None:
+                self.unprofiled.append((nid, near))
+                self._tell(f"no profile of node {nid}: at {near:.0%} of its roofline floor")
             else:
                 self._profile(nid)
             self._tell(f"{self.policy_name} policy: proposing {room} from node {nid}")
@@ -683,6 +702,12 @@ def _finish(run: _Run, stop: str, evaluator: Evaluator) -> OptimizeOutcome:
     exported = None
     pool_notes = getattr(getattr(evaluator, "pool", None), "notes", [])  # Ray: GPU actors lost or drained
     notes = list(dict.fromkeys([*run.notes, *pool_notes]))
+    if run.unprofiled:
+        nodes = ", ".join(f"{n} ({share:.0%})" for n, share in run.unprofiled)
+        notes.append(
+            f"{len(run.unprofiled)} node(s) expanded without a profile, within "
+            f"{run.headroom:.0%} of the roofline floor by their own timing: {nodes}"
+        )
     if best is not None and best != ROOT:
         node = run.nodes[best]
         assert node.candidate is not None and node.evaluation is not None

@@ -115,3 +115,33 @@ def test_the_peer_benchmark_writes_tasks_the_expert_takes_and_the_reference_runs
             why,
         )  # cross-entropy too: one pass of ours (families/xent.py)
         assert ("xent" in why) == (name == "cross_entropy"), (name, why)
+
+
+def test_throughput_counts_the_nodes_expanded_without_a_profile(tmp_path):
+    """The figure's record of profiles spared at the floor (pipeline/loop.py, profile_headroom): read from
+    the runs' end notes, over the softmax recordings replayed as if they had run with a 10% headroom."""
+    import bench_throughput
+
+    from pipeline import bench, config
+
+    for i, log in enumerate(sorted((RUNS / "softmax").glob("*/log.jsonl"))):
+        first, *rest = log.read_text().splitlines()
+        start = json.loads(first)
+        start["data"]["config"]["profile_headroom"] = "0.1"
+        copy = tmp_path / "recorded" / str(i) / "log.jsonl"
+        copy.parent.mkdir(parents=True)
+        copy.write_text("\n".join([json.dumps(start), *rest]) + "\n")
+    suite_file = tmp_path / "suite.txt"
+    suite_file.write_text(f"{ROOT / 'tasks' / 'softmax.py'}\n")
+    suite = bench.load_suite(suite_file)
+    manifest = bench.open_bench(
+        tmp_path / "b", suite, {"evals": 30, "policy": "expert", "search": None}, False
+    )
+    cfg = config.load(home=tmp_path / "h", memory=False)
+    result = bench.run_bench(tmp_path / "b", suite, cfg, manifest,
+                             replay=bench.ReplayIndex.scan(tmp_path / "recorded"))  # fmt: skip
+    got = bench_throughput.throughput(result)
+    (row,) = result.rows
+    end = read_events(tmp_path / "b" / "runs" / row["run_id"] / "log.jsonl")[-1]
+    (note,) = [n for n in end.data["notes"] if "without a profile" in n]
+    assert got["expanded_unprofiled_at_floor"] == int(note.split()[0]) > 0

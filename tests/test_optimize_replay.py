@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pipeline import config
 from pipeline.cli import app
 from pipeline.loop import optimize
 from pipeline.runlog import read_events
+from pipeline.runstate import fold
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "tests" / "fixtures" / "runs"
@@ -289,6 +291,62 @@ def test_a_node_with_nothing_new_to_offer_is_closed_before_its_profile(tmp_path)
     expanded = {parent for _, parent, *_ in tree(a.folder)} - {0}
     assert expanded - profiled  # every new move of these fitted their expansion: no profile
     assert sum(e.type == "result" for e in events) == 30 and len(profiled) == 8
+
+
+def stamped(tmp: Path, task: str, **config: str) -> list[Path]:
+    """Copies of the task's recordings whose start event says they ran with these settings."""
+    out = []
+    for i, path in enumerate(recordings(task)):
+        first, *rest = path.read_text().splitlines()
+        start = json.loads(first)
+        start["data"]["config"].update(config)
+        copy = tmp / f"recording{i}" / "log.jsonl"
+        copy.parent.mkdir(parents=True)
+        copy.write_text("\n".join([json.dumps(start), *rest]) + "\n")
+        out.append(copy)
+    return out
+
+
+def test_a_node_at_its_floor_is_expanded_without_a_profile(tmp_path):
+    """Under the time objective a node within `profile_headroom` of the roofline floor by its own timing is
+    expanded without its Nsight Compute run (~3.5 s of GPU on the H200, the time of 5-10 small candidates):
+    the counters could find no more than that share. A replay profiles as its recording did: these
+    recordings predate the setting and profiled nodes at 92-93% of the floor; stamped with a 10% headroom,
+    none at 90% or more is profiled, and the run's end note names the ones spared."""
+
+    def shares(folder: Path) -> tuple[dict[int, float], set[int], set[int], tuple[str, ...]]:
+        events = read_events(folder / "log.jsonl")
+        state = fold(events)
+        assert state.baselines is not None and state.baselines.floor_ms
+        share = {
+            n.id: state.baselines.floor_ms / m.timing.median_ms
+            for n in state.nodes.values()
+            if n.evaluation
+            and (m := n.evaluation.measurement)
+            and m.timing
+            and n.evaluation.status.value == "ok"
+        }
+        profiled = {n.id for n in state.nodes.values() if n.profile is not None}
+        expanded = {n.parent for n in state.nodes.values() if n.parent not in (None, 0)}
+        return share, profiled, expanded, tuple(events[-1].data["notes"])
+
+    as_recorded = optimize(ROOT / "tasks" / f"{TASK}.py", cfg_for(tmp_path / "a", max_evals=30),
+                           replay=recordings(TASK))  # fmt: skip
+    share, profiled, _, notes = shares(as_recorded.folder)
+    assert any(share[n] >= 0.9 for n in profiled)
+    assert not any("without a profile" in n for n in notes)
+
+    cfg = cfg_for(tmp_path / "b", max_evals=30)
+    run_b = optimize(
+        ROOT / "tasks" / f"{TASK}.py", cfg, replay=stamped(tmp_path, TASK, profile_headroom="0.1")
+    )
+    share, profiled, expanded, notes = shares(run_b.folder)
+    assert profiled and all(share[n] < 0.9 for n in profiled)
+    (note,) = [n for n in notes if "without a profile" in n]
+    spared = {int(m) for m in re.findall(r"(\d+) \(\d+%\)", note)}
+    assert spared and spared <= expanded - profiled
+    assert all(share[n] >= 0.9 for n in spared)
+    assert spared == {n for n in expanded - profiled if share.get(n, 0) >= 0.9}
 
 
 def test_a_node_whose_first_moves_repeat_a_siblings_gets_its_later_new_ones(tmp_path):
