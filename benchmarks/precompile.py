@@ -29,21 +29,8 @@ sys.path.insert(0, str(ROOT))
 from pipeline import selfcheck  # noqa: E402
 from pipeline.compile import compile_candidates  # noqa: E402
 from pipeline.config import Config  # noqa: E402
-from pipeline.generate.base import Context, ProposalStatus  # noqa: E402
-from pipeline.generate.expert import ExpertPolicy  # noqa: E402
-from pipeline.tasks import TaskError, probe  # noqa: E402
-from pipeline.types import Candidate, Status  # noqa: E402
-
-
-def first_kernels(path: Path, n: int) -> list[Candidate] | str:
-    """The expert's first n candidates for a task (a bench's first expansion), or why there are none."""
-    try:
-        task = probe(path)
-    except TaskError as e:
-        return f"not probed: {e}"
-    props = ExpertPolicy().propose(Context(task=task, reference=task.source, parent=None), n)
-    cands = [p.candidate for p in props if p.status is ProposalStatus.OK and p.candidate is not None]
-    return cands or "; ".join(p.reason for p in props) or "no proposal"
+from pipeline.prebuild import first_kernels  # noqa: E402
+from pipeline.types import Status  # noqa: E402
 
 
 def main() -> int:
@@ -63,7 +50,7 @@ def main() -> int:
         key = selfcheck.task_key(path)
         if args.match and not re.search(args.match, key):
             continue
-        cands = first_kernels(path, args.evals)
+        cands = first_kernels(path, args.evals, args.arch)
         if isinstance(cands, str):
             print(f"{key}: skipped ({cands})", flush=True)
             continue

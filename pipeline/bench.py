@@ -511,35 +511,47 @@ def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
               pool: WorkerPool | None, retry: Collection[str]) -> tuple[list[str], str | None, tuple[str, ...]]:  # fmt: skip
     """The tasks of `todo` one after the other on this machine, a row each as it ends: (ran, why it
     stopped early, the tasks left)."""
+    from pipeline.loop import resolve_policy
+    from pipeline.prebuild import NextTask
+
     ran: list[str] = []
     stopped = None
     remaining: tuple[str, ...] = ()
     started = time.monotonic()
     slowest = 0.0
-    for i, key in enumerate(todo):
-        elapsed = time.monotonic() - started
-        if budget_s is not None and ran and elapsed + slowest > budget_s:
-            stopped = _budget_spent(budget_s, elapsed, slowest)
-            remaining = tuple(todo[i:])
-            break
-        if progress:
-            progress(i, len(todo), key)
-        if any(r["key"] == key and row_status(r) not in retry for r in read_store(store)):
-            continue  # written meanwhile by another process sharing the folder
-        resume = unfinished.get(key)
-        if resume and not _resumable(cfg.runs_dir, resume):
-            resume = None
-        row = run_task(key, suite.tasks[key], cfg, replay=replay, resume=resume, pool=pool)
-        if resume:
-            row["resumed"] = resume
-        land_row(store, row, retry)
-        ran.append(key)
-        slowest = max(slowest, row["wall_s"])
-        if on_row:
-            on_row(row)
-    else:
-        if progress and todo:
-            progress(len(todo), len(todo), "")
+    ahead = NextTask(cfg) if replay is None and NextTask.wanted(cfg, resolve_policy(cfg)) else None
+    try:
+        for i, key in enumerate(todo):
+            elapsed = time.monotonic() - started
+            if budget_s is not None and ran and elapsed + slowest > budget_s:
+                stopped = _budget_spent(budget_s, elapsed, slowest)
+                remaining = tuple(todo[i:])
+                break
+            if progress:
+                progress(i, len(todo), key)
+            if any(r["key"] == key and row_status(r) not in retry for r in read_store(store)):
+                continue  # written meanwhile by another process sharing the folder
+            resume = unfinished.get(key)
+            if resume and not _resumable(cfg.runs_dir, resume):
+                resume = None
+            if ahead is not None and i + 1 < len(todo):
+                ahead.start(
+                    suite.tasks[todo[i + 1]]
+                )  # the next task's first batch, built while this one runs
+            row = run_task(key, suite.tasks[key], cfg, replay=replay, resume=resume, pool=pool)
+            if resume:
+                row["resumed"] = resume
+            land_row(store, row, retry)
+            ran.append(key)
+            slowest = max(slowest, row["wall_s"])
+            if on_row:
+                on_row(row)
+        else:
+            if progress and todo:
+                progress(len(todo), len(todo), "")
+    finally:
+        if ahead is not None:
+            ahead.close()
     return ran, stopped, remaining
 
 
