@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             doc.update(got)
         else:
             doc.setdefault("passes", []).append(got)
+        (args.out / "throughput.json").write_text(json.dumps(doc, indent=1) + "\n")  # kept pass by pass
     print(json.dumps(doc, indent=1))
-    (args.out / "throughput.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
 
