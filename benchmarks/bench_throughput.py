@@ -34,13 +34,13 @@ DEFAULT_TASKS = "elementwise_chain,softmax,layernorm,reduce_mean"
 
 
 def run_pass(out: Path, tasks: list[Path], evals: int, home: Path, energy: bool = True,
-             prefetch: bool = True, **settings: float) -> bench.BenchResult:  # fmt: skip
+             prefetch: bool = True, **overrides: float) -> bench.BenchResult:  # fmt: skip
     suite_file = out.with_suffix(".txt")
     suite_file.write_text("".join(f"{p}\n" for p in tasks))
     suite = bench.load_suite(suite_file)
     settings = {"evals": evals, "policy": "expert", "search": None, "energy": energy}
     manifest = bench.open_bench(out, suite, settings, False)
-    return bench.run_bench(out, suite, config.load(home=home, prefetch=prefetch, **settings), manifest)
+    return bench.run_bench(out, suite, config.load(home=home, prefetch=prefetch, **overrides), manifest)
 
 
 def throughput(result: bench.BenchResult) -> dict:
