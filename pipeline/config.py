@@ -23,6 +23,10 @@ class Config:
     # the search builds the expert's next candidates in the background while the GPU profiles and times
     # (on a GPU machine only; pipeline/compile.py prefetch)
     prefetch: bool = True
+    # A profiling target started ahead brings CUDA up before its job, between profiles (1.0-1.4 s of a
+    # profile, benchmarks/ncu_parts.py). Off until a context being made beside the harness's timing is
+    # measured to leave it alone (an idle one does)
+    ncu_cuda_ahead: bool = False
     # Ray (pipeline/cluster.py): "" keeps everything on this machine and never imports Ray; "local" starts
     # Ray here, "auto" or an address joins a cluster (GPU actors for evaluations, CPU tasks for nvcc)
     ray: str = ""

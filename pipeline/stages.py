@@ -320,6 +320,8 @@ def profile_candidate(
         seconds.update({f"ncu_{k}": v for k, v in ncu.parts.items()})
         if ncu.warm:
             notes.append("ncu's target was started ahead (its start is not in the ncu seconds)")
+        if ncu.cuda_ahead:
+            notes.append("ncu's target brought CUDA up before its job (not in the ncu seconds)")
         if ncu.status != Status.OK:
             notes.append(f"no hardware counters: {ncu.reason}")
         sass_text = sass_job.result()

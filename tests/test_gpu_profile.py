@@ -3,6 +3,7 @@ stage 1 and the tools. Status and content assertions only."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from pipeline import stages
 from pipeline.config import load
 from pipeline.profile.advice import advice_block, analyze
 from pipeline.profile.roofline import Bound
+from pipeline.profile.target import CUDA_UP_FILE
 
 _torch = pytest.importorskip("torch")
 # Every test here needs a CUDA device: on a machine without one, `make test-gpu` skips them and says why.
@@ -65,15 +67,21 @@ def test_a_profile_started_ahead_reads_the_same_counters(pool):
     from pipeline.profile import warm
 
     cfg, p = pool
+    cfg = cfg.replace(ncu_cuda_ahead=True)
     task, cand = ROOT / "tasks" / "softmax.py", ROOT / "examples" / "candidates" / "softmax"
     try:
         cold = stages.profile_candidate(task, cand, cfg, pool=p, warm_next=True)
         assert warm._waiting is not None and warm._waiting.proc.poll() is None
+        # it brings CUDA up once its imports are done and no profile holds the counters
+        deadline = time.monotonic() + 120
+        while not (warm._waiting.scratch / CUDA_UP_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         hot = stages.profile_candidate(task, cand, cfg, pool=p, warm_next=True)
         assert cold.evidence is not None and hot.evidence is not None, (cold.notes, hot.notes)
         assert any("started ahead" in n for n in hot.notes) and not any(
             "started ahead" in n for n in cold.notes
         )
+        assert any("CUDA up before its job" in n for n in hot.notes), hot.notes
         names = lambda pr: sorted(k.name for k in pr.evidence.our_counters)  # noqa: E731
         assert names(hot) == names(cold) and names(hot)
         assert hot.evidence.dominant().get("dram__bytes_read.sum") >= 0.9 * 16384 * 4096 * 4

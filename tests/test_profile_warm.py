@@ -121,3 +121,24 @@ def test_target_parts_split_a_profile_by_the_targets_marks(tmp_path):
     }
     marks.write_text('{"job": 100.5, "reference": 102.0}')  # no mark past the reference: no parts
     assert collect.target_parts(marks, 100.0, 110.0) == {}
+
+
+def test_a_waiting_target_is_given_the_profiles_lock_only_when_it_may_bring_cuda_up_ahead(tmp_path):
+    plain = collect.ncu_command("ncu", None, ("m",), tmp_path / "log", wait_in=tmp_path)
+    assert plain[-2:] == ["--wait", str(tmp_path)]
+    ahead = collect.ncu_command(
+        "ncu", None, ("m",), tmp_path / "log", wait_in=tmp_path, lock=collect.NCU_LOCK
+    )
+    assert ahead[-3:] == ["--wait", str(tmp_path), str(collect.NCU_LOCK)]
+    job = collect.ncu_command("ncu", tmp_path / "job.json", ("m",), tmp_path / "log", lock=collect.NCU_LOCK)
+    assert job[-1] == str(tmp_path / "job.json")  # a cold target gets its job, and no lock
+    # Without CUDA (this machine) nothing is brought up, and the lock is never taken.
+    lock = tmp_path / "ncu.lock"
+    assert target.cuda_up_between_profiles(tmp_path, lock, idle_s=1) is False
+    assert not lock.exists() and not (tmp_path / target.CUDA_UP_FILE).exists()
+    times = tmp_path / target.TIMES_FILE
+    assert collect._cuda_ahead(times) is False  # no marks
+    times.write_text('{"job": 1.0, "cuda_ahead": true}')
+    assert collect._cuda_ahead(times) is True
+    times.write_text('{"job": 1.0, "cuda_ahead": false}')
+    assert collect._cuda_ahead(times) is False

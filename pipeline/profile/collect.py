@@ -69,6 +69,7 @@ class NcuResult:
     # Python and imports, a waiting one's poll), setup (CUDA under ncu, the task and its reference),
     # candidate, warmup, replay (the profiled call, replayed per metric pass), exit (ncu's CSV and exit)
     parts: dict[str, float] = field(default_factory=dict)
+    cuda_ahead: bool = False  # a waiting target brought CUDA up before its job (not in `seconds`)
 
     @property
     def reason(self) -> str:
@@ -159,6 +160,7 @@ def ncu_command(
     log_path: Path,
     launch_count: int = PER_CONFIG,
     wait_in: Path | None = None,
+    lock: Path | None = None,
 ) -> list[str]:
     """ncu's argv over the target: for `job_path`, or (`wait_in`) a target that waits for its job there."""
     # Each replay costs one pass per metric group, so a call of 256 identical launches profiled in full takes
@@ -191,6 +193,9 @@ def ncu_command(
         "-m",
         "pipeline.profile.target",
         *(["--wait", str(wait_in)] if wait_in is not None else [str(job_path)]),
+        # a waiting target given the profiles' lock brings CUDA up between profiles (its own temporary
+        # folder is its scratch: the lock's path is passed)
+        *([str(lock)] if wait_in is not None and lock is not None else []),
     ]
 
 
@@ -258,8 +263,16 @@ def _profile(
         # profile and the next batch. It touches no CUDA until its job comes, so it cannot disturb this one.
         prewarm(cfg, metrics, launch_count)
     res = _finish(proc, log_path, metrics, timeout_s, t0)
-    parts = target_parts(log_path.parent / TIMES_FILE, wall0, time.time())
-    return dataclasses.replace(res, warm=waiting is not None, parts=parts)
+    times = log_path.parent / TIMES_FILE
+    parts = target_parts(times, wall0, time.time())
+    return dataclasses.replace(res, warm=waiting is not None, parts=parts, cuda_ahead=_cuda_ahead(times))
+
+
+def _cuda_ahead(times_path: Path) -> bool:
+    try:
+        return json.loads(times_path.read_text()).get("cuda_ahead") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 # (part, the target's mark that ends it), in order
@@ -292,8 +305,9 @@ def prewarm(cfg: Config, metrics: tuple[str, ...] | None = None, launch_count: i
     if ncu is None:
         return
     metrics = metrics or curated_metrics()
+    lock = NCU_LOCK if cfg.ncu_cuda_ahead else None
     warm.start(cfg, ncu, metrics, launch_count, lambda scratch, log, plan: ncu_command(
-        ncu, None, metrics, log, launch_count, wait_in=scratch))  # fmt: skip
+        ncu, None, metrics, log, launch_count, wait_in=scratch, lock=lock))  # fmt: skip
 
 
 def _finish(

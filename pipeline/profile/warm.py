@@ -3,7 +3,8 @@ harness, waiting for a job file (pipeline/profile/target.py --wait). On the H200
 of which ~5.5 s were a new Python bringing torch up and ~2.4 s ncu's injection
 (benchmarks/ncu_overhead.sh); a target started while the search proposes and builds leaves its profile the
 job itself. It initialises CUDA only once its job comes, so while it waits it holds nothing on the GPU and
-cannot disturb the timings made meanwhile.
+cannot disturb the timings made meanwhile; with `ncu_cuda_ahead` it brings CUDA up before, holding the
+profiles' lock (never while another ncu replays), which takes 1.0-1.4 s off the profile (H100).
 
 One waits at a time, for one set of ncu settings; it is used by the next profile with those settings, which
 starts its replacement as it hands its job over. Its scratch folder is made at its start, and the job's sandbox plan is made
