@@ -534,10 +534,8 @@ def _run_here(store: Path, suite: Suite, todo: list[str], cfg: Config, budget_s:
             resume = unfinished.get(key)
             if resume and not _resumable(cfg.runs_dir, resume):
                 resume = None
-            if ahead is not None and i + 1 < len(todo):
-                ahead.start(
-                    suite.tasks[todo[i + 1]]
-                )  # the next task's first batch, built while this one runs
+            if ahead is not None and i + 1 < len(todo):  # the next task's first batch, built meanwhile
+                ahead.start(suite.tasks[todo[i + 1]])
             row = run_task(key, suite.tasks[key], cfg, replay=replay, resume=resume, pool=pool)
             if resume:
                 row["resumed"] = resume

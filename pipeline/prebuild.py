@@ -55,9 +55,8 @@ class NextTask:
         from pipeline.compile import resolve_arch
 
         try:
-            if (
-                self._pool is None
-            ):  # spawned: the orchestrator runs threads (nvcc ahead), a fork would copy them
+            # spawned, not forked: the orchestrator runs threads (the nvcc ahead pool)
+            if self._pool is None:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
                     1, mp_context=multiprocessing.get_context("spawn")
                 )

@@ -260,7 +260,8 @@ def _profile(
         proc, _, log_path = warm.spawn_tree(cfg, job, command)
     if warm_next:
         # The next target starts now, not after this profile: its imports (seconds under ncu) overlap this
-        # profile and the next batch. It touches no CUDA until its job comes, so it cannot disturb this one.
+        # profile and the next batch. It touches no CUDA until its job comes (with ncu_cuda_ahead, until this
+        # profile has let go of the lock), so it cannot disturb this one.
         prewarm(cfg, metrics, launch_count)
     res = _finish(proc, log_path, metrics, timeout_s, t0)
     times = log_path.parent / TIMES_FILE
