@@ -85,10 +85,15 @@ class GpuEvaluator:
     def evaluate(self, candidates: Sequence[Candidate]) -> list[Evaluation]:
         return stages.evaluate_candidates(self.task_path, list(candidates), self.eval_cfg, pool=self.pool)
 
+    @property
+    def builds_ahead(self) -> bool:
+        """prefetch builds (a GPU machine with prefetch on): worth rendering moves that may come up."""
+        return self.cfg.prefetch and self.cfg.device == "cuda"
+
     def prefetch(self, candidates: Sequence[Candidate]) -> None:
         """Build, in the background, candidates the search will likely evaluate next (while the GPU profiles
         or times others). Only on a GPU machine: elsewhere its cores are the foreground builds'."""
-        if self.cfg.prefetch and self.cfg.device == "cuda":
+        if self.builds_ahead:
             compile_candidates_ahead(candidates, self.cfg)
 
     def remeasure(self, candidate: Candidate, energy: bool = True) -> Evaluation:

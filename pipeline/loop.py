@@ -10,6 +10,8 @@ the same tree; only the evaluations in flight when a run died are redone.
 from __future__ import annotations
 
 import contextlib
+import math
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +122,9 @@ _RESUME_FIXED = (
     "repair_rounds", "children_per_expand", "feedback", "llm_model",
 )  # fmt: skip
 _BUDGETS = ("max_evals", "max_wall_s", "max_tokens", "max_cost_usd")
+# The expert renders a fresh node's moves while its batch is timed only when its moves take at most this
+# long each (a small task's take milliseconds, a level-3 plan's seconds: the loop waits for the move in hand)
+SPECULATE_RENDER_S = 0.1
 
 
 class _Run:
@@ -138,6 +143,10 @@ class _Run:
         # a replay's is its recording's
         self.headroom = getattr(evaluator, "profile_headroom", cfg.profile_headroom)
         self.refusals = 0
+        self._spec: tuple[threading.Thread, threading.Event] | None = None  # children's moves being rendered
+        self._render_s = float(
+            "inf"
+        )  # the most seconds a move of the policy's took to render (inf: none yet)
 
     @property
     def nodes(self) -> dict[int, NodeState]:
@@ -218,6 +227,7 @@ class _Run:
     def _evaluate(self, nids: list[int]) -> None:
         cands = [self.nodes[n].candidate for n in nids]
         self._tell(f"evaluating {len(cands)} candidate(s)")
+        self._speculate(nids)
         results = self.ev.evaluate(cands)
         for nid, r in zip(nids, results, strict=True):
             rew, value = self._score(r)
@@ -273,7 +283,7 @@ class _Run:
         node = self.nodes[nid]
         if self.policy_name != "expert" or nid == ROOT or node.profile is not None or node.candidate is None:
             return None
-        proposals = self.policy.propose(self._context(nid), limit)
+        proposals = self._propose(nid, limit)
         new = self._ahead(proposals)  # built while the profile runs: the advice only orders them
         return len({c.key for c in new})
 
@@ -288,6 +298,66 @@ class _Run:
         if new[skip:]:
             self.ev.prefetch(new[skip:])
         return new
+
+    def _propose(self, nid: int, n: int) -> list[Proposal]:
+        self._settle()
+        t0 = time.perf_counter()
+        proposals = self.policy.propose(self._context(nid), n)
+        each = (time.perf_counter() - t0) / max(1, len(proposals))
+        # the slowest seen: a proposal whose moves were rendered before (cached) says nothing of the plan's
+        self._render_s = each if math.isinf(self._render_s) else max(self._render_s, each)
+        return proposals
+
+    def _speculate(self, nids: list[int]) -> None:
+        """While the GPU verifies and times these candidates, render each one's first moves and hand them
+        over to be built: the one the search expands next then finds them built, where a node expanded
+        without a profile (nothing to overlap its nvcc with) waited 1-2 s for them on the H100. The expert's
+        moves of a fresh node depend on its plan alone while it has no findings, so they are the ones its
+        expansion proposes unless its profile reorders them. Only where moves render fast (a level-3 plan
+        takes seconds) and the evaluator builds ahead; a thread of its own, settled before the policy is
+        asked anything else, so the policy never runs twice at once."""
+        cands = [self.nodes[n].candidate for n in nids]
+        if (
+            self.policy_name != "expert"
+            or not getattr(self.ev, "builds_ahead", False)
+            or self._render_s > SPECULATE_RENDER_S
+        ):
+            return
+        self._settle()
+        stop = threading.Event()
+        moves = max(1, math.ceil(self.cfg.widen_c))  # a fresh node's first widening step
+        contexts = [self._fresh_context(c) for c in cands if c is not None]
+
+        def render() -> None:
+            for ctx in contexts:
+                if stop.is_set():
+                    return
+                try:
+                    props = self.policy.propose(ctx, moves)
+                except Exception:  # a move that cannot be rendered now fails again, with its reason, later
+                    continue
+                self._ahead(props)
+
+        t = threading.Thread(target=render, name="expert-ahead", daemon=True)
+        self._spec = (t, stop)
+        t.start()
+
+    def _settle(self) -> None:
+        """Stop rendering children's moves ahead: the policy is the loop's again (the move in hand finishes)."""
+        if self._spec is not None:
+            t, stop = self._spec
+            stop.set()
+            t.join()
+            self._spec = None
+
+    def _fresh_context(self, cand: Candidate) -> Context:
+        """A node's context before its evaluation: no profile, nothing tried of it yet."""
+        sees = self.cfg.feedback in ("advice", "json")
+        return Context(
+            task=self.task, reference=self.task.source, parent=cand, arch=resolve_arch(self.cfg),
+            extra={"objective": self.cfg.objective} | ({} if sees else {"blind_seed": self.cfg.seed}),
+            known=frozenset(self.keys),
+        )  # fmt: skip
 
     def _near_floor(self, nid: int) -> float | None:
         """The node's share of the task's roofline floor by its own timing, when that leaves a profile under
@@ -414,6 +484,7 @@ class _Run:
                 node = self.nodes[n]
                 assert node.evaluation is not None and node.candidate is not None and node.parent is not None
                 self._tell(f"repairing node {n} ({node.evaluation.status.value})")
+                self._settle()
                 p = self.policy.repair(self._context(node.parent), node.candidate, self._outcome(n))
                 self._usage([p])
                 fresh, reasons = self._fresh([p])
@@ -445,6 +516,12 @@ class _Run:
         return None
 
     def run(self) -> str:
+        try:
+            return self._run()
+        finally:
+            self._settle()
+
+    def _run(self) -> str:
         if self.state.pending:  # in flight when the run died
             self._evaluate(self.state.pending)
         self._repairs()
@@ -482,7 +559,7 @@ class _Run:
             # sibling's while later ones are new): its first `room` proposals are new, and `room` more are
             # rendered to be built ahead for the next expansion (the root's next batch)
             expert = self.policy_name == "expert"
-            proposals = self.policy.propose(self._context(nid), 2 * room if expert else room)
+            proposals = self._propose(nid, 2 * room if expert else room)
             self._usage(proposals)
             fresh, reasons = self._fresh(proposals, room)
             if not fresh:
