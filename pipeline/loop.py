@@ -352,12 +352,20 @@ class _Run:
 
     def _fresh_context(self, cand: Candidate) -> Context:
         """A node's context before its evaluation: no profile, nothing tried of it yet."""
-        sees = self.cfg.feedback in ("advice", "json")
         return Context(
             task=self.task, reference=self.task.source, parent=cand, arch=resolve_arch(self.cfg),
-            extra={"objective": self.cfg.objective} | ({} if sees else {"blind_seed": self.cfg.seed}),
-            known=frozenset(self.keys),
+            extra=self._extra(), known=frozenset(self.keys),
         )  # fmt: skip
+
+    def _sees_findings(self) -> bool:
+        # The findings are the tools' reading of the counters: under "raw" and "none" no policy gets them
+        # (the expert then picks its edits blind, in an order drawn from the run's seed).
+        return self.cfg.feedback in ("advice", "json")
+
+    def _extra(self, evidence: Any = None) -> dict[str, Any]:
+        """Context.extra: the objective, the node's build evidence, and the blind seed where no findings are shown."""
+        seed = {} if self._sees_findings() else {"blind_seed": self.cfg.seed}
+        return {"evidence": evidence, "objective": self.cfg.objective} | seed
 
     def _near_floor(self, nid: int) -> float | None:
         """The node's share of the task's roofline floor by its own timing, when that leaves a profile under
@@ -407,10 +415,7 @@ class _Run:
     def _context(self, nid: int) -> Context:
         node = self.nodes[nid]
         prof = node.profile
-        # The findings are the tools' reading of the counters: under "raw" and "none" no policy gets them
-        # (the expert then picks its edits blind, in an order drawn from the run's seed).
-        sees = self.cfg.feedback in ("advice", "json")
-        findings = tuple(prof.findings) if prof and sees else ()
+        findings = tuple(prof.findings) if prof and self._sees_findings() else ()
         bound = prof.bound if prof else ""
         best = self.search.best()
         blocks: tuple[Any, ...] = ()
@@ -442,8 +447,7 @@ class _Run:
             siblings=tuple(o for c in self.search.children(nid) if (o := self._outcome(c)) is not None),
             best=self._outcome(best) if best not in (None, ROOT) else None,
             arch=resolve_arch(self.cfg),  # what the candidates are compiled for (the GPU's, with "auto")
-            extra={"evidence": evidence, "objective": self.cfg.objective}
-            | ({} if sees else {"blind_seed": self.cfg.seed}),
+            extra=self._extra(evidence),
             known=frozenset(self.keys),
         )
 

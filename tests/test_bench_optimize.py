@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_optimize  # noqa: E402
+from recordings import stamped  # noqa: E402
 
 from pipeline.runlog import read_events  # noqa: E402
 
@@ -124,13 +125,7 @@ def test_throughput_counts_the_nodes_expanded_without_a_profile(tmp_path):
 
     from pipeline import bench, config
 
-    for i, log in enumerate(sorted((RUNS / "softmax").glob("*/log.jsonl"))):
-        first, *rest = log.read_text().splitlines()
-        start = json.loads(first)
-        start["data"]["config"]["profile_headroom"] = "0.1"
-        copy = tmp_path / "recorded" / str(i) / "log.jsonl"
-        copy.parent.mkdir(parents=True)
-        copy.write_text("\n".join([json.dumps(start), *rest]) + "\n")
+    stamped(sorted((RUNS / "softmax").glob("*/log.jsonl")), tmp_path / "recorded", profile_headroom="0.1")
     suite_file = tmp_path / "suite.txt"
     suite_file.write_text(f"{ROOT / 'tasks' / 'softmax.py'}\n")
     suite = bench.load_suite(suite_file)

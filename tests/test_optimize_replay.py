@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from recordings import stamped
 from typer.testing import CliRunner
 
 from pipeline import config
@@ -293,20 +294,6 @@ def test_a_node_with_nothing_new_to_offer_is_closed_before_its_profile(tmp_path)
     assert sum(e.type == "result" for e in events) == 30 and len(profiled) == 8
 
 
-def stamped(tmp: Path, task: str, **config: str) -> list[Path]:
-    """Copies of the task's recordings whose start event says they ran with these settings."""
-    out = []
-    for i, path in enumerate(recordings(task)):
-        first, *rest = path.read_text().splitlines()
-        start = json.loads(first)
-        start["data"]["config"].update(config)
-        copy = tmp / f"recording{i}" / "log.jsonl"
-        copy.parent.mkdir(parents=True)
-        copy.write_text("\n".join([json.dumps(start), *rest]) + "\n")
-        out.append(copy)
-    return out
-
-
 def test_a_node_at_its_floor_is_expanded_without_a_profile(tmp_path):
     """Under the time objective a node within `profile_headroom` of the roofline floor by its own timing is
     expanded without its Nsight Compute run (~3.5 s of GPU on the H200, the time of 5-10 small candidates):
@@ -338,7 +325,7 @@ def test_a_node_at_its_floor_is_expanded_without_a_profile(tmp_path):
 
     cfg = cfg_for(tmp_path / "b", max_evals=30)
     run_b = optimize(
-        ROOT / "tasks" / f"{TASK}.py", cfg, replay=stamped(tmp_path, TASK, profile_headroom="0.1")
+        ROOT / "tasks" / f"{TASK}.py", cfg, replay=stamped(recordings(TASK), tmp_path, profile_headroom="0.1")
     )
     share, profiled, expanded, notes = shares(run_b.folder)
     assert profiled and all(share[n] < 0.9 for n in profiled)

@@ -31,11 +31,15 @@ POLL_S = 0.005
 IDLE_S = 600.0  # a waiting target whose job never comes exits (its orchestrator died or moved on)
 
 
+def _idle_s(given: float | None) -> float:
+    """How long a waiting target waits for its job: `given`, else KERNELPRO_NCU_IDLE_S, else IDLE_S."""
+    return float(os.environ.get("KERNELPRO_NCU_IDLE_S", IDLE_S)) if given is None else given
+
+
 def wait_for_job(scratch: Path, idle_s: float | None = None) -> Path | None:
     """The job file once it appears in `scratch`, or None after `idle_s` (KERNELPRO_NCU_IDLE_S) without one."""
-    idle_s = float(os.environ.get("KERNELPRO_NCU_IDLE_S", IDLE_S)) if idle_s is None else idle_s
     path = scratch / JOB_FILE
-    deadline = time.monotonic() + idle_s
+    deadline = time.monotonic() + _idle_s(idle_s)
     while not path.exists():
         if time.monotonic() > deadline:
             return None
@@ -52,8 +56,7 @@ def cuda_up_between_profiles(scratch: Path, lock_path: Path, idle_s: float | Non
     import torch
     from filelock import FileLock, Timeout
 
-    idle_s = float(os.environ.get("KERNELPRO_NCU_IDLE_S", IDLE_S)) if idle_s is None else idle_s
-    deadline = time.monotonic() + idle_s
+    deadline = time.monotonic() + _idle_s(idle_s)
     if not torch.cuda.is_available():
         return False
     lock = FileLock(lock_path)
